@@ -1,0 +1,3 @@
+COMMON_SRCS := common/status.c common/parse.c
+UNIT_TESTS += common
+test_common_SRCS := $(COMMON_SRCS)

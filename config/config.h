@@ -1,0 +1,132 @@
+/* epd's settings: one table (config/settings.c) drives defaults, YAML, environment, --set,
+ * --print-config and --help (DESIGN.md section 6). This header is the typed view the rest of the
+ * daemon reads; nothing outside config/ parses a setting. */
+#ifndef EPD_CONFIG_CONFIG_H
+#define EPD_CONFIG_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/status.h"
+
+#define EPD_CONFIG_STR_LEN 256
+#define EPD_CONFIG_MAX_UIDS 32
+
+typedef enum { EPD_WIRE_FP8 = 0, EPD_WIRE_BF16 } epd_wire_dtype_t;
+typedef enum { EPD_SCALE_GROUP128 = 0, EPD_SCALE_PER_TOKEN } epd_scale_kind_t;
+typedef enum { EPD_SCALE_FMT_FP32 = 0, EPD_SCALE_FMT_UE8M0 } epd_scale_fmt_t;
+typedef enum { EPD_TRANSPORT_AUTO = 0, EPD_TRANSPORT_MPI, EPD_TRANSPORT_NCCL } epd_transport_kind_t;
+typedef enum { EPD_TRISTATE_AUTO = 0, EPD_TRISTATE_TRUE, EPD_TRISTATE_FALSE } epd_tristate_t;
+typedef enum { EPD_EXPERTS_IDENTITY = 0, EPD_EXPERTS_SCALE } epd_expert_kind_t;
+typedef enum { EPD_BACKEND_AUTO = 0, EPD_BACKEND_CUDA, EPD_BACKEND_CPU } epd_backend_t;
+typedef enum { EPD_LOG_ERROR = 0, EPD_LOG_WARN, EPD_LOG_INFO, EPD_LOG_DEBUG } epd_log_level_t;
+
+typedef struct epd_config {
+    struct {
+        char path[EPD_CONFIG_STR_LEN];  /* may hold %r (rank), %l (local rank), %h (short host) */
+        uint32_t mode;                  /* file mode of the socket, e.g. 0660 */
+        uint64_t max_frame_bytes;       /* largest payload_len accepted */
+        uint32_t max_clients;           /* connections per rank; more are answered busy */
+        uint64_t max_output_bytes;      /* per-connection unsent reply bytes before reads pause */
+        uint32_t allow_uids[EPD_CONFIG_MAX_UIDS]; /* empty list: any peer the file mode lets in */
+        uint32_t n_allow_uids;
+    } socket;
+    struct {
+        uint32_t hidden;      /* H, a multiple of 128 */
+        uint32_t num_experts; /* E, a multiple of the number of ranks */
+        uint32_t topk;        /* K */
+    } model;
+    struct {
+        epd_wire_dtype_t dtype;
+        epd_scale_kind_t scale;
+        epd_scale_fmt_t scale_format;
+        uint32_t max_tokens_per_step;
+        uint32_t max_tokens_per_request;
+        uint64_t max_queued_tokens;
+        epd_transport_kind_t transport;
+        epd_tristate_t mpi_cuda_aware;
+        uint32_t idle_backoff_us; /* longest wait between agreements while every rank is idle */
+    } dispatch;
+    struct {
+        epd_expert_kind_t kind;
+    } experts;
+    struct {
+        epd_backend_t backend;
+        int32_t id; /* -1: the local rank */
+    } device;
+    struct {
+        epd_log_level_t level;
+    } log;
+} epd_config_t;
+
+/* Where a setting's value came from. */
+typedef enum {
+    EPD_ORIGIN_DEFAULT = 0,
+    EPD_ORIGIN_FILE,
+    EPD_ORIGIN_LEGACY_ENV,
+    EPD_ORIGIN_ENV,
+    EPD_ORIGIN_CLI,
+} epd_origin_kind_t;
+
+typedef struct epd_origin {
+    epd_origin_kind_t kind;
+    char where[EPD_CONFIG_STR_LEN]; /* "FILE:LINE" or the variable's name; empty otherwise */
+} epd_origin_t;
+
+/* Warnings (deprecated alias, unknown EPD_* variable, overridden alias) go through this callback,
+ * once per name; the config module itself never prints. */
+typedef void (*epd_config_warn_fn)(void *arg, const char *message);
+
+typedef struct epd_config_sources {
+    const char *file;             /* --config FILE, or NULL */
+    char *const *envp;            /* environment to read, NULL-terminated (e.g. environ) */
+    const char *const *sets;      /* "key=value" strings from --set, in order */
+    size_t n_sets;
+    epd_config_warn_fn warn;      /* may be NULL */
+    void *warn_arg;
+} epd_config_sources_t;
+
+typedef struct epd_config_state epd_config_state_t; /* values plus per-setting origins */
+
+/* Fills cfg with built-in defaults. */
+void epd_config_defaults(epd_config_t *cfg);
+
+/* Builds the configuration from the sources with DESIGN.md's precedence (--set > EPD_* env >
+ * legacy env > file > default), validates it, and returns a state that owns the values and their
+ * origins (free with epd_config_state_free). On failure returns EPD_ERR_CONFIG with a message in
+ * err that names the key, its origin and what is allowed, and *state_p is NULL. */
+epd_status_t epd_config_load(const epd_config_sources_t *sources, epd_config_state_t **state_p,
+                             char err[EPD_ERR_LEN]);
+void epd_config_state_free(epd_config_state_t *state);
+
+/* The typed values of a loaded state (owned by the state). */
+const epd_config_t *epd_config_get(const epd_config_state_t *state);
+
+/* Origin of one setting by dotted name; NULL if there is no such setting. */
+const epd_origin_t *epd_config_origin(const epd_config_state_t *state, const char *key);
+
+/* Prints every setting as `key = value  # origin`, one a line, in table order. */
+void epd_config_print(const epd_config_state_t *state, FILE *out);
+
+/* Prints the settings table (name, env variable, type, default, doc) for --help. */
+void epd_config_print_help(FILE *out);
+
+/* Writes every setting as a JSON object {"key": value, ...} into buf (NUL-terminated). Returns
+ * the length, or the length needed when it does not fit (like snprintf). */
+size_t epd_config_to_json(const epd_config_t *cfg, char *buf, size_t len);
+
+/* A canonical text form of every value (no origins), for checking that all ranks agree. Same
+ * contract as snprintf. */
+size_t epd_config_fingerprint(const epd_config_t *cfg, char *buf, size_t len);
+
+/* Short names used in logs and replies: "fp8"/"bf16", "group128"/"per_token", ... */
+const char *epd_wire_dtype_name(epd_wire_dtype_t dtype);
+const char *epd_scale_kind_name(epd_scale_kind_t kind);
+const char *epd_scale_fmt_name(epd_scale_fmt_t fmt);
+const char *epd_transport_kind_name(epd_transport_kind_t kind);
+const char *epd_expert_kind_name(epd_expert_kind_t kind);
+const char *epd_backend_name(epd_backend_t backend);
+
+#endif

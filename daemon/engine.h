@@ -1,0 +1,106 @@
+/* The engine: the queue of accepted requests, the collective step agreement (DESIGN.md section 5)
+ * and the steps themselves (section 2), on a worker thread so the event loop keeps serving while a
+ * step's communication is in flight. The server (event-loop thread) submits requests and collects
+ * results; only the engine calls MPI after start-up, and never two threads at once. */
+#ifndef EPD_DAEMON_ENGINE_H
+#define EPD_DAEMON_ENGINE_H
+
+#include <mpi.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "comm/transport.h"
+#include "common/status.h"
+#include "config/config.h"
+#include "gpu/ops.h"
+
+struct event_base;
+
+/* One accepted SUBMIT, validated at ingest. The engine owns it after a successful submit. */
+typedef struct epd_request {
+    uint64_t id;           /* the client's id */
+    uint64_t conn_id;      /* the connection it came on (never reused within a run) */
+    uint32_t n_tokens;
+    const uint16_t *x;     /* bf16 [N,H] */
+    const int32_t *topk_ids;     /* [N,K] */
+    const float *topk_weights;   /* [N,K] */
+    void *storage;         /* owns x, ids, weights; released with free() */
+    uint64_t enqueued_ns;  /* CLOCK_MONOTONIC when queued */
+    struct epd_request *next;
+} epd_request_t;
+
+/* The answer to one request: y bf16 [N,H] (malloc'ed, owned by the result), or an error. */
+typedef struct epd_result {
+    uint64_t id;
+    uint64_t conn_id;
+    uint32_t n_tokens;
+    uint16_t *y;
+    uint64_t step;         /* step number that produced it */
+    epd_status_t status;   /* EPD_OK, or the code to send in an ERROR frame */
+    char message[EPD_ERR_LEN];
+    uint64_t latency_ns;   /* queued to answered */
+    struct epd_result *next;
+} epd_result_t;
+
+/* Step phase times, in the order the step runs them. */
+typedef enum {
+    EPD_PHASE_LAYOUT_PACK = 0, /* layout + quantize/pack */
+    EPD_PHASE_COUNTS,          /* MPI_Alltoall of record counts */
+    EPD_PHASE_DISPATCH,        /* alltoallv of records */
+    EPD_PHASE_EXPERTS,
+    EPD_PHASE_COMBINE,         /* reverse alltoallv of partials */
+    EPD_PHASE_REDUCE,          /* final combine into y */
+    EPD_PHASE_MAX
+} epd_phase_t;
+
+extern const char *const epd_phase_names[EPD_PHASE_MAX]; /* "pack", "counts", ... */
+
+typedef struct epd_engine_stats {
+    uint64_t steps;
+    uint64_t tokens;                  /* tokens of this rank stepped */
+    uint64_t requests;                /* requests answered with a result */
+    uint64_t queued_tokens;           /* now */
+    uint64_t queued_requests;         /* now */
+    uint64_t bytes_sent[2];           /* dispatch bytes sent off this rank, [EPD_WIRE_FP8], [EPD_WIRE_BF16] */
+    uint64_t bytes_combined;          /* combine bytes sent */
+    uint64_t records_sent;
+    uint64_t phase_ns[EPD_PHASE_MAX]; /* totals */
+    uint64_t last_step_ns;
+    bool shutting_down;
+} epd_engine_stats_t;
+
+typedef struct epd_engine epd_engine_t;
+
+/* Called on the engine thread whenever results are ready or the engine has stopped; it must only
+ * wake the loop (e.g. event_active on an event made with evthread support). */
+typedef void (*epd_engine_wake_fn)(void *arg);
+
+/* Creates the engine for this rank: buffers sized from cfg, the worker thread, and a timer on base
+ * that drives the agreement. ops/ops_ctx and transport/transport_ctx stay owned by the caller. */
+epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd_ops_t *ops,
+                               epd_ops_ctx_t *ops_ctx, const epd_transport_t *transport,
+                               epd_transport_ctx_t *transport_ctx, struct event_base *base,
+                               epd_engine_wake_fn wake, void *wake_arg, epd_engine_t **engine_p,
+                               char err[EPD_ERR_LEN]);
+
+/* Queues a request (loop thread). EPD_OK: the engine owns req. EPD_ERR_BUSY (queue holds
+ * dispatch.max_queued_tokens), EPD_ERR_SHUTTING_DOWN: the caller keeps req and answers the error. */
+epd_status_t epd_engine_submit(epd_engine_t *engine, epd_request_t *req);
+
+/* Takes every finished result, oldest first (loop thread); the caller frees each with
+ * epd_result_free. */
+epd_result_t *epd_engine_take_results(epd_engine_t *engine);
+void epd_result_free(epd_result_t *result);
+
+/* Asks for a graceful stop (async-signal-safe: it only sets a flag). Once all ranks agree, new
+ * submits get EPD_ERR_SHUTTING_DOWN, steps run until every accepted request is answered, and then
+ * epd_engine_stopped turns true. */
+void epd_engine_request_shutdown(epd_engine_t *engine);
+bool epd_engine_stopped(const epd_engine_t *engine);
+
+void epd_engine_get_stats(epd_engine_t *engine, epd_engine_stats_t *stats_p);
+
+/* Joins the worker and frees everything; results not taken are freed. */
+void epd_engine_destroy(epd_engine_t *engine);
+
+#endif

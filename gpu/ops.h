@@ -1,0 +1,102 @@
+/* Device operations behind one interface (DESIGN.md section 1): a host implementation (the
+ * reference and the CPU fallback, gpu/*.c) and a CUDA one (gpu/*.cu) that give identical bytes.
+ * Nothing outside gpu/ includes a CUDA header; the engine sees only this table.
+ *
+ * Memory: every pointer an op takes is "ops memory" (device memory for cuda, host memory for
+ * host) unless its name ends in _host. Ops are asynchronous on the implementation's stream;
+ * epd_ops_t.sync waits for them. */
+#ifndef EPD_GPU_OPS_H
+#define EPD_GPU_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "config/config.h"
+
+/* The shape of one MoE layer as the step sees it. */
+typedef struct epd_moe_shape {
+    uint32_t hidden;      /* H, multiple of 128 */
+    uint32_t topk;        /* K */
+    uint32_t num_experts; /* E */
+    uint32_t world;       /* W ranks; rank r owns experts [r*E/W, (r+1)*E/W) */
+    uint32_t rank;
+    epd_wire_dtype_t dtype;
+    epd_scale_kind_t scale;
+    epd_scale_fmt_t scale_format;
+    epd_expert_kind_t expert_kind;
+} epd_moe_shape_t;
+
+/* Byte offsets inside one dispatch record (DESIGN.md section 2 step 4). */
+typedef struct epd_record_layout {
+    size_t payload; /* H bytes of e4m3 or 2H bytes of BF16, at offset 0 */
+    size_t scales;  /* fp32: H/128 (group128) or 1 (per_token) for FP8; none for BF16 */
+    size_t ids;     /* K int32 top-k ids (-1 = empty slot) */
+    size_t weights; /* K fp32 */
+    size_t src;     /* uint32 token index in the source rank's step */
+    size_t n_scales;
+    size_t size;    /* whole record, a multiple of 16 */
+} epd_record_layout_t;
+
+void epd_record_layout(const epd_moe_shape_t *shape, epd_record_layout_t *layout_p);
+
+/* The layout of one step on the source side: which ranks each token goes to, and where. */
+typedef struct epd_step_layout {
+    uint32_t n_tokens;
+    uint32_t *send_counts_host; /* [W] records per destination rank */
+    uint32_t *send_offsets_host;/* [W] first record of each destination (exclusive prefix sum) */
+    uint32_t n_send;            /* total records */
+    int32_t *slot;              /* ops memory, [N*W]: record index of (token, rank), or -1 */
+} epd_step_layout_t;
+
+typedef struct epd_ops_ctx epd_ops_ctx_t;
+
+typedef struct epd_ops {
+    const char *name; /* "host" or "cuda" */
+
+    epd_status_t (*init)(int device_id, epd_ops_ctx_t **ctx_p, char err[EPD_ERR_LEN]);
+    void (*fini)(epd_ops_ctx_t *ctx);
+
+    /* Ops memory and pinned (page-locked) host memory; NULL on failure. */
+    void *(*alloc)(epd_ops_ctx_t *ctx, size_t bytes);
+    void (*free)(epd_ops_ctx_t *ctx, void *ptr);
+    void *(*alloc_host)(epd_ops_ctx_t *ctx, size_t bytes);
+    void (*free_host)(epd_ops_ctx_t *ctx, void *ptr);
+    epd_status_t (*copy_to_ops)(epd_ops_ctx_t *ctx, void *dst, const void *src_host, size_t bytes);
+    epd_status_t (*copy_to_host)(epd_ops_ctx_t *ctx, void *dst_host, const void *src, size_t bytes);
+    epd_status_t (*sync)(epd_ops_ctx_t *ctx);
+
+    /* Layout: from topk_ids [N,K] (ops memory) fills layout->slot, the counts and offsets. A token
+     * goes once to each rank that owns one of its experts, in token order within a rank. */
+    epd_status_t (*layout)(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, const int32_t *topk_ids,
+                           epd_step_layout_t *layout);
+
+    /* Pack (quantizing for FP8) x bf16 [N,H], ids, weights into records at send_buf, record index
+     * from layout->slot. One pass over x. */
+    epd_status_t (*pack)(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, const uint16_t *x,
+                         const int32_t *topk_ids, const float *topk_weights,
+                         const epd_step_layout_t *layout, void *send_buf);
+
+    /* Experts: for each of n_records received records, partial = bf16(sum over ascending k with a
+     * local expert of w_k * expert(x')), fp32 accumulation, no FMA; partials bf16 [n_records, H]. */
+    epd_status_t (*experts)(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, const void *recv_buf,
+                            uint32_t n_records, uint16_t *partials);
+
+    /* Combine: partials_back holds the partial of record slot[t*W+r] at that index; y[t] =
+     * bf16(sum over ascending r of partial), zeros for tokens with no destination. */
+    epd_status_t (*combine)(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
+                            const epd_step_layout_t *layout, const uint16_t *partials_back,
+                            uint16_t *y);
+} epd_ops_t;
+
+extern const epd_ops_t epd_ops_host;
+#ifdef EPD_HAVE_CUDA
+extern const epd_ops_t epd_ops_cuda;
+#endif
+
+/* The single-process reference of DESIGN.md section 2 on host memory: what W ranks produce for
+ * x [N,H], ids and weights [N,K]. y is bf16 [N,H]. */
+epd_status_t epd_moe_reference(const epd_moe_shape_t *shape, uint32_t n_tokens, const uint16_t *x,
+                               const int32_t *topk_ids, const float *topk_weights, uint16_t *y);
+
+#endif
