@@ -129,4 +129,33 @@ const char *epd_transport_kind_name(epd_transport_kind_t kind);
 const char *epd_expert_kind_name(epd_expert_kind_t kind);
 const char *epd_backend_name(epd_backend_t backend);
 
+/* epd's command line (DESIGN.md section 9). */
+typedef enum {
+    EPD_ACTION_RUN = 0,       /* serve (under mpirun) */
+    EPD_ACTION_PRINT_CONFIG,  /* --print-config: print every setting and its origin, exit 0, no MPI */
+    EPD_ACTION_HELP,          /* --help: usage and the settings table */
+    EPD_ACTION_VERSION,       /* --version */
+    EPD_ACTION_BENCH,         /* --bench: synthetic steps without sockets (under mpirun) */
+} epd_action_t;
+
+typedef struct epd_args {
+    epd_action_t action;
+    const char *config_file;  /* --config FILE (points into argv) */
+    const char **sets;        /* --set KEY=VALUE, in order (point into argv) */
+    size_t n_sets;
+    bool json;                /* --json: machine-readable bench output */
+    const char *bench_tokens; /* --bench-tokens LIST, e.g. "128,512,2048"; NULL: the default list */
+    uint32_t bench_iters;     /* --bench-iters N; 0: the default */
+} epd_args_t;
+
+/* Parses argv (--config FILE, --set KEY=VALUE repeatable, --print-config, --help, --version,
+ * --bench, --json, --bench-tokens LIST, --bench-iters N; both "--opt value" and "--opt=value").
+ * An unknown option or a missing value is EPD_ERR_INVALID_ARG with a sentence in err. Free with
+ * epd_args_free. */
+epd_status_t epd_args_parse(int argc, char **argv, epd_args_t *args_p, char err[EPD_ERR_LEN]);
+void epd_args_free(epd_args_t *args);
+
+/* Prints the usage of epd followed by the settings table. */
+void epd_args_print_usage(FILE *out, const char *argv0);
+
 #endif
