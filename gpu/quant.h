@@ -1,5 +1,15 @@
-/* FP8 quantization API (DESIGN.md section 3): host reference implementations, and the CUDA
- * kernels' launchers when built with CUDA. The element helpers live in gpu/fp8.h. */
+/* FP8 quantization API (DESIGN.md section 3): host reference implementations (gpu/quant_host.c,
+ * also the CPU fallback), and the CUDA kernels' launchers (gpu/quant.cu) when built with CUDA.
+ * The element helpers live in gpu/fp8.h. Both give the same bytes for the same input.
+ *
+ * Layouts (all row-major, dense unless a stride is given):
+ *   x       bf16 bit patterns [rows][hidden]
+ *   q       e4m3 codes [rows][hidden]
+ *   scales  fp32 [rows][n_scales], n_scales = hidden/128 (group128) or 1 (per_token)
+ *   expert-grouped (requant): q [n_experts][capacity][hidden], scales [n_experts][capacity]
+ *   [n_scales], int32 counts[n_experts] live rows per expert (rows >= count are ignored), like a
+ *   DeepEP low-latency receive buffer.
+ * hidden must be a positive multiple of 128; there is no other upper limit. */
 #ifndef EPD_GPU_QUANT_H
 #define EPD_GPU_QUANT_H
 
@@ -22,5 +32,115 @@ void epd_dequant_row_host(const uint8_t *q, const float *scales, uint32_t hidden
 
 /* Index of the first bf16 value of x[n] that is Inf or NaN, or -1 when all are finite. */
 int64_t epd_bf16_find_non_finite(const uint16_t *x, size_t n);
+
+/* Checks that hidden is a positive multiple of 128 and kind/fmt are known values; EPD_OK or
+ * EPD_ERR_INVALID_ARG with a message in err. */
+epd_status_t epd_quant_check(uint32_t hidden, epd_scale_kind_t kind, epd_scale_fmt_t fmt,
+                             char err[EPD_ERR_LEN]);
+
+/* Host, many rows: quantizes x [rows][hidden] into q [rows][hidden] and scales [rows][n_scales].
+ * Returns EPD_ERR_INVALID_ARG (err filled) on a bad shape or NULL pointer; rows = 0 is a no-op. */
+epd_status_t epd_quant_host(const uint16_t *x, uint32_t rows, uint32_t hidden,
+                            epd_scale_kind_t kind, epd_scale_fmt_t fmt, uint8_t *q, float *scales,
+                            char err[EPD_ERR_LEN]);
+
+/* Dequantizes one row to bf16: out[i] = bf16_rne((float)q[i] * scale). */
+void epd_dequant_row_bf16_host(const uint8_t *q, const float *scales, uint32_t hidden,
+                               epd_scale_kind_t kind, uint16_t *out);
+
+/* Host, many rows: dequantizes q/scales [rows] to fp32 (out_f32) or bf16 (out_bf16) [rows][hidden]. */
+epd_status_t epd_dequant_host(const uint8_t *q, const float *scales, uint32_t rows, uint32_t hidden,
+                              epd_scale_kind_t kind, float *out_f32, char err[EPD_ERR_LEN]);
+epd_status_t epd_dequant_bf16_host(const uint8_t *q, const float *scales, uint32_t rows,
+                                   uint32_t hidden, epd_scale_kind_t kind, uint16_t *out_bf16,
+                                   char err[EPD_ERR_LEN]);
+
+/* The per-step tensor scale: the largest scale of any live row of the expert-grouped layout (0
+ * when no row is live). EPD_ERR_INVALID_ARG when a count is < 0 or > capacity. */
+epd_status_t epd_requant_step_scale_host(const float *scales, const int32_t *counts,
+                                         uint32_t n_experts, uint32_t capacity, uint32_t hidden,
+                                         epd_scale_kind_t kind, float *scale_p,
+                                         char err[EPD_ERR_LEN]);
+
+/* Requantizes the live rows of the expert-grouped layout to one per-tensor scale S:
+ * q_out = e4m3(((float)q * s) * (1/S)), clamped to +-448 (never NaN). S = static_scale when it
+ * is > 0 (the experts' calibrated input scale), else the step scale above. Dead rows of q_out are
+ * left untouched; q_out may equal q. *scale_p receives S. static_scale must be finite. */
+epd_status_t epd_requant_host(const uint8_t *q, const float *scales, const int32_t *counts,
+                              uint32_t n_experts, uint32_t capacity, uint32_t hidden,
+                              epd_scale_kind_t kind, float static_scale, uint8_t *q_out,
+                              float *scale_p, char err[EPD_ERR_LEN]);
+
+/* Launch parameters of the CUDA kernels: chosen per shape by epd_quant_launch_pick (a table
+ * keyed on hidden and rows), or given explicitly (kbench sweeps them). Never baked into kernels. */
+typedef enum {
+    EPD_QK_QUANT_TOKEN = 0, /* per-token quantization */
+    EPD_QK_QUANT_GROUP,     /* group-128 quantization */
+    EPD_QK_DEQUANT,         /* dequantization (fp32 or bf16 out) */
+    EPD_QK_REQUANT,         /* requantization of the expert-grouped layout */
+    EPD_QK_SCALE_MAX,       /* step-scale reduction over live rows */
+    EPD_QK_MAX
+} epd_quant_kernel_t;
+
+typedef struct epd_quant_launch {
+    uint32_t threads; /* threads per block (multiple of 32, <= 1024) */
+    uint32_t vec;     /* 16-byte vectors each thread keeps in registers per row/group/tile:
+                         per_token 1|2|4|8 (0 = two-pass kernel that rereads the row from L2),
+                         group128 1|2|4, dequant/requant 1|2|4 */
+    uint32_t rows;    /* rows per block (per_token, requant, dequant, scale max) */
+} epd_quant_launch_t;
+
+/* Name of a kernel kind ("quant_token", ...). */
+const char *epd_quant_kernel_name(epd_quant_kernel_t kernel);
+
+/* Launch parameters for a kernel on rows x hidden (rows = live rows or capacity for requant). */
+epd_quant_launch_t epd_quant_launch_pick(epd_quant_kernel_t kernel, uint32_t hidden, uint32_t rows);
+
+/* Checks explicit launch parameters for a kernel and hidden size; EPD_ERR_INVALID_ARG with err. */
+epd_status_t epd_quant_launch_check(epd_quant_kernel_t kernel, uint32_t hidden,
+                                    const epd_quant_launch_t *launch, char err[EPD_ERR_LEN]);
+
+#ifdef EPD_HAVE_CUDA
+/* CUDA launchers. Pointers are device memory (16-byte aligned for x, q, out); stream is a
+ * cudaStream_t (NULL = default stream). They only enqueue work: the results are ready once the
+ * stream is synchronized. launch NULL = epd_quant_launch_pick. They return EPD_ERR_INVALID_ARG on
+ * a bad shape, pointer or launch parameter and EPD_ERR_CUDA when the launch fails (err filled).
+ * Each gives the same bytes as its _host twin. */
+
+/* Quantizes x [rows][hidden] to q and scales. x_stride (elements), q_stride (bytes) and
+ * scale_stride (floats) are row strides; 0 = dense. x_stride*2 and q_stride must be multiples of 16. */
+epd_status_t epd_quant_cuda(const uint16_t *x, uint32_t rows, uint32_t hidden, size_t x_stride,
+                            epd_scale_kind_t kind, epd_scale_fmt_t fmt, uint8_t *q, size_t q_stride,
+                            float *scales, size_t scale_stride, const epd_quant_launch_t *launch,
+                            void *stream, char err[EPD_ERR_LEN]);
+
+/* Dequantizes dense q/scales [rows][hidden] into fp32 (out_f32) or bf16 (out_bf16). */
+epd_status_t epd_dequant_cuda(const uint8_t *q, const float *scales, uint32_t rows, uint32_t hidden,
+                              epd_scale_kind_t kind, float *out_f32,
+                              const epd_quant_launch_t *launch, void *stream, char err[EPD_ERR_LEN]);
+epd_status_t epd_dequant_bf16_cuda(const uint8_t *q, const float *scales, uint32_t rows,
+                                   uint32_t hidden, epd_scale_kind_t kind, uint16_t *out_bf16,
+                                   const epd_quant_launch_t *launch, void *stream,
+                                   char err[EPD_ERR_LEN]);
+
+/* Writes the step scale (max scale over live rows, 0 when none) to *scale_dev (device memory).
+ * counts are device memory; a count < 0 counts as 0, one > capacity as capacity. */
+epd_status_t epd_requant_step_scale_cuda(const float *scales, const int32_t *counts,
+                                         uint32_t n_experts, uint32_t capacity, uint32_t hidden,
+                                         epd_scale_kind_t kind, float *scale_dev,
+                                         const epd_quant_launch_t *launch, void *stream,
+                                         char err[EPD_ERR_LEN]);
+
+/* Requantizes the live rows (work proportional to live rows, not capacity) like
+ * epd_requant_host. static_scale > 0: S = static_scale; else S = the step scale, reduced first.
+ * S is written to *scale_dev (device memory; required when static_scale <= 0, else may be NULL).
+ * counts as for epd_requant_step_scale_cuda. q_out may equal q. launch is for the requant kernel;
+ * the reduction picks its own. */
+epd_status_t epd_requant_cuda(const uint8_t *q, const float *scales, const int32_t *counts,
+                              uint32_t n_experts, uint32_t capacity, uint32_t hidden,
+                              epd_scale_kind_t kind, float static_scale, uint8_t *q_out,
+                              float *scale_dev, const epd_quant_launch_t *launch, void *stream,
+                              char err[EPD_ERR_LEN]);
+#endif
 
 #endif
