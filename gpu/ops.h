@@ -50,6 +50,7 @@ typedef struct epd_step_layout {
 } epd_step_layout_t;
 
 typedef struct epd_ops_ctx epd_ops_ctx_t;
+typedef struct epd_ops_event epd_ops_event_t; /* completion marker of async copies (optional hooks) */
 
 typedef struct epd_ops {
     const char *name; /* "host" or "cuda" */
@@ -87,6 +88,26 @@ typedef struct epd_ops {
     epd_status_t (*combine)(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
                             const epd_step_layout_t *layout, const uint16_t *partials_back,
                             uint16_t *y);
+
+    /* Optional hooks for transports (NULL where an implementation has none; callers check).
+     * stream: the implementation's stream (a cudaStream_t as void *) for NCCL to enqueue on.
+     * The async copies run on the implementation's copy queues, NOT ordered after work queued on
+     * its stream (call sync first); when `done` is not NULL it is recorded after the copy, so
+     * event_query/event_wait tell when that copy (and the earlier ones of its queue) finished.
+     * copy_to_host_async: ops -> pinned host; copy_to_ops_async: pinned host -> ops;
+     * copy_ops_to_ops_async: ops -> ops (same device). */
+    void *(*stream)(epd_ops_ctx_t *ctx);
+    epd_status_t (*event_create)(epd_ops_ctx_t *ctx, epd_ops_event_t **event_p);
+    void (*event_destroy)(epd_ops_ctx_t *ctx, epd_ops_event_t *event);
+    /* EPD_OK when the work before the event has finished, EPD_ERR_AGAIN while it has not. */
+    epd_status_t (*event_query)(epd_ops_ctx_t *ctx, epd_ops_event_t *event);
+    epd_status_t (*event_wait)(epd_ops_ctx_t *ctx, epd_ops_event_t *event);
+    epd_status_t (*copy_to_host_async)(epd_ops_ctx_t *ctx, void *dst_host, const void *src,
+                                       size_t bytes, epd_ops_event_t *done);
+    epd_status_t (*copy_to_ops_async)(epd_ops_ctx_t *ctx, void *dst, const void *src_host,
+                                      size_t bytes, epd_ops_event_t *done);
+    epd_status_t (*copy_ops_to_ops_async)(epd_ops_ctx_t *ctx, void *dst, const void *src,
+                                          size_t bytes, epd_ops_event_t *done);
 } epd_ops_t;
 
 extern const epd_ops_t epd_ops_host;
