@@ -1,5 +1,6 @@
 /* Device operations behind one interface (DESIGN.md section 1): a host implementation (the
- * reference and the CPU fallback, the .c files of gpu/) and a CUDA one (its .cu files) that give identical bytes.
+ * reference and the CPU fallback, the .c files of gpu/) and a CUDA one (its .cu files) that
+ * give identical bytes.
  * Nothing outside gpu/ includes a CUDA header; the engine sees only this table.
  *
  * Memory: every pointer an op takes is "ops memory" (device memory for cuda, host memory for
