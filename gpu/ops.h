@@ -109,6 +109,9 @@ typedef struct epd_ops {
                                       size_t bytes, epd_ops_event_t *done);
     epd_status_t (*copy_ops_to_ops_async)(epd_ops_ctx_t *ctx, void *dst, const void *src,
                                           size_t bytes, epd_ops_event_t *done);
+    /* Optional: a sentence about the last failed op of ctx (e.g. the CUDA error string), "" when
+     * none; owned by ctx, valid until its next op. For the daemon's abort message. */
+    const char *(*last_error)(epd_ops_ctx_t *ctx);
 } epd_ops_t;
 
 extern const epd_ops_t epd_ops_host;
