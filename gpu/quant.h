@@ -65,7 +65,8 @@ epd_status_t epd_requant_step_scale_host(const float *scales, const int32_t *cou
 /* Requantizes the live rows of the expert-grouped layout to one per-tensor scale S:
  * q_out = e4m3(((float)q * s) * (1/S)), clamped to +-448 (never NaN). S = static_scale when it
  * is > 0 (the experts' calibrated input scale), else the step scale above. Dead rows of q_out are
- * left untouched; q_out may equal q. *scale_p receives S. static_scale must be finite. */
+ * left untouched; q_out may equal q. *scale_p receives S. static_scale must be 0 (none) or finite
+ * and > 0: a negative or non-finite one is EPD_ERR_INVALID_ARG. */
 epd_status_t epd_requant_host(const uint8_t *q, const float *scales, const int32_t *counts,
                               uint32_t n_experts, uint32_t capacity, uint32_t hidden,
                               epd_scale_kind_t kind, float static_scale, uint8_t *q_out,
@@ -132,8 +133,8 @@ epd_status_t epd_requant_step_scale_cuda(const float *scales, const int32_t *cou
                                          char err[EPD_ERR_LEN]);
 
 /* Requantizes the live rows (work proportional to live rows, not capacity) like
- * epd_requant_host. static_scale > 0: S = static_scale; else S = the step scale, reduced first.
- * S is written to *scale_dev (device memory; required when static_scale <= 0, else may be NULL).
+ * epd_requant_host. static_scale > 0: S = static_scale; 0: S = the step scale, reduced first.
+ * S is written to *scale_dev (device memory; required when static_scale == 0, else may be NULL).
  * counts as for epd_requant_step_scale_cuda. q_out may equal q. launch is for the requant kernel;
  * the reduction picks its own. */
 epd_status_t epd_requant_cuda(const uint8_t *q, const float *scales, const int32_t *counts,
