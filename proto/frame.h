@@ -132,6 +132,10 @@ bool epd_decoder_idle(const epd_decoder_t *dec);
 epd_status_t epd_frame_decode(const void *buf, size_t len, uint64_t max_payload,
                               epd_frame_t *frame_p, char err[EPD_ERR_LEN]);
 
+/* Strict UTF-8 (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF): the offset
+ * of the first byte that is not part of a valid sequence, or len when all of s[len] is valid. */
+size_t epd_utf8_check(const uint8_t *s, size_t len);
+
 /* ---- tensors (safetensors-style descriptors) ---- */
 
 typedef enum {

@@ -1,0 +1,504 @@
+/* The meaning of frames: full validation of a SUBMIT (schema, tensors, shapes, ids, weights) into
+ * borrowed views, and the encoders of SUBMIT, RESULT, ERROR, CONTROL and REPLY frames. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/frame.h"
+
+enum { T_X = 0, T_IDS, T_WEIGHTS, T_COUNT };
+
+static const char *const tensor_names[T_COUNT] = {"x", "topk_ids", "topk_weights"};
+static const epd_dtype_t tensor_dtypes[T_COUNT] = {EPD_DTYPE_BF16, EPD_DTYPE_I32, EPD_DTYPE_F32};
+
+/* Every payload byte belongs to exactly one tensor: sorted by begin, they must tile [0, len). */
+static epd_status_t check_cover(const epd_tensor_t t[T_COUNT], uint64_t payload_len,
+                                char err[EPD_ERR_LEN])
+{
+    int order[T_COUNT] = {T_X, T_IDS, T_WEIGHTS};
+    uint64_t at = 0;
+
+    for (int i = 1; i < T_COUNT; i++) {
+        for (int j = i; j > 0 && t[order[j]].begin < t[order[j - 1]].begin; j--) {
+            int tmp = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = tmp;
+        }
+    }
+    for (int i = 0; i < T_COUNT; i++) {
+        const epd_tensor_t *cur = &t[order[i]];
+        if (cur->begin < at) {
+            snprintf(err, EPD_ERR_LEN, "tensor %s [%" PRIu64 ", %" PRIu64 ") overlaps tensor %s",
+                     tensor_names[order[i]], cur->begin, cur->end, tensor_names[order[i - 1]]);
+            return EPD_ERR_BAD_TENSOR;
+        }
+        if (cur->begin > at) {
+            snprintf(err, EPD_ERR_LEN,
+                     "payload bytes [%" PRIu64 ", %" PRIu64 ") belong to no tensor", at,
+                     cur->begin);
+            return EPD_ERR_BAD_TENSOR;
+        }
+        at = cur->end;
+    }
+    if (at != payload_len) {
+        snprintf(err, EPD_ERR_LEN,
+                 "payload bytes [%" PRIu64 ", %" PRIu64 ") belong to no tensor", at, payload_len);
+        return EPD_ERR_BAD_TENSOR;
+    }
+    return EPD_OK;
+}
+
+/* Parses the "tensors" object: exactly x, topk_ids, topk_weights, each once, right dtype, 2-D. */
+static epd_status_t parse_tensors(const cJSON *tensors, uint64_t payload_len,
+                                  epd_tensor_t t[T_COUNT], char err[EPD_ERR_LEN])
+{
+    bool seen[T_COUNT] = {false, false, false};
+    const cJSON *item;
+    epd_status_t status;
+
+    cJSON_ArrayForEach(item, tensors) {
+        int k;
+        for (k = 0; k < T_COUNT; k++) {
+            if (strcmp(item->string, tensor_names[k]) == 0) break;
+        }
+        if (k == T_COUNT) {
+            snprintf(err, EPD_ERR_LEN,
+                     "unknown tensor \"%.40s\" (a SUBMIT has x, topk_ids, topk_weights)",
+                     item->string);
+            return EPD_ERR_BAD_TENSOR;
+        }
+        if (seen[k]) {
+            snprintf(err, EPD_ERR_LEN, "tensor %s is described twice", tensor_names[k]);
+            return EPD_ERR_BAD_TENSOR;
+        }
+        seen[k] = true;
+        status = epd_tensor_parse(item, tensor_names[k], payload_len, &t[k], err);
+        if (status != EPD_OK) return status;
+        if (t[k].dtype != tensor_dtypes[k]) {
+            snprintf(err, EPD_ERR_LEN, "tensor %s has dtype %s, only %s is supported",
+                     tensor_names[k], epd_dtype_name(t[k].dtype),
+                     epd_dtype_name(tensor_dtypes[k]));
+            return EPD_ERR_UNSUPPORTED_DTYPE;
+        }
+        if (t[k].ndim != 2) {
+            snprintf(err, EPD_ERR_LEN, "tensor %s has %u dimensions, must be 2", tensor_names[k],
+                     t[k].ndim);
+            return EPD_ERR_BAD_TENSOR;
+        }
+    }
+    for (int k = 0; k < T_COUNT; k++) {
+        if (!seen[k]) {
+            snprintf(err, EPD_ERR_LEN, "tensor %s is missing", tensor_names[k]);
+            return EPD_ERR_BAD_TENSOR;
+        }
+    }
+    return EPD_OK;
+}
+
+/* Ids in [0, E) or -1, distinct within a token; a bitmap over experts keeps it O(N*K). */
+static epd_status_t check_ids(const int32_t *ids, uint64_t n_tokens, uint32_t topk,
+                              uint32_t num_experts, char err[EPD_ERR_LEN])
+{
+    uint64_t stack_bits[64];
+    size_t words = ((size_t)num_experts + 63) / 64;
+    uint64_t *bits = stack_bits;
+    epd_status_t status = EPD_OK;
+
+    for (uint64_t i = 0; i < n_tokens * topk; i++) {
+        if (ids[i] != -1 && (ids[i] < 0 || (uint32_t)ids[i] >= num_experts)) {
+            snprintf(err, EPD_ERR_LEN,
+                     "token %" PRIu64 " slot %" PRIu64 ": expert id %d is not in [0, %u) or -1",
+                     i / topk, i % topk, ids[i], num_experts);
+            return EPD_ERR_EXPERT_OUT_OF_RANGE;
+        }
+    }
+    if (words > EPD_ARRAY_SIZE(stack_bits)) {
+        bits = calloc(words, sizeof(*bits));
+        if (bits == NULL) {
+            snprintf(err, EPD_ERR_LEN, "cannot allocate the expert bitmap");
+            return EPD_ERR_NO_MEMORY;
+        }
+    } else {
+        memset(bits, 0, words * sizeof(*bits));
+    }
+    for (uint64_t tok = 0; tok < n_tokens && status == EPD_OK; tok++) {
+        const int32_t *row = ids + tok * topk;
+        uint32_t k;
+        for (k = 0; k < topk; k++) {
+            if (row[k] < 0) continue;
+            uint64_t mask = 1ull << (row[k] % 64);
+            if (bits[row[k] / 64] & mask) {
+                snprintf(err, EPD_ERR_LEN, "token %" PRIu64 ": expert id %d appears twice", tok,
+                         row[k]);
+                status = EPD_ERR_INVALID_TOPK;
+                break;
+            }
+            bits[row[k] / 64] |= mask;
+        }
+        /* clear what this token set (up to where it stopped) */
+        for (uint32_t j = 0; j < k && j < topk; j++) {
+            if (row[j] >= 0) bits[row[j] / 64] &= ~(1ull << (row[j] % 64));
+        }
+    }
+    if (bits != stack_bits) free(bits);
+    return status;
+}
+
+epd_status_t epd_submit_validate(const epd_frame_t *frame, const epd_submit_limits_t *limits,
+                                 epd_submit_view_t *view_p, char err[EPD_ERR_LEN])
+{
+    epd_tensor_t t[T_COUNT];
+    const cJSON *tensors;
+    uint64_t n_tokens;
+    epd_status_t status;
+
+    memset(view_p, 0, sizeof(*view_p));
+    if (frame == NULL || frame->type != EPD_FRAME_SUBMIT || limits == NULL || limits->hidden == 0 ||
+        limits->topk == 0) {
+        snprintf(err, EPD_ERR_LEN, "epd_submit_validate needs a SUBMIT frame and H, K >= 1");
+        return EPD_ERR_INVALID_ARG;
+    }
+    switch (frame->id_kind) {
+    case EPD_FRAME_ID_VALID:
+        view_p->id = frame->id;
+        break;
+    case EPD_FRAME_ID_ABSENT:
+        snprintf(err, EPD_ERR_LEN, "SUBMIT meta has no \"id\"");
+        return EPD_ERR_BAD_JSON;
+    default:
+        snprintf(err, EPD_ERR_LEN, "SUBMIT \"id\" must be an integer in [0, 2^64)");
+        return EPD_ERR_BAD_JSON;
+    }
+    tensors = cJSON_GetObjectItemCaseSensitive(frame->meta, "tensors");
+    if (!cJSON_IsObject(tensors)) {
+        snprintf(err, EPD_ERR_LEN, "SUBMIT meta has no \"tensors\" object");
+        return EPD_ERR_BAD_JSON;
+    }
+    status = parse_tensors(tensors, frame->payload_len, t, err);
+    if (status != EPD_OK) return status;
+    status = check_cover(t, frame->payload_len, err);
+    if (status != EPD_OK) return status;
+
+    n_tokens = t[T_X].shape[0];
+    if (n_tokens == 0) {
+        snprintf(err, EPD_ERR_LEN, "a SUBMIT must carry at least one token (N = 0)");
+        return EPD_ERR_BAD_TENSOR;
+    }
+    if (t[T_IDS].shape[0] != n_tokens || t[T_WEIGHTS].shape[0] != n_tokens) {
+        snprintf(err, EPD_ERR_LEN,
+                 "tensors disagree on N: x has %" PRIu64 ", topk_ids %" PRIu64
+                 ", topk_weights %" PRIu64, n_tokens, t[T_IDS].shape[0], t[T_WEIGHTS].shape[0]);
+        return EPD_ERR_SHAPE_MISMATCH;
+    }
+    if (t[T_X].shape[1] != limits->hidden) {
+        snprintf(err, EPD_ERR_LEN, "x has hidden size %" PRIu64 ", the daemon runs %u",
+                 t[T_X].shape[1], limits->hidden);
+        return EPD_ERR_SHAPE_MISMATCH;
+    }
+    if (t[T_IDS].shape[1] != limits->topk || t[T_WEIGHTS].shape[1] != limits->topk) {
+        snprintf(err, EPD_ERR_LEN,
+                 "topk_ids has K = %" PRIu64 " and topk_weights K = %" PRIu64
+                 ", the daemon runs top-%u", t[T_IDS].shape[1], t[T_WEIGHTS].shape[1],
+                 limits->topk);
+        return EPD_ERR_SHAPE_MISMATCH;
+    }
+    if (n_tokens > limits->max_tokens) {
+        snprintf(err, EPD_ERR_LEN, "%" PRIu64 " tokens exceed the limit of %u per request",
+                 n_tokens, limits->max_tokens);
+        return EPD_ERR_TOO_MANY_TOKENS;
+    }
+    view_p->n_tokens = (uint32_t)n_tokens;
+    view_p->hidden = limits->hidden;
+    view_p->topk = limits->topk;
+    view_p->x = (const uint16_t *)(const void *)(frame->payload + t[T_X].begin);
+    view_p->topk_ids = (const int32_t *)(const void *)(frame->payload + t[T_IDS].begin);
+    view_p->topk_weights = (const float *)(const void *)(frame->payload + t[T_WEIGHTS].begin);
+
+    status = check_ids(view_p->topk_ids, n_tokens, limits->topk, limits->num_experts, err);
+    if (status != EPD_OK) return status;
+    for (uint64_t i = 0; i < n_tokens * limits->topk; i++) {
+        if (!isfinite(view_p->topk_weights[i])) {
+            snprintf(err, EPD_ERR_LEN, "token %" PRIu64 " slot %" PRIu64 ": weight is %s",
+                     i / limits->topk, i % limits->topk,
+                     isnan(view_p->topk_weights[i]) ? "NaN" : "infinite");
+            return EPD_ERR_NON_FINITE_INPUT;
+        }
+    }
+    return EPD_OK;
+}
+
+/* ---- encoders ---- */
+
+void epd_frame_out_free(epd_frame_out_t *out)
+{
+    if (out == NULL) return;
+    free(out->head);
+    memset(out, 0, sizeof(*out));
+}
+
+epd_status_t epd_frame_out_flatten(const epd_frame_out_t *out, uint8_t **buf_p, size_t *len_p,
+                                   char err[EPD_ERR_LEN])
+{
+    size_t len = out->head_len;
+    uint8_t *buf, *p;
+
+    if (out->payload_len > SIZE_MAX - len) {
+        snprintf(err, EPD_ERR_LEN, "frame too large to flatten");
+        return EPD_ERR_NO_MEMORY;
+    }
+    len += (size_t)out->payload_len;
+    buf = malloc(len);
+    if (buf == NULL) {
+        snprintf(err, EPD_ERR_LEN, "cannot allocate %zu bytes for a frame", len);
+        return EPD_ERR_NO_MEMORY;
+    }
+    memcpy(buf, out->head, out->head_len);
+    p = buf + out->head_len;
+    for (size_t i = 0; i < out->n_parts; i++) {
+        if (out->part_len[i] > 0) memcpy(p, out->part[i], out->part_len[i]);
+        p += out->part_len[i];
+    }
+    *buf_p = buf;
+    *len_p = len;
+    return EPD_OK;
+}
+
+/* Head = header + the given meta text (meta_len bytes). */
+static epd_status_t out_make_head(epd_frame_type_t type, const char *meta, size_t meta_len,
+                                  uint64_t payload_len, epd_frame_out_t *out_p,
+                                  char err[EPD_ERR_LEN])
+{
+    if (meta_len > EPD_FRAME_MAX_META) {
+        snprintf(err, EPD_ERR_LEN, "meta of %zu bytes exceeds the %u-byte limit", meta_len,
+                 EPD_FRAME_MAX_META);
+        return EPD_ERR_FRAME_TOO_LARGE;
+    }
+    memset(out_p, 0, sizeof(*out_p));
+    out_p->head = malloc(EPD_FRAME_HEADER_LEN + meta_len);
+    if (out_p->head == NULL) {
+        snprintf(err, EPD_ERR_LEN, "cannot allocate a frame head");
+        return EPD_ERR_NO_MEMORY;
+    }
+    epd_frame_header_encode(type, (uint32_t)meta_len, payload_len, out_p->head);
+    memcpy(out_p->head + EPD_FRAME_HEADER_LEN, meta, meta_len);
+    out_p->head_len = EPD_FRAME_HEADER_LEN + meta_len;
+    out_p->payload_len = payload_len;
+    return EPD_OK;
+}
+
+static void out_add_part(epd_frame_out_t *out, const void *data, size_t len)
+{
+    out->part[out->n_parts] = data;
+    out->part_len[out->n_parts] = len;
+    out->n_parts++;
+}
+
+epd_status_t epd_frame_encode_json(epd_frame_type_t type, const cJSON *meta, const void *payload,
+                                   size_t payload_len, epd_frame_out_t *out_p,
+                                   char err[EPD_ERR_LEN])
+{
+    char *text;
+    epd_status_t status;
+
+    if (!cJSON_IsObject(meta) || type < EPD_FRAME_SUBMIT || type > EPD_FRAME_REPLY ||
+        (payload == NULL && payload_len > 0)) {
+        snprintf(err, EPD_ERR_LEN, "a frame needs a known type, a JSON object meta and a payload");
+        return EPD_ERR_INVALID_ARG;
+    }
+    text = cJSON_PrintUnformatted(meta);
+    if (text == NULL) {
+        snprintf(err, EPD_ERR_LEN, "cannot print the frame's meta JSON");
+        return EPD_ERR_NO_MEMORY;
+    }
+    status = out_make_head(type, text, strlen(text), payload_len, out_p, err);
+    free(text);
+    if (status != EPD_OK) return status;
+    if (payload_len > 0) out_add_part(out_p, payload, payload_len);
+    return EPD_OK;
+}
+
+/* Adds an exact uint64 (a raw JSON literal: cJSON numbers are doubles). */
+static cJSON *add_u64(cJSON *obj, const char *name, uint64_t v)
+{
+    char lit[24];
+    snprintf(lit, sizeof(lit), "%" PRIu64, v);
+    return cJSON_AddRawToObject(obj, name, lit);
+}
+
+static cJSON *add_tensor(cJSON *tensors, const char *name, epd_dtype_t dtype, uint64_t rows,
+                         uint64_t cols, uint64_t begin, uint64_t end)
+{
+    cJSON *t = cJSON_AddObjectToObject(tensors, name);
+    cJSON *shape, *offsets;
+    if (t == NULL || cJSON_AddStringToObject(t, "dtype", epd_dtype_name(dtype)) == NULL) return NULL;
+    shape = cJSON_AddArrayToObject(t, "shape");
+    offsets = cJSON_AddArrayToObject(t, "data_offsets");
+    if (shape == NULL || offsets == NULL) return NULL;
+    cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)rows));
+    cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)cols));
+    cJSON_AddItemToArray(offsets, cJSON_CreateNumber((double)begin));
+    cJSON_AddItemToArray(offsets, cJSON_CreateNumber((double)end));
+    return cJSON_GetArraySize(shape) == 2 && cJSON_GetArraySize(offsets) == 2 ? t : NULL;
+}
+
+epd_status_t epd_frame_encode_submit(uint64_t id, uint32_t n_tokens, uint32_t hidden,
+                                     uint32_t topk, const uint16_t *x, const int32_t *topk_ids,
+                                     const float *topk_weights, epd_frame_out_t *out_p,
+                                     char err[EPD_ERR_LEN])
+{
+    uint64_t nk_bytes = (uint64_t)n_tokens * topk * 4;
+    uint64_t x_bytes = (uint64_t)n_tokens * hidden * 2;
+    cJSON *meta = NULL, *tensors;
+    epd_status_t status = EPD_ERR_NO_MEMORY;
+
+    if ((n_tokens > 0 && (x == NULL || topk_ids == NULL || topk_weights == NULL)) ||
+        x_bytes > SIZE_MAX / 2) {
+        snprintf(err, EPD_ERR_LEN, "SUBMIT needs x, topk_ids and topk_weights");
+        return EPD_ERR_INVALID_ARG;
+    }
+    meta = cJSON_CreateObject();
+    if (meta == NULL || add_u64(meta, "id", id) == NULL) goto err_meta;
+    tensors = cJSON_AddObjectToObject(meta, "tensors");
+    if (tensors == NULL ||
+        add_tensor(tensors, "x", EPD_DTYPE_BF16, n_tokens, hidden, 2 * nk_bytes,
+                   2 * nk_bytes + x_bytes) == NULL ||
+        add_tensor(tensors, "topk_ids", EPD_DTYPE_I32, n_tokens, topk, 0, nk_bytes) == NULL ||
+        add_tensor(tensors, "topk_weights", EPD_DTYPE_F32, n_tokens, topk, nk_bytes,
+                   2 * nk_bytes) == NULL) {
+        goto err_meta;
+    }
+    status = epd_frame_encode_json(EPD_FRAME_SUBMIT, meta, NULL, 0, out_p, err);
+    if (status != EPD_OK) goto err_meta;
+    cJSON_Delete(meta);
+    out_p->payload_len = 2 * nk_bytes + x_bytes;
+    epd_frame_header_encode(EPD_FRAME_SUBMIT, (uint32_t)(out_p->head_len - EPD_FRAME_HEADER_LEN),
+                            out_p->payload_len, out_p->head);
+    out_add_part(out_p, topk_ids, (size_t)nk_bytes);
+    out_add_part(out_p, topk_weights, (size_t)nk_bytes);
+    out_add_part(out_p, x, (size_t)x_bytes);
+    return EPD_OK;
+
+err_meta:
+    cJSON_Delete(meta);
+    if (status == EPD_ERR_NO_MEMORY) snprintf(err, EPD_ERR_LEN, "cannot build SUBMIT meta");
+    return status;
+}
+
+epd_status_t epd_frame_encode_result(uint64_t id, uint64_t step, uint32_t n_tokens,
+                                     uint32_t hidden, const uint16_t *y, epd_frame_out_t *out_p,
+                                     char err[EPD_ERR_LEN])
+{
+    uint64_t y_bytes = (uint64_t)n_tokens * hidden * 2;
+    cJSON *meta, *tensors;
+    epd_status_t status = EPD_ERR_NO_MEMORY;
+
+    if ((y_bytes > 0 && y == NULL) || y_bytes > SIZE_MAX) {
+        snprintf(err, EPD_ERR_LEN, "RESULT needs y");
+        return EPD_ERR_INVALID_ARG;
+    }
+    meta = cJSON_CreateObject();
+    if (meta == NULL || add_u64(meta, "id", id) == NULL) goto err_meta;
+    tensors = cJSON_AddObjectToObject(meta, "tensors");
+    if (tensors == NULL ||
+        add_tensor(tensors, "y", EPD_DTYPE_BF16, n_tokens, hidden, 0, y_bytes) == NULL ||
+        add_u64(meta, "step", step) == NULL) {
+        goto err_meta;
+    }
+    status = epd_frame_encode_json(EPD_FRAME_RESULT, meta, y, (size_t)y_bytes, out_p, err);
+err_meta:
+    cJSON_Delete(meta);
+    if (status == EPD_ERR_NO_MEMORY) snprintf(err, EPD_ERR_LEN, "cannot build RESULT meta");
+    return status;
+}
+
+epd_status_t epd_frame_encode_error(bool has_id, uint64_t id, epd_status_t code,
+                                    const char *message, epd_frame_out_t *out_p,
+                                    char err[EPD_ERR_LEN])
+{
+    /* the message is the peer's to display: keep it valid UTF-8 and within the meta bound */
+    size_t max_msg = EPD_FRAME_MAX_META / 8;
+    size_t len = message ? strnlen(message, max_msg) : 0;
+    char *msg;
+    cJSON *meta;
+    epd_status_t status = EPD_ERR_NO_MEMORY;
+
+    if (!epd_status_is_wire_code(code)) {
+        snprintf(err, EPD_ERR_LEN, "status %s cannot travel in an ERROR frame",
+                 epd_status_name(code));
+        return EPD_ERR_INVALID_ARG;
+    }
+    msg = malloc(len + 1);
+    if (msg == NULL) {
+        snprintf(err, EPD_ERR_LEN, "cannot build ERROR meta");
+        return EPD_ERR_NO_MEMORY;
+    }
+    if (len > 0) memcpy(msg, message, len);
+    msg[len] = '\0';
+    for (size_t at = 0; (at += epd_utf8_check((uint8_t *)msg + at, len - at)) < len; at++) {
+        msg[at] = '?';
+    }
+    meta = cJSON_CreateObject();
+    if (meta == NULL) goto err_msg;
+    if ((has_id ? add_u64(meta, "id", id) : cJSON_AddNullToObject(meta, "id")) == NULL ||
+        cJSON_AddStringToObject(meta, "code", epd_status_name(code)) == NULL ||
+        cJSON_AddStringToObject(meta, "message", msg) == NULL) {
+        goto err_meta;
+    }
+    status = epd_frame_encode_json(EPD_FRAME_ERROR, meta, NULL, 0, out_p, err);
+err_meta:
+    cJSON_Delete(meta);
+err_msg:
+    free(msg);
+    if (status == EPD_ERR_NO_MEMORY) snprintf(err, EPD_ERR_LEN, "cannot build ERROR meta");
+    return status;
+}
+
+epd_status_t epd_frame_encode_control(const char *op, epd_frame_out_t *out_p,
+                                      char err[EPD_ERR_LEN])
+{
+    cJSON *meta;
+    epd_status_t status = EPD_ERR_NO_MEMORY;
+
+    if (op == NULL || *op == '\0' || strlen(op) > 64 ||
+        epd_utf8_check((const uint8_t *)op, strlen(op)) != strlen(op)) {
+        snprintf(err, EPD_ERR_LEN, "a CONTROL op is a short non-empty name");
+        return EPD_ERR_INVALID_ARG;
+    }
+    meta = cJSON_CreateObject();
+    if (meta != NULL && cJSON_AddStringToObject(meta, "op", op) != NULL) {
+        status = epd_frame_encode_json(EPD_FRAME_CONTROL, meta, NULL, 0, out_p, err);
+    }
+    cJSON_Delete(meta);
+    if (status == EPD_ERR_NO_MEMORY) snprintf(err, EPD_ERR_LEN, "cannot build CONTROL meta");
+    return status;
+}
+
+epd_status_t epd_frame_encode_reply(const char *meta_json, const void *payload, size_t payload_len,
+                                    epd_frame_out_t *out_p, char err[EPD_ERR_LEN])
+{
+    size_t len = meta_json ? strlen(meta_json) : 0;
+    cJSON *parsed;
+    epd_status_t status;
+
+    if (meta_json == NULL || (payload == NULL && payload_len > 0)) {
+        snprintf(err, EPD_ERR_LEN, "REPLY needs meta JSON");
+        return EPD_ERR_INVALID_ARG;
+    }
+    if (epd_utf8_check((const uint8_t *)meta_json, len) != len) {
+        snprintf(err, EPD_ERR_LEN, "REPLY meta is not valid UTF-8");
+        return EPD_ERR_INVALID_ARG;
+    }
+    parsed = cJSON_ParseWithLengthOpts(meta_json, len + 1, NULL, 1);
+    if (!cJSON_IsObject(parsed)) {
+        cJSON_Delete(parsed);
+        snprintf(err, EPD_ERR_LEN, "REPLY meta must be the JSON text of an object");
+        return EPD_ERR_INVALID_ARG;
+    }
+    cJSON_Delete(parsed);
+    status = out_make_head(EPD_FRAME_REPLY, meta_json, len, payload_len, out_p, err);
+    if (status != EPD_OK) return status;
+    if (payload_len > 0) out_add_part(out_p, payload, payload_len);
+    return EPD_OK;
+}

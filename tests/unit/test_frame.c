@@ -1,0 +1,904 @@
+/* Unit tests of proto/ (the wire codec): round trips of every frame type, every split of the
+ * stream, and malformed headers, meta and SUBMIT tensors each with its expected code. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "proto/frame.h"
+
+#define MAX_PAYLOAD (1u << 20)
+
+/* The SUBMIT limits used by the malformed-input cases: H 4, K 2, E 8, at most 16 tokens. */
+static const epd_submit_limits_t limits = {.hidden = 4, .topk = 2, .num_experts = 8,
+                                           .max_tokens = 16};
+
+/* A flat buffer holding one encoded frame. */
+typedef struct {
+    uint8_t *buf;
+    size_t len;
+} bytes_t;
+
+static bytes_t flatten(epd_frame_out_t *out)
+{
+    char err[EPD_ERR_LEN];
+    bytes_t b;
+    assert_int_equal(epd_frame_out_flatten(out, &b.buf, &b.len, err), EPD_OK);
+    epd_frame_out_free(out);
+    return b;
+}
+
+/* A raw frame with a chosen header and meta text and payload_len bytes of payload. */
+static bytes_t raw_frame(const uint8_t magic[4], uint16_t version, uint16_t type, uint32_t reserved,
+                         const char *meta, size_t meta_len, const void *payload,
+                         uint64_t payload_len)
+{
+    bytes_t b;
+    b.len = EPD_FRAME_HEADER_LEN + meta_len + (size_t)payload_len;
+    b.buf = calloc(1, b.len);
+    assert_non_null(b.buf);
+    epd_frame_header_encode((epd_frame_type_t)type, (uint32_t)meta_len, payload_len, b.buf);
+    if (magic) memcpy(b.buf, magic, 4);
+    b.buf[4] = (uint8_t)version;
+    b.buf[5] = (uint8_t)(version >> 8);
+    b.buf[6] = (uint8_t)type;
+    b.buf[7] = (uint8_t)(type >> 8);
+    memcpy(b.buf + 12, &reserved, 4);
+    memcpy(b.buf + EPD_FRAME_HEADER_LEN, meta, meta_len);
+    if (payload) memcpy(b.buf + EPD_FRAME_HEADER_LEN + meta_len, payload, (size_t)payload_len);
+    return b;
+}
+
+static bytes_t simple_frame(uint16_t type, const char *meta)
+{
+    return raw_frame(NULL, 1, type, 0, meta, strlen(meta), NULL, 0);
+}
+
+static epd_status_t decode_bytes(bytes_t b, epd_frame_t *frame, char err[EPD_ERR_LEN])
+{
+    epd_status_t status = epd_frame_decode(b.buf, b.len, MAX_PAYLOAD, frame, err);
+    free(b.buf);
+    return status;
+}
+
+static epd_status_t decode_meta(uint16_t type, const char *meta)
+{
+    epd_frame_t frame = {0};
+    char err[EPD_ERR_LEN] = "";
+    epd_status_t status = decode_bytes(simple_frame(type, meta), &frame, err);
+    if (status != EPD_OK) assert_true(strlen(err) > 10); /* every failure says why */
+    epd_frame_free(&frame);
+    return status;
+}
+
+/* The standard SUBMIT payload of the malformed cases: N = 2, H = 4, K = 2, laid out as ids at
+ * [0,16), weights at [16,32), x at [32,48). */
+static uint8_t std_payload[48];
+#define STD_IDS "\"topk_ids\":{\"dtype\":\"i32\",\"shape\":[2,2],\"data_offsets\":[0,16]}"
+#define STD_W "\"topk_weights\":{\"dtype\":\"f32\",\"shape\":[2,2],\"data_offsets\":[16,32]}"
+#define STD_X "\"x\":{\"dtype\":\"bf16\",\"shape\":[2,4],\"data_offsets\":[32,48]}"
+
+static void std_payload_fill(const int32_t ids[4], const float w[4])
+{
+    static const int32_t def_ids[4] = {0, 5, 7, -1};
+    static const float def_w[4] = {0.75f, 0.25f, 1.0f, 0.0f};
+    uint16_t x[8];
+    for (int i = 0; i < 8; i++) x[i] = (uint16_t)(0x3f80 + i); /* 1.0, 1.0078, ... */
+    memcpy(std_payload, ids ? ids : def_ids, 16);
+    memcpy(std_payload + 16, w ? w : def_w, 16);
+    memcpy(std_payload + 32, x, 16);
+}
+
+/* Decodes a SUBMIT built from meta text + payload and validates it: the first failing code. */
+static epd_status_t submit_status(const char *meta, const void *payload, size_t payload_len,
+                                  epd_submit_view_t *view_p, char err[EPD_ERR_LEN])
+{
+    epd_frame_t frame = {0};
+    epd_submit_view_t view;
+    epd_status_t status;
+    bytes_t b = raw_frame(NULL, 1, EPD_FRAME_SUBMIT, 0, meta, strlen(meta), payload, payload_len);
+
+    err[0] = '\0';
+    status = decode_bytes(b, &frame, err);
+    if (status == EPD_OK) status = epd_submit_validate(&frame, &limits, &view, err);
+    if (status != EPD_OK) assert_true(strlen(err) > 10);
+    if (view_p) *view_p = view;
+    epd_frame_free(&frame);
+    return status;
+}
+
+/* A SUBMIT with the standard payload and the given tensors text. */
+static epd_status_t std_submit(const char *tensors)
+{
+    char meta[1024], err[EPD_ERR_LEN];
+    snprintf(meta, sizeof(meta), "{\"id\":7,\"tensors\":{%s}}", tensors);
+    return submit_status(meta, std_payload, sizeof(std_payload), NULL, err);
+}
+
+static epd_status_t std_submit_data(const int32_t ids[4], const float w[4])
+{
+    epd_status_t status;
+    std_payload_fill(ids, w);
+    status = std_submit(STD_IDS "," STD_W "," STD_X);
+    std_payload_fill(NULL, NULL);
+    return status;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    std_payload_fill(NULL, NULL);
+    return 0;
+}
+
+/* ---- round trips ---- */
+
+static void test_frame__header__encodes_little_endian(void **state)
+{
+    uint8_t h[EPD_FRAME_HEADER_LEN];
+    epd_frame_header_t hdr;
+    char err[EPD_ERR_LEN];
+    (void)state;
+    epd_frame_header_encode(EPD_FRAME_REPLY, 0x01020304, 0x0102030405060708ull, h);
+    static const uint8_t want[EPD_FRAME_HEADER_LEN] = {
+        'E', 'P', 'D', '1', 1, 0, 5, 0, 4, 3, 2, 1, 0, 0, 0, 0, 8, 7, 6, 5, 4, 3, 2, 1};
+    assert_memory_equal(h, want, sizeof(want));
+    assert_int_equal(epd_frame_header_decode(h, UINT64_MAX, UINT32_MAX, &hdr, err), EPD_OK);
+    assert_int_equal(hdr.type, EPD_FRAME_REPLY);
+    assert_int_equal(hdr.meta_len, 0x01020304);
+    assert_true(hdr.payload_len == 0x0102030405060708ull);
+}
+
+/* N tokens of H 4 / K 2 data with a recognizable pattern. */
+typedef struct {
+    uint16_t x[16 * 4];
+    int32_t ids[16 * 2];
+    float w[16 * 2];
+} sample_t;
+
+static void sample_fill(sample_t *s, uint32_t n)
+{
+    for (uint32_t i = 0; i < n * 4; i++) s->x[i] = (uint16_t)(0x3f00 + i * 3);
+    for (uint32_t i = 0; i < n; i++) {
+        s->ids[2 * i] = (int32_t)(i % 8);
+        s->ids[2 * i + 1] = i % 3 == 0 ? -1 : (int32_t)((i + 3) % 8);
+        s->w[2 * i] = 0.5f + (float)i;
+        s->w[2 * i + 1] = -0.25f * (float)i;
+    }
+}
+
+static void test_frame__submit__round_trips(void **state)
+{
+    sample_t s;
+    epd_frame_out_t out;
+    epd_frame_t frame = {0};
+    epd_submit_view_t view;
+    char err[EPD_ERR_LEN];
+    (void)state;
+    sample_fill(&s, 16);
+    assert_int_equal(epd_frame_encode_submit(UINT64_MAX, 16, 4, 2, s.x, s.ids, s.w, &out, err),
+                     EPD_OK);
+    assert_int_equal(out.payload_len, 16 * 2 * 4 * 2 + 16 * 4 * 2);
+    assert_int_equal(decode_bytes(flatten(&out), &frame, err), EPD_OK);
+    assert_int_equal(frame.type, EPD_FRAME_SUBMIT);
+    assert_int_equal(frame.id_kind, EPD_FRAME_ID_VALID);
+    assert_true(frame.id == UINT64_MAX); /* exact: not through a double */
+    assert_int_equal(epd_submit_validate(&frame, &limits, &view, err), EPD_OK);
+    assert_true(view.id == UINT64_MAX);
+    assert_int_equal(view.n_tokens, 16);
+    assert_memory_equal(view.x, s.x, sizeof(s.x));
+    assert_memory_equal(view.topk_ids, s.ids, sizeof(s.ids));
+    assert_memory_equal(view.topk_weights, s.w, sizeof(s.w));
+    assert_int_equal((uintptr_t)view.topk_weights % 4, 0);
+    epd_frame_free(&frame);
+}
+
+static void test_frame__result__round_trips(void **state)
+{
+    uint16_t y[3 * 4];
+    epd_frame_out_t out;
+    epd_frame_t frame = {0};
+    epd_tensor_t t;
+    char err[EPD_ERR_LEN];
+    (void)state;
+    for (int i = 0; i < 12; i++) y[i] = (uint16_t)(0xbf80 - i);
+    assert_int_equal(epd_frame_encode_result(42, 9007199254740993ull, 3, 4, y, &out, err), EPD_OK);
+    assert_int_equal(decode_bytes(flatten(&out), &frame, err), EPD_OK);
+    assert_int_equal(frame.type, EPD_FRAME_RESULT);
+    assert_true(frame.id == 42);
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(frame.meta, "tensors"), "y");
+    assert_int_equal(epd_tensor_parse(ty, "y", frame.payload_len, &t, err), EPD_OK);
+    assert_int_equal(t.dtype, EPD_DTYPE_BF16);
+    assert_int_equal(t.shape[0], 3);
+    assert_int_equal(t.shape[1], 4);
+    assert_memory_equal(frame.payload + t.begin, y, sizeof(y));
+    assert_true(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(frame.meta, "step")));
+    epd_frame_free(&frame);
+}
+
+static void test_frame__error__round_trips_with_and_without_id(void **state)
+{
+    epd_frame_out_t out;
+    epd_frame_t frame = {0};
+    char err[EPD_ERR_LEN];
+    (void)state;
+    assert_int_equal(epd_frame_encode_error(true, 5, EPD_ERR_INVALID_TOPK, "token 0: \"dup\"", &out,
+                                            err), EPD_OK);
+    assert_int_equal(decode_bytes(flatten(&out), &frame, err), EPD_OK);
+    assert_int_equal(frame.type, EPD_FRAME_ERROR);
+    assert_int_equal(frame.id_kind, EPD_FRAME_ID_VALID);
+    assert_true(frame.id == 5);
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(frame.meta, "code")->valuestring,
+                        "invalid_topk");
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(frame.meta, "message")->valuestring,
+                        "token 0: \"dup\"");
+    epd_frame_free(&frame);
+
+    /* no id, and a message with invalid UTF-8 that must still decode on the other side */
+    assert_int_equal(epd_frame_encode_error(false, 0, EPD_ERR_BAD_MAGIC, "bad \xff\xc3 end", &out,
+                                            err), EPD_OK);
+    assert_int_equal(decode_bytes(flatten(&out), &frame, err), EPD_OK);
+    assert_int_equal(frame.id_kind, EPD_FRAME_ID_NULL);
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(frame.meta, "message")->valuestring,
+                        "bad ?? end");
+    epd_frame_free(&frame);
+
+    assert_int_equal(epd_frame_encode_error(true, 1, EPD_ERR_NO_MEMORY, "x", &out, err),
+                     EPD_ERR_INVALID_ARG);
+}
+
+static void test_frame__control_and_reply__round_trip(void **state)
+{
+    epd_frame_out_t out;
+    epd_frame_t frame = {0};
+    char err[EPD_ERR_LEN];
+    static const char prom[] = "# TYPE epd_steps counter\nepd_steps 3\n";
+    (void)state;
+    assert_int_equal(epd_frame_encode_control("metrics", &out, err), EPD_OK);
+    assert_int_equal(decode_bytes(flatten(&out), &frame, err), EPD_OK);
+    assert_int_equal(frame.type, EPD_FRAME_CONTROL);
+    assert_int_equal(frame.id_kind, EPD_FRAME_ID_ABSENT);
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(frame.meta, "op")->valuestring, "metrics");
+    epd_frame_free(&frame);
+
+    assert_int_equal(epd_frame_encode_reply("{\"model.hidden\":7168,\"ok\":true}", prom,
+                                            strlen(prom), &out, err), EPD_OK);
+    assert_int_equal(decode_bytes(flatten(&out), &frame, err), EPD_OK);
+    assert_int_equal(frame.type, EPD_FRAME_REPLY);
+    assert_int_equal(cJSON_GetObjectItemCaseSensitive(frame.meta, "model.hidden")->valueint, 7168);
+    assert_int_equal(frame.payload_len, strlen(prom));
+    assert_memory_equal(frame.payload, prom, strlen(prom));
+    epd_frame_free(&frame);
+
+    assert_int_equal(epd_frame_encode_reply("[1,2]", NULL, 0, &out, err), EPD_ERR_INVALID_ARG);
+    assert_int_equal(epd_frame_encode_reply("{\"a\":", NULL, 0, &out, err), EPD_ERR_INVALID_ARG);
+    assert_int_equal(epd_frame_encode_control("", &out, err), EPD_ERR_INVALID_ARG);
+}
+
+/* ---- splits of the stream ---- */
+
+static bytes_t sample_submit(uint64_t id, uint32_t n)
+{
+    static sample_t s;
+    epd_frame_out_t out;
+    char err[EPD_ERR_LEN];
+    sample_fill(&s, n);
+    assert_int_equal(epd_frame_encode_submit(id, n, 4, 2, s.x, s.ids, s.w, &out, err), EPD_OK);
+    return flatten(&out);
+}
+
+static void assert_sample_frame(epd_frame_t *frame, uint64_t id, uint32_t n)
+{
+    epd_submit_view_t view;
+    sample_t s;
+    char err[EPD_ERR_LEN];
+    sample_fill(&s, n);
+    assert_int_equal(epd_submit_validate(frame, &limits, &view, err), EPD_OK);
+    assert_true(view.id == id);
+    assert_int_equal(view.n_tokens, n);
+    assert_memory_equal(view.x, s.x, n * 4 * 2);
+    assert_memory_equal(view.topk_weights, s.w, n * 2 * 4);
+    epd_frame_free(frame);
+}
+
+static void test_frame__every_split__yields_the_frame(void **state)
+{
+    bytes_t b = sample_submit(11, 3);
+    char err[EPD_ERR_LEN];
+    (void)state;
+    for (size_t cut = 0; cut <= b.len; cut++) {
+        epd_decoder_t dec;
+        epd_frame_t frame = {0};
+        size_t used = 0;
+        epd_decoder_init(&dec, MAX_PAYLOAD, EPD_FRAME_MAX_META);
+        epd_status_t status = epd_decoder_feed(&dec, b.buf, cut, &used, &frame, err);
+        if (cut < b.len) {
+            assert_int_equal(status, EPD_ERR_AGAIN);
+            assert_int_equal(used, cut);
+            assert_int_equal(epd_decoder_idle(&dec), cut == 0);
+            status = epd_decoder_feed(&dec, b.buf + cut, b.len - cut, &used, &frame, err);
+            assert_int_equal(used, b.len - cut);
+        }
+        assert_int_equal(status, EPD_OK);
+        assert_true(epd_decoder_idle(&dec));
+        assert_sample_frame(&frame, 11, 3);
+        epd_decoder_free(&dec);
+    }
+    free(b.buf);
+}
+
+static void test_frame__one_byte_at_a_time__yields_each_frame(void **state)
+{
+    bytes_t a = sample_submit(1, 2), b = sample_submit(2, 5);
+    uint8_t *stream = malloc(a.len + b.len);
+    epd_decoder_t dec;
+    epd_frame_t frames[2];
+    int n_frames = 0;
+    char err[EPD_ERR_LEN];
+    (void)state;
+    assert_non_null(stream);
+    memcpy(stream, a.buf, a.len);
+    memcpy(stream + a.len, b.buf, b.len);
+    epd_decoder_init(&dec, MAX_PAYLOAD, EPD_FRAME_MAX_META);
+    for (size_t i = 0; i < a.len + b.len; i++) {
+        size_t used = 0;
+        epd_status_t status = epd_decoder_feed(&dec, stream + i, 1, &used, &frames[n_frames], err);
+        assert_int_equal(used, 1);
+        if (status == EPD_OK) {
+            assert_int_equal(i, n_frames == 0 ? a.len - 1 : a.len + b.len - 1);
+            n_frames++;
+        } else {
+            assert_int_equal(status, EPD_ERR_AGAIN);
+        }
+    }
+    assert_int_equal(n_frames, 2);
+    assert_sample_frame(&frames[0], 1, 2);
+    assert_sample_frame(&frames[1], 2, 5);
+
+    /* both frames in one feed: the first stops at its end, the rest yields the second */
+    size_t used = 0;
+    assert_int_equal(epd_decoder_feed(&dec, stream, a.len + b.len, &used, &frames[0], err), EPD_OK);
+    assert_int_equal(used, a.len);
+    assert_int_equal(epd_decoder_feed(&dec, stream + used, b.len, &used, &frames[1], err), EPD_OK);
+    assert_int_equal(used, b.len);
+    assert_sample_frame(&frames[0], 1, 2);
+    assert_sample_frame(&frames[1], 2, 5);
+    epd_decoder_free(&dec);
+    free(stream);
+    free(a.buf);
+    free(b.buf);
+}
+
+static void test_frame__partial_frame__is_freed_by_decoder_free(void **state)
+{
+    bytes_t b = sample_submit(3, 4);
+    epd_decoder_t dec;
+    epd_frame_t frame = {0};
+    size_t used;
+    char err[EPD_ERR_LEN];
+    (void)state;
+    epd_decoder_init(&dec, MAX_PAYLOAD, EPD_FRAME_MAX_META);
+    /* stop inside the meta, then inside the payload: ASan reports any leak */
+    assert_int_equal(epd_decoder_feed(&dec, b.buf, 30, &used, &frame, err), EPD_ERR_AGAIN);
+    epd_decoder_reset(&dec);
+    assert_int_equal(epd_decoder_feed(&dec, b.buf, b.len - 3, &used, &frame, err), EPD_ERR_AGAIN);
+    assert_false(epd_decoder_idle(&dec));
+    epd_decoder_free(&dec);
+    free(b.buf);
+}
+
+/* ---- malformed frames ---- */
+
+static void test_frame__bad_magic__is_bad_magic(void **state)
+{
+    (void)state;
+    bytes_t b = raw_frame((const uint8_t *)"EPD2", 1, 4, 0, "{}", 2, NULL, 0);
+    epd_frame_t frame;
+    char err[EPD_ERR_LEN];
+    assert_int_equal(decode_bytes(b, &frame, err), EPD_ERR_BAD_MAGIC);
+    b = raw_frame((const uint8_t *)"GET ", 1, 4, 0, "{}", 2, NULL, 0);
+    assert_int_equal(decode_bytes(b, &frame, err), EPD_ERR_BAD_MAGIC);
+}
+
+static void test_frame__bad_version__is_bad_version(void **state)
+{
+    epd_frame_t frame;
+    char err[EPD_ERR_LEN];
+    (void)state;
+    assert_int_equal(decode_bytes(raw_frame(NULL, 2, 4, 0, "{}", 2, NULL, 0), &frame, err),
+                     EPD_ERR_BAD_VERSION);
+    assert_int_equal(decode_bytes(raw_frame(NULL, 0, 4, 0, "{}", 2, NULL, 0), &frame, err),
+                     EPD_ERR_BAD_VERSION);
+}
+
+static void test_frame__unknown_type__is_bad_type(void **state)
+{
+    epd_frame_t frame;
+    char err[EPD_ERR_LEN];
+    (void)state;
+    assert_int_equal(decode_bytes(raw_frame(NULL, 1, 0, 0, "{}", 2, NULL, 0), &frame, err),
+                     EPD_ERR_BAD_TYPE);
+    assert_int_equal(decode_bytes(raw_frame(NULL, 1, 6, 0, "{}", 2, NULL, 0), &frame, err),
+                     EPD_ERR_BAD_TYPE);
+    assert_int_equal(decode_bytes(raw_frame(NULL, 1, 0x0104, 0, "{}", 2, NULL, 0), &frame, err),
+                     EPD_ERR_BAD_TYPE);
+}
+
+static void test_frame__reserved_nonzero__is_bad_header(void **state)
+{
+    epd_frame_t frame;
+    char err[EPD_ERR_LEN];
+    (void)state;
+    assert_int_equal(decode_bytes(raw_frame(NULL, 1, 4, 1u << 31, "{}", 2, NULL, 0), &frame, err),
+                     EPD_ERR_BAD_HEADER);
+}
+
+static void test_frame__oversize__is_frame_too_large_before_allocation(void **state)
+{
+    uint8_t h[EPD_FRAME_HEADER_LEN];
+    epd_decoder_t dec;
+    epd_frame_t frame;
+    size_t used;
+    char err[EPD_ERR_LEN];
+    (void)state;
+    /* only the header is fed: the limits are checked on it alone */
+    epd_decoder_init(&dec, MAX_PAYLOAD, EPD_FRAME_MAX_META);
+    epd_frame_header_encode(EPD_FRAME_CONTROL, EPD_FRAME_MAX_META + 1, 0, h);
+    assert_int_equal(epd_decoder_feed(&dec, h, sizeof(h), &used, &frame, err),
+                     EPD_ERR_FRAME_TOO_LARGE);
+    assert_non_null(strstr(err, "meta_len"));
+    assert_null(dec.meta_text);
+    epd_decoder_reset(&dec);
+    epd_frame_header_encode(EPD_FRAME_SUBMIT, 2, (uint64_t)MAX_PAYLOAD + 1, h);
+    assert_int_equal(epd_decoder_feed(&dec, h, sizeof(h), &used, &frame, err),
+                     EPD_ERR_FRAME_TOO_LARGE);
+    assert_non_null(strstr(err, "payload_len"));
+    epd_decoder_reset(&dec);
+    epd_frame_header_encode(EPD_FRAME_SUBMIT, 2, UINT64_MAX, h);
+    assert_int_equal(epd_decoder_feed(&dec, h, sizeof(h), &used, &frame, err),
+                     EPD_ERR_FRAME_TOO_LARGE);
+    /* a failed stream stays failed until reset */
+    assert_int_equal(epd_decoder_feed(&dec, "{}", 2, &used, &frame, err), EPD_ERR_FRAME_TOO_LARGE);
+    assert_int_equal(used, 0);
+    epd_decoder_free(&dec);
+}
+
+static void test_frame__bad_meta_json__is_bad_json(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *meta;
+        size_t len;
+    } cases[] = {
+        {"{\"op\":\"hea", 10},                  /* truncated */
+        {"{\"op\":\"health\"", 14},             /* truncated, no closing brace */
+        {"[1,2,3]", 7},                         /* not an object */
+        {"\"health\"", 8},                      /* a string */
+        {"42", 2},                              /* a number */
+        {"{op: health}", 12},                   /* garbage */
+        {"{\"op\":\"health\"} x", 17},          /* trailing garbage */
+        {"{\"op\":\"health\"}{}", 16},          /* two values */
+        {"{\"op\":\"he\xffth\"}", 14},          /* invalid UTF-8 */
+        {"{\"op\":\"\xc0\xaf\"}", 11},          /* overlong UTF-8 */
+        {"{\"op\":\"\xed\xa0\x80\"}", 12},      /* UTF-8 surrogate */
+        {"{\"op\":\"health\"}\0\0", 17},        /* NUL inside meta_len */
+        {"{}", 0},                              /* meta_len 0 */
+        {"{", 1},                               /* meta_len 1 */
+    };
+    for (size_t i = 0; i < EPD_ARRAY_SIZE(cases); i++) {
+        epd_frame_t frame = {0};
+        char err[EPD_ERR_LEN] = "";
+        epd_status_t status = decode_bytes(
+            raw_frame(NULL, 1, EPD_FRAME_CONTROL, 0, cases[i].meta, cases[i].len, NULL, 0), &frame,
+            err);
+        if (status != EPD_ERR_BAD_JSON) fail_msg("case %zu: got %s", i, epd_status_name(status));
+        assert_true(strlen(err) > 10);
+    }
+    /* valid: whitespace around the object, UTF-8 text */
+    assert_int_equal(decode_meta(EPD_FRAME_CONTROL, " \n{\"op\":\"h\xc3\xa9\xe2\x82\xac\"}\t "),
+                     EPD_OK);
+}
+
+static void test_frame__truncated_stream__is_reported(void **state)
+{
+    bytes_t b = sample_submit(1, 2);
+    epd_frame_t frame;
+    char err[EPD_ERR_LEN];
+    (void)state;
+    assert_int_equal(epd_frame_decode(b.buf, b.len - 1, MAX_PAYLOAD, &frame, err),
+                     EPD_ERR_BAD_JSON);
+    assert_non_null(strstr(err, "truncated"));
+    assert_int_equal(epd_frame_decode(b.buf, 10, MAX_PAYLOAD, &frame, err), EPD_ERR_BAD_JSON);
+    free(b.buf);
+}
+
+/* ---- SUBMIT meta schema ---- */
+
+static void test_frame__submit_id__missing_or_invalid_is_bad_json(void **state)
+{
+    static const char *const ids[] = {
+        NULL, "-1", "1.5", "1e3", "\"7\"", "null", "true", "[7]", "18446744073709551616", "-0",
+    };
+    char meta[1024], err[EPD_ERR_LEN];
+    epd_submit_view_t view;
+    (void)state;
+    for (size_t i = 0; i < EPD_ARRAY_SIZE(ids); i++) {
+        if (ids[i] == NULL) {
+            snprintf(meta, sizeof(meta), "{\"tensors\":{" STD_IDS "," STD_W "," STD_X "}}");
+        } else {
+            snprintf(meta, sizeof(meta), "{\"id\":%s,\"tensors\":{" STD_IDS "," STD_W "," STD_X
+                     "}}", ids[i]);
+        }
+        epd_status_t status = submit_status(meta, std_payload, sizeof(std_payload), &view, err);
+        if (status != EPD_ERR_BAD_JSON) fail_msg("id %s: got %s", ids[i] ? ids[i] : "(none)",
+                                                 epd_status_name(status));
+        assert_non_null(strstr(err, "id"));
+    }
+    /* the id is read from the text: escapes in the key, a nested "id" is not the top-level one */
+    snprintf(meta, sizeof(meta), "{\"x\":{\"id\":1},\"\\u0069d\":18446744073709551615,\"tensors\":{"
+             STD_IDS "," STD_W "," STD_X "}}");
+    assert_int_equal(submit_status(meta, std_payload, sizeof(std_payload), &view, err), EPD_OK);
+    assert_true(view.id == UINT64_MAX);
+}
+
+static void test_frame__submit_tensors__missing_is_bad_json(void **state)
+{
+    char err[EPD_ERR_LEN];
+    (void)state;
+    assert_int_equal(submit_status("{\"id\":1}", std_payload, 48, NULL, err), EPD_ERR_BAD_JSON);
+    assert_int_equal(submit_status("{\"id\":1,\"tensors\":[]}", std_payload, 48, NULL, err),
+                     EPD_ERR_BAD_JSON);
+    assert_int_equal(submit_status("{\"id\":1,\"Tensors\":{}}", std_payload, 48, NULL, err),
+                     EPD_ERR_BAD_JSON);
+}
+
+static void test_frame__submit_valid__passes_and_keeps_minus_one(void **state)
+{
+    static const int32_t ids[4] = {-1, -1, 7, 0};
+    (void)state;
+    assert_int_equal(std_submit(STD_IDS "," STD_W "," STD_X), EPD_OK);
+    /* same tensors in another order, uppercase safetensors dtype names */
+    assert_int_equal(
+        std_submit(STD_X "," STD_W ","
+                   "\"topk_ids\":{\"dtype\":\"I32\",\"shape\":[2,2],\"data_offsets\":[0,16]}"),
+        EPD_OK);
+    assert_int_equal(std_submit_data(ids, NULL), EPD_OK);
+}
+
+/* ---- SUBMIT tensors ---- */
+
+static void test_frame__tensor_missing_or_unknown__is_bad_tensor(void **state)
+{
+    (void)state;
+    assert_int_equal(std_submit(STD_IDS "," STD_W), EPD_ERR_BAD_TENSOR);
+    assert_int_equal(std_submit(STD_IDS "," STD_X), EPD_ERR_BAD_TENSOR);
+    assert_int_equal(std_submit(STD_IDS "," STD_W "," STD_X ",\"z\":{}"), EPD_ERR_BAD_TENSOR);
+    assert_int_equal(std_submit(STD_IDS "," STD_W "," STD_X "," STD_X), EPD_ERR_BAD_TENSOR);
+    assert_int_equal(std_submit(STD_IDS "," STD_W ",\"x\":[]"), EPD_ERR_BAD_TENSOR);
+}
+
+static void test_frame__unknown_dtype__is_bad_tensor(void **state)
+{
+    (void)state;
+    assert_int_equal(
+        std_submit(STD_IDS "," STD_W
+                   ",\"x\":{\"dtype\":\"bfloat17\",\"shape\":[2,4],\"data_offsets\":[32,48]}"),
+        EPD_ERR_BAD_TENSOR);
+    assert_int_equal(
+        std_submit(STD_IDS "," STD_W ",\"x\":{\"dtype\":16,\"shape\":[2,4],\"data_offsets\":[32,48]}"),
+        EPD_ERR_BAD_TENSOR);
+    assert_int_equal(std_submit(STD_IDS "," STD_W ",\"x\":{\"shape\":[2,4],\"data_offsets\":[32,48]}"),
+                     EPD_ERR_BAD_TENSOR);
+}
+
+static void test_frame__known_other_dtype__is_unsupported_dtype(void **state)
+{
+    (void)state;
+    assert_int_equal(
+        std_submit(STD_IDS "," STD_W ",\"x\":{\"dtype\":\"f16\",\"shape\":[2,4],\"data_offsets\":[32,48]}"),
+        EPD_ERR_UNSUPPORTED_DTYPE);
+    assert_int_equal(
+        std_submit(STD_IDS "," STD_W ",\"x\":{\"dtype\":\"f8_e4m3\",\"shape\":[2,8],\"data_offsets\":[32,48]}"),
+        EPD_ERR_UNSUPPORTED_DTYPE);
+    assert_int_equal(
+        std_submit(STD_W "," STD_X ",\"topk_ids\":{\"dtype\":\"i64\",\"shape\":[2,1],\"data_offsets\":[0,16]}"),
+        EPD_ERR_UNSUPPORTED_DTYPE);
+    assert_int_equal(
+        std_submit(STD_IDS "," STD_X ",\"topk_weights\":{\"dtype\":\"f64\",\"shape\":[2,1],\"data_offsets\":[16,32]}"),
+        EPD_ERR_UNSUPPORTED_DTYPE);
+    assert_int_equal(
+        std_submit(STD_W "," STD_X ",\"topk_ids\":{\"dtype\":\"u8\",\"shape\":[2,8],\"data_offsets\":[0,16]}"),
+        EPD_ERR_UNSUPPORTED_DTYPE);
+}
+
+static void test_frame__wrong_ndim__is_bad_tensor(void **state)
+{
+    (void)state;
+    assert_int_equal(
+        std_submit(STD_IDS "," STD_W ",\"x\":{\"dtype\":\"bf16\",\"shape\":[2,2,2],\"data_offsets\":[32,48]}"),
+        EPD_ERR_BAD_TENSOR);
+    assert_int_equal(
+        std_submit(STD_IDS "," STD_W ",\"x\":{\"dtype\":\"bf16\",\"shape\":[8],\"data_offsets\":[32,48]}"),
+        EPD_ERR_BAD_TENSOR);
+    assert_int_equal(
+        std_submit(STD_IDS "," STD_W ",\"x\":{\"dtype\":\"bf16\",\"shape\":[2,-4],\"data_offsets\":[32,48]}"),
+        EPD_ERR_BAD_TENSOR);
+    assert_int_equal(
+        std_submit(STD_IDS "," STD_W ",\"x\":{\"dtype\":\"bf16\",\"shape\":[2,4.5],\"data_offsets\":[32,48]}"),
+        EPD_ERR_BAD_TENSOR);
+}
+
+static void test_frame__shape_offsets_disagree__is_bad_tensor(void **state)
+{
+    (void)state;
+    /* [2,4] bf16 is 16 bytes, not 14 */
+    assert_int_equal(
+        std_submit(STD_IDS "," STD_W ",\"x\":{\"dtype\":\"bf16\",\"shape\":[2,4],\"data_offsets\":[32,46]}"),
+        EPD_ERR_BAD_TENSOR);
+    /* a shape product that overflows 64 bits */
+    assert_int_equal(
+        std_submit(STD_IDS "," STD_W ",\"x\":{\"dtype\":\"bf16\",\"shape\":[4294967296,4294967296],"
+                   "\"data_offsets\":[32,48]}"),
+        EPD_ERR_BAD_TENSOR);
+    assert_int_equal(
+        std_submit(STD_IDS "," STD_W ",\"x\":{\"dtype\":\"bf16\",\"shape\":[2,4],\"data_offsets\":[32]}"),
+        EPD_ERR_BAD_TENSOR);
+}
+
+static void test_frame__offsets_past_end__is_bad_tensor(void **state)
+{
+    (void)state;
+    assert_int_equal(
+        std_submit(STD_IDS "," STD_W ",\"x\":{\"dtype\":\"bf16\",\"shape\":[2,4],\"data_offsets\":[34,50]}"),
+        EPD_ERR_BAD_TENSOR);
+    assert_int_equal(
+        std_submit(STD_IDS "," STD_W ",\"x\":{\"dtype\":\"bf16\",\"shape\":[2,4],"
+                   "\"data_offsets\":[18446744073709551600,18446744073709551616]}"),
+        EPD_ERR_BAD_TENSOR);
+}
+
+static void test_frame__begin_after_end__is_bad_tensor(void **state)
+{
+    (void)state;
+    assert_int_equal(
+        std_submit(STD_IDS "," STD_W ",\"x\":{\"dtype\":\"bf16\",\"shape\":[2,4],\"data_offsets\":[48,32]}"),
+        EPD_ERR_BAD_TENSOR);
+}
+
+static void test_frame__overlap__is_bad_tensor(void **state)
+{
+    char err[EPD_ERR_LEN], meta[1024];
+    (void)state;
+    /* x moved onto the weights: [16,32) twice, [32,48) undescribed */
+    snprintf(meta, sizeof(meta), "{\"id\":1,\"tensors\":{" STD_IDS "," STD_W
+             ",\"x\":{\"dtype\":\"bf16\",\"shape\":[2,4],\"data_offsets\":[16,32]}}}");
+    assert_int_equal(submit_status(meta, std_payload, 48, NULL, err), EPD_ERR_BAD_TENSOR);
+    assert_non_null(strstr(err, "overlaps"));
+}
+
+static void test_frame__gap__is_bad_tensor(void **state)
+{
+    char err[EPD_ERR_LEN], meta[1024];
+    uint8_t payload[52] = {0};
+    (void)state;
+    /* 4 bytes nobody describes between weights and x */
+    snprintf(meta, sizeof(meta), "{\"id\":1,\"tensors\":{" STD_IDS "," STD_W
+             ",\"x\":{\"dtype\":\"bf16\",\"shape\":[2,4],\"data_offsets\":[36,52]}}}");
+    assert_int_equal(submit_status(meta, payload, 52, NULL, err), EPD_ERR_BAD_TENSOR);
+    assert_non_null(strstr(err, "no tensor"));
+    /* 4 trailing bytes */
+    snprintf(meta, sizeof(meta), "{\"id\":1,\"tensors\":{" STD_IDS "," STD_W "," STD_X "}}");
+    assert_int_equal(submit_status(meta, payload, 52, NULL, err), EPD_ERR_BAD_TENSOR);
+    assert_non_null(strstr(err, "no tensor"));
+}
+
+static void test_frame__misaligned_offset__is_bad_tensor(void **state)
+{
+    char err[EPD_ERR_LEN], meta[1024];
+    uint8_t payload[50] = {0};
+    (void)state;
+    /* x first at [0,16), ids at [16,32), weights at [32,48) would be fine; shift weights by 2 */
+    snprintf(meta, sizeof(meta), "{\"id\":1,\"tensors\":{"
+             "\"x\":{\"dtype\":\"bf16\",\"shape\":[2,4],\"data_offsets\":[0,18]},"
+             "\"topk_ids\":{\"dtype\":\"i32\",\"shape\":[2,2],\"data_offsets\":[18,34]},"
+             "\"topk_weights\":{\"dtype\":\"f32\",\"shape\":[2,2],\"data_offsets\":[34,50]}}}");
+    assert_int_equal(submit_status(meta, payload, 50, NULL, err), EPD_ERR_BAD_TENSOR);
+    snprintf(meta, sizeof(meta), "{\"id\":1,\"tensors\":{"
+             "\"x\":{\"dtype\":\"bf16\",\"shape\":[1,4],\"data_offsets\":[0,8]},"
+             "\"topk_ids\":{\"dtype\":\"i32\",\"shape\":[1,2],\"data_offsets\":[10,18]},"
+             "\"topk_weights\":{\"dtype\":\"f32\",\"shape\":[1,2],\"data_offsets\":[18,26]}}}");
+    assert_int_equal(submit_status(meta, payload, 26, NULL, err), EPD_ERR_BAD_TENSOR);
+    assert_non_null(strstr(err, "aligned"));
+}
+
+static void test_frame__zero_tokens__is_bad_tensor(void **state)
+{
+    char err[EPD_ERR_LEN];
+    (void)state;
+    assert_int_equal(submit_status("{\"id\":1,\"tensors\":{"
+                                   "\"x\":{\"dtype\":\"bf16\",\"shape\":[0,4],\"data_offsets\":[0,0]},"
+                                   "\"topk_ids\":{\"dtype\":\"i32\",\"shape\":[0,2],\"data_offsets\":[0,0]},"
+                                   "\"topk_weights\":{\"dtype\":\"f32\",\"shape\":[0,2],\"data_offsets\":[0,0]}}}",
+                                   NULL, 0, NULL, err),
+                     EPD_ERR_BAD_TENSOR);
+    assert_non_null(strstr(err, "N = 0"));
+}
+
+static void test_frame__hidden_mismatch__is_shape_mismatch(void **state)
+{
+    char err[EPD_ERR_LEN], meta[1024];
+    uint8_t payload[64] = {0};
+    (void)state;
+    /* N = 2 everywhere, H = 8 instead of 4 */
+    snprintf(meta, sizeof(meta), "{\"id\":1,\"tensors\":{" STD_IDS "," STD_W ","
+             "\"x\":{\"dtype\":\"bf16\",\"shape\":[2,8],\"data_offsets\":[32,64]}}}");
+    assert_int_equal(submit_status(meta, payload, 64, NULL, err), EPD_ERR_SHAPE_MISMATCH);
+    assert_non_null(strstr(err, "hidden"));
+}
+
+static void test_frame__topk_mismatch__is_shape_mismatch(void **state)
+{
+    char err[EPD_ERR_LEN], meta[1024];
+    uint8_t payload[40] = {0};
+    (void)state;
+    /* N = 1, K = 4 for both: consistent with each other, not with the daemon's K = 2 */
+    snprintf(meta, sizeof(meta), "{\"id\":1,\"tensors\":{"
+             "\"topk_ids\":{\"dtype\":\"i32\",\"shape\":[1,4],\"data_offsets\":[0,16]},"
+             "\"topk_weights\":{\"dtype\":\"f32\",\"shape\":[1,4],\"data_offsets\":[16,32]},"
+             "\"x\":{\"dtype\":\"bf16\",\"shape\":[1,4],\"data_offsets\":[32,40]}}}");
+    assert_int_equal(submit_status(meta, payload, 40, NULL, err), EPD_ERR_SHAPE_MISMATCH);
+    assert_non_null(strstr(err, "top-2"));
+}
+
+static void test_frame__n_disagreement__is_shape_mismatch(void **state)
+{
+    char err[EPD_ERR_LEN], meta[1024];
+    uint8_t payload[64] = {0};
+    (void)state;
+    snprintf(meta, sizeof(meta), "{\"id\":1,\"tensors\":{" STD_IDS "," STD_W ","
+             "\"x\":{\"dtype\":\"bf16\",\"shape\":[4,4],\"data_offsets\":[32,64]}}}");
+    assert_int_equal(submit_status(meta, payload, 64, NULL, err), EPD_ERR_SHAPE_MISMATCH);
+    assert_non_null(strstr(err, "disagree"));
+}
+
+static void test_frame__too_many_tokens__is_too_many_tokens(void **state)
+{
+    sample_t s;
+    static uint16_t x[17 * 4];
+    static int32_t ids[17 * 2];
+    static float w[17 * 2];
+    epd_frame_out_t out;
+    epd_frame_t frame = {0};
+    epd_submit_view_t view;
+    char err[EPD_ERR_LEN];
+    (void)state;
+    sample_fill(&s, 16);
+    memcpy(x, s.x, sizeof(s.x));
+    memcpy(ids, s.ids, sizeof(s.ids));
+    memcpy(w, s.w, sizeof(s.w));
+    assert_int_equal(epd_frame_encode_submit(9, 17, 4, 2, x, ids, w, &out, err), EPD_OK);
+    assert_int_equal(decode_bytes(flatten(&out), &frame, err), EPD_OK);
+    assert_int_equal(epd_submit_validate(&frame, &limits, &view, err), EPD_ERR_TOO_MANY_TOKENS);
+    assert_true(view.id == 9); /* known even on failure, for the ERROR frame */
+    epd_frame_free(&frame);
+}
+
+static void test_frame__ids_out_of_range__is_expert_out_of_range(void **state)
+{
+    static const int32_t too_big[4] = {0, 8, 1, 2};
+    static const int32_t minus_two[4] = {0, 1, -2, 2};
+    static const int32_t int_min[4] = {INT32_MIN, 1, 2, 3};
+    (void)state;
+    assert_int_equal(std_submit_data(too_big, NULL), EPD_ERR_EXPERT_OUT_OF_RANGE);
+    assert_int_equal(std_submit_data(minus_two, NULL), EPD_ERR_EXPERT_OUT_OF_RANGE);
+    assert_int_equal(std_submit_data(int_min, NULL), EPD_ERR_EXPERT_OUT_OF_RANGE);
+}
+
+static void test_frame__duplicate_ids__is_invalid_topk(void **state)
+{
+    static const int32_t dup[4] = {0, 1, 3, 3};
+    static const int32_t minus_ones[4] = {-1, -1, 3, 4};
+    static const int32_t across_tokens[4] = {3, 4, 3, 4};
+    (void)state;
+    assert_int_equal(std_submit_data(dup, NULL), EPD_ERR_INVALID_TOPK);
+    assert_int_equal(std_submit_data(minus_ones, NULL), EPD_OK);
+    assert_int_equal(std_submit_data(across_tokens, NULL), EPD_OK);
+}
+
+static void test_frame__non_finite_weights__is_non_finite_input(void **state)
+{
+    float nan_w[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+    float inf_w[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+    (void)state;
+    nan_w[2] = NAN;
+    inf_w[3] = -INFINITY;
+    assert_int_equal(std_submit_data(NULL, nan_w), EPD_ERR_NON_FINITE_INPUT);
+    assert_int_equal(std_submit_data(NULL, inf_w), EPD_ERR_NON_FINITE_INPUT);
+}
+
+static void test_frame__large_experts__checks_duplicates_with_heap_bitmap(void **state)
+{
+    epd_submit_limits_t big = {.hidden = 4, .topk = 2, .num_experts = 100000, .max_tokens = 16};
+    static const int32_t dup[4] = {99999, 5, 70000, 70000};
+    static const int32_t ok[4] = {99999, 5, 70000, 70001};
+    epd_frame_t frame = {0};
+    epd_submit_view_t view;
+    char err[EPD_ERR_LEN], meta[1024];
+    (void)state;
+    snprintf(meta, sizeof(meta), "{\"id\":1,\"tensors\":{" STD_IDS "," STD_W "," STD_X "}}");
+    std_payload_fill(dup, NULL);
+    assert_int_equal(decode_bytes(raw_frame(NULL, 1, 1, 0, meta, strlen(meta), std_payload, 48),
+                                  &frame, err), EPD_OK);
+    assert_int_equal(epd_submit_validate(&frame, &big, &view, err), EPD_ERR_INVALID_TOPK);
+    memcpy(frame.payload, ok, 16);
+    assert_int_equal(epd_submit_validate(&frame, &big, &view, err), EPD_OK);
+    epd_frame_free(&frame);
+    std_payload_fill(NULL, NULL);
+}
+
+static void test_frame__dtype_names__round_trip(void **state)
+{
+    (void)state;
+    for (int d = EPD_DTYPE_UNKNOWN + 1; d < EPD_DTYPE_MAX; d++) {
+        assert_int_equal(epd_dtype_from_name(epd_dtype_name((epd_dtype_t)d)), d);
+        assert_true(epd_dtype_size((epd_dtype_t)d) >= 1);
+    }
+    assert_int_equal(epd_dtype_from_name("F8_E4M3"), EPD_DTYPE_F8_E4M3);
+    assert_int_equal(epd_dtype_from_name("bf17"), EPD_DTYPE_UNKNOWN);
+    assert_int_equal(epd_dtype_from_name(NULL), EPD_DTYPE_UNKNOWN);
+    assert_string_equal(epd_frame_type_name(3), "error");
+    assert_string_equal(epd_frame_type_name(9), "unknown");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_frame__header__encodes_little_endian),
+        cmocka_unit_test(test_frame__submit__round_trips),
+        cmocka_unit_test(test_frame__result__round_trips),
+        cmocka_unit_test(test_frame__error__round_trips_with_and_without_id),
+        cmocka_unit_test(test_frame__control_and_reply__round_trip),
+        cmocka_unit_test(test_frame__every_split__yields_the_frame),
+        cmocka_unit_test(test_frame__one_byte_at_a_time__yields_each_frame),
+        cmocka_unit_test(test_frame__partial_frame__is_freed_by_decoder_free),
+        cmocka_unit_test(test_frame__bad_magic__is_bad_magic),
+        cmocka_unit_test(test_frame__bad_version__is_bad_version),
+        cmocka_unit_test(test_frame__unknown_type__is_bad_type),
+        cmocka_unit_test(test_frame__reserved_nonzero__is_bad_header),
+        cmocka_unit_test(test_frame__oversize__is_frame_too_large_before_allocation),
+        cmocka_unit_test(test_frame__bad_meta_json__is_bad_json),
+        cmocka_unit_test(test_frame__truncated_stream__is_reported),
+        cmocka_unit_test(test_frame__submit_id__missing_or_invalid_is_bad_json),
+        cmocka_unit_test(test_frame__submit_tensors__missing_is_bad_json),
+        cmocka_unit_test(test_frame__submit_valid__passes_and_keeps_minus_one),
+        cmocka_unit_test(test_frame__tensor_missing_or_unknown__is_bad_tensor),
+        cmocka_unit_test(test_frame__unknown_dtype__is_bad_tensor),
+        cmocka_unit_test(test_frame__known_other_dtype__is_unsupported_dtype),
+        cmocka_unit_test(test_frame__wrong_ndim__is_bad_tensor),
+        cmocka_unit_test(test_frame__shape_offsets_disagree__is_bad_tensor),
+        cmocka_unit_test(test_frame__offsets_past_end__is_bad_tensor),
+        cmocka_unit_test(test_frame__begin_after_end__is_bad_tensor),
+        cmocka_unit_test(test_frame__overlap__is_bad_tensor),
+        cmocka_unit_test(test_frame__gap__is_bad_tensor),
+        cmocka_unit_test(test_frame__misaligned_offset__is_bad_tensor),
+        cmocka_unit_test(test_frame__zero_tokens__is_bad_tensor),
+        cmocka_unit_test(test_frame__hidden_mismatch__is_shape_mismatch),
+        cmocka_unit_test(test_frame__topk_mismatch__is_shape_mismatch),
+        cmocka_unit_test(test_frame__n_disagreement__is_shape_mismatch),
+        cmocka_unit_test(test_frame__too_many_tokens__is_too_many_tokens),
+        cmocka_unit_test(test_frame__ids_out_of_range__is_expert_out_of_range),
+        cmocka_unit_test(test_frame__duplicate_ids__is_invalid_topk),
+        cmocka_unit_test(test_frame__non_finite_weights__is_non_finite_input),
+        cmocka_unit_test(test_frame__large_experts__checks_duplicates_with_heap_bitmap),
+        cmocka_unit_test(test_frame__dtype_names__round_trip),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}
