@@ -3,3 +3,8 @@ GPU_SRCS += gpu/quant_host.c
 
 UNIT_TESTS += quant
 test_quant_SRCS := gpu/quant_host.c
+
+# host device ops (engine helper)
+GPU_SRCS += gpu/ops_host.c
+UNIT_TESTS += ops_host
+test_ops_host_SRCS := gpu/ops_host.c gpu/quant_host.c common/status.c common/parse.c

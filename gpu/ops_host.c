@@ -1,0 +1,519 @@
+/* The host implementation of the device ops (gpu/ops.h): record layout, routing layout, pack
+ * (quantizing for FP8), experts and combine on host memory, plus epd_moe_reference, the
+ * single-process reference of DESIGN.md section 2 that every distributed result must equal bit
+ * for bit. The CPU fallback of the daemon runs these; the CUDA ops must give the same bytes. */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/fp8.h"
+#include "gpu/ops.h"
+#include "gpu/quant.h"
+
+#define RECORD_ALIGN 16
+
+/* Records why an op failed when there is a context to keep it in (tests call the ops without). */
+#define OPS_ERR(ctx, ...)                                                  \
+    do {                                                                   \
+        if ((ctx) != NULL) snprintf((ctx)->err, EPD_ERR_LEN, __VA_ARGS__); \
+    } while (0)
+
+struct epd_ops_ctx {
+    int device_id; /* kept for symmetry with the CUDA ops; unused */
+    char err[EPD_ERR_LEN];
+};
+
+/* Host "events" are always complete: every host op and copy is synchronous. */
+struct epd_ops_event {
+    int unused;
+};
+
+void epd_record_layout(const epd_moe_shape_t *shape, epd_record_layout_t *layout_p)
+{
+    epd_record_layout_t l;
+    size_t off = 0;
+
+    memset(&l, 0, sizeof l);
+    l.payload = 0;
+    if (shape->dtype == EPD_WIRE_FP8) {
+        off = shape->hidden;
+        l.n_scales = shape->scale == EPD_SCALE_PER_TOKEN ? 1 : shape->hidden / EPD_QUANT_GROUP;
+    } else {
+        off = (size_t)shape->hidden * 2;
+        l.n_scales = 0;
+    }
+    /* hidden is a multiple of 128, so every field below is naturally aligned */
+    l.scales = off;
+    off += l.n_scales * sizeof(float);
+    l.ids = off;
+    off += (size_t)shape->topk * sizeof(int32_t);
+    l.weights = off;
+    off += (size_t)shape->topk * sizeof(float);
+    l.src = off;
+    off += sizeof(uint32_t);
+    l.size = (off + RECORD_ALIGN - 1) / RECORD_ALIGN * RECORD_ALIGN;
+    *layout_p = l;
+}
+
+/* Checks what every op relies on; the daemon validates the same at start-up. */
+static epd_status_t host_fail(epd_ops_ctx_t *ctx, epd_status_t status, const char *why)
+{
+    OPS_ERR(ctx, "host ops: %s", why);
+    return status;
+}
+
+#define BAD_ARGS(ctx, op) \
+    host_fail(ctx, EPD_ERR_INVALID_ARG, op ": a shape it cannot serve or a missing buffer")
+#define NO_MEMORY(ctx, op) host_fail(ctx, EPD_ERR_NO_MEMORY, op ": out of host memory")
+#define BAD_SLOT(ctx, op) \
+    host_fail(ctx, EPD_ERR_INVALID_ARG, op ": a slot points past the layout's records")
+
+static bool shape_ok(const epd_moe_shape_t *shape)
+{
+    return shape != NULL && shape->hidden > 0 && shape->hidden % EPD_QUANT_GROUP == 0 &&
+           shape->topk > 0 && shape->num_experts > 0 && shape->world > 0 &&
+           shape->rank < shape->world && shape->num_experts % shape->world == 0 &&
+           (shape->dtype == EPD_WIRE_FP8 || shape->dtype == EPD_WIRE_BF16) &&
+           (shape->scale == EPD_SCALE_GROUP128 || shape->scale == EPD_SCALE_PER_TOKEN) &&
+           (shape->scale_format == EPD_SCALE_FMT_FP32 || shape->scale_format == EPD_SCALE_FMT_UE8M0) &&
+           (shape->expert_kind == EPD_EXPERTS_IDENTITY || shape->expert_kind == EPD_EXPERTS_SCALE);
+}
+
+static epd_status_t host_init(int device_id, epd_ops_ctx_t **ctx_p, char err[EPD_ERR_LEN])
+{
+    epd_ops_ctx_t *ctx = calloc(1, sizeof *ctx);
+
+    if (ctx == NULL) {
+        snprintf(err, EPD_ERR_LEN, "host ops: out of memory");
+        return EPD_ERR_NO_MEMORY;
+    }
+    ctx->device_id = device_id;
+    *ctx_p = ctx;
+    return EPD_OK;
+}
+
+static void host_fini(epd_ops_ctx_t *ctx)
+{
+    free(ctx);
+}
+
+/* 64-byte aligned so records and rows start on cache lines; NULL for 0 bytes is avoided so a
+ * step with nothing to hold still gets a valid pointer. */
+static void *host_alloc(epd_ops_ctx_t *ctx, size_t bytes)
+{
+    size_t rounded = (bytes + 63) / 64 * 64;
+
+    if (rounded < bytes) return NULL;
+    return aligned_alloc(64, rounded == 0 ? 64 : rounded);
+}
+
+static void host_free(epd_ops_ctx_t *ctx, void *ptr)
+{
+    free(ptr);
+}
+
+static epd_status_t host_copy(epd_ops_ctx_t *ctx, void *dst, const void *src, size_t bytes)
+{
+    if (bytes == 0) return EPD_OK;
+    if (dst == NULL || src == NULL) return EPD_ERR_INVALID_ARG;
+    memmove(dst, src, bytes);
+    return EPD_OK;
+}
+
+static epd_status_t host_sync(epd_ops_ctx_t *ctx)
+{
+    return EPD_OK;
+}
+
+static epd_status_t host_layout(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
+                                const int32_t *topk_ids, epd_step_layout_t *layout)
+{
+    uint32_t world, per_rank, n, k_count;
+    bool seen[256];
+    bool *dest = seen;
+
+    if (!shape_ok(shape) || layout == NULL || layout->send_counts_host == NULL ||
+        layout->send_offsets_host == NULL || (layout->n_tokens > 0 && (topk_ids == NULL || layout->slot == NULL)))
+        return BAD_ARGS(ctx, "layout");
+    world = shape->world;
+    per_rank = shape->num_experts / world;
+    n = layout->n_tokens;
+    k_count = shape->topk;
+    if (world > EPD_ARRAY_SIZE(seen)) {
+        dest = malloc(world * sizeof *dest);
+        if (dest == NULL) return NO_MEMORY(ctx, "layout");
+    }
+
+    /* first pass: validate ids and count records per destination */
+    memset(layout->send_counts_host, 0, world * sizeof(uint32_t));
+    for (uint32_t t = 0; t < n; t++) {
+        const int32_t *ids = topk_ids + (size_t)t * k_count;
+        memset(dest, 0, world * sizeof *dest);
+        for (uint32_t k = 0; k < k_count; k++) {
+            if (ids[k] == -1) continue;
+            if (ids[k] < -1 || (uint32_t)ids[k] >= shape->num_experts) {
+                OPS_ERR(ctx, "layout: expert id %d of token %u is outside [0, %u)", ids[k], t,
+                        shape->num_experts);
+                if (dest != seen) free(dest);
+                return EPD_ERR_EXPERT_OUT_OF_RANGE;
+            }
+            dest[(uint32_t)ids[k] / per_rank] = true;
+        }
+        for (uint32_t r = 0; r < world; r++) layout->send_counts_host[r] += dest[r];
+    }
+    uint32_t total = 0;
+    for (uint32_t r = 0; r < world; r++) {
+        layout->send_offsets_host[r] = total;
+        total += layout->send_counts_host[r];
+    }
+    layout->n_send = total;
+
+    /* second pass: record indices, in token order within each destination's group */
+    uint32_t *next = malloc(world * sizeof *next);
+    if (next == NULL) {
+        if (dest != seen) free(dest);
+        return NO_MEMORY(ctx, "layout");
+    }
+    memcpy(next, layout->send_offsets_host, world * sizeof *next);
+    for (uint32_t t = 0; t < n; t++) {
+        const int32_t *ids = topk_ids + (size_t)t * k_count;
+        int32_t *slot = layout->slot + (size_t)t * world;
+        memset(dest, 0, world * sizeof *dest);
+        for (uint32_t k = 0; k < k_count; k++)
+            if (ids[k] != -1) dest[(uint32_t)ids[k] / per_rank] = true;
+        for (uint32_t r = 0; r < world; r++) slot[r] = dest[r] ? (int32_t)next[r]++ : -1;
+    }
+    free(next);
+    if (dest != seen) free(dest);
+    return EPD_OK;
+}
+
+static epd_status_t host_pack(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, const uint16_t *x,
+                              const int32_t *topk_ids, const float *topk_weights,
+                              const epd_step_layout_t *layout, void *send_buf)
+{
+    epd_record_layout_t rec;
+    uint8_t *q = NULL;
+    float *scales = NULL;
+    uint32_t world, hidden, k_count;
+
+    if (!shape_ok(shape) || layout == NULL) return BAD_ARGS(ctx, "pack");
+    if (layout->n_tokens == 0) return EPD_OK;
+    if (x == NULL || topk_ids == NULL || topk_weights == NULL || layout->slot == NULL ||
+        (layout->n_send > 0 && send_buf == NULL))
+        return BAD_ARGS(ctx, "pack");
+    epd_record_layout(shape, &rec);
+    world = shape->world;
+    hidden = shape->hidden;
+    k_count = shape->topk;
+    if (shape->dtype == EPD_WIRE_FP8) {
+        q = malloc(hidden);
+        scales = malloc((rec.n_scales > 0 ? rec.n_scales : 1) * sizeof *scales);
+        if (q == NULL || scales == NULL) {
+            free(q);
+            free(scales);
+            return NO_MEMORY(ctx, "pack");
+        }
+    }
+
+    for (uint32_t t = 0; t < layout->n_tokens; t++) {
+        const uint16_t *row = x + (size_t)t * hidden;
+        const int32_t *slot = layout->slot + (size_t)t * world;
+        bool quantized = false;
+        for (uint32_t r = 0; r < world; r++) {
+            if (slot[r] < 0) continue;
+            if ((uint32_t)slot[r] >= layout->n_send) {
+                free(q);
+                free(scales);
+                return BAD_SLOT(ctx, "pack");
+            }
+            uint8_t *out = (uint8_t *)send_buf + (size_t)slot[r] * rec.size;
+            if (shape->dtype == EPD_WIRE_FP8) {
+                /* one quantization per token, copied to each of its destinations */
+                if (!quantized) {
+                    epd_quant_row_host(row, hidden, shape->scale, shape->scale_format, q, scales);
+                    quantized = true;
+                }
+                memcpy(out + rec.payload, q, hidden);
+                memcpy(out + rec.scales, scales, rec.n_scales * sizeof(float));
+            } else {
+                memcpy(out + rec.payload, row, (size_t)hidden * 2);
+            }
+            memcpy(out + rec.ids, topk_ids + (size_t)t * k_count, k_count * sizeof(int32_t));
+            memcpy(out + rec.weights, topk_weights + (size_t)t * k_count, k_count * sizeof(float));
+            memcpy(out + rec.src, &t, sizeof t);
+            /* padding is zeroed so records are the same bytes on every implementation */
+            memset(out + rec.src + sizeof t, 0, rec.size - rec.src - sizeof t);
+        }
+    }
+    free(q);
+    free(scales);
+    return EPD_OK;
+}
+
+/* The expert factor of DESIGN.md section 9: identity 1, scale 1 + e/E (fp32). */
+static inline float expert_factor(const epd_moe_shape_t *shape, int32_t e)
+{
+    return 1.0f + (float)e / (float)shape->num_experts;
+}
+
+/* One record's partial: acc = 0; for k ascending with a local expert, acc = acc + w_k * y with
+ * y = expert_e(x') (a multiply, then an add: -ffp-contract=off keeps them apart). x_in is the
+ * dequantized or widened payload; acc is scratch of hidden floats. */
+static void partial_row(const epd_moe_shape_t *shape, uint32_t rank, const float *x_in,
+                        const int32_t *ids, const float *weights, float *acc, uint16_t *partial)
+{
+    uint32_t hidden = shape->hidden;
+    uint32_t per_rank = shape->num_experts / shape->world;
+    int32_t lo = (int32_t)(rank * per_rank), hi = (int32_t)((rank + 1) * per_rank);
+
+    for (uint32_t i = 0; i < hidden; i++) acc[i] = 0.0f;
+    for (uint32_t k = 0; k < shape->topk; k++) {
+        int32_t e = ids[k];
+        float w = weights[k];
+        if (e == -1 || e < lo || e >= hi) continue;
+        if (shape->expert_kind == EPD_EXPERTS_SCALE) {
+            float f = expert_factor(shape, e);
+            for (uint32_t i = 0; i < hidden; i++) {
+                float y = x_in[i] * f;
+                float wy = w * y;
+                acc[i] = acc[i] + wy;
+            }
+        } else {
+            for (uint32_t i = 0; i < hidden; i++) {
+                float wy = w * x_in[i];
+                acc[i] = acc[i] + wy;
+            }
+        }
+    }
+    for (uint32_t i = 0; i < hidden; i++) partial[i] = epd_f32_to_bf16(acc[i]);
+}
+
+static epd_status_t host_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
+                                 const void *recv_buf, uint32_t n_records, uint16_t *partials)
+{
+    epd_record_layout_t rec;
+    float *x_in, *acc;
+    int32_t *ids;
+    float *weights;
+
+    if (!shape_ok(shape)) return BAD_ARGS(ctx, "experts");
+    if (n_records == 0) return EPD_OK;
+    if (recv_buf == NULL || partials == NULL) return BAD_ARGS(ctx, "experts");
+    epd_record_layout(shape, &rec);
+    x_in = malloc((size_t)shape->hidden * sizeof *x_in);
+    acc = malloc((size_t)shape->hidden * sizeof *acc);
+    ids = malloc(shape->topk * sizeof *ids);
+    weights = malloc(shape->topk * sizeof *weights);
+    if (x_in == NULL || acc == NULL || ids == NULL || weights == NULL) {
+        free(x_in);
+        free(acc);
+        free(ids);
+        free(weights);
+        return NO_MEMORY(ctx, "experts");
+    }
+
+    for (uint32_t j = 0; j < n_records; j++) {
+        const uint8_t *in = (const uint8_t *)recv_buf + (size_t)j * rec.size;
+        /* copied out: the record's fields need not be aligned for their types in general */
+        memcpy(ids, in + rec.ids, shape->topk * sizeof *ids);
+        memcpy(weights, in + rec.weights, shape->topk * sizeof *weights);
+        if (shape->dtype == EPD_WIRE_FP8) {
+            float scales_buf[EPD_QUANT_GROUP * 4];
+            float *scales = scales_buf;
+            if (rec.n_scales > EPD_ARRAY_SIZE(scales_buf)) {
+                scales = malloc(rec.n_scales * sizeof *scales);
+                if (scales == NULL) {
+                    free(x_in);
+                    free(acc);
+                    free(ids);
+                    free(weights);
+                    return NO_MEMORY(ctx, "experts");
+                }
+            }
+            memcpy(scales, in + rec.scales, rec.n_scales * sizeof *scales);
+            epd_dequant_row_host(in + rec.payload, scales, shape->hidden, shape->scale, x_in);
+            if (scales != scales_buf) free(scales);
+        } else {
+            for (uint32_t i = 0; i < shape->hidden; i++) {
+                uint16_t h;
+                memcpy(&h, in + rec.payload + (size_t)i * 2, 2);
+                x_in[i] = epd_bf16_to_f32(h);
+            }
+        }
+        partial_row(shape, shape->rank, x_in, ids, weights, acc,
+                    partials + (size_t)j * shape->hidden);
+    }
+    free(x_in);
+    free(acc);
+    free(ids);
+    free(weights);
+    return EPD_OK;
+}
+
+static epd_status_t host_combine(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
+                                 const epd_step_layout_t *layout, const uint16_t *partials_back,
+                                 uint16_t *y)
+{
+    uint32_t hidden, world;
+    float *acc;
+
+    if (!shape_ok(shape) || layout == NULL) return BAD_ARGS(ctx, "combine");
+    if (layout->n_tokens == 0) return EPD_OK;
+    if (y == NULL || layout->slot == NULL || (layout->n_send > 0 && partials_back == NULL))
+        return BAD_ARGS(ctx, "combine");
+    hidden = shape->hidden;
+    world = shape->world;
+    acc = malloc((size_t)hidden * sizeof *acc);
+    if (acc == NULL) return NO_MEMORY(ctx, "combine");
+    for (uint32_t t = 0; t < layout->n_tokens; t++) {
+        const int32_t *slot = layout->slot + (size_t)t * world;
+        for (uint32_t i = 0; i < hidden; i++) acc[i] = 0.0f;
+        for (uint32_t r = 0; r < world; r++) {
+            if (slot[r] < 0) continue;
+            if ((uint32_t)slot[r] >= layout->n_send) {
+                free(acc);
+                return BAD_SLOT(ctx, "combine");
+            }
+            const uint16_t *p = partials_back + (size_t)slot[r] * hidden;
+            for (uint32_t i = 0; i < hidden; i++) acc[i] = acc[i] + epd_bf16_to_f32(p[i]);
+        }
+        uint16_t *out = y + (size_t)t * hidden;
+        for (uint32_t i = 0; i < hidden; i++) out[i] = epd_f32_to_bf16(acc[i]);
+    }
+    free(acc);
+    return EPD_OK;
+}
+
+static const char *host_last_error(epd_ops_ctx_t *ctx)
+{
+    return ctx == NULL ? "" : ctx->err;
+}
+
+static void *host_stream(epd_ops_ctx_t *ctx)
+{
+    return NULL;
+}
+
+static epd_status_t host_event_create(epd_ops_ctx_t *ctx, epd_ops_event_t **event_p)
+{
+    epd_ops_event_t *event = calloc(1, sizeof *event);
+
+    if (event == NULL) return EPD_ERR_NO_MEMORY;
+    *event_p = event;
+    return EPD_OK;
+}
+
+static void host_event_destroy(epd_ops_ctx_t *ctx, epd_ops_event_t *event)
+{
+    free(event);
+}
+
+static epd_status_t host_event_done(epd_ops_ctx_t *ctx, epd_ops_event_t *event)
+{
+    return event == NULL ? EPD_ERR_INVALID_ARG : EPD_OK;
+}
+
+/* The "async" copies of the host ops complete before they return. */
+static epd_status_t host_copy_async(epd_ops_ctx_t *ctx, void *dst, const void *src, size_t bytes,
+                                    epd_ops_event_t *done)
+{
+    return host_copy(ctx, dst, src, bytes);
+}
+
+const epd_ops_t epd_ops_host = {
+    .name = "host",
+    .init = host_init,
+    .fini = host_fini,
+    .alloc = host_alloc,
+    .free = host_free,
+    .alloc_host = host_alloc,
+    .free_host = host_free,
+    .copy_to_ops = host_copy,
+    .copy_to_host = host_copy,
+    .sync = host_sync,
+    .layout = host_layout,
+    .pack = host_pack,
+    .experts = host_experts,
+    .combine = host_combine,
+    .stream = host_stream,
+    .event_create = host_event_create,
+    .event_destroy = host_event_destroy,
+    .event_query = host_event_done,
+    .event_wait = host_event_done,
+    .copy_to_host_async = host_copy_async,
+    .copy_to_ops_async = host_copy_async,
+    .copy_ops_to_ops_async = host_copy_async,
+    .last_error = host_last_error,
+};
+
+epd_status_t epd_moe_reference(const epd_moe_shape_t *shape, uint32_t n_tokens, const uint16_t *x,
+                               const int32_t *topk_ids, const float *topk_weights, uint16_t *y)
+{
+    uint32_t hidden, per_rank, n_scales;
+    float *x_in = NULL, *sum = NULL, *scales = NULL;
+    uint8_t *q = NULL;
+    epd_status_t status = EPD_ERR_NO_MEMORY;
+
+    if (!shape_ok(shape)) return EPD_ERR_INVALID_ARG;
+    if (n_tokens == 0) return EPD_OK;
+    if (x == NULL || topk_ids == NULL || topk_weights == NULL || y == NULL) return EPD_ERR_INVALID_ARG;
+    hidden = shape->hidden;
+    per_rank = shape->num_experts / shape->world;
+    n_scales = shape->scale == EPD_SCALE_PER_TOKEN ? 1 : hidden / EPD_QUANT_GROUP;
+    x_in = malloc((size_t)hidden * sizeof *x_in);
+    sum = malloc((size_t)hidden * sizeof *sum);
+    q = malloc(hidden);
+    scales = malloc(n_scales * sizeof *scales);
+    if (x_in == NULL || sum == NULL || q == NULL || scales == NULL) goto out;
+
+    for (uint32_t t = 0; t < n_tokens; t++) {
+        const uint16_t *row = x + (size_t)t * hidden;
+        const int32_t *ids = topk_ids + (size_t)t * shape->topk;
+        const float *weights = topk_weights + (size_t)t * shape->topk;
+        for (uint32_t k = 0; k < shape->topk; k++) {
+            if (ids[k] < -1 || (ids[k] >= 0 && (uint32_t)ids[k] >= shape->num_experts)) {
+                status = EPD_ERR_EXPERT_OUT_OF_RANGE;
+                goto out;
+            }
+        }
+        /* what every destination sees: the dequantized FP8 row, or the BF16 row widened */
+        if (shape->dtype == EPD_WIRE_FP8) {
+            epd_quant_row_host(row, hidden, shape->scale, shape->scale_format, q, scales);
+            epd_dequant_row_host(q, scales, hidden, shape->scale, x_in);
+        } else {
+            for (uint32_t i = 0; i < hidden; i++) x_in[i] = epd_bf16_to_f32(row[i]);
+        }
+        for (uint32_t i = 0; i < hidden; i++) sum[i] = 0.0f;
+        /* Written element by element, independently of partial_row, so that the ops are checked
+         * against a second formulation: each owner rank's partial (its experts in ascending k),
+         * rounded to bf16, summed in ascending rank order. */
+        for (uint32_t r = 0; r < shape->world; r++) {
+            bool owns = false;
+            for (uint32_t k = 0; k < shape->topk; k++)
+                if (ids[k] != -1 && (uint32_t)ids[k] / per_rank == r) owns = true;
+            if (!owns) continue;
+            for (uint32_t i = 0; i < hidden; i++) {
+                float a = 0.0f;
+                for (uint32_t k = 0; k < shape->topk; k++) {
+                    if (ids[k] == -1 || (uint32_t)ids[k] / per_rank != r) continue;
+                    float expert_y = shape->expert_kind == EPD_EXPERTS_SCALE
+                                         ? x_in[i] * (1.0f + (float)ids[k] / (float)shape->num_experts)
+                                         : x_in[i];
+                    float wy = weights[k] * expert_y;
+                    a = a + wy;
+                }
+                sum[i] = sum[i] + epd_bf16_to_f32(epd_f32_to_bf16(a));
+            }
+        }
+        for (uint32_t i = 0; i < hidden; i++) y[(size_t)t * hidden + i] = epd_f32_to_bf16(sum[i]);
+    }
+    status = EPD_OK;
+out:
+    free(x_in);
+    free(sum);
+    free(q);
+    free(scales);
+    return status;
+}
