@@ -128,6 +128,19 @@ const char *epd_scale_fmt_name(epd_scale_fmt_t fmt);
 const char *epd_transport_kind_name(epd_transport_kind_t kind);
 const char *epd_expert_kind_name(epd_expert_kind_t kind);
 const char *epd_backend_name(epd_backend_t backend);
+const char *epd_tristate_name(epd_tristate_t value);   /* "auto"/"true"/"false" */
+const char *epd_log_level_name(epd_log_level_t level); /* "error"/"warn"/"info"/"debug" */
+
+/* Writes an origin the way --print-config shows it: "default", "FILE:LINE", "env NAME",
+ * "legacy env NAME (deprecated)" or "cli". Same contract as snprintf. */
+size_t epd_origin_format(const epd_origin_t *origin, char *buf, size_t len);
+
+/* Expands socket.path's pattern into out: %r the rank, %l the local rank, %h the host name up to
+ * its first '.', %% a '%'. EPD_ERR_INVALID_ARG (with err) on another '%' sequence or when the
+ * result does not fit in len bytes. */
+epd_status_t epd_config_expand_path(const char *pattern, int rank, int local_rank,
+                                    const char *hostname, char *out, size_t len,
+                                    char err[EPD_ERR_LEN]);
 
 /* epd's command line (DESIGN.md section 9). */
 typedef enum {
@@ -154,6 +167,12 @@ typedef struct epd_args {
  * epd_args_free. */
 epd_status_t epd_args_parse(int argc, char **argv, epd_args_t *args_p, char err[EPD_ERR_LEN]);
 void epd_args_free(epd_args_t *args);
+
+/* Parses a --bench-tokens list ("128,512,2048": positive integers up to 1048576, comma-separated)
+ * into tokens (at most max entries) and its length into *n_p. EPD_ERR_INVALID_ARG with err on
+ * anything else (an empty list, an empty item, junk, too many items). */
+epd_status_t epd_args_parse_token_list(const char *list, uint32_t *tokens, size_t max,
+                                       size_t *n_p, char err[EPD_ERR_LEN]);
 
 /* Prints the usage of epd followed by the settings table. */
 void epd_args_print_usage(FILE *out, const char *argv0);
