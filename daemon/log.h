@@ -1,0 +1,34 @@
+/* The daemon's log: one line per event, `epd[rank R] LEVEL: message` on stderr, written with one
+ * write(2) so lines from the loop and engine threads never interleave. Before the rank is known
+ * lines read `epd: LEVEL: message`. Only daemon code logs; leaf modules return errors instead. */
+#ifndef EPD_DAEMON_LOG_H
+#define EPD_DAEMON_LOG_H
+
+#include <stdbool.h>
+
+#include "config/config.h"
+
+/* Sets the rank shown in every line (-1: not known yet) and the lowest level printed. */
+void epd_log_init(int rank, epd_log_level_t level);
+
+/* Changes the lowest level printed (e.g. once the configuration is loaded). */
+void epd_log_set_level(epd_log_level_t level);
+
+/* True when a line of this level would be printed (to skip building costly messages). */
+bool epd_log_enabled(epd_log_level_t level);
+
+/* Prints one line at level (a trailing newline in fmt is not needed). Thread-safe. */
+void epd_log(epd_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define epd_log_error(...) epd_log(EPD_LOG_ERROR, __VA_ARGS__)
+#define epd_log_warn(...) epd_log(EPD_LOG_WARN, __VA_ARGS__)
+#define epd_log_info(...)                                     \
+    do {                                                      \
+        if (epd_log_enabled(EPD_LOG_INFO)) epd_log(EPD_LOG_INFO, __VA_ARGS__); \
+    } while (0)
+#define epd_log_debug(...)                                    \
+    do {                                                      \
+        if (epd_log_enabled(EPD_LOG_DEBUG)) epd_log(EPD_LOG_DEBUG, __VA_ARGS__); \
+    } while (0)
+
+#endif

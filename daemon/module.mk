@@ -1,0 +1,37 @@
+# daemon/: the epd binary (main, start-up, server, connections, engine, bench, stats, log, notify),
+# its unit tests, and the C clients of the integration tests (build/tests/<name>).
+DAEMON_SRCS := daemon/main.c daemon/daemon.c daemon/server.c daemon/conn.c daemon/stats.c \
+               daemon/log.c daemon/notify.c $(wildcard daemon/engine.c daemon/bench.c)
+
+# Other folders' module.mk files are read after this one: their source lists are expanded in the
+# prerequisites a second time, once every list is complete.
+.SECONDEXPANSION:
+
+EPD_LINK_SRCS = $(COMMON_SRCS) $(CONFIG_SRCS) $(PROTO_SRCS) $(GPU_SRCS) $(GPU_CU_SRCS) \
+                $(COMM_SRCS) $(COMM_CU_SRCS) $(DAEMON_SRCS)
+EPD_CXX_LIBS = $(if $(filter 1,$(CUDA)),-lstdc++)
+
+$(BUILD)/epd: $$(call obj,$$(EPD_LINK_SRCS))
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) $(EPD_CXX_LIBS)
+
+# The daemon links only once the engine is there (daemon/engine.c, the engine helper's).
+ifneq ($(wildcard daemon/engine.c),)
+BINS += $(BUILD)/epd
+endif
+
+# Integration-test clients: the frame codec, the host reference (epd_moe_reference) and common.
+DAEMON_TEST_CLIENTS := check_client
+EPD_CLIENT_TEST_SRCS = $(COMMON_SRCS) $(CONFIG_SRCS) $(PROTO_SRCS) $(GPU_SRCS) $(GPU_CU_SRCS)
+define daemon_test_client_rule
+$(BUILD)/tests/$(1): $(BUILD)/obj/tests/integration/$(1).o $$$$(call obj,$$$$(EPD_CLIENT_TEST_SRCS))
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(BASE_CFLAGS) -o $$@ $$^ $$(LDLIBS_ALL) $$(EPD_CXX_LIBS)
+endef
+$(foreach c,$(DAEMON_TEST_CLIENTS),$(eval $(call daemon_test_client_rule,$(c))))
+BINS += $(foreach c,$(DAEMON_TEST_CLIENTS),$(if $(wildcard tests/integration/$(c).c),$(BUILD)/tests/$(c)))
+
+UNIT_TESTS += log notify stats
+test_log_SRCS = daemon/log.c
+test_notify_SRCS = daemon/notify.c
+test_stats_SRCS = daemon/stats.c $(COMMON_SRCS) $(CONFIG_SRCS)

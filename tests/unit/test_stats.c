@@ -1,0 +1,162 @@
+/* Unit tests of daemon/stats: the health and stats JSON documents and the Prometheus text. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "daemon/stats.h"
+
+/* The engine (not linked here) defines the phase names. */
+const char *const epd_phase_names[EPD_PHASE_MAX] = {"pack", "counts", "dispatch",
+                                                    "experts", "combine", "reduce"};
+
+static epd_engine_stats_t engine;
+static epd_server_stats_t server;
+
+static epd_stats_view_t make_view(void)
+{
+    memset(&engine, 0, sizeof(engine));
+    memset(&server, 0, sizeof(server));
+    engine.steps = (1ull << 60) + 1; /* above 2^53: must stay exact */
+    engine.tokens = 1000;
+    engine.requests = 40;
+    engine.queued_tokens = 7;
+    engine.queued_requests = 2;
+    engine.bytes_sent[EPD_WIRE_FP8] = 540000;
+    engine.phase_ns[EPD_PHASE_DISPATCH] = 1500000000ull;
+    engine.shutting_down = true;
+    server.clients = 3;
+    server.clients_total = 9;
+    server.requests_accepted = 42;
+    server.results_discarded = 5;
+    server.errors[EPD_ERR_BUSY] = 4;
+    server.errors[EPD_ERR_BAD_MAGIC] = 1;
+    server.bytes_in = 123456;
+    epd_stats_view_t view = {.rank = 1, .world = 4, .uptime_s = 2.5, .dtype = EPD_WIRE_FP8,
+                             .engine = &engine, .server = &server};
+    return view;
+}
+
+static void test_stats__health__valid_json_with_identity(void **state)
+{
+    (void)state;
+    epd_stats_view_t view = make_view();
+    char *text = epd_stats_health_json(&view);
+    assert_non_null(text);
+    cJSON *doc = cJSON_Parse(text);
+    assert_non_null(doc);
+    assert_string_equal(cJSON_GetObjectItem(doc, "status")->valuestring, "ok");
+    assert_int_equal(cJSON_GetObjectItem(doc, "rank")->valueint, 1);
+    assert_int_equal(cJSON_GetObjectItem(doc, "world")->valueint, 4);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(doc, "shutting_down")));
+    assert_int_equal(cJSON_GetObjectItem(doc, "clients")->valueint, 3);
+    cJSON_Delete(doc);
+    free(text);
+}
+
+static void test_stats__stats__counters_exact_and_nested(void **state)
+{
+    (void)state;
+    epd_stats_view_t view = make_view();
+    char *text = epd_stats_json(&view);
+    assert_non_null(text);
+    cJSON *doc = cJSON_Parse(text);
+    assert_non_null(doc);
+    assert_non_null(strstr(text, "\"steps\":1152921504606846977"));
+    cJSON *eng = cJSON_GetObjectItem(doc, "engine");
+    cJSON *srv = cJSON_GetObjectItem(doc, "server");
+    assert_non_null(eng);
+    assert_non_null(srv);
+    assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(eng, "bytes_sent"), "fp8")->valueint,
+                     540000);
+    assert_true(cJSON_GetObjectItem(cJSON_GetObjectItem(eng, "phase_seconds"), "dispatch")
+                    ->valuedouble == 1.5);
+    assert_true(cJSON_GetObjectItem(doc, "bytes_per_token")->valuedouble == 540.0);
+    assert_string_equal(cJSON_GetObjectItem(doc, "dtype")->valuestring, "fp8");
+    assert_int_equal(cJSON_GetObjectItem(srv, "requests_accepted")->valueint, 42);
+    assert_int_equal(cJSON_GetObjectItem(srv, "results_discarded")->valueint, 5);
+    assert_int_equal(cJSON_GetObjectItem(srv, "bytes_in")->valueint, 123456);
+    cJSON *errors = cJSON_GetObjectItem(srv, "errors");
+    assert_int_equal(cJSON_GetObjectItem(errors, "busy")->valueint, 4);
+    assert_int_equal(cJSON_GetObjectItem(errors, "bad_magic")->valueint, 1);
+    assert_int_equal(cJSON_GetObjectItem(errors, "internal")->valueint, 0);
+    /* Only wire codes are listed. */
+    assert_null(cJSON_GetObjectItem(errors, "no_memory"));
+    assert_null(cJSON_GetObjectItem(errors, "ok"));
+    cJSON_Delete(doc);
+    free(text);
+}
+
+/* Every sample line's metric has HELP and TYPE lines before it. */
+static void check_exposition(const char *text)
+{
+    char *copy = strdup(text);
+    char typed[64][64];
+    int n_typed = 0;
+    for (char *line = strtok(copy, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+        if (strncmp(line, "# HELP ", 7) == 0) continue;
+        if (strncmp(line, "# TYPE ", 7) == 0) {
+            assert_true(n_typed < 64);
+            sscanf(line + 7, "%63s", typed[n_typed++]);
+            continue;
+        }
+        char name[64];
+        size_t len = strcspn(line, "{ ");
+        assert_true(len > 0 && len < sizeof(name));
+        memcpy(name, line, len);
+        name[len] = '\0';
+        bool found = false;
+        for (int i = 0; i < n_typed; i++) found = found || strcmp(typed[i], name) == 0;
+        if (!found) fail_msg("sample '%s' has no TYPE line", line);
+    }
+    free(copy);
+}
+
+static void test_stats__metrics__prometheus_text(void **state)
+{
+    (void)state;
+    epd_stats_view_t view = make_view();
+    char *text = epd_stats_metrics(&view);
+    assert_non_null(text);
+    check_exposition(text);
+    const char *expected[] = {
+        "# TYPE epd_steps_total counter\n",
+        "epd_steps_total 1152921504606846977\n",
+        "epd_tokens_total 1000\n",
+        "epd_bytes_sent_total{dtype=\"fp8\"} 540000\n",
+        "epd_bytes_sent_total{dtype=\"bf16\"} 0\n",
+        "epd_step_phase_seconds_total{phase=\"dispatch\"} 1.500000000\n",
+        "epd_step_phase_seconds_total{phase=\"reduce\"} 0.000000000\n",
+        "# TYPE epd_queue_tokens gauge\n",
+        "epd_queue_tokens 7\n",
+        "epd_errors_total{code=\"busy\"} 4\n",
+        "epd_errors_total{code=\"shutting_down\"} 0\n",
+        "epd_clients 3\n",
+        "epd_requests_total 42\n",
+        "epd_results_discarded_total 5\n",
+        "# HELP epd_results_discarded_total ",
+        "epd_info{rank=\"1\",world=\"4\",",
+    };
+    for (size_t i = 0; i < sizeof(expected) / sizeof(expected[0]); i++)
+        if (strstr(text, expected[i]) == NULL) fail_msg("missing: %s", expected[i]);
+    assert_null(strstr(text, "code=\"no_memory\""));
+    assert_int_equal(text[strlen(text) - 1], '\n');
+    free(text);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stats__health__valid_json_with_identity),
+        cmocka_unit_test(test_stats__stats__counters_exact_and_nested),
+        cmocka_unit_test(test_stats__metrics__prometheus_text),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
