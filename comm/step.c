@@ -1,0 +1,341 @@
+/* The collective step: owns the step buffers and runs the phases of DESIGN.md section 2 through
+ * the ops table (so it works the same on host and device memory) and the transport, timing each
+ * phase. Only the count exchange calls MPI directly. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm/step.h"
+
+struct epd_step {
+    epd_moe_shape_t shape;
+    uint32_t max_tokens;
+    const epd_ops_t *ops;
+    epd_ops_ctx_t *ops_ctx;
+    const epd_transport_t *transport;
+    epd_transport_ctx_t *transport_ctx;
+    MPI_Comm comm;
+    epd_record_layout_t record;
+    size_t send_capacity; /* records */
+    size_t recv_capacity;
+
+    epd_step_layout_t layout;   /* slot in ops memory, counts/offsets on the host */
+    uint32_t *recv_counts32;    /* [W] from the count exchange */
+    uint64_t *send_counts;      /* [W] in records, for the transport */
+    uint64_t *send_displs;
+    uint64_t *recv_counts;
+    uint64_t *recv_displs;
+
+    void *send_buf;
+    void *recv_buf;
+    uint16_t *partials;
+    uint16_t *partials_back;
+    epd_step_io_t io;
+};
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* a * b, or SIZE_MAX when it overflows */
+static size_t mul_sat(size_t a, size_t b)
+{
+    if (a != 0 && b > SIZE_MAX / a) return SIZE_MAX;
+    return a * b;
+}
+
+static size_t add_sat(size_t a, size_t b)
+{
+    return a > SIZE_MAX - b ? SIZE_MAX : a + b;
+}
+
+/* The buffer sizes of a step, in bytes: [0] send records, [1] recv records, [2] partials,
+ * [3] partials_back, [4] slot, [5] x, [6] ids, [7] weights, [8] y. */
+#define N_BUFS 9
+static void buffer_sizes(const epd_moe_shape_t *shape, uint32_t max_tokens, size_t *send_cap_p,
+                         size_t *recv_cap_p, size_t sizes[N_BUFS])
+{
+    epd_record_layout_t rec;
+    size_t fanout = shape->world < shape->topk ? shape->world : shape->topk;
+    size_t row = (size_t)shape->hidden * 2;
+
+    epd_record_layout(shape, &rec);
+    *send_cap_p = mul_sat(max_tokens, fanout);
+    *recv_cap_p = mul_sat(max_tokens, shape->world);
+    sizes[0] = mul_sat(*send_cap_p, rec.size);
+    sizes[1] = mul_sat(*recv_cap_p, rec.size);
+    sizes[2] = mul_sat(*recv_cap_p, row);
+    sizes[3] = mul_sat(*send_cap_p, row);
+    sizes[4] = mul_sat(mul_sat(max_tokens, shape->world), sizeof(int32_t));
+    sizes[5] = mul_sat(max_tokens, row);
+    sizes[6] = mul_sat(mul_sat(max_tokens, shape->topk), sizeof(int32_t));
+    sizes[7] = mul_sat(mul_sat(max_tokens, shape->topk), sizeof(float));
+    sizes[8] = mul_sat(max_tokens, row);
+}
+
+size_t epd_step_memory_bytes(const epd_moe_shape_t *shape, uint32_t max_tokens)
+{
+    size_t sizes[N_BUFS], send_cap, recv_cap, total = 0;
+
+    buffer_sizes(shape, max_tokens, &send_cap, &recv_cap, sizes);
+    for (int i = 0; i < N_BUFS; i++) total = add_sat(total, sizes[i]);
+    /* host arrays: counts and displacements per peer */
+    return add_sat(total, mul_sat(shape->world, 2 * sizeof(uint32_t) + 5 * sizeof(uint64_t)));
+}
+
+void epd_step_destroy(epd_step_t *step)
+{
+    if (step == NULL) return;
+    void *ops_bufs[] = {step->send_buf, step->recv_buf, step->partials, step->partials_back,
+                        step->layout.slot, step->io.x, step->io.topk_ids, step->io.topk_weights,
+                        step->io.y};
+    for (size_t i = 0; i < EPD_ARRAY_SIZE(ops_bufs); i++)
+        if (ops_bufs[i] != NULL) step->ops->free(step->ops_ctx, ops_bufs[i]);
+    free(step->layout.send_counts_host);
+    free(step->layout.send_offsets_host);
+    free(step->recv_counts32);
+    free(step->send_counts);
+    free(step->send_displs);
+    free(step->recv_counts);
+    free(step->recv_displs);
+    free(step);
+}
+
+epd_status_t epd_step_create(const epd_moe_shape_t *shape, uint32_t max_tokens, const epd_ops_t *ops,
+                             epd_ops_ctx_t *ops_ctx, const epd_transport_t *transport,
+                             epd_transport_ctx_t *transport_ctx, MPI_Comm comm, epd_step_t **step_p,
+                             char err[EPD_ERR_LEN])
+{
+    static const char *const names[N_BUFS] = {"send records", "receive records", "partials",
+                                              "returned partials", "slots", "x", "top-k ids",
+                                              "top-k weights", "y"};
+    epd_step_t *step;
+    size_t sizes[N_BUFS];
+    void **bufs[N_BUFS];
+    int rank = 0, world = 0;
+
+    if (shape == NULL || ops == NULL || transport == NULL || step_p == NULL) {
+        snprintf(err, EPD_ERR_LEN, "step: missing shape, ops or transport");
+        return EPD_ERR_INVALID_ARG;
+    }
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &world);
+    if (shape->world != (uint32_t)world || shape->rank != (uint32_t)rank) {
+        snprintf(err, EPD_ERR_LEN, "step: shape says rank %u of %u but the communicator has rank %d of %d",
+                 shape->rank, shape->world, rank, world);
+        return EPD_ERR_INVALID_ARG;
+    }
+    if (shape->hidden == 0 || shape->hidden % 128 != 0 || shape->topk == 0 ||
+        shape->num_experts == 0 || shape->num_experts % shape->world != 0) {
+        snprintf(err, EPD_ERR_LEN,
+                 "step: hidden %u must be a positive multiple of 128, topk %u positive, and "
+                 "num_experts %u a positive multiple of the %u ranks",
+                 shape->hidden, shape->topk, shape->num_experts, shape->world);
+        return EPD_ERR_INVALID_ARG;
+    }
+    if (max_tokens == 0 || (uint64_t)max_tokens * shape->world > INT32_MAX) {
+        snprintf(err, EPD_ERR_LEN, "step: max_tokens %u x %u ranks must be in [1, %d] records",
+                 max_tokens, shape->world, INT32_MAX);
+        return EPD_ERR_INVALID_ARG;
+    }
+
+    step = calloc(1, sizeof *step);
+    if (step == NULL) goto no_memory_host;
+    step->shape = *shape;
+    step->max_tokens = max_tokens;
+    step->ops = ops;
+    step->ops_ctx = ops_ctx;
+    step->transport = transport;
+    step->transport_ctx = transport_ctx;
+    step->comm = comm;
+    epd_record_layout(shape, &step->record);
+
+    step->layout.send_counts_host = calloc(shape->world, sizeof(uint32_t));
+    step->layout.send_offsets_host = calloc(shape->world, sizeof(uint32_t));
+    step->recv_counts32 = calloc(shape->world, sizeof(uint32_t));
+    step->send_counts = calloc(shape->world, sizeof(uint64_t));
+    step->send_displs = calloc(shape->world, sizeof(uint64_t));
+    step->recv_counts = calloc(shape->world, sizeof(uint64_t));
+    step->recv_displs = calloc(shape->world, sizeof(uint64_t));
+    if (step->layout.send_counts_host == NULL || step->layout.send_offsets_host == NULL ||
+        step->recv_counts32 == NULL || step->send_counts == NULL || step->send_displs == NULL ||
+        step->recv_counts == NULL || step->recv_displs == NULL)
+        goto no_memory_host;
+
+    buffer_sizes(shape, max_tokens, &step->send_capacity, &step->recv_capacity, sizes);
+    bufs[0] = &step->send_buf;
+    bufs[1] = &step->recv_buf;
+    bufs[2] = (void **)&step->partials;
+    bufs[3] = (void **)&step->partials_back;
+    bufs[4] = (void **)&step->layout.slot;
+    bufs[5] = (void **)&step->io.x;
+    bufs[6] = (void **)&step->io.topk_ids;
+    bufs[7] = (void **)&step->io.topk_weights;
+    bufs[8] = (void **)&step->io.y;
+    for (int i = 0; i < N_BUFS; i++) {
+        *bufs[i] = sizes[i] == SIZE_MAX ? NULL : ops->alloc(ops_ctx, sizes[i]);
+        if (*bufs[i] == NULL) {
+            snprintf(err, EPD_ERR_LEN,
+                     "step: cannot allocate %zu bytes of %s memory for the %s of %u tokens "
+                     "(the whole step needs %zu bytes; lower the tokens per step)",
+                     sizes[i], ops->name, names[i], max_tokens,
+                     epd_step_memory_bytes(shape, max_tokens));
+            epd_step_destroy(step);
+            return EPD_ERR_NO_MEMORY;
+        }
+    }
+    *step_p = step;
+    return EPD_OK;
+
+no_memory_host:
+    snprintf(err, EPD_ERR_LEN, "step: out of host memory");
+    epd_step_destroy(step);
+    return EPD_ERR_NO_MEMORY;
+}
+
+const epd_step_io_t *epd_step_io(const epd_step_t *step)
+{
+    return &step->io;
+}
+
+void epd_step_last_exchange(const epd_step_t *step, epd_step_exchange_t *exchange_p)
+{
+    exchange_p->send_counts = step->send_counts;
+    exchange_p->send_displs = step->send_displs;
+    exchange_p->recv_counts = step->recv_counts;
+    exchange_p->recv_displs = step->recv_displs;
+    exchange_p->send_buf = step->send_buf;
+    exchange_p->recv_buf = step->recv_buf;
+    exchange_p->record_bytes = step->record.size;
+    exchange_p->partials = step->partials;
+    exchange_p->partials_back = step->partials_back;
+    exchange_p->partial_bytes = (size_t)step->shape.hidden * 2;
+    exchange_p->send_capacity = step->send_capacity;
+    exchange_p->recv_capacity = step->recv_capacity;
+}
+
+/* Names a failed op for err. */
+static epd_status_t op_failed(epd_status_t status, const char *what, char err[EPD_ERR_LEN])
+{
+    snprintf(err, EPD_ERR_LEN, "step: %s failed: %s", what, epd_status_name(status));
+    return status;
+}
+
+epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x,
+                          const int32_t *topk_ids, const float *topk_weights, uint16_t *y,
+                          epd_step_timing_t *timing_p, char err[EPD_ERR_LEN])
+{
+    const epd_ops_t *ops = step->ops;
+    epd_ops_ctx_t *octx = step->ops_ctx;
+    const epd_moe_shape_t *shape = &step->shape;
+    uint32_t world = shape->world, me = shape->rank;
+    uint64_t t[EPD_STEP_N_PHASES + 1];
+    uint64_t n_recv = 0;
+    size_t row_bytes = (size_t)shape->hidden * 2;
+    epd_status_t status;
+    int rc;
+
+    if (n_tokens > step->max_tokens) {
+        snprintf(err, EPD_ERR_LEN, "step: %u tokens exceed the step's %u", n_tokens, step->max_tokens);
+        return EPD_ERR_TOO_MANY_TOKENS;
+    }
+    if (n_tokens > 0 && (x == NULL || topk_ids == NULL || topk_weights == NULL || y == NULL)) {
+        snprintf(err, EPD_ERR_LEN, "step: missing input or output buffer");
+        return EPD_ERR_INVALID_ARG;
+    }
+
+    /* 1. layout and pack */
+    t[0] = now_ns();
+    step->layout.n_tokens = n_tokens;
+    status = ops->layout(octx, shape, topk_ids, &step->layout);
+    if (status != EPD_OK) return op_failed(status, "layout", err);
+    status = ops->pack(octx, shape, x, topk_ids, topk_weights, &step->layout, step->send_buf);
+    if (status != EPD_OK) return op_failed(status, "pack", err);
+    /* the transport reads send_buf: pack must be complete first */
+    status = ops->sync(octx);
+    if (status != EPD_OK) return op_failed(status, "sync after pack", err);
+
+    /* 2. record counts */
+    t[1] = now_ns();
+    rc = MPI_Alltoall(step->layout.send_counts_host, 1, MPI_UINT32_T, step->recv_counts32, 1,
+                      MPI_UINT32_T, step->comm);
+    if (rc != MPI_SUCCESS) {
+        snprintf(err, EPD_ERR_LEN, "step: MPI_Alltoall of record counts failed (code %d)", rc);
+        return EPD_ERR_MPI;
+    }
+    for (uint32_t r = 0; r < world; r++) {
+        step->send_counts[r] = step->layout.send_counts_host[r];
+        step->send_displs[r] = step->layout.send_offsets_host[r];
+        step->recv_counts[r] = step->recv_counts32[r];
+        step->recv_displs[r] = n_recv;
+        n_recv += step->recv_counts32[r];
+    }
+    if (n_recv > step->recv_capacity) {
+        /* only when peers run a larger max_tokens than this rank: configs differ */
+        snprintf(err, EPD_ERR_LEN,
+                 "step: peers send %llu records but this rank holds %zu (max tokens per step differs "
+                 "between ranks?)",
+                 (unsigned long long)n_recv, step->recv_capacity);
+        return EPD_ERR_INTERNAL;
+    }
+
+    /* 3. dispatch */
+    t[2] = now_ns();
+    status = step->transport->alltoallv(step->transport_ctx, step->send_buf, step->send_counts,
+                                        step->send_displs, step->recv_buf, step->recv_counts,
+                                        step->recv_displs, step->record.size);
+    if (status != EPD_OK) {
+        snprintf(err, EPD_ERR_LEN, "step: dispatch alltoallv (%s transport) failed: %s",
+                 step->transport->name, epd_status_name(status));
+        return status;
+    }
+
+    /* 4. experts */
+    t[3] = now_ns();
+    status = ops->experts(octx, shape, step->recv_buf, (uint32_t)n_recv, step->partials);
+    if (status != EPD_OK) return op_failed(status, "experts", err);
+    status = ops->sync(octx);
+    if (status != EPD_OK) return op_failed(status, "sync after experts", err);
+
+    /* 5. partials back, along the reverse of the dispatch */
+    t[4] = now_ns();
+    status = step->transport->alltoallv(step->transport_ctx, step->partials, step->recv_counts,
+                                        step->recv_displs, step->partials_back, step->send_counts,
+                                        step->send_displs, row_bytes);
+    if (status != EPD_OK) {
+        snprintf(err, EPD_ERR_LEN, "step: combine alltoallv (%s transport) failed: %s",
+                 step->transport->name, epd_status_name(status));
+        return status;
+    }
+
+    /* 6. combine into y */
+    t[5] = now_ns();
+    status = ops->combine(octx, shape, &step->layout, step->partials_back, y);
+    if (status != EPD_OK) return op_failed(status, "combine", err);
+    status = ops->sync(octx);
+    if (status != EPD_OK) return op_failed(status, "sync after combine", err);
+    t[6] = now_ns();
+
+    if (timing_p != NULL) {
+        epd_step_timing_t tm;
+        memset(&tm, 0, sizeof tm);
+        for (int i = 0; i < EPD_STEP_N_PHASES; i++) tm.phase_ns[i] = t[i + 1] - t[i];
+        tm.total_ns = t[EPD_STEP_N_PHASES] - t[0];
+        tm.n_tokens = n_tokens;
+        tm.records_sent = step->layout.n_send;
+        tm.records_sent_off_rank = step->layout.n_send - step->layout.send_counts_host[me];
+        tm.records_recv = (uint32_t)n_recv;
+        tm.records_recv_off_rank = (uint32_t)n_recv - step->recv_counts32[me];
+        tm.dispatch_bytes = (uint64_t)tm.records_sent * step->record.size;
+        tm.dispatch_bytes_off_rank = (uint64_t)tm.records_sent_off_rank * step->record.size;
+        tm.combine_bytes = (uint64_t)tm.records_recv * row_bytes;
+        tm.combine_bytes_off_rank = (uint64_t)tm.records_recv_off_rank * row_bytes;
+        *timing_p = tm;
+    }
+    return EPD_OK;
+}

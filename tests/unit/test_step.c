@@ -1,0 +1,298 @@
+/* Unit tests of comm/: the collective step at world = 1 (MPI singleton: no mpirun needed) against
+ * epd_moe_reference, the mpi transport's 64-bit count conversion and datatype items, and the
+ * transport selection. Multi-rank steps are tests/integration/step_np.sh. */
+#include <limits.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <mpi.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#endif
+
+#include "comm/select.h"
+#include "comm/step.h"
+#include "comm/transport_mpi.h"
+#include "gpu/fp8.h"
+#include "gpu/ops.h"
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static epd_moe_shape_t world1_shape(epd_wire_dtype_t dtype, epd_expert_kind_t kind)
+{
+    epd_moe_shape_t s = {
+        .hidden = 256, .topk = 4, .num_experts = 16, .world = 1, .rank = 0, .dtype = dtype,
+        .scale = EPD_SCALE_GROUP128, .scale_format = EPD_SCALE_FMT_FP32, .expert_kind = kind,
+    };
+    return s;
+}
+
+typedef struct fixture {
+    epd_ops_ctx_t *ops_ctx;
+    epd_transport_ctx_t *tctx;
+} fixture_t;
+
+static int setup(void **state)
+{
+    fixture_t *f = calloc(1, sizeof *f);
+    char err[EPD_ERR_LEN];
+
+    if (f == NULL) return -1;
+    if (epd_ops_host.init(-1, &f->ops_ctx, err) != EPD_OK) return -1;
+    if (epd_transport_mpi.init(MPI_COMM_WORLD, &epd_ops_host, f->ops_ctx, &f->tctx, err) != EPD_OK)
+        return -1;
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture_t *f = *state;
+
+    epd_transport_mpi.fini(f->tctx);
+    epd_ops_host.fini(f->ops_ctx);
+    free(f);
+    return 0;
+}
+
+/* Random batch of n tokens into the step's own buffers (host ops: plain memory). */
+static void fill_batch(const epd_moe_shape_t *s, const epd_step_io_t *io, uint32_t n, uint64_t seed)
+{
+    for (size_t i = 0; i < (size_t)n * s->hidden; i++)
+        io->x[i] = epd_f32_to_bf16((float)((int64_t)(rng_next(&seed) % 20001) - 10000) / 2500.0f);
+    for (uint32_t t = 0; t < n; t++) {
+        for (uint32_t k = 0; k < s->topk; k++) {
+            /* distinct ids: k-th pick from a rotating window, some slots empty */
+            int32_t e = (int32_t)((rng_next(&seed) % 4 + (uint64_t)k * 4) % s->num_experts);
+            io->topk_ids[(size_t)t * s->topk + k] = (t % 6 == 5 || rng_next(&seed) % 8 == 0) ? -1 : e;
+            io->topk_weights[(size_t)t * s->topk + k] = (float)(rng_next(&seed) % 1000 + 1) / 1000.0f;
+        }
+    }
+}
+
+static void test_step__world1_batches__equal_reference(void **state)
+{
+    fixture_t *f = *state;
+    const uint32_t sizes[] = {0, 1, 17, 64, 3};
+    char err[EPD_ERR_LEN];
+
+    for (int d = 0; d < 2; d++) {
+        for (int k = 0; k < 2; k++) {
+            epd_moe_shape_t s = world1_shape(d ? EPD_WIRE_BF16 : EPD_WIRE_FP8,
+                                             k ? EPD_EXPERTS_IDENTITY : EPD_EXPERTS_SCALE);
+            epd_step_t *step = NULL;
+            uint16_t *ref = malloc(64 * (size_t)s.hidden * 2);
+            assert_non_null(ref);
+            assert_int_equal(epd_step_create(&s, 64, &epd_ops_host, f->ops_ctx, &epd_transport_mpi,
+                                             f->tctx, MPI_COMM_WORLD, &step, err),
+                             EPD_OK);
+            const epd_step_io_t *io = epd_step_io(step);
+            for (size_t i = 0; i < EPD_ARRAY_SIZE(sizes); i++) {
+                uint32_t n = sizes[i];
+                epd_step_timing_t tm;
+                fill_batch(&s, io, n, 1000 + i + 10 * (uint64_t)(d * 2 + k));
+                assert_int_equal(epd_step_run(step, n, io->x, io->topk_ids, io->topk_weights, io->y,
+                                              &tm, err),
+                                 EPD_OK);
+                assert_int_equal(epd_moe_reference(&s, n, io->x, io->topk_ids, io->topk_weights, ref),
+                                 EPD_OK);
+                if (n > 0) assert_memory_equal(io->y, ref, (size_t)n * s.hidden * 2);
+                /* world 1: everything stays on the rank, one record per routed token */
+                assert_int_equal(tm.n_tokens, n);
+                assert_int_equal(tm.records_sent_off_rank, 0);
+                assert_int_equal(tm.dispatch_bytes_off_rank, 0);
+                assert_int_equal(tm.records_recv, tm.records_sent);
+                epd_record_layout_t rec;
+                epd_record_layout(&s, &rec);
+                assert_int_equal(tm.dispatch_bytes, (uint64_t)tm.records_sent * rec.size);
+                assert_int_equal(tm.combine_bytes, (uint64_t)tm.records_recv * s.hidden * 2);
+                uint64_t sum = 0;
+                for (int p = 0; p < EPD_STEP_N_PHASES; p++) sum += tm.phase_ns[p];
+                assert_true(sum <= tm.total_ns);
+            }
+            epd_step_exchange_t ex;
+            epd_step_last_exchange(step, &ex);
+            assert_int_equal(ex.partial_bytes, s.hidden * 2);
+            assert_int_equal(ex.send_capacity, 64);
+            assert_int_equal(ex.recv_capacity, 64);
+            epd_step_destroy(step);
+            free(ref);
+        }
+    }
+}
+
+static void test_step__bad_create_arguments__clear_errors(void **state)
+{
+    fixture_t *f = *state;
+    epd_moe_shape_t s = world1_shape(EPD_WIRE_FP8, EPD_EXPERTS_SCALE);
+    epd_step_t *step = NULL;
+    char err[EPD_ERR_LEN] = "";
+
+    s.world = 2;
+    assert_int_equal(epd_step_create(&s, 8, &epd_ops_host, f->ops_ctx, &epd_transport_mpi, f->tctx,
+                                     MPI_COMM_WORLD, &step, err),
+                     EPD_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "rank 0 of 2"));
+    s.world = 1;
+    s.hidden = 200;
+    assert_int_equal(epd_step_create(&s, 8, &epd_ops_host, f->ops_ctx, &epd_transport_mpi, f->tctx,
+                                     MPI_COMM_WORLD, &step, err),
+                     EPD_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "multiple of 128"));
+    s.hidden = 256;
+    assert_int_equal(epd_step_create(&s, 0, &epd_ops_host, f->ops_ctx, &epd_transport_mpi, f->tctx,
+                                     MPI_COMM_WORLD, &step, err),
+                     EPD_ERR_INVALID_ARG);
+    assert_null(step);
+}
+
+static void test_step__too_many_tokens_and_bad_ids__refused_with_message(void **state)
+{
+    fixture_t *f = *state;
+    epd_moe_shape_t s = world1_shape(EPD_WIRE_BF16, EPD_EXPERTS_SCALE);
+    epd_step_t *step = NULL;
+    char err[EPD_ERR_LEN] = "";
+
+    assert_int_equal(epd_step_create(&s, 4, &epd_ops_host, f->ops_ctx, &epd_transport_mpi, f->tctx,
+                                     MPI_COMM_WORLD, &step, err),
+                     EPD_OK);
+    const epd_step_io_t *io = epd_step_io(step);
+    fill_batch(&s, io, 4, 5);
+    assert_int_equal(epd_step_run(step, 5, io->x, io->topk_ids, io->topk_weights, io->y, NULL, err),
+                     EPD_ERR_TOO_MANY_TOKENS);
+    assert_non_null(strstr(err, "5 tokens"));
+    assert_int_equal(epd_step_run(step, 2, NULL, io->topk_ids, io->topk_weights, io->y, NULL, err),
+                     EPD_ERR_INVALID_ARG);
+    /* an id past E is caught by the layout before anything is exchanged */
+    io->topk_ids[1] = 16;
+    assert_int_equal(epd_step_run(step, 4, io->x, io->topk_ids, io->topk_weights, io->y, NULL, err),
+                     EPD_ERR_EXPERT_OUT_OF_RANGE);
+    assert_non_null(strstr(err, "layout"));
+    epd_step_destroy(step);
+}
+
+static void test_step__memory_bytes__counts_every_buffer(void **state)
+{
+    epd_moe_shape_t s = world1_shape(EPD_WIRE_BF16, EPD_EXPERTS_SCALE);
+    epd_record_layout_t rec;
+
+    epd_record_layout(&s, &rec);
+    /* world 1, 10 tokens: 10 send + 10 recv records, 20 partial rows, slots, x, ids, weights, y */
+    size_t want = 20 * rec.size + 20 * 512 + 10 * 4 + 10 * 512 + 10 * 16 + 10 * 16 + 10 * 512 +
+                  1 * (2 * 4 + 5 * 8);
+    assert_int_equal(epd_step_memory_bytes(&s, 10), want);
+    s.world = 8;
+    s.hidden = 65536;
+    s.topk = 64;
+    assert_true(epd_step_memory_bytes(&s, UINT32_MAX) > (size_t)1 << 40);
+}
+
+static void test_step__counts_to_int__fit_and_overflow(void **state)
+{
+    const uint64_t counts[] = {0, 5, (uint64_t)INT_MAX};
+    const uint64_t displs[] = {0, 0, 5};
+    const uint64_t big_count[] = {1, (uint64_t)INT_MAX + 1, 0};
+    const uint64_t big_displ[] = {0, 1, (uint64_t)1 << 33};
+    int c[3], d[3];
+    char err[EPD_ERR_LEN] = "";
+
+    assert_int_equal(epd_mpi_counts_to_int(counts, displs, 3, c, d, err), EPD_OK);
+    assert_int_equal(c[2], INT_MAX);
+    assert_int_equal(d[2], 5);
+    assert_int_equal(epd_mpi_counts_to_int(big_count, displs, 3, c, d, err), EPD_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "2147483648 items for rank 1"));
+    assert_int_equal(epd_mpi_counts_to_int(counts, big_displ, 3, c, d, err), EPD_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "displacement 8589934592 items for rank 2"));
+}
+
+static void test_step__alltoallv_large_items__bytes_beyond_int_counts(void **state)
+{
+    fixture_t *f = *state;
+    /* 3 items of 1 MiB + 7 bytes: the count is 3 in a contiguous type, not 3 MiB of MPI_BYTE */
+    size_t item = ((size_t)1 << 20) + 7;
+    uint8_t *send = malloc(3 * item), *recv = calloc(3, item);
+    const uint64_t cnt[] = {3}, dsp[] = {0};
+    const uint64_t too_many[] = {(uint64_t)INT_MAX + 1};
+
+    assert_non_null(send);
+    assert_non_null(recv);
+    for (size_t i = 0; i < 3 * item; i++) send[i] = (uint8_t)(i * 31 + 7);
+    assert_int_equal(epd_transport_mpi.alltoallv(f->tctx, send, cnt, dsp, recv, cnt, dsp, item), EPD_OK);
+    assert_memory_equal(send, recv, 3 * item);
+    assert_int_equal(epd_transport_mpi.alltoallv(f->tctx, send, cnt, dsp, recv, cnt, dsp, 0),
+                     EPD_ERR_INVALID_ARG);
+    assert_int_equal(epd_transport_mpi.alltoallv(f->tctx, send, too_many, dsp, recv, cnt, dsp, 16),
+                     EPD_ERR_INVALID_ARG);
+    assert_non_null(strstr(epd_transport_mpi_last_error(f->tctx), "do not fit"));
+    free(send);
+    free(recv);
+}
+
+static void test_step__select_host_ops__mpi_or_clear_error(void **state)
+{
+    epd_config_t cfg;
+    epd_transport_choice_t choice;
+    char err[EPD_ERR_LEN] = "";
+    epd_ops_t fake = epd_ops_host;
+
+    memset(&cfg, 0, sizeof cfg);
+    cfg.dispatch.transport = EPD_TRANSPORT_AUTO;
+    assert_int_equal(epd_transport_select(&cfg, &epd_ops_host, &choice, err), EPD_OK);
+    assert_ptr_equal(choice.transport, &epd_transport_mpi);
+    assert_non_null(strstr(choice.reason, "mpi: host buffers"));
+    cfg.dispatch.transport = EPD_TRANSPORT_MPI;
+    assert_int_equal(epd_transport_select(&cfg, &epd_ops_host, &choice, err), EPD_OK);
+    assert_ptr_equal(choice.transport, &epd_transport_mpi);
+    cfg.dispatch.transport = EPD_TRANSPORT_NCCL;
+    assert_int_equal(epd_transport_select(&cfg, &epd_ops_host, &choice, err), EPD_ERR_CONFIG);
+    assert_non_null(strstr(err, "dispatch.transport = nccl"));
+    assert_null(choice.transport);
+    /* device ops other than the host's without the CUDA selection linked in */
+    fake.name = "fake";
+    cfg.dispatch.transport = EPD_TRANSPORT_AUTO;
+    assert_int_equal(epd_transport_select(&cfg, &fake, &choice, err), EPD_ERR_CONFIG);
+    assert_non_null(strstr(err, "fake"));
+}
+
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_step__world1_batches__equal_reference),
+        cmocka_unit_test(test_step__bad_create_arguments__clear_errors),
+        cmocka_unit_test(test_step__too_many_tokens_and_bad_ids__refused_with_message),
+        cmocka_unit_test(test_step__memory_bytes__counts_every_buffer),
+        cmocka_unit_test(test_step__counts_to_int__fit_and_overflow),
+        cmocka_unit_test(test_step__alltoallv_large_items__bytes_beyond_int_counts),
+        cmocka_unit_test(test_step__select_host_ops__mpi_or_clear_error),
+    };
+    int provided, rc;
+
+#if defined(__SANITIZE_ADDRESS__)
+    /* Open MPI keeps (and at finalize, unloads with) allocations LeakSanitizer cannot attribute:
+     * ignore what MPI_Init allocates, and check for leaks before MPI_Finalize. */
+    __lsan_disable();
+#endif
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+#if defined(__SANITIZE_ADDRESS__)
+    __lsan_enable();
+#endif
+    rc = cmocka_run_group_tests(tests, setup, teardown);
+#if defined(__SANITIZE_ADDRESS__)
+    __lsan_do_leak_check();
+#endif
+    MPI_Finalize();
+    return rc;
+}
