@@ -18,14 +18,20 @@ typedef struct opt {
 } opt_t;
 
 static const opt_t options[] = {
-    {"--config", OPT_VALUE},     {"--set", OPT_VALUE},          {"--print-config", OPT_FLAG},
-    {"--help", OPT_FLAG},        {"-h", OPT_FLAG},              {"--version", OPT_FLAG},
-    {"--bench", OPT_FLAG},       {"--json", OPT_FLAG},          {"--bench-tokens", OPT_VALUE},
+    {"--config", OPT_VALUE},
+    {"--set", OPT_VALUE},
+    {"--print-config", OPT_FLAG},
+    {"--help", OPT_FLAG},
+    {"-h", OPT_FLAG},
+    {"--version", OPT_FLAG},
+    {"--bench", OPT_FLAG},
+    {"--json", OPT_FLAG},
+    {"--bench-tokens", OPT_VALUE},
     {"--bench-iters", OPT_VALUE},
 };
 
-epd_status_t epd_args_parse_token_list(const char *list, uint32_t *tokens, size_t max,
-                                       size_t *n_p, char err[EPD_ERR_LEN])
+epd_status_t epd_args_parse_token_list(const char *list, uint32_t *tokens, size_t max, size_t *n_p,
+                                       char err[EPD_ERR_LEN])
 {
     size_t n = 0;
     const char *p = list;
@@ -40,18 +46,20 @@ epd_status_t epd_args_parse_token_list(const char *list, uint32_t *tokens, size_
         uint64_t v = 0;
         if (len == 0 || len >= sizeof item) {
             epd_config_textf(err, EPD_ERR_LEN, "token list '%.64s': item %zu is %s", list, n + 1,
-                     len == 0 ? "empty" : "too long");
+                             len == 0 ? "empty" : "too long");
             return EPD_ERR_INVALID_ARG;
         }
         memcpy(item, p, len);
         item[len] = '\0';
         if (epd_parse_u64(item, 10, 1, BENCH_TOKENS_MAX, &v, ignored) != EPD_OK) {
-            epd_config_textf(err, EPD_ERR_LEN, "token list '%.64s': '%s' is not an integer in [1, %d]",
-                     list, item, BENCH_TOKENS_MAX);
+            epd_config_textf(err, EPD_ERR_LEN,
+                             "token list '%.64s': '%s' is not an integer in [1, %d]", list, item,
+                             BENCH_TOKENS_MAX);
             return EPD_ERR_INVALID_ARG;
         }
         if (n == max) {
-            epd_config_textf(err, EPD_ERR_LEN, "token list '%.64s' has more than %zu items", list, max);
+            epd_config_textf(err, EPD_ERR_LEN, "token list '%.64s' has more than %zu items", list,
+                             max);
             return EPD_ERR_INVALID_ARG;
         }
         tokens[n++] = (uint32_t)v;
@@ -93,24 +101,25 @@ static epd_status_t match_option(int argc, char **argv, int *i, const opt_t **op
         return EPD_OK;
     }
     if (arg[0] == '-') {
-        epd_config_textf(err, EPD_ERR_LEN, "unknown option '%.64s' (epd --help lists the options)", arg);
+        epd_config_textf(err, EPD_ERR_LEN, "unknown option '%.64s' (epd --help lists the options)",
+                         arg);
     } else {
-        epd_config_textf(err, EPD_ERR_LEN, "unexpected argument '%.64s' (settings go in --set KEY=VALUE)",
-                 arg);
+        epd_config_textf(err, EPD_ERR_LEN,
+                         "unexpected argument '%.64s' (settings go in --set KEY=VALUE)", arg);
     }
     return EPD_ERR_INVALID_ARG;
 }
 
 /* Applies one matched option to args. */
 static epd_status_t apply_option(const opt_t *opt, const char *value, epd_args_t *args,
-                                 bool *print_config_p, bool *help_p, bool *version_p,
-                                 bool *bench_p, char err[EPD_ERR_LEN])
+                                 bool *print_config_p, bool *help_p, bool *version_p, bool *bench_p,
+                                 char err[EPD_ERR_LEN])
 {
     const char *name = opt->name;
     if (strcmp(name, "--config") == 0) {
         if (args->config_file != NULL) {
             epd_config_textf(err, EPD_ERR_LEN, "--config given twice ('%.64s' and '%.64s')",
-                     args->config_file, value);
+                             args->config_file, value);
             return EPD_ERR_INVALID_ARG;
         }
         if (value[0] == '\0') {
@@ -120,8 +129,10 @@ static epd_status_t apply_option(const opt_t *opt, const char *value, epd_args_t
         args->config_file = value;
     } else if (strcmp(name, "--set") == 0) {
         if (strchr(value, '=') == NULL || value[0] == '=') {
-            epd_config_textf(err, EPD_ERR_LEN, "--set '%.64s': expected KEY=VALUE, e.g. "
-                     "--set dispatch.dtype=bf16", value);
+            epd_config_textf(err, EPD_ERR_LEN,
+                             "--set '%.64s': expected KEY=VALUE, e.g. "
+                             "--set dispatch.dtype=bf16",
+                             value);
             return EPD_ERR_INVALID_ARG;
         }
         args->sets[args->n_sets++] = value;
@@ -148,8 +159,8 @@ static epd_status_t apply_option(const opt_t *opt, const char *value, epd_args_t
         uint64_t iters = 0;
         char why[EPD_ERR_LEN];
         if (epd_parse_u64(value, 10, 1, 1000000000, &iters, why) != EPD_OK) {
-            epd_config_textf(err, EPD_ERR_LEN, "--bench-iters: '%.64s' is not an integer in [1, 1000000000]",
-                     value);
+            epd_config_textf(err, EPD_ERR_LEN,
+                             "--bench-iters: '%.64s' is not an integer in [1, 1000000000]", value);
             return EPD_ERR_INVALID_ARG;
         }
         args->bench_iters = (uint32_t)iters;
@@ -191,7 +202,7 @@ epd_status_t epd_args_parse(int argc, char **argv, epd_args_t *args_p, char err[
     }
     if (!bench && !help && !version && (args_p->bench_tokens != NULL || args_p->bench_iters != 0)) {
         epd_config_textf(err, EPD_ERR_LEN, "%s only goes with --bench",
-                 args_p->bench_tokens != NULL ? "--bench-tokens" : "--bench-iters");
+                         args_p->bench_tokens != NULL ? "--bench-tokens" : "--bench-iters");
         status = EPD_ERR_INVALID_ARG;
         goto err_free;
     }
@@ -212,33 +223,34 @@ void epd_args_free(epd_args_t *args)
 void epd_args_print_usage(FILE *out, const char *argv0)
 {
     const char *prog = argv0 && argv0[0] ? argv0 : "epd";
-    fprintf(out,
-            "Usage: mpirun [MPI options] %s [--config FILE] [--set KEY=VALUE]...\n"
-            "       %s --print-config [--config FILE] [--set KEY=VALUE]...\n"
-            "       mpirun [MPI options] %s --bench [--json] [--bench-tokens LIST] "
-            "[--bench-iters N]\n"
-            "       %s --help | --version\n"
-            "\n"
-            "epd, the expert-parallel MoE dispatch daemon: every rank of an mpirun job runs it and\n"
-            "serves SUBMIT frames on its own Unix socket (socket.path).\n"
-            "\n"
-            "Options:\n"
-            "  --config FILE        read settings from a YAML file\n"
-            "  --set KEY=VALUE      set one setting (repeatable; beats the file and the "
-            "environment)\n"
-            "  --print-config       print every setting with its value and origin, then exit "
-            "(no MPI)\n"
-            "  --bench              run synthetic steps without sockets and report timings\n"
-            "  --json               machine-readable --bench output\n"
-            "  --bench-tokens LIST  tokens per rank per step to bench, e.g. 128,512,2048\n"
-            "  --bench-iters N      steps per --bench-tokens entry\n"
-            "  -h, --help           this text\n"
-            "  --version            print the version\n"
-            "\n"
-            "Stopping: send SIGUSR1 to mpirun (it forwards the signal and waits), or SIGTERM to\n"
-            "the ranks themselves; every accepted request is answered before the ranks exit 0.\n"
-            "SIGTERM or SIGINT to mpirun kills the ranks after about a second, cutting the drain.\n"
-            "\n",
-            prog, prog, prog, prog);
+    fprintf(
+        out,
+        "Usage: mpirun [MPI options] %s [--config FILE] [--set KEY=VALUE]...\n"
+        "       %s --print-config [--config FILE] [--set KEY=VALUE]...\n"
+        "       mpirun [MPI options] %s --bench [--json] [--bench-tokens LIST] "
+        "[--bench-iters N]\n"
+        "       %s --help | --version\n"
+        "\n"
+        "epd, the expert-parallel MoE dispatch daemon: every rank of an mpirun job runs it and\n"
+        "serves SUBMIT frames on its own Unix socket (socket.path).\n"
+        "\n"
+        "Options:\n"
+        "  --config FILE        read settings from a YAML file\n"
+        "  --set KEY=VALUE      set one setting (repeatable; beats the file and the "
+        "environment)\n"
+        "  --print-config       print every setting with its value and origin, then exit "
+        "(no MPI)\n"
+        "  --bench              run synthetic steps without sockets and report timings\n"
+        "  --json               machine-readable --bench output\n"
+        "  --bench-tokens LIST  tokens per rank per step to bench, e.g. 128,512,2048\n"
+        "  --bench-iters N      steps per --bench-tokens entry\n"
+        "  -h, --help           this text\n"
+        "  --version            print the version\n"
+        "\n"
+        "Stopping: send SIGUSR1 to mpirun (it forwards the signal and waits), or SIGTERM to\n"
+        "the ranks themselves; every accepted request is answered before the ranks exit 0.\n"
+        "SIGTERM or SIGINT to mpirun kills the ranks after about a second, cutting the drain.\n"
+        "\n",
+        prog, prog, prog, prog);
     epd_config_print_help(out);
 }

@@ -50,7 +50,9 @@ size_t epd_origin_format(const epd_origin_t *origin, char *buf, size_t len)
     switch (origin->kind) {
     case EPD_ORIGIN_FILE: n = snprintf(buf, len, "%s", origin->where); break;
     case EPD_ORIGIN_ENV: n = snprintf(buf, len, "env %s", origin->where); break;
-    case EPD_ORIGIN_LEGACY_ENV: n = snprintf(buf, len, "legacy env %s (deprecated)", origin->where); break;
+    case EPD_ORIGIN_LEGACY_ENV:
+        n = snprintf(buf, len, "legacy env %s (deprecated)", origin->where);
+        break;
     case EPD_ORIGIN_CLI: n = snprintf(buf, len, "cli"); break;
     case EPD_ORIGIN_DEFAULT:
     default: n = snprintf(buf, len, "default"); break;
@@ -90,7 +92,8 @@ static epd_status_t apply_value(epd_config_state_t *state, const epd_setting_t *
         char from[EPD_ERR_LEN], allowed[EPD_ERR_LEN];
         origin_for_error(kind, where, from, sizeof from);
         epd_setting_allowed(row, allowed, sizeof allowed);
-        epd_config_textf(err, EPD_ERR_LEN, "%s: %s: %s; allowed: %s", from, row->name, problem, allowed);
+        epd_config_textf(err, EPD_ERR_LEN, "%s: %s: %s; allowed: %s", from, row->name, problem,
+                         allowed);
         return EPD_ERR_CONFIG;
     }
     epd_origin_t *origin = &state->origins[row - epd_settings];
@@ -105,7 +108,8 @@ void epd_config_defaults(epd_config_t *cfg)
     memset(cfg, 0, sizeof *cfg);
     for (const epd_setting_t *row = epd_settings; row->name != NULL; row++) {
         /* the defaults are valid by construction (the unit tests parse every one) */
-        if (row->type != EPD_SETTING_ALIAS_BOOL) (void)epd_setting_parse(row, row->def, cfg, problem);
+        if (row->type != EPD_SETTING_ALIAS_BOOL)
+            (void)epd_setting_parse(row, row->def, cfg, problem);
     }
 }
 
@@ -152,10 +156,11 @@ static epd_status_t apply_legacy(load_ctx_t *ctx, char err[EPD_ERR_LEN])
             return EPD_ERR_INTERNAL;
         }
         if (epd_parse_bool(var->value, &b, ignored) != EPD_OK) {
-            epd_config_textf(err, EPD_ERR_LEN,
-                     "env %s: '%.40s' is not a boolean; allowed: 1/0, true/false, yes/no, on/off "
-                     "(any case); it is deprecated, use %s",
-                     var->row->env, var->value, target->env);
+            epd_config_textf(
+                err, EPD_ERR_LEN,
+                "env %s: '%.40s' is not a boolean; allowed: 1/0, true/false, yes/no, on/off "
+                "(any case); it is deprecated, use %s",
+                var->row->env, var->value, target->env);
             return EPD_ERR_CONFIG;
         }
         var->mapped = b ? var->row->if_true : var->row->if_false;
@@ -163,17 +168,18 @@ static epd_status_t apply_legacy(load_ctx_t *ctx, char err[EPD_ERR_LEN])
             const legacy_var_t *other = &ctx->legacy[j];
             if (strcmp(other->row->target, var->row->target) != 0) continue;
             if (strcmp(other->mapped, var->mapped) != 0) {
-                epd_config_textf(err, EPD_ERR_LEN,
-                         "env %s=%.20s (%s = %s) and env %s=%.20s (%s = %s) disagree; unset one "
-                         "of them (both are deprecated, use %s)",
-                         other->row->env, other->value, other->row->target, other->mapped,
-                         var->row->env, var->value, var->row->target, var->mapped,
-                         target->env);
+                epd_config_textf(
+                    err, EPD_ERR_LEN,
+                    "env %s=%.20s (%s = %s) and env %s=%.20s (%s = %s) disagree; unset one "
+                    "of them (both are deprecated, use %s)",
+                    other->row->env, other->value, other->row->target, other->mapped, var->row->env,
+                    var->value, var->row->target, var->mapped, target->env);
                 return EPD_ERR_CONFIG;
             }
         }
-        CHECK_GOTO(apply_value(ctx->state, target, var->mapped, EPD_ORIGIN_LEGACY_ENV,
-                               var->row->env, err), out);
+        CHECK_GOTO(
+            apply_value(ctx->state, target, var->mapped, EPD_ORIGIN_LEGACY_ENV, var->row->env, err),
+            out);
     }
     status = EPD_OK;
 out:
@@ -219,11 +225,15 @@ static epd_status_t apply_env(load_ctx_t *ctx, char err[EPD_ERR_LEN])
         snprintf(name, sizeof name, "%.*s", (int)(len < 128 ? len : 128), envp[i]);
         const epd_setting_t *near = epd_setting_closest(name, true);
         if (near != NULL) {
-            warn(ctx, "unknown environment variable %s ignored: no epd setting has it (did you "
-                 "mean %s?)", name, near->env);
+            warn(ctx,
+                 "unknown environment variable %s ignored: no epd setting has it (did you "
+                 "mean %s?)",
+                 name, near->env);
         } else {
-            warn(ctx, "unknown environment variable %s ignored: no epd setting has it (see "
-                 "epd --help)", name);
+            warn(ctx,
+                 "unknown environment variable %s ignored: no epd setting has it (see "
+                 "epd --help)",
+                 name);
         }
     }
 out:
@@ -238,8 +248,10 @@ static epd_status_t apply_sets(load_ctx_t *ctx, char err[EPD_ERR_LEN])
         const char *set = ctx->sources->sets[i];
         const char *eq = set ? strchr(set, '=') : NULL;
         if (eq == NULL) {
-            epd_config_textf(err, EPD_ERR_LEN, "--set '%.64s': expected KEY=VALUE, e.g. "
-                     "--set dispatch.dtype=bf16", set ? set : "");
+            epd_config_textf(err, EPD_ERR_LEN,
+                             "--set '%.64s': expected KEY=VALUE, e.g. "
+                             "--set dispatch.dtype=bf16",
+                             set ? set : "");
             return EPD_ERR_CONFIG;
         }
         const char *key = set;
@@ -252,11 +264,15 @@ static epd_status_t apply_sets(load_ctx_t *ctx, char err[EPD_ERR_LEN])
         if (row == NULL) {
             const epd_setting_t *near = epd_setting_closest(name, false);
             if (near != NULL) {
-                epd_config_textf(err, EPD_ERR_LEN, "--set '%.80s': unknown setting '%s' (did you mean "
-                         "%s?)", set, name, near->name);
+                epd_config_textf(err, EPD_ERR_LEN,
+                                 "--set '%.80s': unknown setting '%s' (did you mean "
+                                 "%s?)",
+                                 set, name, near->name);
             } else {
-                epd_config_textf(err, EPD_ERR_LEN, "--set '%.80s': unknown setting '%s' (epd --help "
-                         "lists them)", set, name);
+                epd_config_textf(err, EPD_ERR_LEN,
+                                 "--set '%.80s': unknown setting '%s' (epd --help "
+                                 "lists them)",
+                                 set, name);
             }
             return EPD_ERR_CONFIG;
         }
@@ -282,7 +298,8 @@ static void warn_legacy(const load_ctx_t *ctx)
         } else {
             char from[EPD_ERR_LEN];
             origin_for_error(origin->kind, origin->where, from, sizeof from);
-            if (origin->kind == EPD_ORIGIN_CLI) snprintf(from, sizeof from, "--set %s", target->name);
+            if (origin->kind == EPD_ORIGIN_CLI)
+                snprintf(from, sizeof from, "--set %s", target->name);
             warn(ctx, "%s is deprecated and was overridden by %s (%s = %s); use %s instead",
                  var->row->env, from, target->name, value, target->env);
         }
@@ -307,21 +324,22 @@ static epd_status_t check_combinations(const epd_config_state_t *state, char err
     if (cfg->model.topk > cfg->model.num_experts) {
         describe(state, "model.topk", a, sizeof a);
         describe(state, "model.num_experts", b, sizeof b);
-        epd_config_textf(err, EPD_ERR_LEN, "%s is larger than %s; allowed: topk <= num_experts", a, b);
+        epd_config_textf(err, EPD_ERR_LEN, "%s is larger than %s; allowed: topk <= num_experts", a,
+                         b);
         return EPD_ERR_CONFIG;
     }
     if (cfg->dispatch.max_tokens_per_request > cfg->dispatch.max_queued_tokens) {
         describe(state, "dispatch.max_tokens_per_request", a, sizeof a);
         describe(state, "dispatch.max_queued_tokens", b, sizeof b);
-        epd_config_textf(err, EPD_ERR_LEN, "%s is larger than %s; allowed: a request fits in the queue",
-                 a, b);
+        epd_config_textf(err, EPD_ERR_LEN,
+                         "%s is larger than %s; allowed: a request fits in the queue", a, b);
         return EPD_ERR_CONFIG;
     }
     if (cfg->dispatch.max_tokens_per_request > cfg->dispatch.max_tokens_per_step) {
         describe(state, "dispatch.max_tokens_per_request", a, sizeof a);
         describe(state, "dispatch.max_tokens_per_step", b, sizeof b);
-        epd_config_textf(err, EPD_ERR_LEN, "%s is larger than %s; allowed: a request fits in one step",
-                 a, b);
+        epd_config_textf(err, EPD_ERR_LEN,
+                         "%s is larger than %s; allowed: a request fits in one step", a, b);
         return EPD_ERR_CONFIG;
     }
     /* a SUBMIT payload: x bf16 [N,H], topk_ids i32 [N,K], topk_weights f32 [N,K] */
@@ -330,9 +348,10 @@ static epd_status_t check_combinations(const epd_config_state_t *state, char err
     if (cfg->socket.max_frame_bytes < need) {
         describe(state, "socket.max_frame_bytes", a, sizeof a);
         describe(state, "dispatch.max_tokens_per_request", b, sizeof b);
-        epd_config_textf(err, EPD_ERR_LEN, "%s cannot hold a request of %s tokens: N*(2H+8K) = %" PRIu64
-                 " bytes with H = %" PRIu32 ", K = %" PRIu32, a, b, need, cfg->model.hidden,
-                 cfg->model.topk);
+        epd_config_textf(err, EPD_ERR_LEN,
+                         "%s cannot hold a request of %s tokens: N*(2H+8K) = %" PRIu64
+                         " bytes with H = %" PRIu32 ", K = %" PRIu32,
+                         a, b, need, cfg->model.hidden, cfg->model.topk);
         return EPD_ERR_CONFIG;
     }
     return EPD_OK;
@@ -410,15 +429,17 @@ epd_status_t epd_config_expand_path(const char *pattern, int rank, int local_ran
             }
             case '%': snprintf(piece, sizeof piece, "%%"); break;
             default:
-                epd_config_textf(err, EPD_ERR_LEN, "socket path '%.64s' has an unknown '%%%c' sequence "
-                         "(allowed: %%r, %%l, %%h, %%%%)", pattern, *p ? *p : ' ');
+                epd_config_textf(err, EPD_ERR_LEN,
+                                 "socket path '%.64s' has an unknown '%%%c' sequence "
+                                 "(allowed: %%r, %%l, %%h, %%%%)",
+                                 pattern, *p ? *p : ' ');
                 return EPD_ERR_INVALID_ARG;
             }
         }
         size_t n = strlen(piece);
         if (used + n >= len) {
             epd_config_textf(err, EPD_ERR_LEN, "socket path '%.64s' expands to more than %zu bytes",
-                     pattern, len == 0 ? 0 : len - 1);
+                             pattern, len == 0 ? 0 : len - 1);
             return EPD_ERR_INVALID_ARG;
         }
         memcpy(out + used, piece, n + 1);

@@ -357,22 +357,23 @@ bool epd_setting_parse(const epd_setting_t *row, const char *text, epd_config_t 
 size_t epd_setting_format(const epd_setting_t *row, const epd_config_t *cfg, char *buf, size_t len)
 {
     const char *field = (const char *)cfg + row->offset;
+    const void *value = field;
     int n = 0;
     switch (row->type) {
     case EPD_SETTING_STRING: n = snprintf(buf, len, "%s", field); break;
-    case EPD_SETTING_MODE: n = snprintf(buf, len, "%04" PRIo32, *(const uint32_t *)(const void *)field); break;
-    case EPD_SETTING_U32: n = snprintf(buf, len, "%" PRIu32, *(const uint32_t *)(const void *)field); break;
-    case EPD_SETTING_U64: n = snprintf(buf, len, "%" PRIu64, *(const uint64_t *)(const void *)field); break;
-    case EPD_SETTING_I32: n = snprintf(buf, len, "%" PRId32, *(const int32_t *)(const void *)field); break;
+    case EPD_SETTING_MODE: n = snprintf(buf, len, "%04" PRIo32, *(const uint32_t *)value); break;
+    case EPD_SETTING_U32: n = snprintf(buf, len, "%" PRIu32, *(const uint32_t *)value); break;
+    case EPD_SETTING_U64: n = snprintf(buf, len, "%" PRIu64, *(const uint64_t *)value); break;
+    case EPD_SETTING_I32: n = snprintf(buf, len, "%" PRId32, *(const int32_t *)value); break;
     case EPD_SETTING_ENUM: {
-        int v = *(const int *)(const void *)field;
+        int v = *(const int *)value;
         int count = 0;
         while (row->choices[count] != NULL) count++;
         n = snprintf(buf, len, "%s", v >= 0 && v < count ? row->choices[v] : "?");
         break;
     }
     case EPD_SETTING_UIDS: {
-        const uint32_t *uids = (const uint32_t *)(const void *)field;
+        const uint32_t *uids = value;
         uint32_t count = *(const uint32_t *)(const void *)((const char *)cfg + row->count_offset);
         size_t used = 0;
         if (len > 0) buf[0] = '\0';
@@ -502,7 +503,8 @@ static size_t edit_distance(const char *a, const char *b, size_t cap)
         size_t best = row[0] = i;
         for (size_t j = 1; j <= lb; j++) {
             size_t up = row[j];
-            size_t cost = toupper((unsigned char)a[i - 1]) == toupper((unsigned char)b[j - 1]) ? 0 : 1;
+            int ca = toupper((unsigned char)a[i - 1]), cb = toupper((unsigned char)b[j - 1]);
+            size_t cost = ca == cb ? 0 : 1;
             size_t v = diag + cost;
             if (up + 1 < v) v = up + 1;
             if (row[j - 1] + 1 < v) v = row[j - 1] + 1;

@@ -1,7 +1,7 @@
-/* The settings table's row type and the helpers the config sources share: one row per setting (name, env,
- * type, default, range, doc, offset into epd_config_t), alias rows for legacy variables, and the
- * per-type parse/format/describe functions that YAML, env, --set and printing all go through.
- * Private to config/: the rest of epd reads epd_config_t. */
+/* The settings table's row type and the helpers the config sources share: one row per setting
+ * (name, env, type, default, range, doc, offset into epd_config_t), alias rows for legacy
+ * variables, and the per-type parse/format/describe functions that YAML, env, --set and printing
+ * all go through. Private to config/: the rest of epd reads epd_config_t. */
 #ifndef EPD_CONFIG_SETTINGS_H
 #define EPD_CONFIG_SETTINGS_H
 

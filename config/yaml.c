@@ -12,11 +12,11 @@
 
 typedef struct yaml_reader {
     yaml_parser_t parser;
-    yaml_event_t event;  /* the current event, valid while has_event */
+    yaml_event_t event; /* the current event, valid while has_event */
     bool has_event;
     const char *path;
     char *err;
-    bool *seen;          /* per table row: already set by this file */
+    bool *seen; /* per table row: already set by this file */
     unsigned long *seen_line;
 } yaml_reader_t;
 
@@ -47,8 +47,8 @@ static epd_status_t reader_next(yaml_reader_t *r)
     }
     r->has_event = true;
     if (r->event.type == YAML_ALIAS_EVENT) {
-        epd_config_textf(r->err, EPD_ERR_LEN, "%.120s:%lu: YAML aliases (*name) are not supported", r->path,
-                 event_line(r));
+        epd_config_textf(r->err, EPD_ERR_LEN, "%.120s:%lu: YAML aliases (*name) are not supported",
+                         r->path, event_line(r));
         return EPD_ERR_CONFIG;
     }
     return EPD_OK;
@@ -77,7 +77,7 @@ static epd_status_t scalar_copy(yaml_reader_t *r, char **text_p)
     size_t n = r->event.data.scalar.length;
     if (memchr(r->event.data.scalar.value, '\0', n) != NULL) {
         epd_config_textf(r->err, EPD_ERR_LEN, "%.120s:%lu: a value holds a NUL character", r->path,
-                 event_line(r));
+                         event_line(r));
         return EPD_ERR_CONFIG;
     }
     char *text = malloc(n + 1);
@@ -107,15 +107,17 @@ static epd_status_t read_list(yaml_reader_t *r, const char *key, char **text_p)
         CHECK_GOTO(reader_next(r), err_free_text);
         if (r->event.type == YAML_SEQUENCE_END_EVENT) break;
         if (r->event.type != YAML_SCALAR_EVENT) {
-            epd_config_textf(r->err, EPD_ERR_LEN, "%.120s:%lu: %.100s: list items must be single values",
-                     r->path, event_line(r), key);
+            epd_config_textf(r->err, EPD_ERR_LEN,
+                             "%.120s:%lu: %.100s: list items must be single values", r->path,
+                             event_line(r), key);
             status = EPD_ERR_CONFIG;
             goto err_free_text;
         }
         CHECK_GOTO(scalar_copy(r, &item), err_free_text);
         if (item[0] == '\0' || strchr(item, ',') != NULL) {
-            epd_config_textf(r->err, EPD_ERR_LEN, "%.120s:%lu: %.100s: '%.40s' is not a single list item",
-                     r->path, event_line(r), key, item);
+            epd_config_textf(r->err, EPD_ERR_LEN,
+                             "%.120s:%lu: %.100s: '%.40s' is not a single list item", r->path,
+                             event_line(r), key, item);
             status = EPD_ERR_CONFIG;
             goto err_free_item;
         }
@@ -157,8 +159,9 @@ static epd_status_t read_section(yaml_reader_t *r, const char *section, epd_yaml
         if (r->event.type == YAML_MAPPING_END_EVENT) break;
         unsigned long line = event_line(r);
         if (r->event.type != YAML_SCALAR_EVENT) {
-            epd_config_textf(r->err, EPD_ERR_LEN, "%.120s:%lu: keys of section '%.32s' must be plain names",
-                     r->path, line, section);
+            epd_config_textf(r->err, EPD_ERR_LEN,
+                             "%.120s:%lu: keys of section '%.32s' must be plain names", r->path,
+                             line, section);
             return EPD_ERR_CONFIG;
         }
         snprintf(key, sizeof key, "%.32s.%.*s", section, scalar_len(r, 128),
@@ -167,14 +170,16 @@ static epd_status_t read_section(yaml_reader_t *r, const char *section, epd_yaml
         if (row == NULL) {
             char keys[EPD_ERR_LEN];
             epd_setting_section_keys(section, keys, sizeof keys);
-            epd_config_textf(r->err, EPD_ERR_LEN, "%.120s:%lu: unknown key '%.64s' (allowed in %.32s: %.100s)",
-                     r->path, line, key, section, keys);
+            epd_config_textf(r->err, EPD_ERR_LEN,
+                             "%.120s:%lu: unknown key '%.64s' (allowed in %.32s: %.100s)", r->path,
+                             line, key, section, keys);
             return EPD_ERR_CONFIG;
         }
         size_t index = (size_t)(row - epd_settings);
         if (r->seen[index]) {
-            epd_config_textf(r->err, EPD_ERR_LEN, "%.120s:%lu: %.100s is set twice (first at line %lu)", r->path,
-                     line, key, r->seen_line[index]);
+            epd_config_textf(r->err, EPD_ERR_LEN,
+                             "%.120s:%lu: %.100s is set twice (first at line %lu)", r->path, line,
+                             key, r->seen_line[index]);
             return EPD_ERR_CONFIG;
         }
         r->seen[index] = true;
@@ -188,15 +193,17 @@ static epd_status_t read_section(yaml_reader_t *r, const char *section, epd_yaml
             break;
         case YAML_SEQUENCE_START_EVENT:
             if (row->type != EPD_SETTING_UIDS) {
-                epd_config_textf(r->err, EPD_ERR_LEN, "%.120s:%lu: %.100s takes a single value, not a list",
-                         r->path, line, key);
+                epd_config_textf(r->err, EPD_ERR_LEN,
+                                 "%.120s:%lu: %.100s takes a single value, not a list", r->path,
+                                 line, key);
                 return EPD_ERR_CONFIG;
             }
             CHECK_GOTO(read_list(r, key, &text), out);
             break;
         default:
-            epd_config_textf(r->err, EPD_ERR_LEN, "%.120s:%lu: %.100s takes a single value, not a mapping",
-                     r->path, line, key);
+            epd_config_textf(r->err, EPD_ERR_LEN,
+                             "%.120s:%lu: %.100s takes a single value, not a mapping", r->path,
+                             line, key);
             return EPD_ERR_CONFIG;
         }
         status = fn(arg, row, text, line, r->err);
@@ -220,8 +227,8 @@ static epd_status_t read_sections(yaml_reader_t *r, epd_yaml_setting_fn fn, void
         if (r->event.type == YAML_MAPPING_END_EVENT) break;
         unsigned long line = event_line(r);
         if (r->event.type != YAML_SCALAR_EVENT) {
-            epd_config_textf(r->err, EPD_ERR_LEN, "%.120s:%lu: section names must be plain names", r->path,
-                     line);
+            epd_config_textf(r->err, EPD_ERR_LEN, "%.120s:%lu: section names must be plain names",
+                             r->path, line);
             return EPD_ERR_CONFIG;
         }
         snprintf(section, sizeof section, "%.*s", scalar_len(r, 128),
@@ -229,14 +236,16 @@ static epd_status_t read_sections(yaml_reader_t *r, epd_yaml_setting_fn fn, void
         if (!epd_setting_section_known(section)) {
             char sections[EPD_ERR_LEN];
             epd_setting_sections(sections, sizeof sections);
-            epd_config_textf(r->err, EPD_ERR_LEN, "%.120s:%lu: unknown section '%.64s' (allowed: %.100s)",
-                     r->path, line, section, sections);
+            epd_config_textf(r->err, EPD_ERR_LEN,
+                             "%.120s:%lu: unknown section '%.64s' (allowed: %.100s)", r->path, line,
+                             section, sections);
             return EPD_ERR_CONFIG;
         }
         for (size_t i = 0; i < n_seen; i++) {
             if (strcmp(seen[i], section) == 0) {
-                epd_config_textf(r->err, EPD_ERR_LEN, "%.120s:%lu: section '%.32s' appears twice (first at line %lu)",
-                         r->path, line, section, seen_line[i]);
+                epd_config_textf(r->err, EPD_ERR_LEN,
+                                 "%.120s:%lu: section '%.32s' appears twice (first at line %lu)",
+                                 r->path, line, section, seen_line[i]);
                 return EPD_ERR_CONFIG;
             }
         }
@@ -250,8 +259,9 @@ static epd_status_t read_sections(yaml_reader_t *r, epd_yaml_setting_fn fn, void
         } else if (r->event.type == YAML_SCALAR_EVENT && scalar_is_null(&r->event)) {
             continue; /* `section:` with nothing under it */
         } else {
-            epd_config_textf(r->err, EPD_ERR_LEN, "%.120s:%lu: section '%.32s' must be a mapping of settings",
-                     r->path, line, section);
+            epd_config_textf(r->err, EPD_ERR_LEN,
+                             "%.120s:%lu: section '%.32s' must be a mapping of settings", r->path,
+                             line, section);
             return EPD_ERR_CONFIG;
         }
     }
@@ -270,15 +280,16 @@ static epd_status_t read_stream(yaml_reader_t *r, epd_yaml_setting_fn fn, void *
     if (r->event.type == YAML_MAPPING_START_EVENT) {
         CHECK_GOTO(read_sections(r, fn, arg), out);
     } else if (!(r->event.type == YAML_SCALAR_EVENT && scalar_is_null(&r->event))) {
-        epd_config_textf(r->err, EPD_ERR_LEN, "%.120s:%lu: the top level must be a mapping of sections",
-                 r->path, event_line(r));
+        epd_config_textf(r->err, EPD_ERR_LEN,
+                         "%.120s:%lu: the top level must be a mapping of sections", r->path,
+                         event_line(r));
         return EPD_ERR_CONFIG;
     }
     CHECK_GOTO(reader_next(r), out); /* document end */
     CHECK_GOTO(reader_next(r), out);
     if (r->event.type != YAML_STREAM_END_EVENT) {
-        epd_config_textf(r->err, EPD_ERR_LEN, "%.120s:%lu: only one YAML document is allowed", r->path,
-                 event_line(r));
+        epd_config_textf(r->err, EPD_ERR_LEN, "%.120s:%lu: only one YAML document is allowed",
+                         r->path, event_line(r));
         return EPD_ERR_CONFIG;
     }
 out:
@@ -292,12 +303,14 @@ epd_status_t epd_config_yaml_read(const char *path, epd_yaml_setting_fn fn, void
     yaml_reader_t r = {.path = path, .err = err};
     FILE *file = fopen(path, "rb");
     if (file == NULL) {
-        epd_config_textf(err, EPD_ERR_LEN, "cannot open config file %.160s: %s", path, strerror(errno));
+        epd_config_textf(err, EPD_ERR_LEN, "cannot open config file %.160s: %s", path,
+                         strerror(errno));
         return EPD_ERR_CONFIG;
     }
     struct stat st;
     if (fstat(fileno(file), &st) == 0 && S_ISDIR(st.st_mode)) {
-        epd_config_textf(err, EPD_ERR_LEN, "cannot read config file %.160s: it is a directory", path);
+        epd_config_textf(err, EPD_ERR_LEN, "cannot read config file %.160s: it is a directory",
+                         path);
         fclose(file);
         return EPD_ERR_CONFIG;
     }

@@ -808,10 +808,11 @@ static void test_config__cross_field__errors_name_both_keys(void **state)
 {
     (void)state;
     char *e1[] = {"EPD_MODEL_NUM_EXPERTS=4", NULL};
-    expect_env_error(e1, "model.topk = 8 (default)", "model.num_experts = 4 (env "
-                                                     "EPD_MODEL_NUM_EXPERTS)");
+    expect_env_error(e1, "model.topk = 8 (default)",
+                     "model.num_experts = 4 (env EPD_MODEL_NUM_EXPERTS)");
     char *e2[] = {"EPD_DISPATCH_MAX_QUEUED_TOKENS=100", NULL};
-    expect_env_error(e2, "dispatch.max_tokens_per_request = 4096", "dispatch.max_queued_tokens = 100");
+    expect_env_error(e2, "dispatch.max_tokens_per_request = 4096",
+                     "dispatch.max_queued_tokens = 100");
     char *e3[] = {"EPD_DISPATCH_MAX_TOKENS_PER_STEP=1024", NULL};
     expect_env_error(e3, "dispatch.max_tokens_per_request = 4096",
                      "dispatch.max_tokens_per_step = 1024 (env");
