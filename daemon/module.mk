@@ -15,14 +15,14 @@ $(BUILD)/epd: $$(call obj,$$(EPD_LINK_SRCS))
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) $(EPD_CXX_LIBS)
 
-# The daemon links only once the engine is there (daemon/engine.c, the engine helper's).
-ifneq ($(wildcard daemon/engine.c),)
+# The daemon builds once the engine and the benchmark are there (the engine helper's files).
+ifeq ($(words $(wildcard daemon/engine.c daemon/bench.h)),2)
 BINS += $(BUILD)/epd
 endif
 
 # Integration-test clients: the frame codec, the host reference (epd_moe_reference) and common.
 DAEMON_TEST_CLIENTS := check_client
-EPD_CLIENT_TEST_SRCS = $(COMMON_SRCS) $(CONFIG_SRCS) $(PROTO_SRCS) $(GPU_SRCS) $(GPU_CU_SRCS)
+EPD_CLIENT_TEST_SRCS = $(COMMON_SRCS) $(PROTO_SRCS) gpu/quant_host.c gpu/ops_host.c
 define daemon_test_client_rule
 $(BUILD)/tests/$(1): $(BUILD)/obj/tests/integration/$(1).o $$$$(call obj,$$$$(EPD_CLIENT_TEST_SRCS))
 	@mkdir -p $$(dir $$@)

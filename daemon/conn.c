@@ -1,0 +1,503 @@
+/* One client connection: an explicit state machine (memcached's conn_states / drive_machine) over a
+ * bufferevent. Bytes go to the frame decoder as they arrive; SUBMITs are validated at ingest and
+ * queued on the engine, CONTROLs answered at once; framing errors are answered, then the
+ * connection closes once its output is flushed; unsent output above socket.max_output_bytes
+ * pauses reading until the client catches up. */
+#include "daemon/conn.h"
+
+#include <assert.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+
+#include "daemon/log.h"
+#include "daemon/server.h"
+#include "gpu/quant.h"
+#include "proto/frame.h"
+
+/* How long a closing connection (framing error, daemon stopping) may take to read its answers. */
+#define CONN_FLUSH_TIMEOUT_S 5
+
+typedef enum {
+    CONN_READING = 0, /* reads on: bytes go to the decoder, whole frames are answered or queued */
+    CONN_PAUSED,      /* unsent output above socket.max_output_bytes: reads off until it drains */
+    CONN_CLOSING,     /* framing error answered or daemon stopping: reads off, flush, then close */
+    CONN_CLOSED,      /* peer gone, flushed or timed out: freed; its pending answers get discarded */
+    CONN_STATE_MAX
+} conn_state_t;
+
+static const char *const conn_state_names[CONN_STATE_MAX] = {
+    [CONN_READING] = "reading",
+    [CONN_PAUSED] = "paused",
+    [CONN_CLOSING] = "closing",
+    [CONN_CLOSED] = "closed",
+};
+
+struct epd_conn {
+    uint64_t id;
+    conn_state_t state;
+    epd_server_t *server;
+    struct bufferevent *bev;
+    epd_decoder_t decoder;
+    uint64_t in_flight; /* requests on the engine, not answered yet */
+    uid_t uid;
+    pid_t pid;
+    bool driving;       /* inside conn_drive: callbacks re-entering it only mark work */
+};
+
+static void conn_drive(epd_conn_t *c);
+
+static void conn_set_state(epd_conn_t *c, conn_state_t state)
+{
+    assert(state < CONN_STATE_MAX);
+    /* Nothing comes back from closed; everything else may follow anything. */
+    assert(c->state != CONN_CLOSED);
+    if (c->state == state) return;
+    epd_log_debug("conn %" PRIu64 ": %s -> %s", c->id, conn_state_names[c->state],
+                  conn_state_names[state]);
+    c->state = state;
+    switch (state) {
+    case CONN_READING:
+        bufferevent_enable(c->bev, EV_READ);
+        break;
+    case CONN_PAUSED:
+        bufferevent_disable(c->bev, EV_READ);
+        break;
+    case CONN_CLOSING: {
+        bufferevent_disable(c->bev, EV_READ);
+        /* Whatever else the client sent is not answered. */
+        struct evbuffer *in = bufferevent_get_input(c->bev);
+        evbuffer_drain(in, evbuffer_get_length(in));
+        /* Be told when the output is completely written, and give up after a while. */
+        bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
+        struct timeval tv = {CONN_FLUSH_TIMEOUT_S, 0};
+        bufferevent_set_timeouts(c->bev, NULL, &tv);
+        break;
+    }
+    case CONN_CLOSED:
+    case CONN_STATE_MAX:
+        break;
+    }
+}
+
+static size_t conn_output_len(const epd_conn_t *c)
+{
+    return evbuffer_get_length(bufferevent_get_output(c->bev));
+}
+
+static bool conn_output_over_limit(const epd_conn_t *c)
+{
+    return conn_output_len(c) > epd_server_config(c->server)->socket.max_output_bytes;
+}
+
+/* Appends an encoded frame; the head is copied, part 0 (if any) is referenced and released by
+ * release(release_arg) once written (or when the connection goes). */
+static void conn_queue_frame(epd_conn_t *c, epd_frame_out_t *out,
+                             evbuffer_ref_cleanup_cb release, void *release_arg)
+{
+    struct evbuffer *output = bufferevent_get_output(c->bev);
+    epd_server_stats_t *stats = epd_server_stats(c->server);
+    bool released = false;
+
+    if (evbuffer_add(output, out->head, out->head_len) == 0) {
+        stats->bytes_out += out->head_len;
+        for (size_t i = 0; i < out->n_parts; i++) {
+            if (out->part_len[i] == 0) continue;
+            int rc;
+            if (i == 0 && release != NULL) {
+                rc = evbuffer_add_reference(output, out->part[i], out->part_len[i], release,
+                                            release_arg);
+                if (rc == 0) released = true;
+            } else {
+                rc = evbuffer_add(output, out->part[i], out->part_len[i]);
+            }
+            if (rc != 0) {
+                epd_log_error("conn %" PRIu64 ": out of memory queueing a reply; closing", c->id);
+                conn_set_state(c, CONN_CLOSED);
+                break;
+            }
+            stats->bytes_out += out->part_len[i];
+        }
+    } else {
+        epd_log_error("conn %" PRIu64 ": out of memory queueing a reply; closing", c->id);
+        conn_set_state(c, CONN_CLOSED);
+    }
+    if (!released && release != NULL) release(NULL, 0, release_arg);
+    epd_frame_out_free(out);
+}
+
+/* Queues an ERROR frame and counts it by code. */
+static void conn_send_error(epd_conn_t *c, bool has_id, uint64_t id, epd_status_t code,
+                            const char *message)
+{
+    epd_frame_out_t out;
+    char err[EPD_ERR_LEN];
+
+    if (!epd_status_is_wire_code(code)) code = EPD_ERR_INTERNAL;
+    if (epd_frame_encode_error(has_id, id, code, message, &out, err) != EPD_OK) {
+        epd_log_error("conn %" PRIu64 ": cannot encode an ERROR frame: %s; closing", c->id, err);
+        conn_set_state(c, CONN_CLOSED);
+        return;
+    }
+    epd_server_stats(c->server)->errors[code]++;
+    if (has_id)
+        epd_log_debug("conn %" PRIu64 ": request %" PRIu64 ": %s: %s", c->id, id,
+                      epd_status_name(code), message);
+    else
+        epd_log_debug("conn %" PRIu64 ": %s: %s", c->id, epd_status_name(code), message);
+    conn_queue_frame(c, &out, NULL, NULL);
+}
+
+/* A framing error: answer it, then close once the answer is written. */
+static void conn_fail_framing(epd_conn_t *c, bool has_id, uint64_t id, epd_status_t code,
+                              const char *message)
+{
+    epd_log_info("conn %" PRIu64 " (pid %ld, uid %ld): %s: %s; closing", c->id, (long)c->pid,
+                 (long)c->uid, epd_status_name(code), message);
+    conn_send_error(c, has_id, id, code, message);
+    if (c->state != CONN_CLOSED) conn_set_state(c, CONN_CLOSING);
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* SUBMIT: full validation (shapes, dtypes, ids, weights by the codec; x finite here), then the
+ * engine. The request keeps the frame's payload as its storage (no copy). */
+static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
+{
+    const epd_config_t *cfg = epd_server_config(c->server);
+    epd_submit_view_t view;
+    char err[EPD_ERR_LEN];
+    epd_status_t status;
+
+    memset(&view, 0, sizeof(view));
+    status = epd_submit_validate(frame, epd_server_limits(c->server), &view, err);
+    bool has_id = frame->id_kind == EPD_FRAME_ID_VALID;
+    if (status != EPD_OK) {
+        if (epd_status_is_framing(status) || !epd_status_is_wire_code(status))
+            conn_fail_framing(c, has_id, frame->id, status, err);
+        else
+            conn_send_error(c, has_id, frame->id, status, err);
+        return;
+    }
+
+    int64_t bad = epd_bf16_find_non_finite(view.x, (size_t)view.n_tokens * cfg->model.hidden);
+    if (bad >= 0) {
+        snprintf(err, sizeof(err), "x[%" PRId64 "][%" PRId64 "] is not finite (Inf or NaN)",
+                 bad / (int64_t)cfg->model.hidden, bad % (int64_t)cfg->model.hidden);
+        conn_send_error(c, true, view.id, EPD_ERR_NON_FINITE_INPUT, err);
+        return;
+    }
+
+    epd_request_t *req = calloc(1, sizeof(*req));
+    if (req == NULL) {
+        conn_send_error(c, true, view.id, EPD_ERR_INTERNAL, "out of memory");
+        return;
+    }
+    req->id = view.id;
+    req->conn_id = c->id;
+    req->n_tokens = view.n_tokens;
+    req->x = view.x;
+    req->topk_ids = view.topk_ids;
+    req->topk_weights = view.topk_weights;
+    req->storage = frame->payload;
+    req->enqueued_ns = now_ns();
+    frame->payload = NULL; /* the request owns it now */
+
+    status = epd_engine_submit(epd_server_engine(c->server), req);
+    if (status != EPD_OK) {
+        const char *why = status == EPD_ERR_BUSY
+                              ? "the queue is full (dispatch.max_queued_tokens); retry later"
+                          : status == EPD_ERR_SHUTTING_DOWN ? "the daemon is shutting down"
+                                                            : "the engine refused the request";
+        conn_send_error(c, true, view.id, status, why);
+        free(req->storage);
+        free(req);
+        return;
+    }
+    c->in_flight++;
+    epd_server_request_accepted(c->server);
+}
+
+/* CONTROL: answered at once, in order with the other replies of this connection. */
+static void conn_handle_control(epd_conn_t *c, const epd_frame_t *frame)
+{
+    const cJSON *op = cJSON_GetObjectItemCaseSensitive(frame->meta, "op");
+    bool has_id = frame->id_kind == EPD_FRAME_ID_VALID;
+    char *meta = NULL, *payload = NULL;
+    size_t payload_len = 0;
+    char err[EPD_ERR_LEN];
+    epd_frame_out_t out;
+
+    if (!cJSON_IsString(op)) {
+        conn_send_error(c, has_id, frame->id, EPD_ERR_UNKNOWN_OP,
+                        "CONTROL meta needs a string \"op\": health, stats, config or metrics");
+        return;
+    }
+    epd_status_t status = epd_server_control(c->server, op->valuestring, &meta, &payload,
+                                             &payload_len);
+    if (status == EPD_ERR_UNKNOWN_OP) {
+        snprintf(err, sizeof(err), "unknown op '%.64s': expected health, stats, config or metrics",
+                 op->valuestring);
+        conn_send_error(c, has_id, frame->id, status, err);
+        return;
+    }
+    if (status != EPD_OK) {
+        conn_send_error(c, has_id, frame->id, EPD_ERR_INTERNAL, "out of memory building the reply");
+        return;
+    }
+    status = epd_frame_encode_reply(meta, payload, payload_len, &out, err);
+    free(meta);
+    if (status != EPD_OK) {
+        free(payload);
+        conn_send_error(c, has_id, frame->id, EPD_ERR_INTERNAL, err);
+        return;
+    }
+    epd_server_stats(c->server)->control_requests++;
+    /* The copy into the output buffer is fine: replies are small. */
+    conn_queue_frame(c, &out, NULL, NULL);
+    free(payload);
+}
+
+static void conn_handle_frame(epd_conn_t *c, epd_frame_t *frame)
+{
+    char err[EPD_ERR_LEN];
+
+    epd_server_stats(c->server)->frames_in++;
+    switch (frame->type) {
+    case EPD_FRAME_SUBMIT:
+        conn_handle_submit(c, frame);
+        break;
+    case EPD_FRAME_CONTROL:
+        conn_handle_control(c, frame);
+        break;
+    case EPD_FRAME_RESULT:
+    case EPD_FRAME_ERROR:
+    case EPD_FRAME_REPLY:
+    default:
+        snprintf(err, sizeof(err), "a client may send SUBMIT or CONTROL frames, not %s",
+                 epd_frame_type_name((int)frame->type));
+        conn_fail_framing(c, frame->id_kind == EPD_FRAME_ID_VALID, frame->id, EPD_ERR_BAD_TYPE,
+                          err);
+        break;
+    }
+}
+
+/* Feeds buffered input to the decoder and handles whole frames, until the input is used up or the
+ * state changes (output over the limit, framing error). */
+static void conn_read_frames(epd_conn_t *c)
+{
+    struct evbuffer *input = bufferevent_get_input(c->bev);
+    epd_server_stats_t *stats = epd_server_stats(c->server);
+    char err[EPD_ERR_LEN];
+
+    while (c->state == CONN_READING && evbuffer_get_length(input) > 0) {
+        if (conn_output_over_limit(c)) {
+            conn_set_state(c, CONN_PAUSED);
+            return;
+        }
+        struct evbuffer_iovec vec;
+        if (evbuffer_peek(input, -1, NULL, &vec, 1) < 1) return;
+        size_t used = 0;
+        epd_frame_t frame;
+        epd_status_t status = epd_decoder_feed(&c->decoder, vec.iov_base, vec.iov_len, &used,
+                                               &frame, err);
+        evbuffer_drain(input, used);
+        stats->bytes_in += used;
+        if (status == EPD_ERR_AGAIN) continue;
+        if (status == EPD_OK) {
+            conn_handle_frame(c, &frame);
+            epd_frame_free(&frame);
+            continue;
+        }
+        if (status == EPD_ERR_NO_MEMORY) {
+            epd_log_error("conn %" PRIu64 ": out of memory decoding a frame: %s", c->id, err);
+            conn_fail_framing(c, false, 0, EPD_ERR_INTERNAL, "out of memory decoding the frame");
+            return;
+        }
+        conn_fail_framing(c, false, 0, status, err);
+        return;
+    }
+}
+
+/* The one place that moves a connection along; may free c. */
+static void conn_drive(epd_conn_t *c)
+{
+    if (c->driving) return;
+    c->driving = true;
+    for (;;) {
+        switch (c->state) {
+        case CONN_READING:
+            if (conn_output_over_limit(c)) {
+                conn_set_state(c, CONN_PAUSED);
+                continue;
+            }
+            conn_read_frames(c);
+            if (c->state != CONN_READING) continue;
+            c->driving = false; /* input used up: wait for more */
+            return;
+        case CONN_PAUSED:
+            if (!conn_output_over_limit(c)) {
+                /* Back under the limit: read again, starting with what is already buffered. */
+                conn_set_state(c, CONN_READING);
+                continue;
+            }
+            c->driving = false; /* the write callback brings us back */
+            return;
+        case CONN_CLOSING:
+            if (conn_output_len(c) == 0) {
+                conn_set_state(c, CONN_CLOSED);
+                continue;
+            }
+            c->driving = false;
+            return;
+        case CONN_CLOSED:
+        case CONN_STATE_MAX:
+        default:
+            epd_server_conn_closed(c->server, c);
+            epd_decoder_free(&c->decoder);
+            bufferevent_free(c->bev);
+            free(c);
+            return;
+        }
+    }
+}
+
+static void conn_read_cb(struct bufferevent *bev, void *arg)
+{
+    conn_drive(arg);
+}
+
+static void conn_write_cb(struct bufferevent *bev, void *arg)
+{
+    conn_drive(arg);
+}
+
+static void conn_event_cb(struct bufferevent *bev, short what, void *arg)
+{
+    epd_conn_t *c = arg;
+
+    if (what & BEV_EVENT_TIMEOUT) {
+        epd_log_warn("conn %" PRIu64 " (pid %ld): did not read its answers within %d s; closing",
+                     c->id, (long)c->pid, CONN_FLUSH_TIMEOUT_S);
+    } else if (what & BEV_EVENT_ERROR) {
+        epd_log_debug("conn %" PRIu64 ": socket error; closing", c->id);
+    } else if (what & BEV_EVENT_EOF) {
+        epd_log_debug("conn %" PRIu64 ": peer closed%s", c->id,
+                      epd_decoder_idle(&c->decoder) ? "" : " in the middle of a frame");
+    }
+    /* A client that closes its end is gone: answers still due to it are discarded (counted). */
+    if (c->state != CONN_CLOSED) conn_set_state(c, CONN_CLOSED);
+    conn_drive(c);
+}
+
+epd_conn_t *epd_conn_create(struct epd_server *server, int fd, uint64_t conn_id, uid_t uid,
+                            pid_t pid)
+{
+    const epd_config_t *cfg = epd_server_config(server);
+    epd_conn_t *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        close(fd);
+        return NULL;
+    }
+    c->bev = bufferevent_socket_new(epd_server_base(server), fd, BEV_OPT_CLOSE_ON_FREE);
+    if (c->bev == NULL) {
+        close(fd);
+        free(c);
+        return NULL;
+    }
+    c->id = conn_id;
+    c->server = server;
+    c->uid = uid;
+    c->pid = pid;
+    c->state = CONN_READING;
+    epd_decoder_init(&c->decoder, cfg->socket.max_frame_bytes, EPD_FRAME_MAX_META);
+    /* Told whenever a write leaves the output at or under the limit (to resume a paused reader). */
+    bufferevent_setwatermark(c->bev, EV_WRITE, cfg->socket.max_output_bytes, 0);
+    bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
+    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    return c;
+}
+
+uint64_t epd_conn_id(const epd_conn_t *conn)
+{
+    return conn->id;
+}
+
+uint64_t epd_conn_in_flight(const epd_conn_t *conn)
+{
+    return conn->in_flight;
+}
+
+static void result_release(const void *data, size_t len, void *arg)
+{
+    epd_result_free(arg);
+}
+
+void epd_conn_deliver(epd_conn_t *c, epd_result_t *result)
+{
+    const epd_config_t *cfg = epd_server_config(c->server);
+    char err[EPD_ERR_LEN];
+
+    if (c->in_flight > 0) c->in_flight--;
+    if (c->state == CONN_CLOSED) {
+        epd_server_stats(c->server)->results_discarded++;
+        epd_result_free(result);
+        conn_drive(c);
+        return;
+    }
+    if (result->status != EPD_OK) {
+        conn_send_error(c, true, result->id, result->status, result->message);
+        epd_result_free(result);
+    } else {
+        epd_frame_out_t out;
+        epd_status_t status = epd_frame_encode_result(result->id, result->step, result->n_tokens,
+                                                      cfg->model.hidden, result->y, &out, err);
+        if (status != EPD_OK) {
+            conn_send_error(c, true, result->id, EPD_ERR_INTERNAL, err);
+            epd_result_free(result);
+        } else {
+            epd_server_stats(c->server)->results_sent++;
+            conn_queue_frame(c, &out, result_release, result);
+        }
+    }
+    /* Pauses reads if the client is now too far behind (or frees c if queueing failed). */
+    conn_drive(c);
+}
+
+void epd_conn_shutdown(epd_conn_t *c)
+{
+    if (c->state != CONN_CLOSED && c->state != CONN_CLOSING) conn_set_state(c, CONN_CLOSING);
+    conn_drive(c);
+}
+
+void epd_conn_abort(epd_conn_t *c)
+{
+    if (c->state != CONN_CLOSED) conn_set_state(c, CONN_CLOSED);
+    conn_drive(c);
+}
+
+epd_status_t epd_conn_encode_error(bool has_id, uint64_t id, epd_status_t code, const char *message,
+                                   uint8_t **buf_p, size_t *len_p)
+{
+    epd_frame_out_t out;
+    char err[EPD_ERR_LEN];
+    epd_status_t status;
+
+    CHECK_GOTO(epd_frame_encode_error(has_id, id, code, message, &out, err), out_none);
+    status = epd_frame_out_flatten(&out, buf_p, len_p, err);
+    epd_frame_out_free(&out);
+out_none:
+    return status;
+}
