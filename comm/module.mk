@@ -14,3 +14,11 @@ $(BUILD)/tests/step_check: $(patsubst %.c,$(BUILD)/obj/%.o,$(STEP_CHECK_SRCS))
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 BINS += $(BUILD)/tests/step_check
+
+# The engine (daemon/engine.c) on a real event loop without sockets, at np = 2.
+ENGINE_CHECK_SRCS := tests/integration/engine_check.c daemon/engine.c comm/transport_mpi.c \
+                     comm/step.c gpu/ops_host.c gpu/quant_host.c common/status.c common/parse.c
+$(BUILD)/tests/engine_check: $(patsubst %.c,$(BUILD)/obj/%.o,$(ENGINE_CHECK_SRCS))
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
+BINS += $(BUILD)/tests/engine_check

@@ -98,6 +98,12 @@ void epd_result_free(epd_result_t *result);
 void epd_engine_request_shutdown(epd_engine_t *engine);
 bool epd_engine_stopped(const epd_engine_t *engine);
 
+/* True when a step failed (a transport, MPI or device error): the requests it held and every
+ * queued one were answered with EPD_ERR_INTERNAL, and the engine stopped. The ranks are out of
+ * step then, so the daemon must end the job with MPI_Abort (DESIGN.md section 8) rather than exit
+ * as after a drain. err (may be NULL) receives the step's message. Any thread. */
+bool epd_engine_failed(epd_engine_t *engine, char err[EPD_ERR_LEN]);
+
 void epd_engine_get_stats(epd_engine_t *engine, epd_engine_stats_t *stats_p);
 
 /* Joins the worker and frees everything; results not taken are freed. */
