@@ -1,5 +1,6 @@
 # gpu/: device operations (gpu/ops.h) and FP8 numerics (gpu/quant.h), host (*.c) and CUDA (*.cu).
 GPU_SRCS += gpu/quant_host.c
+GPU_CU_SRCS += gpu/quant.cu
 
 UNIT_TESTS += quant
 test_quant_SRCS := gpu/quant_host.c
@@ -8,3 +9,38 @@ test_quant_SRCS := gpu/quant_host.c
 GPU_SRCS += gpu/ops_host.c
 UNIT_TESTS += ops_host
 test_ops_host_SRCS := gpu/ops_host.c gpu/quant_host.c common/status.c common/parse.c
+
+# FP8 GPU test (exits 77 'SKIP: no GPU' without a device) and the kernel benchmark: CUDA builds only.
+# Explicit object paths: obj is defined after the module.mk includes.
+ifeq ($(CUDA),1)
+GPU_TESTS += test_quant
+BINS += $(BUILD)/tests/gpu/test_quant $(BUILD)/kbench
+QUANT_GPU_OBJS := $(BUILD)/obj/gpu/quant.cu.o $(BUILD)/obj/gpu/quant_host.o
+$(BUILD)/tests/gpu/test_quant: $(BUILD)/obj/tests/gpu/test_quant.cu.o $(QUANT_GPU_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) -lstdc++
+$(BUILD)/kbench: $(BUILD)/obj/tests/gpu/kbench.cu.o $(QUANT_GPU_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) -lstdc++
+endif
+
+# CUDA device ops, device selection and the NCCL glue (select.c and nccl.c include CUDA headers).
+GPU_CU_SRCS += gpu/ops_cuda.cu
+GPU_SRCS += gpu/select.c $(if $(filter 1,$(NCCL)),gpu/nccl.c)
+$(BUILD)/obj/gpu/select.o $(BUILD)/obj/gpu/nccl.o: CFLAGS += -I$(CUDA_HOME)/include
+UNIT_TESTS += gpu_select
+test_gpu_select_SRCS += gpu/select.c
+# test_ops_cuda: CUDA ops against the host ops, byte for byte; daemon_gpu.sh: 2 ranks on 2 GPUs
+# through the real sockets (both skip visibly without GPUs).
+ifeq ($(CUDA),1)
+GPU_TESTS += test_ops_cuda daemon_gpu.sh
+OPS_CUDA_TEST_OBJS += $(BUILD)/obj/tests/gpu/test_ops_cuda.cu.o $(BUILD)/obj/gpu/ops_cuda.cu.o \
+                      $(patsubst %.c,$(BUILD)/obj/%.o,gpu/ops_host.c gpu/quant_host.c common/status.c)
+$(BUILD)/tests/gpu/test_ops_cuda: $(OPS_CUDA_TEST_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) -lstdc++
+$(BUILD)/tests/gpu/daemon_gpu.sh: tests/gpu/daemon_gpu.sh
+	@mkdir -p $(dir $@)
+	cp $< $@ && chmod 0755 $@
+BINS += $(BUILD)/tests/gpu/test_ops_cuda $(BUILD)/tests/gpu/daemon_gpu.sh
+endif

@@ -19,6 +19,10 @@
 #include "common/status.h"
 #include "config/config.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Number of fp32 scales of one row: H/128 for group128, 1 for per_token. */
 uint32_t epd_quant_n_scales(uint32_t hidden, epd_scale_kind_t kind);
 
@@ -142,6 +146,10 @@ epd_status_t epd_requant_cuda(const uint8_t *q, const float *scales, const int32
                               epd_scale_kind_t kind, float static_scale, uint8_t *q_out,
                               float *scale_dev, const epd_quant_launch_t *launch, void *stream,
                               char err[EPD_ERR_LEN]);
+#endif
+
+#ifdef __cplusplus
+}
 #endif
 
 #endif

@@ -1,0 +1,565 @@
+/* CUDA FP8 kernels (DESIGN.md section 3) and their C launchers (gpu/quant.h): per-token and
+ * group-128 quantization, dequantization, the step-scale reduction and the requantization of an
+ * expert-grouped receive buffer. Same IEEE operations as gpu/quant_host.c, so the same bytes;
+ * memory-bound, so 16-byte loads and stores, rows held in registers, no shared-memory staging.
+ * Tile and block sizes come from epd_quant_launch_t, never from constants in the kernels. */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <stdio.h>
+
+#include "gpu/fp8.h"
+#include "gpu/quant.h"
+#include "gpu/quant_dev.cuh"
+
+#define EPD_REQUANT_MAX_EXPERTS 4096 /* the tile prefix of the requant kernel lives in shared memory */
+
+/* ---- per-token quantization ---- */
+
+/* max over the `lanes` threads of one row (lanes: a power of two <= 32 or whole warps). Every
+ * thread of the block must call it (it may synchronize). red holds one float per warp. */
+__device__ __forceinline__ float row_max(float v, uint32_t lanes, float *red)
+{
+    uint32_t w = lanes < 32 ? lanes : 32;
+    for (uint32_t off = w / 2; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    if (lanes <= 32) return v;
+    uint32_t warp = threadIdx.x / 32, per_row = lanes / 32, first = warp / per_row * per_row;
+    if ((threadIdx.x & 31) == 0) red[warp] = v;
+    __syncthreads();
+    float m = red[first];
+    for (uint32_t k = 1; k < per_row; k++) m = fmaxf(m, red[first + k]);
+    return m;
+}
+
+/* One row per `lanes` threads, blockDim.x / lanes rows per block. VPT > 0: the row is held in
+ * registers (VPT 16-byte vectors per thread), read once. VPT == 0: any length, the second pass
+ * rereads the row (from L2). */
+template <int VPT>
+__global__ void quant_token_kernel(const uint16_t *__restrict__ x, uint32_t rows, uint32_t nv,
+                                   size_t x_stride, uint8_t *__restrict__ q, size_t q_stride,
+                                   float *__restrict__ scales, size_t scale_stride, uint32_t lanes,
+                                   int ue8m0)
+{
+    extern __shared__ float red[];
+    const uint32_t lane = threadIdx.x % lanes;
+    const uint64_t row = (uint64_t)blockIdx.x * (blockDim.x / lanes) + threadIdx.x / lanes;
+    const bool live = row < rows;
+    const uint4 *xr = reinterpret_cast<const uint4 *>(x + (live ? row : 0) * x_stride);
+    uint2 *qr = reinterpret_cast<uint2 *>(q + (live ? row : 0) * q_stride);
+    float amax = 0.0f;
+    uint4 v[VPT > 0 ? VPT : 1];
+    if (VPT > 0) {
+#pragma unroll
+        for (int j = 0; j < VPT; j++) {
+            uint32_t c = lane + (uint32_t)j * lanes;
+            if (live && c < nv) {
+                v[j] = __ldg(xr + c);
+                amax = epd_dev_amax8(v[j], amax);
+            }
+        }
+    } else if (live) {
+        for (uint32_t c = lane; c < nv; c += lanes) amax = epd_dev_amax8(__ldg(xr + c), amax);
+    }
+    amax = row_max(amax, lanes, red);
+    if (!live) return;
+    float s, mult;
+    epd_quant_scale(amax, ue8m0, &s, &mult);
+    if (lane == 0) scales[row * scale_stride] = s;
+    if (VPT > 0) {
+#pragma unroll
+        for (int j = 0; j < VPT; j++) {
+            uint32_t c = lane + (uint32_t)j * lanes;
+            if (c < nv) qr[c] = epd_dev_quant8(v[j], mult);
+        }
+    } else {
+        for (uint32_t c = lane; c < nv; c += lanes) qr[c] = epd_dev_quant8(__ldg(xr + c), mult);
+    }
+}
+
+/* ---- group-128 quantization ---- */
+
+/* 16 / VPT threads per group of 128 (256 bytes), each VPT consecutive 16-byte vectors; the group
+ * amax by shuffles within those lanes. */
+template <int VPT>
+__global__ void quant_group_kernel(const uint16_t *__restrict__ x, uint32_t rows, uint32_t gpr,
+                                   size_t x_stride, uint8_t *__restrict__ q, size_t q_stride,
+                                   float *__restrict__ scales, size_t scale_stride, int ue8m0)
+{
+    constexpr uint32_t LANES = 16 / VPT;
+    const uint64_t t = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const uint64_t g = t / LANES;
+    const uint32_t part = (uint32_t)(t % LANES);
+    const uint64_t n_groups = (uint64_t)rows * gpr;
+    const bool live = g < n_groups;
+    uint64_t row = 0;
+    uint32_t gi = 0;
+    if (live) {
+        if (n_groups <= 0xffffffffull) { /* 32-bit division when it fits (the common case) */
+            row = (uint32_t)g / gpr;
+            gi = (uint32_t)g - (uint32_t)row * gpr;
+        } else {
+            row = g / gpr;
+            gi = (uint32_t)(g - row * gpr);
+        }
+    }
+    const size_t col = (size_t)gi * EPD_QUANT_GROUP + (size_t)part * VPT * 8;
+    const uint4 *src = reinterpret_cast<const uint4 *>(x + row * x_stride + col);
+    uint4 v[VPT];
+    float amax = 0.0f;
+    if (live) {
+#pragma unroll
+        for (int j = 0; j < VPT; j++) {
+            v[j] = __ldg(src + j);
+            amax = epd_dev_amax8(v[j], amax);
+        }
+    }
+#pragma unroll
+    for (uint32_t off = LANES / 2; off > 0; off >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    if (!live) return;
+    float s, mult;
+    epd_quant_scale(amax, ue8m0, &s, &mult);
+    uint8_t *dst = q + row * q_stride + col;
+    if (VPT == 1) {
+        *reinterpret_cast<uint2 *>(dst) = epd_dev_quant8(v[0], mult);
+    } else {
+#pragma unroll
+        for (int j = 0; j < VPT; j += 2) {
+            uint2 a = epd_dev_quant8(v[j], mult), b = epd_dev_quant8(v[j + 1], mult);
+            reinterpret_cast<uint4 *>(dst)[j / 2] = make_uint4(a.x, a.y, b.x, b.y);
+        }
+    }
+    if (part == 0) scales[row * scale_stride + gi] = s;
+}
+
+/* ---- dequantization ---- */
+
+__device__ __forceinline__ void store16(float *dst, const float f[16])
+{
+    float4 *d = reinterpret_cast<float4 *>(dst);
+#pragma unroll
+    for (int k = 0; k < 4; k++) d[k] = make_float4(f[4 * k], f[4 * k + 1], f[4 * k + 2], f[4 * k + 3]);
+}
+
+__device__ __forceinline__ void store16(uint16_t *dst, const float f[16])
+{
+    uint4 *d = reinterpret_cast<uint4 *>(dst);
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+        d[k] = make_uint4(epd_dev_bf16x2(f[8 * k], f[8 * k + 1]), epd_dev_bf16x2(f[8 * k + 2], f[8 * k + 3]),
+                          epd_dev_bf16x2(f[8 * k + 4], f[8 * k + 5]), epd_dev_bf16x2(f[8 * k + 6], f[8 * k + 7]));
+}
+
+/* Each thread: VPT vectors of 16 codes, strided by blockDim.x within the block's chunk. */
+template <int VPT, typename Out>
+__global__ void dequant_kernel(const uint8_t *__restrict__ q, const float *__restrict__ scales,
+                               uint64_t n_vec, uint32_t nvr, uint32_t ns, int per_token,
+                               Out *__restrict__ out)
+{
+    const uint64_t base = (uint64_t)blockIdx.x * blockDim.x * VPT + threadIdx.x;
+    uint4 in[VPT];
+    float sc[VPT];
+#pragma unroll
+    for (int j = 0; j < VPT; j++) {
+        uint64_t v = base + (uint64_t)j * blockDim.x;
+        if (v < n_vec) {
+            uint64_t row = v / nvr;
+            uint32_t c = (uint32_t)(v - row * nvr);
+            in[j] = __ldg(reinterpret_cast<const uint4 *>(q) + v);
+            sc[j] = __ldg(scales + (per_token ? row : row * ns + c / 8));
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < VPT; j++) {
+        uint64_t v = base + (uint64_t)j * blockDim.x;
+        if (v < n_vec) {
+            float f[16];
+            epd_dev_dequant16(in[j], sc[j], f);
+            store16(out + v * 16, f);
+        }
+    }
+}
+
+/* ---- step scale and requantization of the expert-grouped layout ---- */
+
+__device__ __forceinline__ uint32_t live_rows(const int32_t *counts, uint32_t e, uint32_t capacity)
+{
+    int32_t c = counts[e];
+    return c <= 0 ? 0u : ((uint32_t)c > capacity ? capacity : (uint32_t)c);
+}
+
+/* grid (blocks per expert, experts): max over the live rows' scales, then one atomicMax per block
+ * into *out (zeroed before; positive floats order like their bits). */
+__global__ void scale_max_kernel(const float *__restrict__ scales, const int32_t *__restrict__ counts,
+                                 uint32_t capacity, uint32_t ns, float *out)
+{
+    __shared__ float red[32];
+    const uint32_t e = blockIdx.y;
+    const uint64_t n = (uint64_t)live_rows(counts, e, capacity) * ns;
+    const float *s = scales + (uint64_t)e * capacity * ns;
+    float m = 0.0f;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (uint64_t)gridDim.x * blockDim.x)
+        m = fmaxf(m, __ldg(s + i));
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (uint32_t k = 1; k < blockDim.x / 32; k++) m = fmaxf(m, red[k]);
+        if (m > 0.0f) atomicMax(reinterpret_cast<unsigned int *>(out), __float_as_uint(m));
+    }
+}
+
+/* Work proportional to live rows: every block builds, in shared memory, the exclusive prefix of
+ * live tiles (rows_per_tile rows of one expert) per expert, then walks tiles blockIdx.x,
+ * blockIdx.x + gridDim.x, ... Dead rows cost nothing. S = static_s (> 0) or *s_dev. */
+template <int VPT>
+__global__ void requant_kernel(const uint8_t *q, const float *__restrict__ scales,
+                               const int32_t *__restrict__ counts, uint32_t n_experts,
+                               uint32_t capacity, uint32_t hidden, uint32_t ns, int per_token,
+                               uint32_t rows_per_tile, float static_s, const float *s_dev,
+                               float *s_out, uint8_t *q_out)
+{
+    extern __shared__ uint32_t tile_start[]; /* [n_experts + 1] tiles, then [n_experts] live rows */
+    uint32_t *live = tile_start + n_experts + 1;
+    if (threadIdx.x < 32) {
+        const uint32_t lane = threadIdx.x, chunk = (n_experts + 31) / 32;
+        const uint32_t begin = min(lane * chunk, n_experts), end = min(begin + chunk, n_experts);
+        uint32_t sum = 0;
+        for (uint32_t e = begin; e < end; e++) {
+            uint32_t c = live_rows(counts, e, capacity);
+            live[e] = c;
+            sum += (c + rows_per_tile - 1) / rows_per_tile;
+        }
+        uint32_t incl = sum;
+        for (uint32_t off = 1; off < 32; off <<= 1) {
+            uint32_t y = __shfl_up_sync(0xffffffffu, incl, off);
+            if (lane >= off) incl += y;
+        }
+        uint32_t run = incl - sum;
+        for (uint32_t e = begin; e < end; e++) {
+            tile_start[e] = run;
+            run += (live[e] + rows_per_tile - 1) / rows_per_tile;
+        }
+        if (lane == 31) tile_start[n_experts] = incl;
+    }
+    __syncthreads();
+    const uint32_t total = tile_start[n_experts];
+    const float big_s = static_s > 0.0f ? static_s : (total > 0 ? *s_dev : 0.0f);
+    if (static_s > 0.0f && s_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *s_out = static_s;
+    const float inv = __fdiv_rn(1.0f, big_s);
+    const uint32_t nvr = hidden / 16;
+    for (uint32_t t = blockIdx.x; t < total; t += gridDim.x) {
+        uint32_t lo = 0, hi = n_experts - 1; /* largest e with tile_start[e] <= t */
+        while (lo < hi) {
+            uint32_t mid = (lo + hi + 1) / 2;
+            if (tile_start[mid] <= t) lo = mid;
+            else hi = mid - 1;
+        }
+        const uint32_t e = lo, row0 = (t - tile_start[e]) * rows_per_tile;
+        const uint32_t n_rows = min(rows_per_tile, live[e] - row0);
+        const uint64_t base_row = (uint64_t)e * capacity + row0;
+        const uint32_t n_vec = n_rows * nvr;
+        for (uint32_t f0 = 0; f0 < n_vec; f0 += blockDim.x * VPT) {
+            uint4 in[VPT];
+            float sc[VPT];
+            uint64_t off[VPT];
+#pragma unroll
+            for (int j = 0; j < VPT; j++) {
+                uint32_t f = f0 + (uint32_t)j * blockDim.x + threadIdx.x;
+                if (f < n_vec) {
+                    uint32_t r = f / nvr, c = f - r * nvr;
+                    uint64_t row = base_row + r;
+                    off[j] = row * hidden + (uint64_t)c * 16;
+                    in[j] = *reinterpret_cast<const uint4 *>(q + off[j]);
+                    sc[j] = scales[per_token ? row : row * ns + c / 8];
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < VPT; j++) {
+                uint32_t f = f0 + (uint32_t)j * blockDim.x + threadIdx.x;
+                if (f < n_vec) {
+                    *reinterpret_cast<uint4 *>(q_out + off[j]) =
+                        epd_dev_requant16(in[j], sc[j], inv);
+                }
+            }
+        }
+    }
+}
+
+/* ---- launchers ---- */
+
+static epd_status_t launch_result(const char *what, char err[EPD_ERR_LEN])
+{
+    cudaError_t rc = cudaGetLastError();
+    if (rc == cudaSuccess) return EPD_OK;
+    snprintf(err, EPD_ERR_LEN, "%s: kernel launch failed: %s", what, cudaGetErrorString(rc));
+    return EPD_ERR_CUDA;
+}
+
+static epd_status_t bad_arg(char err[EPD_ERR_LEN], const char *msg)
+{
+    snprintf(err, EPD_ERR_LEN, "%s", msg);
+    return EPD_ERR_INVALID_ARG;
+}
+
+static bool aligned16(const void *p)
+{
+    return ((uintptr_t)p & 15u) == 0;
+}
+
+static epd_status_t pick_launch(epd_quant_kernel_t kernel, uint32_t hidden, uint32_t rows,
+                                const epd_quant_launch_t *given, epd_quant_launch_t *l,
+                                char err[EPD_ERR_LEN])
+{
+    *l = given ? *given : epd_quant_launch_pick(kernel, hidden, rows);
+    return epd_quant_launch_check(kernel, hidden, l, err);
+}
+
+/* Blocks of `kernel` the whole device holds at once (a grid-stride kernel's grid). */
+static epd_status_t device_blocks(const void *kernel, uint32_t threads, size_t smem,
+                                  uint32_t *blocks_p, char err[EPD_ERR_LEN])
+{
+    int dev = 0, sms = 0, per_sm = 0;
+    cudaError_t rc = cudaGetDevice(&dev);
+    if (rc == cudaSuccess) rc = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (rc == cudaSuccess)
+        rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, (int)threads, smem);
+    if (rc != cudaSuccess) {
+        snprintf(err, EPD_ERR_LEN, "querying the device: %s", cudaGetErrorString(rc));
+        return EPD_ERR_CUDA;
+    }
+    *blocks_p = (uint32_t)sms * (uint32_t)(per_sm > 0 ? per_sm : 1);
+    return EPD_OK;
+}
+
+extern "C" epd_status_t epd_quant_cuda(const uint16_t *x, uint32_t rows, uint32_t hidden,
+                                       size_t x_stride, epd_scale_kind_t kind, epd_scale_fmt_t fmt,
+                                       uint8_t *q, size_t q_stride, float *scales,
+                                       size_t scale_stride, const epd_quant_launch_t *launch,
+                                       void *stream, char err[EPD_ERR_LEN])
+{
+    epd_status_t status;
+    epd_quant_launch_t l;
+    cudaStream_t st = (cudaStream_t)stream;
+    CHECK_GOTO(epd_quant_check(hidden, kind, fmt, err), out);
+    if (rows == 0) return EPD_OK;
+    if (x_stride == 0) x_stride = hidden;
+    if (q_stride == 0) q_stride = hidden;
+    if (scale_stride == 0) scale_stride = epd_quant_n_scales(hidden, kind);
+    if (!x || !q || !scales) return bad_arg(err, "quantize: a NULL buffer");
+    if (!aligned16(x) || !aligned16(q) || (x_stride * 2) % 16 || q_stride % 16)
+        return bad_arg(err, "quantize: x, q and their row strides must be 16-byte aligned");
+    if (x_stride < hidden || q_stride < hidden || scale_stride < epd_quant_n_scales(hidden, kind))
+        return bad_arg(err, "quantize: a row stride is shorter than a row");
+    {
+        const int ue8m0 = fmt == EPD_SCALE_FMT_UE8M0;
+        if (kind == EPD_SCALE_PER_TOKEN) {
+            CHECK_GOTO(pick_launch(EPD_QK_QUANT_TOKEN, hidden, rows, launch, &l, err), out);
+            const uint32_t lanes = l.threads / l.rows, nv = hidden / 8;
+            const uint32_t blocks = (uint32_t)(((uint64_t)rows + l.rows - 1) / l.rows);
+            const size_t smem = l.threads / 32 * sizeof(float);
+#define EPD_TOKEN_CASE(V)                                                                         \
+    case V:                                                                                       \
+        quant_token_kernel<V><<<blocks, l.threads, smem, st>>>(x, rows, nv, x_stride, q, q_stride, \
+                                                               scales, scale_stride, lanes, ue8m0); \
+        break
+            switch (l.vec) {
+                EPD_TOKEN_CASE(0);
+                EPD_TOKEN_CASE(1);
+                EPD_TOKEN_CASE(2);
+                EPD_TOKEN_CASE(4);
+                EPD_TOKEN_CASE(8);
+            }
+#undef EPD_TOKEN_CASE
+        } else {
+            CHECK_GOTO(pick_launch(EPD_QK_QUANT_GROUP, hidden, rows, launch, &l, err), out);
+            const uint32_t gpr = hidden / EPD_QUANT_GROUP;
+            const uint64_t n_threads = (uint64_t)rows * gpr * (16 / l.vec);
+            const uint64_t blocks = (n_threads + l.threads - 1) / l.threads;
+            if (blocks > 0x7fffffffull) return bad_arg(err, "quantize: too many rows for one launch");
+#define EPD_GROUP_CASE(V)                                                                      \
+    case V:                                                                                    \
+        quant_group_kernel<V><<<(unsigned)blocks, l.threads, 0, st>>>(x, rows, gpr, x_stride, q, \
+                                                                      q_stride, scales,         \
+                                                                      scale_stride, ue8m0);     \
+        break
+            switch (l.vec) {
+                EPD_GROUP_CASE(1);
+                EPD_GROUP_CASE(2);
+                EPD_GROUP_CASE(4);
+            }
+#undef EPD_GROUP_CASE
+        }
+    }
+    return launch_result("quantize", err);
+out:
+    return status;
+}
+
+template <typename Out>
+static epd_status_t dequant_launch(const uint8_t *q, const float *scales, uint32_t rows,
+                                   uint32_t hidden, epd_scale_kind_t kind, Out *out,
+                                   const epd_quant_launch_t *launch, void *stream,
+                                   char err[EPD_ERR_LEN])
+{
+    epd_status_t status;
+    epd_quant_launch_t l;
+    CHECK_GOTO(epd_quant_check(hidden, kind, EPD_SCALE_FMT_FP32, err), out_label);
+    if (rows == 0) return EPD_OK;
+    if (!q || !scales || !out) return bad_arg(err, "dequantize: a NULL buffer");
+    if (!aligned16(q) || !aligned16(out)) return bad_arg(err, "dequantize: q and out must be 16-byte aligned");
+    CHECK_GOTO(pick_launch(EPD_QK_DEQUANT, hidden, rows, launch, &l, err), out_label);
+    {
+        const uint64_t n_vec = (uint64_t)rows * (hidden / 16);
+        const uint64_t per_block = (uint64_t)l.threads * l.vec;
+        const uint64_t blocks = (n_vec + per_block - 1) / per_block;
+        const uint32_t ns = epd_quant_n_scales(hidden, kind);
+        const int per_token = kind == EPD_SCALE_PER_TOKEN;
+        cudaStream_t st = (cudaStream_t)stream;
+        if (blocks > 0x7fffffffull) return bad_arg(err, "dequantize: too many rows for one launch");
+        switch (l.vec) {
+        case 1:
+            dequant_kernel<1, Out><<<(unsigned)blocks, l.threads, 0, st>>>(q, scales, n_vec,
+                                                                            hidden / 16, ns,
+                                                                            per_token, out);
+            break;
+        case 2:
+            dequant_kernel<2, Out><<<(unsigned)blocks, l.threads, 0, st>>>(q, scales, n_vec,
+                                                                            hidden / 16, ns,
+                                                                            per_token, out);
+            break;
+        case 4:
+            dequant_kernel<4, Out><<<(unsigned)blocks, l.threads, 0, st>>>(q, scales, n_vec,
+                                                                            hidden / 16, ns,
+                                                                            per_token, out);
+            break;
+        }
+    }
+    return launch_result("dequantize", err);
+out_label:
+    return status;
+}
+
+extern "C" epd_status_t epd_dequant_cuda(const uint8_t *q, const float *scales, uint32_t rows,
+                                         uint32_t hidden, epd_scale_kind_t kind, float *out_f32,
+                                         const epd_quant_launch_t *launch, void *stream,
+                                         char err[EPD_ERR_LEN])
+{
+    return dequant_launch<float>(q, scales, rows, hidden, kind, out_f32, launch, stream, err);
+}
+
+extern "C" epd_status_t epd_dequant_bf16_cuda(const uint8_t *q, const float *scales, uint32_t rows,
+                                              uint32_t hidden, epd_scale_kind_t kind,
+                                              uint16_t *out_bf16, const epd_quant_launch_t *launch,
+                                              void *stream, char err[EPD_ERR_LEN])
+{
+    return dequant_launch<uint16_t>(q, scales, rows, hidden, kind, out_bf16, launch, stream, err);
+}
+
+static epd_status_t check_grouped(const void *q, const float *scales, const int32_t *counts,
+                                  uint32_t n_experts, uint32_t hidden, epd_scale_kind_t kind,
+                                  char err[EPD_ERR_LEN])
+{
+    epd_status_t status = epd_quant_check(hidden, kind, EPD_SCALE_FMT_FP32, err);
+    if (status != EPD_OK) return status;
+    if (n_experts > EPD_REQUANT_MAX_EXPERTS) {
+        snprintf(err, EPD_ERR_LEN, "%u local experts (allowed: up to %d)", n_experts,
+                 EPD_REQUANT_MAX_EXPERTS);
+        return EPD_ERR_INVALID_ARG;
+    }
+    if (!q || !scales || !counts) return bad_arg(err, "requantize: a NULL buffer");
+    return EPD_OK;
+}
+
+extern "C" epd_status_t epd_requant_step_scale_cuda(const float *scales, const int32_t *counts,
+                                                    uint32_t n_experts, uint32_t capacity,
+                                                    uint32_t hidden, epd_scale_kind_t kind,
+                                                    float *scale_dev,
+                                                    const epd_quant_launch_t *launch, void *stream,
+                                                    char err[EPD_ERR_LEN])
+{
+    epd_status_t status;
+    epd_quant_launch_t l;
+    cudaStream_t st = (cudaStream_t)stream;
+    CHECK_GOTO(check_grouped(scales, scales, counts, n_experts, hidden, kind, err), out);
+    if (!scale_dev) return bad_arg(err, "step scale: NULL output");
+    CHECK_GOTO(pick_launch(EPD_QK_SCALE_MAX, hidden, capacity, launch, &l, err), out);
+    {
+        cudaError_t rc = cudaMemsetAsync(scale_dev, 0, sizeof(float), st);
+        if (rc != cudaSuccess) {
+            snprintf(err, EPD_ERR_LEN, "step scale: %s", cudaGetErrorString(rc));
+            return EPD_ERR_CUDA;
+        }
+        if (n_experts == 0 || capacity == 0) return EPD_OK;
+        const uint32_t ns = epd_quant_n_scales(hidden, kind);
+        const uint64_t per_expert = (uint64_t)capacity * ns;
+        const uint64_t per_block = (uint64_t)l.threads * l.vec;
+        uint64_t bx = (per_expert + per_block - 1) / per_block;
+        if (bx > 65535) bx = 65535; /* the kernel strides over the rest */
+        dim3 grid((unsigned)bx, n_experts);
+        scale_max_kernel<<<grid, l.threads, 0, st>>>(scales, counts, capacity, ns, scale_dev);
+    }
+    return launch_result("step scale", err);
+out:
+    return status;
+}
+
+extern "C" epd_status_t epd_requant_cuda(const uint8_t *q, const float *scales,
+                                         const int32_t *counts, uint32_t n_experts,
+                                         uint32_t capacity, uint32_t hidden, epd_scale_kind_t kind,
+                                         float static_scale, uint8_t *q_out, float *scale_dev,
+                                         const epd_quant_launch_t *launch, void *stream,
+                                         char err[EPD_ERR_LEN])
+{
+    epd_status_t status;
+    epd_quant_launch_t l;
+    cudaStream_t st = (cudaStream_t)stream;
+    if (!(static_scale >= 0.0f) || isinf(static_scale)) {
+        snprintf(err, EPD_ERR_LEN, "static scale %g is not 0 (none) or a finite positive value",
+                 (double)static_scale);
+        return EPD_ERR_INVALID_ARG;
+    }
+    CHECK_GOTO(check_grouped(q, scales, counts, n_experts, hidden, kind, err), out);
+    if (!q_out) return bad_arg(err, "requantize: NULL output");
+    if (!aligned16(q) || !aligned16(q_out)) return bad_arg(err, "requantize: q and q_out must be 16-byte aligned");
+    if (static_scale == 0.0f && !scale_dev)
+        return bad_arg(err, "requantize: the step scale needs a device scale output");
+    CHECK_GOTO(pick_launch(EPD_QK_REQUANT, hidden, capacity, launch, &l, err), out);
+    if ((uint64_t)l.rows * (hidden / 16) > 0x7fffffffull)
+        return bad_arg(err, "requantize: rows per tile x hidden too large for one tile");
+    if (static_scale == 0.0f)
+        CHECK_GOTO(epd_requant_step_scale_cuda(scales, counts, n_experts, capacity, hidden, kind,
+                                               scale_dev, NULL, stream, err), out);
+    {
+        const size_t smem = (2 * (size_t)n_experts + 1) * sizeof(uint32_t);
+        const uint32_t ns = epd_quant_n_scales(hidden, kind);
+        const int per_token = kind == EPD_SCALE_PER_TOKEN;
+        const float *s_dev = static_scale > 0.0f ? nullptr : scale_dev;
+        const void *kernel = l.vec == 1   ? (const void *)requant_kernel<1>
+                             : l.vec == 2 ? (const void *)requant_kernel<2>
+                                          : (const void *)requant_kernel<4>;
+        uint32_t resident;
+        CHECK_GOTO(device_blocks(kernel, l.threads, smem, &resident, err), out);
+        const uint64_t max_tiles = (uint64_t)n_experts * ((capacity + l.rows - 1) / l.rows);
+        const uint32_t blocks =
+            (uint32_t)(max_tiles < resident ? (max_tiles ? max_tiles : 1) : resident);
+#define EPD_REQUANT_CASE(V)                                                                    \
+    case V:                                                                                    \
+        requant_kernel<V><<<blocks, l.threads, smem, st>>>(q, scales, counts, n_experts,       \
+                                                           capacity, hidden, ns, per_token,    \
+                                                           l.rows, static_scale, s_dev,        \
+                                                           scale_dev, q_out);                  \
+        break
+        switch (l.vec) {
+            EPD_REQUANT_CASE(1);
+            EPD_REQUANT_CASE(2);
+            EPD_REQUANT_CASE(4);
+        }
+#undef EPD_REQUANT_CASE
+    }
+    return launch_result("requantize", err);
+out:
+    return status;
+}

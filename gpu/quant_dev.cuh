@@ -1,0 +1,98 @@
+/* Device-side FP8 element helpers shared by the CUDA kernels (gpu/quant.cu, and any kernel that
+ * fuses quantization, e.g. a pack kernel) and the GPU test: bf16 unpacking, amax, the hardware
+ * e4m3 conversions with the host's NaN code, dequantization of 16 codes. CUDA code only. */
+#ifndef EPD_GPU_QUANT_DEV_CUH
+#define EPD_GPU_QUANT_DEV_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+
+__device__ __forceinline__ float epd_dev_bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float epd_dev_bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+/* max(m, |x|) over the 8 bf16 of v; NaN inputs are ignored as the host's `a > amax` ignores them. */
+__device__ __forceinline__ float epd_dev_amax8(uint4 v, float m)
+{
+    m = fmaxf(m, fabsf(epd_dev_bf16_lo(v.x)));
+    m = fmaxf(m, fabsf(epd_dev_bf16_hi(v.x)));
+    m = fmaxf(m, fabsf(epd_dev_bf16_lo(v.y)));
+    m = fmaxf(m, fabsf(epd_dev_bf16_hi(v.y)));
+    m = fmaxf(m, fabsf(epd_dev_bf16_lo(v.z)));
+    m = fmaxf(m, fabsf(epd_dev_bf16_hi(v.z)));
+    m = fmaxf(m, fabsf(epd_dev_bf16_lo(v.w)));
+    m = fmaxf(m, fabsf(epd_dev_bf16_hi(v.w)));
+    return m;
+}
+
+/* Four fp32 -> four e4m3 codes (first value in the lowest byte). The hardware SATFINITE
+ * conversion clamps and rounds to nearest even like epd_e4m3_from_f32; a NaN result is forced to
+ * 0x7f, the host's NaN code, whatever sign the hardware keeps. */
+__device__ __forceinline__ uint32_t epd_dev_cvt4(float a, float b, float c, float d)
+{
+    uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+    uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+    uint32_t w = lo | (hi << 16);
+    return w ^ (__vcmpeq4(w, 0xffffffffu) & 0x80808080u);
+}
+
+/* 8 bf16 -> 8 e4m3 of x * mult. */
+__device__ __forceinline__ uint2 epd_dev_quant8(uint4 v, float mult)
+{
+    uint2 r;
+    r.x = epd_dev_cvt4(__fmul_rn(epd_dev_bf16_lo(v.x), mult), __fmul_rn(epd_dev_bf16_hi(v.x), mult),
+                       __fmul_rn(epd_dev_bf16_lo(v.y), mult), __fmul_rn(epd_dev_bf16_hi(v.y), mult));
+    r.y = epd_dev_cvt4(__fmul_rn(epd_dev_bf16_lo(v.z), mult), __fmul_rn(epd_dev_bf16_hi(v.z), mult),
+                       __fmul_rn(epd_dev_bf16_lo(v.w), mult), __fmul_rn(epd_dev_bf16_hi(v.w), mult));
+    return r;
+}
+
+/* Two e4m3 codes (low 16 bits of w) -> two exact fp32 (via fp16, which holds every e4m3 value;
+ * the NaN codes give a NaN, payload unspecified). */
+__device__ __forceinline__ float2 epd_dev_dec2(uint32_t w)
+{
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
+    return __half22float2(__half2(h));
+}
+
+/* 16 e4m3 codes -> 16 fp32 values times s. */
+__device__ __forceinline__ void epd_dev_dequant16(uint4 v, float s, float out[16])
+{
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float2 a = epd_dev_dec2(w[k]), b = epd_dev_dec2(w[k] >> 16);
+        out[4 * k + 0] = __fmul_rn(a.x, s);
+        out[4 * k + 1] = __fmul_rn(a.y, s);
+        out[4 * k + 2] = __fmul_rn(b.x, s);
+        out[4 * k + 3] = __fmul_rn(b.y, s);
+    }
+}
+
+/* 16 e4m3 codes with scale s -> 16 codes of ((float)q * s) * inv, clamped (requantization). */
+__device__ __forceinline__ uint4 epd_dev_requant16(uint4 v, float s, float inv)
+{
+    float f[16];
+    epd_dev_dequant16(v, s, f);
+    uint4 o;
+    o.x = epd_dev_cvt4(__fmul_rn(f[0], inv), __fmul_rn(f[1], inv), __fmul_rn(f[2], inv),
+                       __fmul_rn(f[3], inv));
+    o.y = epd_dev_cvt4(__fmul_rn(f[4], inv), __fmul_rn(f[5], inv), __fmul_rn(f[6], inv),
+                       __fmul_rn(f[7], inv));
+    o.z = epd_dev_cvt4(__fmul_rn(f[8], inv), __fmul_rn(f[9], inv), __fmul_rn(f[10], inv),
+                       __fmul_rn(f[11], inv));
+    o.w = epd_dev_cvt4(__fmul_rn(f[12], inv), __fmul_rn(f[13], inv), __fmul_rn(f[14], inv),
+                       __fmul_rn(f[15], inv));
+    return o;
+}
+
+/* Two fp32 -> two bf16, nearest even (the hardware conversion; for finite values it is
+ * epd_f32_to_bf16, NaN payloads may differ). */
+__device__ __forceinline__ uint32_t epd_dev_bf16x2(float a, float b)
+{
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+
+#endif

@@ -1,0 +1,533 @@
+/* GPU test of gpu/quant.cu: every kernel against the host reference (gpu/quant_host.c), bit for
+ * bit, on random rows with outliers, zero rows and subnormals; exhaustive checks of the hardware
+ * e4m3/bf16 conversions against gpu/fp8.h; the expert-grouped requant layout with random live
+ * counts. One line per case, then 'N passed, N failed'; exit 0 only if all pass, 77 without a GPU.
+ *   test_quant          run on the GPU
+ *   test_quant --cpu    self-check of the harness on the host (host implementation as "device",
+ *                       plus a deliberately corrupted result that must be reported) */
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/fp8.h"
+#include "gpu/quant.h"
+#include "gpu/quant_dev.cuh"
+
+static int n_pass, n_fail;
+static bool cpu_mode;
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static float rnd_unit(void) { return (float)(rnd() % 2000001) / 1000000.0f - 1.0f; }
+
+static void report(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void report(bool ok, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s  ", ok ? "PASS" : "FAIL");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    fflush(stdout);
+    if (ok) n_pass++;
+    else n_fail++;
+}
+
+#define CUDA_OK(call)                                                                         \
+    do {                                                                                      \
+        cudaError_t rc_ = (call);                                                             \
+        if (rc_ != cudaSuccess) {                                                             \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(rc_)); \
+            exit(1);                                                                          \
+        }                                                                                     \
+    } while (0)
+
+/* First differing byte of two buffers (row-major, row_bytes per row), described in msg. */
+static bool same_bytes(const void *want, const void *got, size_t n, size_t row_bytes, size_t elem,
+                       char *msg, size_t len)
+{
+    const uint8_t *a = (const uint8_t *)want, *b = (const uint8_t *)got;
+    for (size_t i = 0; i < n; i++) {
+        if (a[i] == b[i]) continue;
+        size_t e = i / elem * elem;
+        uint32_t wa = 0, wb = 0;
+        memcpy(&wa, a + e, elem);
+        memcpy(&wb, b + e, elem);
+        snprintf(msg, len, "first mismatch at byte %zu (row %zu, element %zu): host 0x%0*x, device 0x%0*x",
+                 i, i / row_bytes, (i % row_bytes) / elem, (int)elem * 2, wa, (int)elem * 2, wb);
+        return false;
+    }
+    msg[0] = 0;
+    return true;
+}
+
+/* Random bf16 rows: amplitudes 2^-20..2^20, 1% outliers up to 10^4x, some zero rows, some rows of
+ * bf16 subnormals, exact ties. */
+static void gen_rows(uint16_t *x, uint32_t rows, uint32_t hidden, size_t stride)
+{
+    for (uint32_t r = 0; r < rows; r++) {
+        uint16_t *row = x + (size_t)r * stride;
+        float amp = ldexpf(1.0f, (int)(rnd() % 41) - 20);
+        int kind = r % 17 == 3 ? 0 : r % 13 == 5 ? 1 : 2;
+        for (uint32_t i = 0; i < hidden; i++) {
+            float v;
+            if (kind == 0) v = 0.0f;
+            else if (kind == 1) v = rnd_unit() * 1e-39f;
+            else {
+                v = rnd_unit() * amp;
+                if (rnd() % 100 == 0) v *= (float)(1 + rnd() % 10000);
+                if (rnd() % 50 == 0) v = amp * (1.0f + (float)(rnd() % 16) / 16.0f); /* ties */
+            }
+            row[i] = epd_f32_to_bf16(v);
+        }
+    }
+}
+
+/* ---- the implementation under test: CUDA, or the host (for --cpu) ---- */
+
+static void *dev_copy(const void *src, size_t bytes)
+{
+    void *p = NULL;
+    CUDA_OK(cudaMalloc(&p, bytes ? bytes : 16));
+    if (src) CUDA_OK(cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice));
+    return p;
+}
+
+static void dev_back(void *dst, void *src, size_t bytes)
+{
+    CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaFree(src));
+}
+
+static epd_status_t impl_quant(const uint16_t *x, uint32_t rows, uint32_t hidden, size_t xs,
+                               epd_scale_kind_t kind, epd_scale_fmt_t fmt, uint8_t *q, size_t qs,
+                               float *s, size_t ss, const epd_quant_launch_t *l, char *err)
+{
+    if (cpu_mode) {
+        for (uint32_t r = 0; r < rows; r++)
+            epd_quant_row_host(x + r * xs, hidden, kind, fmt, q + r * qs, s + r * ss);
+        return EPD_OK;
+    }
+    size_t qb = (size_t)rows * qs, sb = (size_t)rows * ss * sizeof(float);
+    void *dx = dev_copy(x, (size_t)rows * xs * 2), *dq = dev_copy(q, qb), *ds = dev_copy(s, sb);
+    epd_status_t st = epd_quant_cuda((const uint16_t *)dx, rows, hidden, xs, kind, fmt,
+                                     (uint8_t *)dq, qs, (float *)ds, ss, l, NULL, err);
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaFree(dx));
+    dev_back(q, dq, qb);
+    dev_back(s, ds, sb);
+    return st;
+}
+
+static epd_status_t impl_dequant(const uint8_t *q, const float *s, uint32_t rows, uint32_t hidden,
+                                 epd_scale_kind_t kind, float *f, uint16_t *b,
+                                 const epd_quant_launch_t *l, char *err)
+{
+    uint32_t ns = epd_quant_n_scales(hidden, kind);
+    if (cpu_mode) {
+        for (uint32_t r = 0; r < rows; r++) {
+            epd_dequant_row_host(q + (size_t)r * hidden, s + (size_t)r * ns, hidden, kind,
+                                 f + (size_t)r * hidden);
+            epd_dequant_row_bf16_host(q + (size_t)r * hidden, s + (size_t)r * ns, hidden, kind,
+                                      b + (size_t)r * hidden);
+        }
+        return EPD_OK;
+    }
+    size_t n = (size_t)rows * hidden;
+    void *dq = dev_copy(q, n), *ds = dev_copy(s, (size_t)rows * ns * 4);
+    void *df = dev_copy(NULL, n * 4), *db = dev_copy(NULL, n * 2);
+    epd_status_t st = epd_dequant_cuda((const uint8_t *)dq, (const float *)ds, rows, hidden, kind,
+                                       (float *)df, l, NULL, err);
+    if (st == EPD_OK)
+        st = epd_dequant_bf16_cuda((const uint8_t *)dq, (const float *)ds, rows, hidden, kind,
+                                   (uint16_t *)db, l, NULL, err);
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaFree(dq));
+    CUDA_OK(cudaFree(ds));
+    dev_back(f, df, n * 4);
+    dev_back(b, db, n * 2);
+    return st;
+}
+
+/* Requant on (E, cap, H): q_out (prefilled by the caller, or NULL for in place into q). */
+static epd_status_t impl_requant(uint8_t *q, const float *s, const int32_t *counts, uint32_t E,
+                                 uint32_t cap, uint32_t hidden, epd_scale_kind_t kind, float static_s,
+                                 uint8_t *q_out, float *big_s, const epd_quant_launch_t *l, char *err)
+{
+    uint32_t ns = epd_quant_n_scales(hidden, kind);
+    size_t nq = (size_t)E * cap * hidden;
+    if (cpu_mode) {
+        /* the host wants counts within [0, cap]; the device clamps */
+        int32_t *c = (int32_t *)malloc(E * sizeof(int32_t) + 4);
+        for (uint32_t e = 0; e < E; e++)
+            c[e] = counts[e] < 0 ? 0 : counts[e] > (int32_t)cap ? (int32_t)cap : counts[e];
+        epd_status_t st = epd_requant_host(q, s, c, E, cap, hidden, kind, static_s,
+                                           q_out ? q_out : q, big_s, err);
+        free(c);
+        return st;
+    }
+    void *dq = dev_copy(q, nq), *ds = dev_copy(s, (size_t)E * cap * ns * 4);
+    void *dc = dev_copy(counts, E * sizeof(int32_t)), *dbig = dev_copy(NULL, 4);
+    void *dout = q_out ? dev_copy(q_out, nq) : dq;
+    CUDA_OK(cudaMemset(dbig, 0xff, 4));
+    epd_status_t st = epd_requant_cuda((const uint8_t *)dq, (const float *)ds, (const int32_t *)dc,
+                                       E, cap, hidden, kind, static_s, (uint8_t *)dout,
+                                       (float *)dbig, l, NULL, err);
+    CUDA_OK(cudaDeviceSynchronize());
+    if (q_out) dev_back(q_out, dout, nq);
+    dev_back(q, dq, nq);
+    CUDA_OK(cudaFree(ds));
+    CUDA_OK(cudaFree(dc));
+    dev_back(big_s, dbig, 4);
+    return st;
+}
+
+static const char *kind_name(epd_scale_kind_t k) { return k == EPD_SCALE_PER_TOKEN ? "per_token" : "group128"; }
+static const char *fmt_name(epd_scale_fmt_t f) { return f == EPD_SCALE_FMT_UE8M0 ? "ue8m0" : "fp32"; }
+
+/* ---- cases ---- */
+
+/* Quantize (strided when pad > 0) and dequantize, compare with the host reference. */
+static void case_quant(uint32_t rows, uint32_t hidden, epd_scale_kind_t kind, epd_scale_fmt_t fmt,
+                       uint32_t pad, const epd_quant_launch_t *l)
+{
+    uint32_t ns = epd_quant_n_scales(hidden, kind);
+    size_t xs = hidden + pad * 8, qs = hidden + pad * 16, ss = ns + pad * 3;
+    uint16_t *x = (uint16_t *)malloc((size_t)rows * xs * 2);
+    uint8_t *qr = (uint8_t *)malloc((size_t)rows * qs), *qd = (uint8_t *)malloc((size_t)rows * qs);
+    float *sr = (float *)malloc((size_t)rows * ss * 4), *sd = (float *)malloc((size_t)rows * ss * 4);
+    char err[EPD_ERR_LEN] = "", msg[256] = "", lmsg[64] = "picked";
+    gen_rows(x, rows, hidden, xs);
+    memset(qr, 0xa5, (size_t)rows * qs);
+    memset(qd, 0xa5, (size_t)rows * qs);
+    memset(sr, 0xa5, (size_t)rows * ss * 4);
+    memset(sd, 0xa5, (size_t)rows * ss * 4);
+    for (uint32_t r = 0; r < rows; r++)
+        epd_quant_row_host(x + r * xs, hidden, kind, fmt, qr + r * qs, sr + r * ss);
+    epd_quant_launch_t used = l ? *l : epd_quant_launch_pick(kind == EPD_SCALE_PER_TOKEN ?
+                                                             EPD_QK_QUANT_TOKEN : EPD_QK_QUANT_GROUP,
+                                                             hidden, rows);
+    snprintf(lmsg, sizeof lmsg, "%s(threads %u vec %u rows %u)", l ? "given" : "picked",
+             used.threads, used.vec, used.rows);
+    epd_status_t st = impl_quant(x, rows, hidden, xs, kind, fmt, qd, qs, sd, ss, l, err);
+    bool ok = st == EPD_OK;
+    if (!ok) snprintf(msg, sizeof msg, "status %d: %s", (int)st, err);
+    if (ok) ok = same_bytes(qr, qd, (size_t)rows * qs, qs, 1, msg, sizeof msg);
+    if (ok && !same_bytes(sr, sd, (size_t)rows * ss * 4, ss * 4, 4, msg, sizeof msg)) {
+        ok = false;
+        strncat(msg, " [scales]", sizeof msg - strlen(msg) - 1);
+    }
+    report(ok, "quant %-9s %-5s M=%-5u H=%-5u %s%s %s", kind_name(kind), fmt_name(fmt), rows, hidden,
+           pad ? "strided " : "", lmsg, msg);
+
+    if (pad == 0 && l == NULL) {
+        size_t n = (size_t)rows * hidden;
+        float *fr = (float *)malloc(n * 4), *fd = (float *)malloc(n * 4);
+        uint16_t *br = (uint16_t *)malloc(n * 2), *bd = (uint16_t *)malloc(n * 2);
+        epd_dequant_host(qr, sr, rows, hidden, kind, fr, err);
+        epd_dequant_bf16_host(qr, sr, rows, hidden, kind, br, err);
+        st = impl_dequant(qr, sr, rows, hidden, kind, fd, bd, NULL, err);
+        ok = st == EPD_OK;
+        if (!ok) snprintf(msg, sizeof msg, "status %d: %s", (int)st, err);
+        if (ok) ok = same_bytes(fr, fd, n * 4, (size_t)hidden * 4, 4, msg, sizeof msg);
+        report(ok, "dequant fp32 %-9s M=%-5u H=%-5u %s", kind_name(kind), rows, hidden, msg);
+        if (ok) ok = same_bytes(br, bd, n * 2, (size_t)hidden * 2, 2, msg, sizeof msg);
+        report(ok, "dequant bf16 %-9s M=%-5u H=%-5u %s", kind_name(kind), rows, hidden, msg);
+        free(fr);
+        free(fd);
+        free(br);
+        free(bd);
+    }
+    free(x);
+    free(qr);
+    free(qd);
+    free(sr);
+    free(sd);
+}
+
+/* Requant of (E, cap, H): random live counts (0 and full included; with `wild`, counts outside
+ * [0, cap] that the device clamps), dead rows full of garbage with huge scales. */
+static void case_requant(uint32_t E, uint32_t cap, uint32_t hidden, epd_scale_kind_t kind,
+                         int s_mode, bool in_place, bool wild, const epd_quant_launch_t *l)
+{
+    uint32_t ns = epd_quant_n_scales(hidden, kind);
+    size_t nq = (size_t)E * cap * hidden, nsc = (size_t)E * cap * ns;
+    uint8_t *q = (uint8_t *)malloc(nq), *q2 = (uint8_t *)malloc(nq);
+    uint8_t *ref = (uint8_t *)malloc(nq), *got = (uint8_t *)malloc(nq);
+    float *s = (float *)malloc(nsc * 4);
+    int32_t *counts = (int32_t *)malloc(E * 4 + 4), *clamped = (int32_t *)malloc(E * 4 + 4);
+    uint16_t *x = (uint16_t *)malloc((size_t)hidden * 2);
+    char err[EPD_ERR_LEN] = "", msg[256] = "";
+    for (uint32_t e = 0; e < E; e++) {
+        uint32_t pick = rnd() % 4;
+        counts[e] = pick == 0 ? 0 : pick == 1 ? (int32_t)cap : (int32_t)(rnd() % (cap + 1));
+        if (wild && e % 3 == 1) counts[e] = e % 2 ? -5 : (int32_t)cap + 7;
+        clamped[e] = counts[e] < 0 ? 0 : counts[e] > (int32_t)cap ? (int32_t)cap : counts[e];
+        for (uint32_t r = 0; r < cap; r++) {
+            size_t row = (size_t)e * cap + r;
+            if ((int32_t)r < clamped[e]) {
+                gen_rows(x, 1, hidden, hidden);
+                epd_quant_row_host(x, hidden, kind, EPD_SCALE_FMT_FP32, q + row * hidden, s + row * ns);
+            } else {
+                for (uint32_t i = 0; i < hidden; i++) q[row * hidden + i] = (uint8_t)rnd();
+                for (uint32_t k = 0; k < ns; k++) s[row * ns + k] = 1e30f;
+            }
+        }
+    }
+    float step = 0, static_s = 0, ref_s = -1, got_s = -1;
+    epd_requant_step_scale_host(s, clamped, E, cap, hidden, kind, &step, err);
+    if (s_mode == 1) static_s = step > 0 ? step / 4 : 1.0f; /* saturates */
+    if (s_mode == 2) static_s = step > 0 ? step * 3 : 1.0f;
+    memcpy(q2, q, nq);
+    memset(ref, 0x5a, nq);
+    memset(got, 0x5a, nq);
+    if (in_place) {
+        memcpy(ref, q, nq);
+        memcpy(got, q, nq);
+    }
+    epd_status_t st = epd_requant_host(in_place ? ref : q, s, clamped, E, cap, hidden, kind,
+                                       static_s, ref, &ref_s, err);
+    bool ok = st == EPD_OK;
+    if (!ok) snprintf(msg, sizeof msg, "host status %d: %s", (int)st, err);
+    if (ok) {
+        st = in_place ? impl_requant(got, s, counts, E, cap, hidden, kind, static_s, NULL, &got_s, l, err)
+                      : impl_requant(q2, s, counts, E, cap, hidden, kind, static_s, got, &got_s, l, err);
+        ok = st == EPD_OK;
+        if (!ok) snprintf(msg, sizeof msg, "status %d: %s", (int)st, err);
+    }
+    if (ok) ok = same_bytes(ref, got, nq, hidden, 1, msg, sizeof msg);
+    if (ok && memcmp(&ref_s, &got_s, 4) != 0) {
+        ok = false;
+        snprintf(msg, sizeof msg, "S: host %.9g (0x%08x), device %.9g (0x%08x)", ref_s,
+                 epd_f32_bits(ref_s), got_s, epd_f32_bits(got_s));
+    }
+    if (ok && !in_place && memcmp(q, q2, nq) != 0) {
+        ok = false;
+        snprintf(msg, sizeof msg, "the input q was modified");
+    }
+    uint64_t live = 0;
+    for (uint32_t e = 0; e < E; e++) live += (uint64_t)clamped[e];
+    epd_quant_launch_t used = l ? *l : epd_quant_launch_pick(EPD_QK_REQUANT, hidden, cap);
+    report(ok, "requant %-9s E=%-3u cap=%-4u H=%-5u live=%-6llu S=%s%s%s (threads %u vec %u rows %u) %s",
+           kind_name(kind), E, cap, hidden, (unsigned long long)live,
+           s_mode == 0 ? "step" : s_mode == 1 ? "static-small" : "static-large",
+           in_place ? " in-place" : "", wild ? " wild-counts" : "", used.threads, used.vec,
+           used.rows, msg);
+    free(q);
+    free(q2);
+    free(ref);
+    free(got);
+    free(s);
+    free(counts);
+    free(clamped);
+    free(x);
+}
+
+/* ---- exhaustive conversion checks (GPU only) ---- */
+
+struct cvt_stats {
+    unsigned long long bad_finite, bad_nan, first_finite, first_nan;
+    unsigned long long bad_bf16, first_bf16;
+};
+
+__global__ void cvt_all_kernel(cvt_stats *st)
+{
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (1ull << 30); i += stride) {
+        uint32_t base = (uint32_t)(i * 4);
+        float f[4];
+        for (int k = 0; k < 4; k++) f[k] = __uint_as_float(base + (uint32_t)k);
+        uint32_t w = epd_dev_cvt4(f[0], f[1], f[2], f[3]);
+        uint32_t b01 = epd_dev_bf16x2(f[0], f[1]), b23 = epd_dev_bf16x2(f[2], f[3]);
+        uint16_t bh[4] = {(uint16_t)b01, (uint16_t)(b01 >> 16), (uint16_t)b23, (uint16_t)(b23 >> 16)};
+        for (int k = 0; k < 4; k++) {
+            uint32_t bits = base + (uint32_t)k;
+            bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
+            if (((w >> (8 * k)) & 0xffu) != epd_e4m3_from_f32(f[k])) {
+                atomicAdd(nan ? &st->bad_nan : &st->bad_finite, 1ull);
+                atomicMin(nan ? &st->first_nan : &st->first_finite, (unsigned long long)bits);
+            }
+            if (!nan && bh[k] != epd_f32_to_bf16(f[k])) {
+                atomicAdd(&st->bad_bf16, 1ull);
+                atomicMin(&st->first_bf16, (unsigned long long)bits);
+            }
+        }
+    }
+}
+
+__global__ void decode_all_kernel(uint32_t *bad)
+{
+    uint32_t c = threadIdx.x;
+    float2 f = epd_dev_dec2(c | ((c ^ 0x55u) << 8));
+    float want0 = epd_e4m3_to_f32((uint8_t)c), want1 = epd_e4m3_to_f32((uint8_t)(c ^ 0x55u));
+    bool ok0 = isnan(want0) ? isnan(f.x) : __float_as_uint(f.x) == __float_as_uint(want0);
+    bool ok1 = isnan(want1) ? isnan(f.y) : __float_as_uint(f.y) == __float_as_uint(want1);
+    if (!ok0 || !ok1) atomicMin(bad, c);
+}
+
+__global__ void nan_probe_kernel(uint32_t *out)
+{
+    out[0] = __nv_cvt_float2_to_fp8x2(make_float2(__uint_as_float(0xffc00000u), -0.0f),
+                                      __NV_SATFINITE, __NV_E4M3);
+    out[1] = __nv_cvt_float2_to_fp8x2(make_float2(__uint_as_float(0x7fc00000u), -1e-30f),
+                                      __NV_SATFINITE, __NV_E4M3);
+}
+
+static void case_conversions(void)
+{
+    cvt_stats h = {0, 0, ~0ull, ~0ull, 0, ~0ull}, *d;
+    CUDA_OK(cudaMalloc(&d, sizeof h));
+    CUDA_OK(cudaMemcpy(d, &h, sizeof h, cudaMemcpyHostToDevice));
+    cvt_all_kernel<<<4096, 256>>>(d);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaFree(d));
+    report(h.bad_finite == 0, "e4m3 encode, all 2^32 non-NaN fp32: %llu mismatches%s%08llx", h.bad_finite,
+           h.bad_finite ? ", first input 0x" : "", h.bad_finite ? h.first_finite : 0ull);
+    report(h.bad_nan == 0, "e4m3 encode, all NaN fp32 -> 0x7f: %llu mismatches%s%08llx", h.bad_nan,
+           h.bad_nan ? ", first input 0x" : "", h.bad_nan ? h.first_nan : 0ull);
+    report(h.bad_bf16 == 0, "bf16 round, all 2^32 non-NaN fp32: %llu mismatches%s%08llx", h.bad_bf16,
+           h.bad_bf16 ? ", first input 0x" : "", h.bad_bf16 ? h.first_bf16 : 0ull);
+
+    uint32_t bad = 0xffffffffu, *db;
+    CUDA_OK(cudaMalloc(&db, 8));
+    CUDA_OK(cudaMemcpy(db, &bad, 4, cudaMemcpyHostToDevice));
+    decode_all_kernel<<<1, 256>>>(db);
+    CUDA_OK(cudaMemcpy(&bad, db, 4, cudaMemcpyDeviceToHost));
+    report(bad == 0xffffffffu, "e4m3 decode, all 256 codes%s%02x", bad == 0xffffffffu ? "" : ": first bad code 0x",
+           bad == 0xffffffffu ? 0u : bad);
+    uint32_t probe[2];
+    nan_probe_kernel<<<1, 1>>>(db);
+    CUDA_OK(cudaMemcpy(probe, db, 8, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaFree(db));
+    printf("INFO  raw hardware SATFINITE: (-NaN, -0) -> 0x%04x, (+NaN, -1e-30) -> 0x%04x "
+           "(the kernels force NaN codes to 0x7f)\n", probe[0], probe[1]);
+}
+
+/* ---- argument checks (no kernel runs) ---- */
+
+static void case_bad_args(void)
+{
+    char err[EPD_ERR_LEN] = "";
+    uint8_t *dq;
+    float *ds;
+    uint16_t *dx;
+    CUDA_OK(cudaMalloc(&dq, 4096));
+    CUDA_OK(cudaMalloc(&ds, 4096));
+    CUDA_OK(cudaMalloc(&dx, 8192));
+    epd_quant_launch_t bad = {100, 2, 1};
+    bool ok = epd_quant_cuda(dx, 1, 100, 0, EPD_SCALE_GROUP128, EPD_SCALE_FMT_FP32, dq, 0, ds, 0,
+                             NULL, NULL, err) == EPD_ERR_INVALID_ARG &&
+              epd_quant_cuda(dx + 1, 1, 128, 0, EPD_SCALE_GROUP128, EPD_SCALE_FMT_FP32, dq, 0, ds, 0,
+                             NULL, NULL, err) == EPD_ERR_INVALID_ARG &&
+              epd_quant_cuda(dx, 1, 128, 0, EPD_SCALE_GROUP128, EPD_SCALE_FMT_FP32, dq, 0, ds, 0,
+                             &bad, NULL, err) == EPD_ERR_INVALID_ARG &&
+              epd_quant_cuda(NULL, 1, 128, 0, EPD_SCALE_PER_TOKEN, EPD_SCALE_FMT_FP32, dq, 0, ds, 0,
+                             NULL, NULL, err) == EPD_ERR_INVALID_ARG &&
+              epd_requant_cuda(dq, ds, (const int32_t *)ds, 1, 1, 128, EPD_SCALE_PER_TOKEN, 0.0f, dq,
+                               NULL, NULL, NULL, err) == EPD_ERR_INVALID_ARG &&
+              epd_requant_cuda(dq, ds, (const int32_t *)ds, 1, 1, 128, EPD_SCALE_PER_TOKEN, -2.0f, dq,
+                               ds, NULL, NULL, err) == EPD_ERR_INVALID_ARG &&
+              epd_requant_cuda(dq, ds, (const int32_t *)ds, 5000, 1, 128, EPD_SCALE_PER_TOKEN, 1.0f,
+                               dq, ds, NULL, NULL, err) == EPD_ERR_INVALID_ARG &&
+              epd_dequant_cuda(dq + 4, ds, 1, 128, EPD_SCALE_PER_TOKEN, (float *)ds, NULL, NULL,
+                               err) == EPD_ERR_INVALID_ARG;
+    report(ok, "launchers reject bad shapes, pointers, alignment, scales and launch parameters (last: %s)", err);
+    CUDA_OK(cudaFree(dq));
+    CUDA_OK(cudaFree(ds));
+    CUDA_OK(cudaFree(dx));
+}
+
+/* Every launch variant of every kernel on one shape. */
+static void case_launch_variants(uint32_t hidden)
+{
+    const uint32_t rows = 67;
+    uint32_t nv = hidden / 8;
+    for (uint32_t v = 0; v <= 8; v = v ? v * 2 : 1) {
+        uint32_t want = v ? (nv + v - 1) / v : 64, lanes = 1;
+        if (want > 32) lanes = (want + 31) / 32 * 32;
+        else
+            while (lanes < want) lanes <<= 1;
+        if (lanes > 1024) continue;
+        epd_quant_launch_t l = {lanes < 32 ? 32 : lanes, v, lanes < 32 ? 32 / lanes : 1};
+        case_quant(rows, hidden, EPD_SCALE_PER_TOKEN, EPD_SCALE_FMT_FP32, 0, &l);
+        if (lanes <= 256 && lanes >= 32) { /* several rows per block */
+            epd_quant_launch_t l2 = {lanes * 2 <= 1024 ? lanes * 2 : lanes, v, lanes * 2 <= 1024 ? 2u : 1u};
+            case_quant(rows, hidden, EPD_SCALE_PER_TOKEN, EPD_SCALE_FMT_UE8M0, 0, &l2);
+        }
+    }
+    for (uint32_t v = 1; v <= 4; v *= 2) {
+        epd_quant_launch_t l = {v == 2 ? 512u : 128u, v, 1};
+        case_quant(rows, hidden, EPD_SCALE_GROUP128, EPD_SCALE_FMT_UE8M0, 0, &l);
+        epd_quant_launch_t r = {v == 1 ? 1024u : 64u, v, v == 4 ? 3u : 64u};
+        case_requant(5, 40, hidden, EPD_SCALE_GROUP128, 0, false, false, &r);
+        epd_quant_launch_t r1 = {96, v, 1};
+        case_requant(3, 9, hidden, EPD_SCALE_PER_TOKEN, 1, true, false, &r1);
+    }
+}
+
+/* Self-check of the comparison itself: a corrupted byte must be found and located. */
+static void case_harness_detects_mismatch(void)
+{
+    uint8_t a[300], b[300];
+    char msg[256];
+    for (int i = 0; i < 300; i++) a[i] = b[i] = (uint8_t)i;
+    b[217] ^= 0x10;
+    bool found = !same_bytes(a, b, 300, 100, 1, msg, sizeof msg) && strstr(msg, "row 2, element 17");
+    report(found, "harness reports an injected mismatch (%s)", msg);
+}
+
+int main(int argc, char **argv)
+{
+    int n_dev = 0;
+    cpu_mode = argc > 1 && strcmp(argv[1], "--cpu") == 0;
+    if (!cpu_mode) {
+        if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+            printf("SKIP: no GPU\n");
+            return 77;
+        }
+        cudaDeviceProp prop;
+        CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+        printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor,
+               prop.multiProcessorCount);
+        case_conversions();
+        case_bad_args();
+    } else {
+        printf("CPU self-check: the host implementation stands in for the device\n");
+        case_harness_detects_mismatch();
+    }
+    const uint32_t ms[] = {1, 7, 128, 4096}, hs[] = {128, 896, 7168};
+    for (uint32_t hi = 0; hi < 3; hi++)
+        for (uint32_t mi = 0; mi < 4; mi++)
+            for (int kind = 0; kind < 2; kind++)
+                for (int fmt = 0; fmt < 2; fmt++)
+                    case_quant(ms[mi], hs[hi], (epd_scale_kind_t)kind, (epd_scale_fmt_t)fmt, 0, NULL);
+    case_quant(33, 7168, EPD_SCALE_GROUP128, EPD_SCALE_FMT_FP32, 1, NULL);
+    case_quant(33, 896, EPD_SCALE_PER_TOKEN, EPD_SCALE_FMT_UE8M0, 2, NULL);
+    case_quant(3, 16384, EPD_SCALE_PER_TOKEN, EPD_SCALE_FMT_FP32, 0, NULL);
+    case_quant(2, 81920, EPD_SCALE_PER_TOKEN, EPD_SCALE_FMT_FP32, 0, NULL); /* two-pass kernel */
+    for (uint32_t hi = 0; hi < 3; hi++) case_launch_variants(hs[hi]);
+    for (int kind = 0; kind < 2; kind++) {
+        for (int s_mode = 0; s_mode < 3; s_mode++) {
+            case_requant(16, 128, 7168, (epd_scale_kind_t)kind, s_mode, false, false, NULL);
+            case_requant(33, 7, 128, (epd_scale_kind_t)kind, s_mode, s_mode == 1, false, NULL);
+            case_requant(1, 2048, 896, (epd_scale_kind_t)kind, s_mode, s_mode == 2, false, NULL);
+        }
+        case_requant(9, 50, 896, (epd_scale_kind_t)kind, 0, false, true, NULL);
+        case_requant(4, 64, 7168, (epd_scale_kind_t)kind, 0, true, false, NULL);
+        case_requant(0, 64, 7168, (epd_scale_kind_t)kind, 2, false, false, NULL);
+    }
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail == 0 ? 0 : 1;
+}
