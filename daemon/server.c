@@ -71,6 +71,7 @@ struct epd_server {
     bool draining;                /* the engine has agreed to shut down */
     bool stopping;                /* the engine has stopped: closing connections */
     uint64_t answered_in_drain;
+    uint64_t answered_total;      /* results taken from the engine, delivered or discarded */
     time_t last_accept_error_log;
 };
 
@@ -421,7 +422,13 @@ static void server_stop(epd_server_t *server)
     uint64_t *ids;
 
     server->stopping = true;
-    epd_log_info("drained: answered %" PRIu64 " requests, exiting", server->answered_in_drain);
+    epd_log_info("drained: answered %" PRIu64 " requests, exiting (since start: accepted %" PRIu64
+                 ", answered %" PRIu64 ", results discarded %" PRIu64 ")",
+                 server->answered_in_drain, server->stats.requests_accepted,
+                 server->answered_total, server->stats.results_discarded);
+    if (server->answered_total != server->stats.requests_accepted)
+        epd_log_error("%" PRIu64 " accepted requests were never answered",
+                      server->stats.requests_accepted - server->answered_total);
     if (server->listener != NULL) {
         evconnlistener_free(server->listener);
         server->listener = NULL;
@@ -480,6 +487,7 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
         results = result->next;
         result->next = NULL;
         if (server->in_flight > 0) server->in_flight--;
+        server->answered_total++;
         if (server->draining || server->shutdown_requested) server->answered_in_drain++;
         epd_conn_t *conn = table_find(server, result->conn_id);
         if (conn != NULL) {

@@ -5,6 +5,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #ifndef EPD_VERSION
 #define EPD_VERSION "unknown"
@@ -42,10 +43,10 @@ char *epd_stats_health_json(const epd_stats_view_t *view)
     FILE *f = open_memstream(&buf, &len);
     if (f == NULL) return NULL;
     fprintf(f,
-            "{\"status\":\"ok\",\"rank\":%d,\"world\":%d,\"shutting_down\":%s,\"version\":\"%s\","
+            "{\"status\":\"ok\",\"rank\":%d,\"world\":%d,\"pid\":%ld,\"shutting_down\":%s,\"version\":\"%s\","
             "\"uptime_s\":%.3f,\"clients\":%" PRIu64 ",\"queued_tokens\":%" PRIu64
             ",\"queued_requests\":%" PRIu64 ",\"steps\":%" PRIu64 "}",
-            view->rank, view->world, view->engine->shutting_down ? "true" : "false", EPD_VERSION,
+            view->rank, view->world, (long)getpid(), view->engine->shutting_down ? "true" : "false", EPD_VERSION,
             view->uptime_s, view->server->clients, view->engine->queued_tokens,
             view->engine->queued_requests, view->engine->steps);
     return doc_finish(f, &buf);

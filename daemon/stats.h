@@ -36,7 +36,7 @@ typedef struct epd_stats_view {
     const epd_server_stats_t *server;
 } epd_stats_view_t;
 
-/* {"status":"ok","rank":R,"world":W,"shutting_down":bool,"version":..,"uptime_s":..,
+/* {"status":"ok","rank":R,"world":W,"pid":P,"shutting_down":bool,"version":..,"uptime_s":..,
  *  "clients":..,"queued_tokens":..,"queued_requests":..,"steps":..} */
 char *epd_stats_health_json(const epd_stats_view_t *view);
 

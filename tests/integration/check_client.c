@@ -3,10 +3,13 @@
  * from the daemon's own `config` and `health` replies. Exit 0 when every answer is right.
  *   check_client --socket PATH [--socket PATH]... [--seed S] [--clients C] [--requests R]
  *                [--max-tokens N] [--window W] [--empty-slots] [--hold-ms MS]
- *                [--expect-clients N] [--quiet]
+ *                [--expect-clients N] [--retry-busy] [--until-closed] [--quiet]
  * --expect-clients N: after every client has connected, a control connection checks that the
  * first socket's rank counts at least N clients (concurrency). --hold-ms: every client waits this
- * long after its last request before closing (keeps them concurrent). */
+ * long after its last request before closing (keeps them concurrent). --retry-busy: a request
+ * answered `busy` is sent again. --until-closed: the daemon is being stopped; requests answered
+ * `shutting_down` are fine, and so is the daemon closing the connection (every answer that did
+ * come must still be right). */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -56,6 +59,8 @@ typedef struct options {
     bool empty_slots;
     uint32_t hold_ms;
     uint32_t expect_clients;
+    bool retry_busy;
+    bool until_closed;
     bool quiet;
 } options_t;
 
@@ -69,6 +74,9 @@ typedef struct worker {
     /* results */
     uint64_t verified;
     uint64_t tokens;
+    uint64_t busy_retries;
+    uint64_t shutting_down;
+    uint64_t unanswered;
     char failure[512];
 } worker_t;
 
@@ -348,6 +356,19 @@ static void verify(worker_t *w, const request_t *r, const epd_frame_t *frame)
     free(ref);
 }
 
+static bool send_request(worker_t *w, int fd, const request_t *r, char err[EPD_ERR_LEN])
+{
+    epd_frame_out_t out;
+    if (epd_frame_encode_submit(r->id, r->n, w->target->shape.hidden, w->target->shape.topk, r->x,
+                                r->ids, r->w, &out, err) != EPD_OK)
+        return false;
+    if (!send_frame(fd, &out)) {
+        snprintf(err, EPD_ERR_LEN, "send failed: %s", strerror(errno));
+        return false;
+    }
+    return true;
+}
+
 static void *worker_main(void *arg)
 {
     worker_t *w = arg;
@@ -370,31 +391,35 @@ static void *worker_main(void *arg)
     io_init(io, fd);
     pthread_barrier_wait(w->connected);
 
-    while (answered < opt->requests && w->failure[0] == '\0') {
+    bool can_send = true;
+    while (answered < sent || (can_send && sent < opt->requests)) {
+        if (w->failure[0] != '\0') break;
         /* Keep up to `window` requests in flight; ids are distinct per client. */
-        while (sent < opt->requests && sent - answered < opt->window) {
+        while (can_send && sent < opt->requests && sent - answered < opt->window) {
             request_t *r = &pending[sent];
-            epd_frame_out_t out;
             uint64_t id = ((uint64_t)w->index << 32) | sent;
             if (!request_make(r, id, w->target, opt, &rng)) {
                 fail(w, "out of memory");
                 break;
             }
-            if (epd_frame_encode_submit(r->id, r->n, w->target->shape.hidden,
-                                        w->target->shape.topk, r->x, r->ids, r->w, &out,
-                                        err) != EPD_OK) {
-                fail(w, "encode: %s", err);
-                break;
-            }
-            if (!send_frame(fd, &out)) {
-                fail(w, "client %u: send failed: %s", w->index, strerror(errno));
+            if (!send_request(w, fd, r, err)) {
+                request_free(r);
+                if (opt->until_closed) {
+                    can_send = false; /* the daemon is closing: read what is still coming */
+                    break;
+                }
+                fail(w, "client %u: %s", w->index, err);
                 break;
             }
             sent++;
         }
-        if (w->failure[0] != '\0') break;
+        if (w->failure[0] != '\0' || answered == sent) break;
         epd_frame_t frame;
         if (!recv_frame(io, &frame, err)) {
+            if (opt->until_closed) {
+                w->unanswered += sent - answered;
+                break;
+            }
             fail(w, "client %u: %s", w->index, err);
             break;
         }
@@ -417,10 +442,30 @@ static void *worker_main(void *arg)
         if (frame.type == EPD_FRAME_RESULT) {
             verify(w, &pending[seq], &frame);
         } else {
-            char *text = cJSON_PrintUnformatted(frame.meta);
-            fail(w, "client %u: request %" PRIu64 " answered %s %s", w->index, frame.id,
-                 epd_frame_type_name((int)frame.type), text ? text : "");
-            free(text);
+            const char *code = json_str(frame.meta, "code");
+            if (frame.type == EPD_FRAME_ERROR && opt->retry_busy && strcmp(code, "busy") == 0) {
+                w->busy_retries++;
+                epd_frame_free(&frame);
+                usleep(1000);
+                if (!send_request(w, fd, &pending[seq], err)) {
+                    if (opt->until_closed) {
+                        can_send = false;
+                        continue;
+                    }
+                    fail(w, "client %u: %s", w->index, err);
+                    break;
+                }
+                continue;
+            }
+            if (frame.type == EPD_FRAME_ERROR && opt->until_closed &&
+                strcmp(code, "shutting_down") == 0) {
+                w->shutting_down++;
+            } else {
+                char *text = cJSON_PrintUnformatted(frame.meta);
+                fail(w, "client %u: request %" PRIu64 " answered %s %s", w->index, frame.id,
+                     epd_frame_type_name((int)frame.type), text ? text : "");
+                free(text);
+            }
         }
         request_free(&pending[seq]);
         answered++;
@@ -439,7 +484,7 @@ static void usage(void)
 {
     fprintf(stderr, "usage: check_client --socket PATH [--socket PATH]... [--seed S] [--clients C] "
                     "[--requests R] [--max-tokens N] [--window W] [--empty-slots] [--hold-ms MS] "
-                    "[--expect-clients N] [--quiet]\n");
+                    "[--expect-clients N] [--retry-busy] [--until-closed] [--quiet]\n");
     exit(2);
 }
 
@@ -463,6 +508,7 @@ int main(int argc, char **argv)
         {"max-tokens", required_argument, NULL, 'n'}, {"window", required_argument, NULL, 'w'},
         {"empty-slots", no_argument, NULL, 'e'},    {"hold-ms", required_argument, NULL, 'H'},
         {"expect-clients", required_argument, NULL, 'E'}, {"quiet", no_argument, NULL, 'q'},
+        {"retry-busy", no_argument, NULL, 'B'},     {"until-closed", no_argument, NULL, 'U'},
         {NULL, 0, NULL, 0},
     };
     int c;
@@ -487,6 +533,8 @@ int main(int argc, char **argv)
         case 'H': opt.hold_ms = parse_u32_arg(optarg, "--hold-ms", 0, 600000); break;
         case 'E': opt.expect_clients = parse_u32_arg(optarg, "--expect-clients", 0, 1 << 20); break;
         case 'q': opt.quiet = true; break;
+        case 'B': opt.retry_busy = true; break;
+        case 'U': opt.until_closed = true; break;
         default: usage();
         }
     }
@@ -551,11 +599,14 @@ int main(int argc, char **argv)
         free(io);
     }
 
-    uint64_t verified = 0, tokens = 0;
+    uint64_t verified = 0, tokens = 0, retries = 0, shutting = 0, unanswered = 0;
     for (size_t i = 0; i < n_workers; i++) {
         pthread_join(workers[i].thread, NULL);
         verified += workers[i].verified;
         tokens += workers[i].tokens;
+        retries += workers[i].busy_retries;
+        shutting += workers[i].shutting_down;
+        unanswered += workers[i].unanswered;
         if (workers[i].failure[0] != '\0') {
             fprintf(stderr, "check_client: FAIL: %s\n", workers[i].failure);
             rc = 1;
@@ -569,7 +620,15 @@ int main(int argc, char **argv)
            s->dtype == EPD_WIRE_BF16 ? "" : (s->scale == EPD_SCALE_PER_TOKEN ? " per_token" : " group128"),
            s->dtype == EPD_WIRE_BF16 ? "" : (s->scale_format == EPD_SCALE_FMT_UE8M0 ? " ue8m0" : " fp32"),
            s->expert_kind == EPD_EXPERTS_IDENTITY ? "identity" : "scale");
-    if (verified != n_workers * opt.requests) rc = 1;
+    if (opt.retry_busy || opt.until_closed)
+        printf("check_client: %" PRIu64 " busy answers retried, %" PRIu64 " answered shutting_down, "
+               "%" PRIu64 " sent but unanswered when the daemon closed\n", retries, shutting,
+               unanswered);
+    if (!opt.until_closed && verified != n_workers * opt.requests) rc = 1;
+    if (opt.until_closed && verified == 0) {
+        fprintf(stderr, "check_client: no request was answered before the daemon closed\n");
+        rc = 1;
+    }
     pthread_barrier_destroy(&connected);
     free(workers);
     return rc;

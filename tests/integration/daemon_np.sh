@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Results equal the single-process reference bit for bit at np = 1, 2 and 4, with several
+# concurrent clients per rank: BF16 and FP8 dispatch (group128 and per_token scales, fp32 and
+# ue8m0 scale formats), identity and scale experts, empty top-k slots.
+source "$(dirname "$0")/daemon_lib.bash"
+
+model=(--set model.hidden=256 --set model.num_experts=16 --set model.topk=4
+       --set dispatch.max_tokens_per_request=64)
+
+# run_case NP CLIENTS SEED ARGS...: starts the daemon, checks every rank, stops it.
+run_case() {
+    local np=$1 clients=$2 seed=$3; shift 3
+    epd_start "$np" "${model[@]}" "$@"
+    local socks=() r
+    for ((r = 0; r < np; r++)); do socks+=(--socket "$(sock $r)"); done
+    timeout 60 "$CHECK" "${socks[@]}" --clients "$clients" --requests 12 --max-tokens 40 \
+        --window 4 --seed "$seed" --empty-slots || die "np=$np $*: results differ from the reference"
+    epd_stop
+}
+
+run_case 1 3 11 --set dispatch.dtype=bf16 --set experts.kind=identity
+run_case 2 3 12 --set dispatch.dtype=fp8 --set dispatch.scale=group128 \
+    --set dispatch.scale_format=fp32 --set experts.kind=scale
+run_case 2 2 13 --set dispatch.dtype=fp8 --set dispatch.scale=per_token \
+    --set dispatch.scale_format=ue8m0 --set experts.kind=scale
+run_case 4 2 14 --set dispatch.dtype=bf16 --set experts.kind=scale
+run_case 4 2 15 --set dispatch.dtype=fp8 --set dispatch.scale=group128 \
+    --set dispatch.scale_format=ue8m0 --set experts.kind=identity
+run_case 4 2 16 --set dispatch.dtype=fp8 --set dispatch.scale=per_token \
+    --set dispatch.scale_format=fp32 --set experts.kind=scale
+echo "PASS: np 1, 2, 4 equal the reference (bf16, fp8 group128/per_token x fp32/ue8m0, identity/scale)"
