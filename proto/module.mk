@@ -1,4 +1,60 @@
-# proto/: the wire codec (PROTO_SRCS, linked by the daemon too). libepd, epctl, tests and fuzz follow.
+# proto/: the wire codec (PROTO_SRCS, linked by the daemon too), libepd (static, shared, pkg-config),
+# epctl, the codec's unit tests, and `make fuzz` (libFuzzer harness of the decoder).
+
 PROTO_SRCS := proto/frame.c proto/tensor.c proto/submit.c
-UNIT_TESTS += frame
+LIBEPD_SRCS := $(PROTO_SRCS) proto/client.c common/status.c common/parse.c
+EPCTL_SRCS := proto/epctl.c
+
+# The Makefile defines `obj` after including the module.mk files, so prerequisites (expanded
+# while this file is read) use this local twin of it.
+proto_obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+
+# libepd needs cJSON and pthreads only: never MPI, libevent or CUDA.
+LIBEPD_LIBS = $(shell pkg-config --libs libcjson 2>/dev/null) -lpthread -lm
+LIBEPD_SONAME := libepd.so.0
+
+BINS += $(BUILD)/libepd.a $(BUILD)/libepd.so $(BUILD)/epd.pc $(BUILD)/epctl
+
+$(BUILD)/libepd.a: $(call proto_obj,$(LIBEPD_SRCS))
+	@mkdir -p $(dir $@)
+	rm -f $@
+	ar rcs $@ $^
+
+# Only epd_client_* is exported (proto/libepd.map); everything else stays inside the library.
+$(BUILD)/libepd.so: $(call proto_obj,$(LIBEPD_SRCS)) proto/libepd.map
+	@mkdir -p $(dir $@)
+	$(CC) -shared -o $@ $(call proto_obj,$(LIBEPD_SRCS)) -Wl,-soname,$(LIBEPD_SONAME) \
+	    -Wl,--version-script=proto/libepd.map -Wl,--no-undefined $(LIBEPD_LIBS) $(LDFLAGS)
+
+$(BUILD)/epd.pc: proto/epd.pc.in
+	@mkdir -p $(dir $@)
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' $< > $@
+
+$(BUILD)/epctl: $(call proto_obj,$(EPCTL_SRCS)) $(BUILD)/libepd.a
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE_CFLAGS) -o $@ $(call proto_obj,$(EPCTL_SRCS)) $(BUILD)/libepd.a $(LIBEPD_LIBS) $(LDFLAGS)
+
+INSTALL_EXTRA += install -m 0644 $(BUILD)/libepd.a $(DESTDIR)$(PREFIX)/lib/ ; \
+	install -m 0755 $(BUILD)/libepd.so $(DESTDIR)$(PREFIX)/lib/$(LIBEPD_SONAME) ; \
+	ln -sf $(LIBEPD_SONAME) $(DESTDIR)$(PREFIX)/lib/libepd.so ; \
+	install -m 0644 proto/epd.h $(DESTDIR)$(PREFIX)/include/ ; \
+	install -m 0644 $(BUILD)/epd.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/ ;
+
+UNIT_TESTS += frame client
 test_frame_SRCS := $(PROTO_SRCS) common/status.c common/parse.c
+test_client_SRCS := $(LIBEPD_SRCS)
+
+# make fuzz [FUZZ_SECONDS=60]: the decoder + SUBMIT validation under libFuzzer, ASan and UBSan,
+# on a copy of tests/fuzz/corpus in $(BUILD)/fuzz/corpus.
+FUZZ_SECONDS ?= 60
+FUZZ_CC ?= clang
+FUZZ_SRCS := tests/fuzz/fuzz_frame.c $(PROTO_SRCS) common/status.c common/parse.c
+
+$(BUILD)/fuzz/fuzz_frame: $(FUZZ_SRCS) $(wildcard proto/*.h common/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) -std=gnu11 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	    -ffp-contract=off -D_GNU_SOURCE -I. $(shell pkg-config --cflags libcjson 2>/dev/null) \
+	    -o $@ $(FUZZ_SRCS) $(shell pkg-config --libs libcjson 2>/dev/null) -lm
+
+fuzz: $(BUILD)/fuzz/fuzz_frame
+	@BUILD=$(BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh

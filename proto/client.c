@@ -1,0 +1,690 @@
+/* libepd: one client = one Unix socket connection to the daemon. Blocking calls with a deadline
+ * (poll), a queue of answers that arrived before they were asked for (pipelining, errors that
+ * overtake results), and per-client error reporting. No global state. */
+#include "proto/epd.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/status.h"
+#include "proto/frame.h"
+
+#ifndef EPD_VERSION
+#define EPD_VERSION "0"
+#endif
+
+/* Largest RESULT/REPLY payload the client accepts (the daemon's own limit is its config). */
+#define CLIENT_MAX_PAYLOAD ((uint64_t)1 << 36)
+#define CLIENT_READ_CHUNK (256u * 1024u)
+
+typedef struct queued_frame {
+    epd_frame_t frame;
+    struct queued_frame *next;
+} queued_frame_t;
+
+struct epd_client {
+    int fd;
+    int timeout_ms;
+    epd_decoder_t dec;
+    uint8_t *rbuf;           /* bytes read but not yet fed to the decoder */
+    size_t roff;
+    size_t rlen;
+    queued_frame_t *head;    /* frames received before anyone asked for them */
+    queued_frame_t *tail;
+    uint64_t in_flight;
+    char code[EPD_CLIENT_CODE_LEN];
+    char message[EPD_CLIENT_MESSAGE_LEN];
+};
+
+static const char *const rc_names[] = {
+    [EPD_CLIENT_OK] = "ok",
+    [EPD_CLIENT_ERR_DAEMON] = "daemon",
+    [EPD_CLIENT_ERR_CONNECT] = "connect",
+    [EPD_CLIENT_ERR_TIMEOUT] = "timeout",
+    [EPD_CLIENT_ERR_CLOSED] = "closed",
+    [EPD_CLIENT_ERR_PROTOCOL] = "protocol",
+    [EPD_CLIENT_ERR_IO] = "io",
+    [EPD_CLIENT_ERR_INVALID_ARG] = "invalid_argument",
+    [EPD_CLIENT_ERR_NO_MEMORY] = "no_memory",
+};
+
+EPD_CLIENT_API const char *epd_client_rc_name(int rc)
+{
+    if (rc < 0 || (size_t)rc >= EPD_ARRAY_SIZE(rc_names)) return "unknown";
+    return rc_names[rc];
+}
+
+EPD_CLIENT_API const char *epd_client_version(void)
+{
+    return EPD_VERSION;
+}
+
+/* Records a failure (code = the rc's name unless given) and returns rc. */
+static int client_fail(epd_client_t *c, int rc, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int client_fail(epd_client_t *c, int rc, const char *code, const char *fmt, ...)
+{
+    va_list ap;
+    snprintf(c->code, sizeof(c->code), "%s", code ? code : epd_client_rc_name(rc));
+    va_start(ap, fmt);
+    vsnprintf(c->message, sizeof(c->message), fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+static void client_ok(epd_client_t *c)
+{
+    c->code[0] = '\0';
+    c->message[0] = '\0';
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t deadline_after(int timeout_ms)
+{
+    return timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+}
+
+/* Milliseconds left before deadline, for poll (-1: none). */
+static int ms_left(int64_t deadline)
+{
+    if (deadline < 0) return -1;
+    int64_t left = deadline - now_ms();
+    if (left <= 0) return 0;
+    return left > INT32_MAX ? INT32_MAX : (int)left;
+}
+
+EPD_CLIENT_API epd_client_t *epd_client_create(void)
+{
+    epd_client_t *c = calloc(1, sizeof(*c));
+    if (c == NULL) return NULL;
+    c->rbuf = malloc(CLIENT_READ_CHUNK);
+    if (c->rbuf == NULL) {
+        free(c);
+        return NULL;
+    }
+    c->fd = -1;
+    c->timeout_ms = 30000;
+    epd_decoder_init(&c->dec, CLIENT_MAX_PAYLOAD, EPD_FRAME_MAX_META);
+    return c;
+}
+
+static void queue_clear(epd_client_t *c)
+{
+    while (c->head != NULL) {
+        queued_frame_t *q = c->head;
+        c->head = q->next;
+        epd_frame_free(&q->frame);
+        free(q);
+    }
+    c->tail = NULL;
+}
+
+/* Closes the socket but keeps the answers already queued (they can still be collected). */
+static void client_disconnect(epd_client_t *c)
+{
+    if (c->fd >= 0) close(c->fd);
+    c->fd = -1;
+    epd_decoder_reset(&c->dec);
+    c->roff = c->rlen = 0;
+}
+
+EPD_CLIENT_API void epd_client_close(epd_client_t *c)
+{
+    if (c == NULL) return;
+    if (c->fd >= 0) close(c->fd);
+    c->fd = -1;
+    queue_clear(c);
+    epd_decoder_reset(&c->dec);
+    c->roff = c->rlen = 0;
+    c->in_flight = 0;
+}
+
+EPD_CLIENT_API void epd_client_destroy(epd_client_t *c)
+{
+    if (c == NULL) return;
+    epd_client_close(c);
+    epd_decoder_free(&c->dec);
+    free(c->rbuf);
+    free(c);
+}
+
+EPD_CLIENT_API void epd_client_set_timeout(epd_client_t *c, int timeout_ms)
+{
+    if (c != NULL) c->timeout_ms = timeout_ms;
+}
+
+EPD_CLIENT_API const char *epd_client_last_error(const epd_client_t *c)
+{
+    return c ? c->code : "invalid_argument";
+}
+
+EPD_CLIENT_API const char *epd_client_last_message(const epd_client_t *c)
+{
+    return c ? c->message : "no client";
+}
+
+EPD_CLIENT_API uint64_t epd_client_in_flight(const epd_client_t *c)
+{
+    return c ? c->in_flight : 0;
+}
+
+EPD_CLIENT_API int epd_client_connect(epd_client_t *c, const char *path, int timeout_ms)
+{
+    struct sockaddr_un addr;
+    int64_t deadline = deadline_after(timeout_ms);
+    int fd, rc;
+
+    if (c == NULL) return EPD_CLIENT_ERR_INVALID_ARG;
+    if (path == NULL || *path == '\0') {
+        return client_fail(c, EPD_CLIENT_ERR_INVALID_ARG, NULL, "no socket path given");
+    }
+    if (strlen(path) >= sizeof(addr.sun_path)) {
+        return client_fail(c, EPD_CLIENT_ERR_CONNECT, NULL,
+                           "cannot connect to %.200s: the path is longer than %zu bytes", path,
+                           sizeof(addr.sun_path) - 1);
+    }
+    epd_client_close(c);
+    c->timeout_ms = timeout_ms;
+    memset(&addr, 0, sizeof(addr));
+    addr.sun_family = AF_UNIX;
+    memcpy(addr.sun_path, path, strlen(path) + 1);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return client_fail(c, EPD_CLIENT_ERR_CONNECT, NULL, "cannot connect to %.200s: socket: %s",
+                           path, strerror(errno));
+    }
+    for (;;) {
+        rc = connect(fd, (struct sockaddr *)&addr, sizeof(addr));
+        if (rc == 0) break;
+        if (errno == EINTR) continue;
+        if (errno == EINPROGRESS) {
+            struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+            int err = 0;
+            socklen_t len = sizeof(err);
+            int n = poll(&pfd, 1, ms_left(deadline));
+            if (n == 0) {
+                close(fd);
+                return client_fail(c, EPD_CLIENT_ERR_TIMEOUT, NULL,
+                                   "cannot connect to %.200s: no answer within %d ms", path,
+                                   timeout_ms);
+            }
+            if (n < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+            if (err == 0) break;
+            errno = err;
+        }
+        /* a full accept queue answers EAGAIN on a non-blocking Unix socket: retry until the end */
+        if (errno == EAGAIN && ms_left(deadline) != 0) {
+            struct timespec pause = {.tv_sec = 0, .tv_nsec = 5 * 1000 * 1000};
+            nanosleep(&pause, NULL);
+            continue;
+        }
+        int saved = errno;
+        close(fd);
+        if (saved == EAGAIN) {
+            return client_fail(c, EPD_CLIENT_ERR_TIMEOUT, NULL,
+                               "cannot connect to %.200s: the daemon's accept queue stayed full "
+                               "for %d ms", path, timeout_ms);
+        }
+        return client_fail(c, EPD_CLIENT_ERR_CONNECT, NULL, "cannot connect to %.200s: %s", path,
+                           strerror(saved));
+    }
+    c->fd = fd;
+    client_ok(c);
+    return EPD_CLIENT_OK;
+}
+
+/* ---- receiving ---- */
+
+static void queue_push(epd_client_t *c, queued_frame_t *q)
+{
+    q->next = NULL;
+    if (c->tail) c->tail->next = q;
+    else c->head = q;
+    c->tail = q;
+}
+
+/* Feeds buffered bytes to the decoder; on a whole frame, queues it and returns OK. AGAIN when the
+ * buffered bytes ran out. */
+static int client_decode_buffered(epd_client_t *c, bool *got_p)
+{
+    char err[EPD_ERR_LEN];
+    *got_p = false;
+    while (c->roff < c->rlen) {
+        epd_frame_t frame;
+        size_t used = 0;
+        epd_status_t status =
+            epd_decoder_feed(&c->dec, c->rbuf + c->roff, c->rlen - c->roff, &used, &frame, err);
+        c->roff += used;
+        if (status == EPD_ERR_AGAIN) break;
+        if (status != EPD_OK) {
+            client_disconnect(c);
+            return client_fail(c, status == EPD_ERR_NO_MEMORY ? EPD_CLIENT_ERR_NO_MEMORY
+                                                               : EPD_CLIENT_ERR_PROTOCOL,
+                               NULL, "the daemon sent a bad frame (%s): %s",
+                               epd_status_name(status), err);
+        }
+        queued_frame_t *q = malloc(sizeof(*q));
+        if (q == NULL) {
+            epd_frame_free(&frame);
+            return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "cannot queue a reply");
+        }
+        q->frame = frame;
+        queue_push(c, q);
+        *got_p = true;
+        return EPD_CLIENT_OK;
+    }
+    c->roff = c->rlen = 0;
+    return EPD_CLIENT_OK;
+}
+
+/* One read from the socket into rbuf (which the caller has drained), then decoding. */
+static int client_read_some(epd_client_t *c)
+{
+    ssize_t n;
+    bool got;
+    do {
+        n = recv(c->fd, c->rbuf, CLIENT_READ_CHUNK, 0);
+    } while (n < 0 && errno == EINTR);
+    if (n == 0) {
+        bool idle = epd_decoder_idle(&c->dec);
+        client_disconnect(c);
+        return client_fail(c, EPD_CLIENT_ERR_CLOSED, NULL,
+                           idle ? "the daemon closed the connection"
+                                : "the daemon closed the connection in the middle of a frame");
+    }
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return EPD_CLIENT_OK;
+        return client_fail(c, EPD_CLIENT_ERR_IO, NULL, "reading from the daemon: %s",
+                           strerror(errno));
+    }
+    c->roff = 0;
+    c->rlen = (size_t)n;
+    /* decode every whole frame of this read into the queue */
+    for (;;) {
+        int rc = client_decode_buffered(c, &got);
+        if (rc != EPD_CLIENT_OK) return rc;
+        if (!got) return EPD_CLIENT_OK;
+    }
+}
+
+static int client_require_connected(epd_client_t *c)
+{
+    if (c->fd < 0) return client_fail(c, EPD_CLIENT_ERR_CLOSED, NULL, "not connected");
+    return EPD_CLIENT_OK;
+}
+
+/* Waits until the queue holds a frame that match() accepts and unlinks it into *frame_p. */
+typedef bool (*frame_match_fn)(const epd_frame_t *frame, const void *arg);
+
+static int client_take(epd_client_t *c, frame_match_fn match, const void *arg,
+                       epd_frame_t *frame_p)
+{
+    int64_t deadline = deadline_after(c->timeout_ms);
+    queued_frame_t *scanned = NULL; /* frames before this one were already rejected */
+    int rc;
+
+    for (;;) {
+        queued_frame_t **link = scanned ? &scanned->next : &c->head;
+        for (queued_frame_t *q = *link; q != NULL; link = &q->next, q = q->next) {
+            if (match(&q->frame, arg)) {
+                *link = q->next;
+                if (c->tail == q) c->tail = scanned;
+                *frame_p = q->frame;
+                free(q);
+                return EPD_CLIENT_OK;
+            }
+            scanned = q;
+        }
+        rc = client_require_connected(c);
+        if (rc != EPD_CLIENT_OK) return rc;
+        struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
+        int n = poll(&pfd, 1, ms_left(deadline));
+        if (n < 0 && errno != EINTR) {
+            return client_fail(c, EPD_CLIENT_ERR_IO, NULL, "poll: %s", strerror(errno));
+        }
+        if (n == 0) {
+            return client_fail(c, EPD_CLIENT_ERR_TIMEOUT, NULL,
+                               "no answer from the daemon within %d ms", c->timeout_ms);
+        }
+        if (n > 0) {
+            rc = client_read_some(c);
+            if (rc != EPD_CLIENT_OK) return rc;
+        }
+    }
+}
+
+/* ---- sending ---- */
+
+/* The daemon closed while we were sending: collect what it said before closing (an ERROR about
+ * the connection, e.g. a framing error) so the failure names it; queued answers stay available. */
+static int client_closed_on_send(epd_client_t *c)
+{
+    while (c->fd >= 0 && client_read_some(c) == EPD_CLIENT_OK) {
+        struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
+        if (poll(&pfd, 1, 0) <= 0) break;
+    }
+    client_disconnect(c);
+    for (queued_frame_t *q = c->head; q != NULL; q = q->next) {
+        if (q->frame.type == EPD_FRAME_ERROR && q->frame.id_kind != EPD_FRAME_ID_VALID) {
+            const cJSON *code = cJSON_GetObjectItemCaseSensitive(q->frame.meta, "code");
+            const cJSON *msg = cJSON_GetObjectItemCaseSensitive(q->frame.meta, "message");
+            return client_fail(c, EPD_CLIENT_ERR_CLOSED, NULL,
+                               "the daemon closed the connection after an error: %.31s: %.300s",
+                               cJSON_IsString(code) ? code->valuestring : "?",
+                               cJSON_IsString(msg) ? msg->valuestring : "");
+        }
+    }
+    return client_fail(c, EPD_CLIENT_ERR_CLOSED, NULL, "the daemon closed the connection");
+}
+
+/* Writes a whole encoded frame; while the socket is full, reads answers into the queue. */
+static int client_send_out(epd_client_t *c, const epd_frame_out_t *out)
+{
+    struct iovec iov[1 + EPD_FRAME_OUT_PARTS];
+    int n_iov = 0, first = 0;
+    int64_t deadline = deadline_after(c->timeout_ms);
+    int rc;
+
+    iov[n_iov].iov_base = out->head;
+    iov[n_iov++].iov_len = out->head_len;
+    for (size_t i = 0; i < out->n_parts; i++) {
+        if (out->part_len[i] == 0) continue;
+        iov[n_iov].iov_base = (void *)out->part[i];
+        iov[n_iov++].iov_len = out->part_len[i];
+    }
+    while (first < n_iov) {
+        struct msghdr msg = {.msg_iov = iov + first, .msg_iovlen = (size_t)(n_iov - first)};
+        ssize_t n = sendmsg(c->fd, &msg, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EPIPE || errno == ECONNRESET) return client_closed_on_send(c);
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                return client_fail(c, EPD_CLIENT_ERR_IO, NULL, "writing to the daemon: %s",
+                                   strerror(errno));
+            }
+            struct pollfd pfd = {.fd = c->fd, .events = POLLOUT | POLLIN};
+            int ready = poll(&pfd, 1, ms_left(deadline));
+            if (ready < 0 && errno != EINTR) {
+                return client_fail(c, EPD_CLIENT_ERR_IO, NULL, "poll: %s", strerror(errno));
+            }
+            if (ready == 0) {
+                return client_fail(c, EPD_CLIENT_ERR_TIMEOUT, NULL,
+                                   "the daemon did not take a frame within %d ms",
+                                   c->timeout_ms);
+            }
+            if (ready > 0 && (pfd.revents & (POLLIN | POLLHUP | POLLERR))) {
+                rc = client_read_some(c);
+                if (rc != EPD_CLIENT_OK) return rc;
+            }
+            continue;
+        }
+        size_t left = (size_t)n;
+        while (first < n_iov && left >= iov[first].iov_len) {
+            left -= iov[first].iov_len;
+            first++;
+        }
+        if (first < n_iov) {
+            iov[first].iov_base = (uint8_t *)iov[first].iov_base + left;
+            iov[first].iov_len -= left;
+        }
+    }
+    return EPD_CLIENT_OK;
+}
+
+/* ---- replies ---- */
+
+EPD_CLIENT_API void epd_client_reply_free(epd_client_reply_t *reply)
+{
+    if (reply == NULL) return;
+    free(reply->storage);
+    memset(reply, 0, sizeof(*reply));
+}
+
+static void copy_str(char *dst, size_t len, const cJSON *item, const char *fallback)
+{
+    snprintf(dst, len, "%s", cJSON_IsString(item) ? item->valuestring : fallback);
+}
+
+/* Turns a RESULT or ERROR frame into a reply (taking the frame's payload); frees the frame. */
+static int reply_from_frame(epd_client_t *c, epd_frame_t *frame, epd_client_reply_t *r)
+{
+    char err[EPD_ERR_LEN];
+    int rc = EPD_CLIENT_OK;
+
+    memset(r, 0, sizeof(*r));
+    r->has_id = frame->id_kind == EPD_FRAME_ID_VALID;
+    r->id = frame->id;
+    if (frame->type == EPD_FRAME_ERROR) {
+        r->status = EPD_CLIENT_ERR_DAEMON;
+        copy_str(r->code, sizeof(r->code), cJSON_GetObjectItemCaseSensitive(frame->meta, "code"),
+                 "internal");
+        copy_str(r->message, sizeof(r->message),
+                 cJSON_GetObjectItemCaseSensitive(frame->meta, "message"), "(no message)");
+        if (r->has_id) {
+            client_fail(c, EPD_CLIENT_ERR_DAEMON, r->code, "request %" PRIu64 ": %s", r->id,
+                        r->message);
+        } else {
+            client_fail(c, EPD_CLIENT_ERR_DAEMON, r->code, "%s", r->message);
+        }
+        rc = EPD_CLIENT_ERR_DAEMON;
+        goto out;
+    }
+    if (frame->type != EPD_FRAME_RESULT || !r->has_id) {
+        rc = client_fail(c, EPD_CLIENT_ERR_PROTOCOL, NULL,
+                         "expected a RESULT or ERROR with an id, got a %s frame",
+                         epd_frame_type_name(frame->type));
+        goto out;
+    }
+    epd_tensor_t y;
+    const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(frame->meta, "tensors");
+    const cJSON *step = cJSON_GetObjectItemCaseSensitive(frame->meta, "step");
+    if (epd_tensor_parse(cJSON_GetObjectItemCaseSensitive(tensors, "y"), "y", frame->payload_len,
+                         &y, err) != EPD_OK) {
+        rc = client_fail(c, EPD_CLIENT_ERR_PROTOCOL, NULL, "bad RESULT %" PRIu64 ": %s", r->id,
+                         err);
+        goto out;
+    }
+    if (y.dtype != EPD_DTYPE_BF16 || y.ndim != 2 || y.begin != 0 || y.end != frame->payload_len ||
+        y.shape[0] > UINT32_MAX || y.shape[1] > UINT32_MAX) {
+        rc = client_fail(c, EPD_CLIENT_ERR_PROTOCOL, NULL,
+                         "bad RESULT %" PRIu64 ": y must be bf16 [N, H] filling the payload",
+                         r->id);
+        goto out;
+    }
+    r->status = EPD_CLIENT_OK;
+    r->n_tokens = (uint32_t)y.shape[0];
+    r->hidden = (uint32_t)y.shape[1];
+    r->step = cJSON_IsNumber(step) && step->valuedouble >= 0 ? (uint64_t)step->valuedouble : 0;
+    r->storage = frame->payload;
+    r->y = (const uint16_t *)(const void *)frame->payload;
+    frame->payload = NULL;
+    client_ok(c);
+out:
+    epd_frame_free(frame);
+    return rc;
+}
+
+static bool match_answer(const epd_frame_t *f, const void *arg)
+{
+    (void)arg;
+    return f->type == EPD_FRAME_RESULT || f->type == EPD_FRAME_ERROR;
+}
+
+typedef struct {
+    uint64_t id;
+} id_match_t;
+
+static bool match_id(const epd_frame_t *f, const void *arg)
+{
+    const id_match_t *m = arg;
+    if (f->type == EPD_FRAME_ERROR && f->id_kind != EPD_FRAME_ID_VALID) return true;
+    return (f->type == EPD_FRAME_RESULT || f->type == EPD_FRAME_ERROR) &&
+           f->id_kind == EPD_FRAME_ID_VALID && f->id == m->id;
+}
+
+static bool match_control(const epd_frame_t *f, const void *arg)
+{
+    (void)arg;
+    return f->type == EPD_FRAME_REPLY ||
+           (f->type == EPD_FRAME_ERROR && f->id_kind != EPD_FRAME_ID_VALID);
+}
+
+static int client_get_reply(epd_client_t *c, frame_match_fn match, const void *arg,
+                            epd_client_reply_t *reply_p)
+{
+    epd_frame_t frame;
+    int rc;
+
+    memset(reply_p, 0, sizeof(*reply_p));
+    rc = client_take(c, match, arg, &frame);
+    if (rc != EPD_CLIENT_OK) return rc;
+    rc = reply_from_frame(c, &frame, reply_p);
+    if (reply_p->has_id && c->in_flight > 0) c->in_flight--;
+    if (rc != EPD_CLIENT_OK && rc != EPD_CLIENT_ERR_DAEMON) epd_client_reply_free(reply_p);
+    return rc;
+}
+
+EPD_CLIENT_API int epd_client_recv(epd_client_t *c, epd_client_reply_t *reply_p)
+{
+    if (c == NULL || reply_p == NULL) return EPD_CLIENT_ERR_INVALID_ARG;
+    return client_get_reply(c, match_answer, NULL, reply_p);
+}
+
+EPD_CLIENT_API int epd_client_wait(epd_client_t *c, uint64_t id, epd_client_reply_t *reply_p)
+{
+    id_match_t m = {.id = id};
+    if (c == NULL || reply_p == NULL) return EPD_CLIENT_ERR_INVALID_ARG;
+    return client_get_reply(c, match_id, &m, reply_p);
+}
+
+EPD_CLIENT_API int epd_client_send(epd_client_t *c, const epd_client_batch_t *b)
+{
+    epd_frame_out_t out;
+    char err[EPD_ERR_LEN];
+    int rc;
+
+    if (c == NULL) return EPD_CLIENT_ERR_INVALID_ARG;
+    if (b == NULL || b->n_tokens == 0 || b->hidden == 0 || b->topk == 0 || b->x == NULL ||
+        b->topk_ids == NULL || b->topk_weights == NULL) {
+        return client_fail(c, EPD_CLIENT_ERR_INVALID_ARG, NULL,
+                           "a batch needs N, H, K >= 1 and x, topk_ids, topk_weights");
+    }
+    rc = client_require_connected(c);
+    if (rc != EPD_CLIENT_OK) return rc;
+    epd_status_t status = epd_frame_encode_submit(b->id, b->n_tokens, b->hidden, b->topk, b->x,
+                                                  b->topk_ids, b->topk_weights, &out, err);
+    if (status != EPD_OK) {
+        return client_fail(c, status == EPD_ERR_NO_MEMORY ? EPD_CLIENT_ERR_NO_MEMORY
+                                                          : EPD_CLIENT_ERR_INVALID_ARG,
+                           NULL, "cannot encode the batch: %s", err);
+    }
+    rc = client_send_out(c, &out);
+    epd_frame_out_free(&out);
+    if (rc != EPD_CLIENT_OK) return rc;
+    c->in_flight++;
+    client_ok(c);
+    return EPD_CLIENT_OK;
+}
+
+EPD_CLIENT_API int epd_client_submit(epd_client_t *c, const epd_client_batch_t *b, uint16_t *y,
+                                     uint64_t *step_p)
+{
+    epd_client_reply_t reply;
+    int rc;
+
+    if (c == NULL) return EPD_CLIENT_ERR_INVALID_ARG;
+    if (y == NULL) return client_fail(c, EPD_CLIENT_ERR_INVALID_ARG, NULL, "y is NULL");
+    rc = epd_client_send(c, b);
+    if (rc != EPD_CLIENT_OK) return rc;
+    rc = epd_client_wait(c, b->id, &reply);
+    if (rc != EPD_CLIENT_OK) {
+        epd_client_reply_free(&reply);
+        return rc;
+    }
+    if (reply.n_tokens != b->n_tokens || reply.hidden != b->hidden) {
+        rc = client_fail(c, EPD_CLIENT_ERR_PROTOCOL, NULL,
+                         "RESULT %" PRIu64 " has y [%u, %u], the batch was [%u, %u]", b->id,
+                         reply.n_tokens, reply.hidden, b->n_tokens, b->hidden);
+    } else {
+        memcpy(y, reply.y, (size_t)b->n_tokens * b->hidden * sizeof(uint16_t));
+        if (step_p) *step_p = reply.step;
+    }
+    epd_client_reply_free(&reply);
+    return rc;
+}
+
+EPD_CLIENT_API int epd_client_control(epd_client_t *c, const char *op, char **json_p,
+                                      char **payload_p, size_t *payload_len_p)
+{
+    epd_frame_out_t out;
+    epd_frame_t frame;
+    char err[EPD_ERR_LEN];
+    int rc;
+
+    if (c == NULL) return EPD_CLIENT_ERR_INVALID_ARG;
+    if (json_p == NULL) return client_fail(c, EPD_CLIENT_ERR_INVALID_ARG, NULL, "json_p is NULL");
+    *json_p = NULL;
+    if (payload_p) *payload_p = NULL;
+    if (payload_len_p) *payload_len_p = 0;
+    rc = client_require_connected(c);
+    if (rc != EPD_CLIENT_OK) return rc;
+    if (epd_frame_encode_control(op, &out, err) != EPD_OK) {
+        return client_fail(c, EPD_CLIENT_ERR_INVALID_ARG, NULL, "%s", err);
+    }
+    rc = client_send_out(c, &out);
+    epd_frame_out_free(&out);
+    if (rc != EPD_CLIENT_OK) return rc;
+    rc = client_take(c, match_control, NULL, &frame);
+    if (rc != EPD_CLIENT_OK) return rc;
+    if (frame.type == EPD_FRAME_ERROR) {
+        epd_client_reply_t reply;
+        rc = reply_from_frame(c, &frame, &reply); /* records code and message, frees the frame */
+        epd_client_reply_free(&reply);
+        return rc;
+    }
+    *json_p = cJSON_PrintUnformatted(frame.meta);
+    if (*json_p == NULL) {
+        epd_frame_free(&frame);
+        return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "cannot print the reply");
+    }
+    if (payload_p) {
+        char *p = realloc(frame.payload, (size_t)frame.payload_len + 1);
+        if (p == NULL) {
+            epd_frame_free(&frame);
+            free(*json_p);
+            *json_p = NULL;
+            return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "cannot copy the payload");
+        }
+        p[frame.payload_len] = '\0';
+        *payload_p = p;
+        if (payload_len_p) *payload_len_p = (size_t)frame.payload_len;
+        frame.payload = NULL;
+    }
+    epd_frame_free(&frame);
+    client_ok(c);
+    return EPD_CLIENT_OK;
+}
+
+EPD_CLIENT_API void epd_client_free(void *ptr)
+{
+    free(ptr);
+}

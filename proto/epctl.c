@@ -1,0 +1,868 @@
+/* epctl: the operator's and benchmarker's client of epd (DESIGN.md section 9). Control queries
+ * (health, stats, config, metrics), one random batch (submit), and a multi-connection load
+ * generator (bench). Exit codes: 0 ok, 1 the daemon answered with an error (or failed mid-way),
+ * 2 usage, 3 cannot connect. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/parse.h"
+#include "proto/epd.h"
+
+enum { EXIT_DAEMON = 1, EXIT_USAGE = 2, EXIT_CONNECT = 3 };
+
+#define MAX_SOCKETS 64
+#define MAX_CONCURRENCY 1024
+#define MAX_PIPELINE 256
+
+typedef struct options {
+    const char *sockets[MAX_SOCKETS];
+    int n_sockets;
+    char *socket_lists[MAX_SOCKETS]; /* strdup'ed comma lists, split in place */
+    int n_lists;
+    bool json;
+    int timeout_ms;
+    const char *command;
+    uint64_t tokens;
+    uint64_t seed;
+    uint64_t id;
+    uint64_t requests;       /* 0: not given */
+    uint64_t concurrency;
+    uint64_t pipeline;
+    double duration;         /* seconds; 0: not given */
+} options_t;
+
+/* The model shape every batch must match, from the daemon's config reply. */
+typedef struct model {
+    uint32_t hidden;
+    uint32_t topk;
+    uint32_t num_experts;
+    char dtype[16];
+} model_t;
+
+static const struct {
+    const char *name;
+    const char *summary;
+    const char *help;
+} commands[] = {
+    {"health", "is the daemon serving? (exit 0 when it answers)",
+     "usage: epctl [--socket PATH]... [--json] health\n"
+     "Asks each daemon socket for its health and prints the reply.\n"},
+    {"stats", "counters: requests, tokens, steps, queue, errors, latencies",
+     "usage: epctl [--socket PATH]... [--json] stats\n"
+     "Prints the daemon's statistics reply (JSON with --json).\n"},
+    {"config", "the daemon's effective settings (model.hidden, dispatch.dtype, ...)",
+     "usage: epctl [--socket PATH]... [--json] config\n"
+     "Prints every setting of the running daemon, one `key = value` a line (JSON with --json).\n"},
+    {"metrics", "Prometheus text exposition of the daemon's metrics",
+     "usage: epctl [--socket PATH]... [--json] metrics\n"
+     "Prints the daemon's metrics in the Prometheus text format (with --json: a JSON object\n"
+     "{\"reply\": <meta>, \"text\": <exposition>}).\n"},
+    {"submit", "send one random batch and summarize the output",
+     "usage: epctl [--socket PATH] [--json] submit [--tokens N] [--seed S] [--id ID]\n"
+     "Reads H, K and E from the daemon's config, sends one batch of N tokens (default 16): x\n"
+     "normal(0, 1) in bf16 with a few outliers, K distinct random expert ids per token in [0, E)\n"
+     "(now and then -1, an empty slot), softmax weights. Prints the id, N, the step, the round-trip\n"
+     "time and the output's abs-mean, sum and FNV-1a hash. Same seed, same batch (default seed 1).\n"},
+    {"bench", "load generator: tokens/s, requests/s, latency percentiles",
+     "usage: epctl [--socket PATH[,PATH...]]... [--json] bench [--tokens N] [--requests R]\n"
+     "             [--concurrency C] [--duration S] [--pipeline D] [--seed S]\n"
+     "Opens C connections (one thread each, default 1), spread round-robin over the sockets, and\n"
+     "sends R requests of N tokens in total (defaults 128 tokens, 1000 requests), or runs for S\n"
+     "seconds when --duration is given (whichever ends first when both are). Each connection keeps\n"
+     "up to D requests in flight (default 1). Reports tokens/s, requests/s, latency p50/p90/p99\n"
+     "and errors by code; a progress line is shown when stderr is a terminal.\n"},
+};
+
+static void usage_main(FILE *out)
+{
+    fprintf(out,
+            "usage: epctl [--socket PATH]... [--json] [--timeout MS] COMMAND [OPTIONS]\n"
+            "       epctl COMMAND --help | epctl --help | epctl --version\n"
+            "\nThe client of epd, the expert-parallel MoE dispatch daemon.\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
+        fprintf(out, "  %-8s %s\n", commands[i].name, commands[i].summary);
+    }
+    fprintf(out,
+            "\noptions:\n"
+            "  -s, --socket PATH  daemon socket; repeat it or give a comma list to use several\n"
+            "                     (bench spreads its connections over them). Default: $EPD_SOCKET,\n"
+            "                     else " EPD_CLIENT_DEFAULT_SOCKET "\n"
+            "  --json             machine-readable output (one JSON document)\n"
+            "  --timeout MS       how long to wait for the daemon (default 30000)\n"
+            "  -h, --help         this text; `epctl COMMAND --help` explains a command\n"
+            "  --version          print the version\n"
+            "\nexit status: 0 ok, 1 the daemon answered with an error, 2 usage, 3 cannot connect\n");
+}
+
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "epctl: ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n(see epctl --help)\n");
+    return EXIT_USAGE;
+}
+
+static int find_command(const char *name)
+{
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
+        if (strcmp(commands[i].name, name) == 0) return (int)i;
+    }
+    return -1;
+}
+
+static int add_sockets(options_t *o, const char *arg)
+{
+    char *list, *save = NULL;
+    if (o->n_lists == MAX_SOCKETS) return usage_error("too many --socket options");
+    list = strdup(arg);
+    if (list == NULL) return usage_error("out of memory");
+    o->socket_lists[o->n_lists++] = list;
+    for (char *p = strtok_r(list, ",", &save); p != NULL; p = strtok_r(NULL, ",", &save)) {
+        if (o->n_sockets == MAX_SOCKETS) return usage_error("at most %d sockets", MAX_SOCKETS);
+        o->sockets[o->n_sockets++] = p;
+    }
+    if (o->n_sockets == 0) return usage_error("--socket needs a path");
+    return 0;
+}
+
+static int parse_number(const char *opt, const char *val, uint64_t min, uint64_t max,
+                        uint64_t *out_p)
+{
+    char err[EPD_ERR_LEN];
+    if (epd_parse_u64(val, 10, min, max, out_p, err) != EPD_OK) {
+        return usage_error("%s: %s", opt, err);
+    }
+    return 0;
+}
+
+/* Parses argv into o; returns -1 to go on, or an exit status (help printed, usage error). */
+static int parse_args(int argc, char **argv, options_t *o)
+{
+    int cmd = -1, rc;
+    bool cmd_help = false;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            if (cmd < 0) {
+                usage_main(stdout);
+                return 0;
+            }
+            cmd_help = true;
+            continue;
+        }
+        if (strcmp(a, "--version") == 0) {
+            printf("epctl %s\n", epd_client_version());
+            return 0;
+        }
+        if (strcmp(a, "--json") == 0) {
+            o->json = true;
+            continue;
+        }
+        if (a[0] != '-') {
+            if (cmd >= 0) return usage_error("unexpected argument \"%s\"", a);
+            cmd = find_command(a);
+            if (cmd < 0) return usage_error("unknown command \"%s\"", a);
+            o->command = commands[cmd].name;
+            continue;
+        }
+        if (val == NULL) {
+            bool known = strcmp(a, "-s") == 0 || strcmp(a, "--socket") == 0 ||
+                         strcmp(a, "--timeout") == 0 || strcmp(a, "--tokens") == 0 ||
+                         strcmp(a, "--seed") == 0 || strcmp(a, "--id") == 0 ||
+                         strcmp(a, "--requests") == 0 || strcmp(a, "--concurrency") == 0 ||
+                         strcmp(a, "--duration") == 0 || strcmp(a, "--pipeline") == 0;
+            if (known) return usage_error("%s needs a value", a);
+            return usage_error("unknown option \"%s\"", a);
+        }
+        bool is_submit = o->command && strcmp(o->command, "submit") == 0;
+        bool is_bench = o->command && strcmp(o->command, "bench") == 0;
+        if (strcmp(a, "-s") == 0 || strcmp(a, "--socket") == 0) {
+            if ((rc = add_sockets(o, val)) != 0) return rc;
+        } else if (strcmp(a, "--timeout") == 0) {
+            uint64_t v;
+            if ((rc = parse_number(a, val, 1, INT32_MAX, &v)) != 0) return rc;
+            o->timeout_ms = (int)v;
+        } else if (strcmp(a, "--tokens") == 0 && (is_submit || is_bench)) {
+            if ((rc = parse_number(a, val, 1, 1u << 24, &o->tokens)) != 0) return rc;
+        } else if (strcmp(a, "--seed") == 0 && (is_submit || is_bench)) {
+            if ((rc = parse_number(a, val, 0, UINT64_MAX, &o->seed)) != 0) return rc;
+        } else if (strcmp(a, "--id") == 0 && is_submit) {
+            if ((rc = parse_number(a, val, 0, UINT64_MAX, &o->id)) != 0) return rc;
+        } else if (strcmp(a, "--requests") == 0 && is_bench) {
+            if ((rc = parse_number(a, val, 1, UINT64_MAX / 2, &o->requests)) != 0) return rc;
+        } else if (strcmp(a, "--concurrency") == 0 && is_bench) {
+            if ((rc = parse_number(a, val, 1, MAX_CONCURRENCY, &o->concurrency)) != 0) return rc;
+        } else if (strcmp(a, "--pipeline") == 0 && is_bench) {
+            if ((rc = parse_number(a, val, 1, MAX_PIPELINE, &o->pipeline)) != 0) return rc;
+        } else if (strcmp(a, "--duration") == 0 && is_bench) {
+            char err[EPD_ERR_LEN];
+            if (epd_parse_double(val, 0.001, 1e7, &o->duration, err) != EPD_OK) {
+                return usage_error("--duration: %s", err);
+            }
+        } else {
+            return usage_error("unknown option \"%s\"%s%s", a, o->command ? " for " : "",
+                               o->command ? o->command : "");
+        }
+        i++;
+    }
+    if (cmd < 0) return usage_error("no command given");
+    if (cmd_help) {
+        fputs(commands[cmd].help, stdout);
+        return 0;
+    }
+    if (o->n_sockets == 0) {
+        const char *env = getenv("EPD_SOCKET");
+        if ((rc = add_sockets(o, env && *env ? env : EPD_CLIENT_DEFAULT_SOCKET)) != 0) return rc;
+    }
+    if (o->n_sockets > 1 && strcmp(o->command, "submit") == 0) {
+        return usage_error("submit takes one socket");
+    }
+    return -1;
+}
+
+/* ---- helpers ---- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Exit status for a libepd failure, with the error printed to stderr. */
+static int report_failure(epd_client_t *c, int rc, const char *socket)
+{
+    if (rc == EPD_CLIENT_ERR_CONNECT) { /* the message names the path already */
+        fprintf(stderr, "epctl: %s\n", epd_client_last_message(c));
+        return EXIT_CONNECT;
+    }
+    fprintf(stderr, "epctl: %s: %s (%s)\n", socket, epd_client_last_message(c),
+            epd_client_last_error(c));
+    return EXIT_DAEMON;
+}
+
+static epd_client_t *open_client(const options_t *o, const char *socket, int *exit_p)
+{
+    epd_client_t *c = epd_client_create();
+    int rc;
+    if (c == NULL) {
+        fprintf(stderr, "epctl: out of memory\n");
+        *exit_p = EXIT_DAEMON;
+        return NULL;
+    }
+    rc = epd_client_connect(c, socket, o->timeout_ms);
+    if (rc != EPD_CLIENT_OK) {
+        *exit_p = report_failure(c, rc == EPD_CLIENT_ERR_TIMEOUT ? EPD_CLIENT_ERR_CONNECT : rc,
+                                 socket);
+        epd_client_destroy(c);
+        return NULL;
+    }
+    return c;
+}
+
+static bool json_u32(const cJSON *obj, const char *key, uint32_t *out_p)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > UINT32_MAX ||
+        floor(v->valuedouble) != v->valuedouble) {
+        return false;
+    }
+    *out_p = (uint32_t)v->valuedouble;
+    return true;
+}
+
+/* Reads model.hidden, model.topk, model.num_experts (and dispatch.dtype) from `config`. */
+static int fetch_model(epd_client_t *c, const char *socket, model_t *m)
+{
+    char *json = NULL;
+    cJSON *cfg;
+    int rc = epd_client_control(c, "config", &json, NULL, NULL);
+    if (rc != EPD_CLIENT_OK) return report_failure(c, rc, socket);
+    cfg = cJSON_Parse(json);
+    epd_client_free(json);
+    memset(m, 0, sizeof(*m));
+    if (cfg == NULL || !json_u32(cfg, "model.hidden", &m->hidden) ||
+        !json_u32(cfg, "model.topk", &m->topk) ||
+        !json_u32(cfg, "model.num_experts", &m->num_experts)) {
+        cJSON_Delete(cfg);
+        fprintf(stderr, "epctl: %s: the config reply lacks model.hidden, model.topk or "
+                        "model.num_experts\n", socket);
+        return EXIT_DAEMON;
+    }
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(cfg, "dispatch.dtype");
+    snprintf(m->dtype, sizeof(m->dtype), "%s", cJSON_IsString(dt) ? dt->valuestring : "?");
+    cJSON_Delete(cfg);
+    if (m->topk > m->num_experts) {
+        fprintf(stderr, "epctl: %s: model.topk %u > model.num_experts %u\n", socket, m->topk,
+                m->num_experts);
+        return EXIT_DAEMON;
+    }
+    return 0;
+}
+
+/* ---- control commands ---- */
+
+static void print_value_human(const char *key, const cJSON *v, int indent)
+{
+    if (cJSON_IsObject(v)) {
+        printf("%*s%s:\n", indent, "", key);
+        const cJSON *child;
+        cJSON_ArrayForEach(child, v) print_value_human(child->string, child, indent + 2);
+        return;
+    }
+    char *text = cJSON_IsString(v) ? NULL : cJSON_PrintUnformatted(v);
+    printf("%*s%s = %s\n", indent, "", key, text ? text : v->valuestring);
+    free(text);
+}
+
+static int run_control(const options_t *o)
+{
+    int status = 0;
+    cJSON *all = o->json && o->n_sockets > 1 ? cJSON_CreateObject() : NULL;
+
+    for (int s = 0; s < o->n_sockets; s++) {
+        const char *sock = o->sockets[s];
+        int exit_code = 0;
+        char *json = NULL, *payload = NULL;
+        size_t len = 0;
+        epd_client_t *c = open_client(o, sock, &exit_code);
+        if (c == NULL) {
+            if (exit_code > status) status = exit_code;
+            continue;
+        }
+        int rc = epd_client_control(c, o->command, &json, &payload, &len);
+        if (rc != EPD_CLIENT_OK) {
+            int e = report_failure(c, rc, sock);
+            if (e > status) status = e;
+            epd_client_destroy(c);
+            continue;
+        }
+        cJSON *meta = cJSON_Parse(json);
+        bool metrics = strcmp(o->command, "metrics") == 0;
+        if (o->json) {
+            cJSON *doc = meta;
+            if (metrics) {
+                doc = cJSON_CreateObject();
+                cJSON_AddItemToObject(doc, "reply", meta);
+                cJSON_AddStringToObject(doc, "text", payload ? payload : "");
+            }
+            if (all) {
+                cJSON_AddItemToObject(all, sock, doc);
+            } else {
+                char *text = cJSON_PrintUnformatted(doc);
+                printf("%s\n", text ? text : "null");
+                free(text);
+                cJSON_Delete(doc);
+            }
+        } else {
+            if (o->n_sockets > 1) printf("== %s ==\n", sock);
+            if (metrics) {
+                fwrite(payload, 1, len, stdout);
+                if (len > 0 && payload[len - 1] != '\n') putchar('\n');
+            } else {
+                const cJSON *child;
+                cJSON_ArrayForEach(child, meta) print_value_human(child->string, child, 0);
+            }
+            cJSON_Delete(meta);
+        }
+        epd_client_free(json);
+        epd_client_free(payload);
+        epd_client_destroy(c);
+    }
+    if (all) {
+        char *text = cJSON_PrintUnformatted(all);
+        printf("%s\n", text ? text : "null");
+        free(text);
+        cJSON_Delete(all);
+    }
+    return status;
+}
+
+/* ---- random batches ---- */
+
+typedef struct rng {
+    uint64_t s;
+} rng_t;
+
+static uint64_t rng_next(rng_t *r) /* splitmix64 */
+{
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double rng_uniform(rng_t *r) /* [0, 1) */
+{
+    return (double)(rng_next(r) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static double rng_normal(rng_t *r)
+{
+    double u1 = rng_uniform(r), u2 = rng_uniform(r);
+    return sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2);
+}
+
+static uint16_t f32_to_bf16(float f)
+{
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+static float bf16_to_f32(uint16_t b)
+{
+    uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+typedef struct batch {
+    uint16_t *x;
+    int32_t *ids;
+    float *w;
+    uint16_t *y;
+    epd_client_batch_t b;
+} batch_t;
+
+static void batch_free(batch_t *bt)
+{
+    free(bt->x);
+    free(bt->ids);
+    free(bt->w);
+    free(bt->y);
+    memset(bt, 0, sizeof(*bt));
+}
+
+/* N tokens: x ~ normal(0,1) with ~1% outliers (x30), distinct ids with ~2% empty slots, softmax
+ * weights over the non-empty slots. */
+static int batch_make(batch_t *bt, const model_t *m, uint32_t n, uint64_t seed)
+{
+    rng_t r = {.s = seed};
+    size_t nh = (size_t)n * m->hidden, nk = (size_t)n * m->topk;
+
+    memset(bt, 0, sizeof(*bt));
+    bt->x = malloc(nh * sizeof(*bt->x));
+    bt->y = malloc(nh * sizeof(*bt->y));
+    bt->ids = malloc(nk * sizeof(*bt->ids));
+    bt->w = malloc(nk * sizeof(*bt->w));
+    if (!bt->x || !bt->y || !bt->ids || !bt->w) {
+        batch_free(bt);
+        fprintf(stderr, "epctl: cannot allocate a batch of %u tokens\n", n);
+        return EXIT_DAEMON;
+    }
+    for (size_t i = 0; i < nh; i++) {
+        double v = rng_normal(&r);
+        if (rng_uniform(&r) < 0.01) v *= 30.0;
+        bt->x[i] = f32_to_bf16((float)v);
+    }
+    for (uint32_t t = 0; t < n; t++) {
+        int32_t *ids = bt->ids + (size_t)t * m->topk;
+        float *w = bt->w + (size_t)t * m->topk;
+        double sum = 0;
+        for (uint32_t k = 0; k < m->topk; k++) {
+            int32_t e;
+            bool dup;
+            do { /* rejection: K <= E, so it ends */
+                e = (int32_t)(rng_next(&r) % m->num_experts);
+                dup = false;
+                for (uint32_t j = 0; j < k; j++) dup |= ids[j] == e;
+            } while (dup);
+            ids[k] = e;
+            w[k] = (float)exp(rng_normal(&r));
+            if (rng_uniform(&r) < 0.02) ids[k] = -1, w[k] = 0;
+            sum += w[k];
+        }
+        for (uint32_t k = 0; k < m->topk; k++) w[k] = sum > 0 ? (float)(w[k] / sum) : 0.0f;
+    }
+    bt->b = (epd_client_batch_t){.n_tokens = n, .hidden = m->hidden, .topk = m->topk,
+                                 .x = bt->x, .topk_ids = bt->ids, .topk_weights = bt->w};
+    return 0;
+}
+
+static int run_submit(const options_t *o)
+{
+    const char *sock = o->sockets[0];
+    int exit_code = 0, rc;
+    model_t m;
+    batch_t bt;
+    uint64_t step = 0;
+    epd_client_t *c = open_client(o, sock, &exit_code);
+
+    if (c == NULL) return exit_code;
+    if ((exit_code = fetch_model(c, sock, &m)) != 0) goto out_client;
+    uint32_t n = o->tokens ? (uint32_t)o->tokens : 16;
+    if ((exit_code = batch_make(&bt, &m, n, o->seed ? o->seed : 1)) != 0) goto out_client;
+    bt.b.id = o->id;
+    double t0 = now_s();
+    rc = epd_client_submit(c, &bt.b, bt.y, &step);
+    double ms = (now_s() - t0) * 1e3;
+    if (rc != EPD_CLIENT_OK) {
+        exit_code = report_failure(c, rc, sock);
+        goto out_batch;
+    }
+    double sum = 0, abs_sum = 0;
+    uint64_t fnv = 0xcbf29ce484222325ull;
+    const uint8_t *bytes = (const uint8_t *)bt.y;
+    for (size_t i = 0; i < (size_t)n * m.hidden; i++) {
+        double v = bf16_to_f32(bt.y[i]);
+        sum += v;
+        abs_sum += fabs(v);
+    }
+    for (size_t i = 0; i < (size_t)n * m.hidden * 2; i++) fnv = (fnv ^ bytes[i]) * 0x100000001b3ull;
+    double abs_mean = abs_sum / ((double)n * m.hidden);
+    if (o->json) {
+        printf("{\"id\":%" PRIu64 ",\"tokens\":%u,\"hidden\":%u,\"topk\":%u,\"step\":%" PRIu64
+               ",\"time_ms\":%.3f,\"y_sum\":%.9g,\"y_abs_mean\":%.9g,\"y_fnv1a\":\"%016" PRIx64
+               "\"}\n", o->id, n, m.hidden, m.topk, step, ms, sum, abs_mean, fnv);
+    } else {
+        printf("id %" PRIu64 "  tokens %u (H %u, K %u, E %u, dispatch %s)  step %" PRIu64
+               "  time %.3f ms\ny abs-mean %.6g  sum %.6g  fnv1a %016" PRIx64 "\n", o->id, n,
+               m.hidden, m.topk, m.num_experts, m.dtype, step, ms, abs_mean, sum, fnv);
+    }
+out_batch:
+    batch_free(&bt);
+out_client:
+    epd_client_destroy(c);
+    return exit_code;
+}
+
+/* ---- bench ---- */
+
+#define MAX_CODES 16
+
+typedef struct bench_shared {
+    const options_t *o;
+    const model_t *m;
+    uint32_t tokens;
+    uint64_t requests;       /* UINT64_MAX: until the deadline */
+    double deadline;         /* now_s() value; 0: none */
+    atomic_uint_fast64_t claimed;
+    atomic_uint_fast64_t done;
+    atomic_uint_fast64_t finished; /* workers that returned */
+    atomic_bool stop;
+} bench_shared_t;
+
+typedef struct bench_worker {
+    bench_shared_t *sh;
+    int index;
+    pthread_t thread;
+    double *lat_ms;          /* one per ok request */
+    uint64_t n_lat;
+    uint64_t cap_lat;
+    uint64_t ok, errors;
+    char codes[MAX_CODES][EPD_CLIENT_CODE_LEN];
+    uint64_t code_counts[MAX_CODES];
+    int fatal;               /* an exit status when the connection failed */
+    char fatal_msg[EPD_CLIENT_MESSAGE_LEN + 256];
+} bench_worker_t;
+
+static void worker_count_error(bench_worker_t *w, const char *code)
+{
+    w->errors++;
+    for (int i = 0; i < MAX_CODES; i++) {
+        if (w->codes[i][0] == '\0') snprintf(w->codes[i], sizeof(w->codes[i]), "%s", code);
+        if (strcmp(w->codes[i], code) == 0) {
+            w->code_counts[i]++;
+            return;
+        }
+    }
+}
+
+static bool worker_add_latency(bench_worker_t *w, double ms)
+{
+    if (w->n_lat == w->cap_lat) {
+        uint64_t cap = w->cap_lat ? w->cap_lat * 2 : 1024;
+        double *p = realloc(w->lat_ms, cap * sizeof(*p));
+        if (p == NULL) return false;
+        w->lat_ms = p;
+        w->cap_lat = cap;
+    }
+    w->lat_ms[w->n_lat++] = ms;
+    return true;
+}
+
+static bool worker_claim(bench_worker_t *w)
+{
+    bench_shared_t *sh = w->sh;
+    if (atomic_load(&sh->stop)) return false;
+    if (sh->deadline > 0 && now_s() >= sh->deadline) return false;
+    if (sh->requests == UINT64_MAX) return true;
+    return atomic_fetch_add(&sh->claimed, 1) < sh->requests;
+}
+
+static void *worker_run(bench_worker_t *w);
+
+static void *worker_main(void *arg)
+{
+    bench_worker_t *w = arg;
+    worker_run(w);
+    atomic_fetch_add(&w->sh->finished, 1);
+    return NULL;
+}
+
+static void *worker_run(bench_worker_t *w)
+{
+    bench_shared_t *sh = w->sh;
+    const options_t *o = sh->o;
+    const char *sock = o->sockets[w->index % o->n_sockets];
+    uint64_t depth = o->pipeline ? o->pipeline : 1;
+    struct {
+        uint64_t id;
+        double t;
+    } inflight[MAX_PIPELINE];
+    uint64_t n_inflight = 0, seq = 0;
+    batch_t bt;
+    epd_client_t *c = epd_client_create();
+
+    uint64_t seed = (o->seed ? o->seed : 1) + (uint64_t)w->index * 7919;
+    if (c == NULL || batch_make(&bt, sh->m, sh->tokens, seed) != 0) {
+        w->fatal = EXIT_DAEMON;
+        snprintf(w->fatal_msg, sizeof(w->fatal_msg), "out of memory");
+        epd_client_destroy(c);
+        return NULL;
+    }
+    int rc = epd_client_connect(c, sock, o->timeout_ms);
+    if (rc != EPD_CLIENT_OK) {
+        w->fatal = EXIT_CONNECT;
+        snprintf(w->fatal_msg, sizeof(w->fatal_msg), "%s", epd_client_last_message(c));
+        goto out;
+    }
+    for (;;) {
+        while (n_inflight < depth && worker_claim(w)) {
+            bt.b.id = ((uint64_t)w->index << 40) | seq++;
+            rc = epd_client_send(c, &bt.b);
+            if (rc != EPD_CLIENT_OK) goto conn_failed;
+            inflight[n_inflight].id = bt.b.id;
+            inflight[n_inflight].t = now_s();
+            n_inflight++;
+        }
+        if (n_inflight == 0) break;
+        epd_client_reply_t r;
+        rc = epd_client_recv(c, &r);
+        if (rc != EPD_CLIENT_OK && rc != EPD_CLIENT_ERR_DAEMON) goto conn_failed;
+        if (!r.has_id) { /* the daemon is closing this connection */
+            worker_count_error(w, r.code);
+            epd_client_reply_free(&r);
+            rc = EPD_CLIENT_ERR_CLOSED;
+            goto conn_failed;
+        }
+        double t = 0;
+        for (uint64_t i = 0; i < n_inflight; i++) {
+            if (inflight[i].id == r.id) {
+                t = inflight[i].t;
+                inflight[i] = inflight[--n_inflight];
+                break;
+            }
+        }
+        if (r.status == EPD_CLIENT_OK) {
+            w->ok++;
+            if (!worker_add_latency(w, (now_s() - t) * 1e3)) {
+                epd_client_reply_free(&r);
+                w->fatal = EXIT_DAEMON;
+                snprintf(w->fatal_msg, sizeof(w->fatal_msg), "out of memory");
+                goto out;
+            }
+        } else {
+            worker_count_error(w, r.code);
+        }
+        epd_client_reply_free(&r);
+        atomic_fetch_add(&sh->done, 1);
+    }
+    goto out;
+conn_failed:
+    w->fatal = EXIT_DAEMON;
+    for (uint64_t i = 0; i < n_inflight; i++) worker_count_error(w, epd_client_last_error(c));
+    snprintf(w->fatal_msg, sizeof(w->fatal_msg), "%s: %s (%s)", sock, epd_client_last_message(c),
+             epd_client_last_error(c));
+out:
+    batch_free(&bt);
+    epd_client_destroy(c);
+    return NULL;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double percentile(const double *sorted, uint64_t n, double p)
+{
+    if (n == 0) return 0;
+    uint64_t i = (uint64_t)ceil(p / 100.0 * (double)n);
+    return sorted[i == 0 ? 0 : i - 1];
+}
+
+static int run_bench(const options_t *o)
+{
+    int exit_code = 0;
+    model_t m;
+    bench_shared_t sh;
+    uint64_t conc = o->concurrency ? o->concurrency : 1;
+    bench_worker_t *w;
+    bool tty = isatty(STDERR_FILENO);
+
+    /* the model shape comes from the first socket; all ranks run one configuration */
+    epd_client_t *c = open_client(o, o->sockets[0], &exit_code);
+    if (c == NULL) return exit_code;
+    exit_code = fetch_model(c, o->sockets[0], &m);
+    epd_client_destroy(c);
+    if (exit_code != 0) return exit_code;
+
+    memset(&sh, 0, sizeof(sh));
+    sh.o = o;
+    sh.m = &m;
+    sh.tokens = o->tokens ? (uint32_t)o->tokens : 128;
+    sh.requests = o->requests ? o->requests : (o->duration > 0 ? UINT64_MAX : 1000);
+    w = calloc(conc, sizeof(*w));
+    if (w == NULL) {
+        fprintf(stderr, "epctl: out of memory\n");
+        return EXIT_DAEMON;
+    }
+    double t0 = now_s();
+    if (o->duration > 0) sh.deadline = t0 + o->duration;
+    uint64_t started = 0;
+    for (uint64_t i = 0; i < conc; i++) {
+        w[i].sh = &sh;
+        w[i].index = (int)i;
+        if (pthread_create(&w[i].thread, NULL, worker_main, &w[i]) != 0) {
+            fprintf(stderr, "epctl: cannot start thread %" PRIu64 "\n", i);
+            atomic_store(&sh.stop, true);
+            exit_code = EXIT_DAEMON;
+            break;
+        }
+        started++;
+    }
+    if (tty) {
+        /* progress on the terminal only, never into a pipe or file */
+        for (;;) {
+            struct timespec pause = {.tv_sec = 0, .tv_nsec = 250 * 1000 * 1000};
+            nanosleep(&pause, NULL);
+            uint64_t done = atomic_load(&sh.done);
+            double el = now_s() - t0;
+            if (sh.requests != UINT64_MAX) {
+                fprintf(stderr, "\r  %" PRIu64 "/%" PRIu64 " requests  %.0f tokens/s  %.1f s ",
+                        done, sh.requests, (double)done * sh.tokens / el, el);
+            } else {
+                fprintf(stderr, "\r  %" PRIu64 " requests  %.0f tokens/s  %.1f/%.1f s ", done,
+                        (double)done * sh.tokens / el, el, o->duration);
+            }
+            bool all_done = (sh.requests != UINT64_MAX && done >= sh.requests) ||
+                            (sh.deadline > 0 && now_s() >= sh.deadline);
+            if (all_done || atomic_load(&sh.finished) == started) break;
+        }
+        fprintf(stderr, "\r\033[K");
+    }
+    for (uint64_t i = 0; i < started; i++) pthread_join(w[i].thread, NULL);
+    double wall = now_s() - t0;
+
+    uint64_t ok = 0, errors = 0, n_lat = 0;
+    for (uint64_t i = 0; i < started; i++) {
+        ok += w[i].ok;
+        errors += w[i].errors;
+        n_lat += w[i].n_lat;
+    }
+    double *lat = malloc((n_lat ? n_lat : 1) * sizeof(*lat));
+    uint64_t at = 0;
+    for (uint64_t i = 0; i < started && lat; i++) {
+        memcpy(lat + at, w[i].lat_ms, w[i].n_lat * sizeof(*lat));
+        at += w[i].n_lat;
+    }
+    if (lat) qsort(lat, n_lat, sizeof(*lat), cmp_double);
+    double p50 = lat ? percentile(lat, n_lat, 50) : 0, p90 = lat ? percentile(lat, n_lat, 90) : 0;
+    double p99 = lat ? percentile(lat, n_lat, 99) : 0;
+    double max = lat && n_lat ? lat[n_lat - 1] : 0;
+    double tok_s = wall > 0 ? (double)ok * sh.tokens / wall : 0;
+    double req_s = wall > 0 ? (double)ok / wall : 0;
+
+    /* errors by code over all workers */
+    char codes[MAX_CODES][EPD_CLIENT_CODE_LEN] = {{0}};
+    uint64_t counts[MAX_CODES] = {0};
+    for (uint64_t i = 0; i < started; i++) {
+        for (int k = 0; k < MAX_CODES && w[i].codes[k][0]; k++) {
+            for (int j = 0; j < MAX_CODES; j++) {
+                if (codes[j][0] == '\0') memcpy(codes[j], w[i].codes[k], sizeof(codes[j]));
+                if (strcmp(codes[j], w[i].codes[k]) == 0) {
+                    counts[j] += w[i].code_counts[k];
+                    break;
+                }
+            }
+        }
+    }
+    for (uint64_t i = 0; i < started; i++) {
+        if (w[i].fatal) {
+            fprintf(stderr, "epctl: connection %" PRIu64 ": %s\n", i, w[i].fatal_msg);
+            if (w[i].fatal == EXIT_CONNECT || exit_code == 0) exit_code = w[i].fatal;
+        }
+    }
+    if (exit_code == 0 && errors > 0) exit_code = EXIT_DAEMON;
+
+    if (o->json) {
+        printf("{\"sockets\":%d,\"connections\":%" PRIu64 ",\"pipeline\":%" PRIu64
+               ",\"tokens_per_request\":%u,\"hidden\":%u,\"topk\":%u,\"num_experts\":%u,"
+               "\"dispatch_dtype\":\"%s\",\"requests_ok\":%" PRIu64 ",\"errors\":%" PRIu64
+               ",\"seconds\":%.6f,\"tokens_per_s\":%.3f,\"requests_per_s\":%.3f,"
+               "\"latency_ms\":{\"p50\":%.4f,\"p90\":%.4f,\"p99\":%.4f,\"max\":%.4f},"
+               "\"errors_by_code\":{", o->n_sockets, conc, o->pipeline ? o->pipeline : 1,
+               sh.tokens, m.hidden, m.topk, m.num_experts, m.dtype, ok, errors, wall, tok_s,
+               req_s, p50, p90, p99, max);
+        for (int j = 0; j < MAX_CODES && codes[j][0]; j++) {
+            printf("%s\"%s\":%" PRIu64, j ? "," : "", codes[j], counts[j]);
+        }
+        printf("}}\n");
+    } else {
+        printf("bench: %d socket%s, %" PRIu64 " connection%s, pipeline %" PRIu64
+               ", %u tokens/request, H %u K %u E %u, dispatch %s\n", o->n_sockets,
+               o->n_sockets > 1 ? "s" : "", conc, conc > 1 ? "s" : "",
+               o->pipeline ? o->pipeline : 1, sh.tokens, m.hidden, m.topk, m.num_experts,
+               m.dtype);
+        printf("requests: %" PRIu64 " ok, %" PRIu64 " errors in %.3f s\n", ok, errors, wall);
+        printf("throughput: %.0f tokens/s, %.1f requests/s\n", tok_s, req_s);
+        printf("latency ms: p50 %.3f  p90 %.3f  p99 %.3f  max %.3f\n", p50, p90, p99, max);
+        for (int j = 0; j < MAX_CODES && codes[j][0]; j++) {
+            printf("errors %s: %" PRIu64 "\n", codes[j], counts[j]);
+        }
+    }
+    free(lat);
+    for (uint64_t i = 0; i < started; i++) free(w[i].lat_ms);
+    free(w);
+    return exit_code;
+}
+
+int main(int argc, char **argv)
+{
+    options_t o;
+    int status;
+
+    memset(&o, 0, sizeof(o));
+    o.timeout_ms = 30000;
+    status = parse_args(argc, argv, &o);
+    if (status < 0) {
+        if (strcmp(o.command, "submit") == 0) status = run_submit(&o);
+        else if (strcmp(o.command, "bench") == 0) status = run_bench(&o);
+        else status = run_control(&o);
+    }
+    for (int i = 0; i < o.n_lists; i++) free(o.socket_lists[i]);
+    return status;
+}

@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# epctl's command line: help texts, exit codes (2 usage, 3 cannot connect, 1 daemon error), and,
+# when python3 is present, every command end to end against a small fake daemon (protocol v1 in
+# Python, y = x) on temporary sockets, including bench over two sockets.
+set -u
+BUILD=${BUILD:-build}
+EPCTL=$BUILD/epctl
+[[ -x $EPCTL ]] || { echo "FAIL: $EPCTL is not built"; exit 1; }
+tmp=$(mktemp -d /tmp/epctl-cli.XXXXXX)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+# expect RC CMD...: runs CMD, checks its exit status, leaves stdout/stderr in $tmp/out, $tmp/err
+expect() {
+    local want=$1; shift
+    "$@" >"$tmp/out" 2>"$tmp/err"
+    local rc=$?
+    if [[ $rc -ne $want ]]; then
+        fail "'$*' exited $rc, expected $want; stderr: $(head -c 400 "$tmp/err")"
+        return 1
+    fi
+    echo "ok: '$*' -> $rc"
+}
+contains() { grep -q -- "$2" "$tmp/$1" || fail "$1 of the last command lacks '$2': $(head -c 400 "$tmp/$1")"; }
+
+# help
+expect 0 "$EPCTL" --help && contains out "usage: epctl" && contains out "bench"
+for c in health stats config metrics submit bench; do
+    expect 0 "$EPCTL" "$c" --help && contains out "usage: epctl"
+done
+expect 0 "$EPCTL" --version && contains out "epctl "
+
+# usage errors: exit 2 with a message
+expect 2 "$EPCTL" && contains err "no command"
+expect 2 "$EPCTL" frobnicate && contains err "unknown command"
+expect 2 "$EPCTL" health --bogus && contains err "unknown option"
+expect 2 "$EPCTL" --socket && contains err "needs a value"
+expect 2 "$EPCTL" submit --tokens abc
+expect 2 "$EPCTL" bench --concurrency 0
+expect 2 "$EPCTL" health --tokens 4
+
+# no daemon: exit 3 naming the path and the errno text
+expect 3 "$EPCTL" --socket /tmp/nonexistent.sock health &&
+    contains err "/tmp/nonexistent.sock" && contains err "No such file or directory"
+: >"$tmp/plain-file"
+expect 3 "$EPCTL" --socket "$tmp/plain-file" stats && contains err "Connection refused"
+expect 3 env EPD_SOCKET=/tmp/nonexistent-env.sock "$EPCTL" config && contains err "nonexistent-env"
+
+if ! command -v python3 >/dev/null 2>&1; then
+    echo "python3 not found: the end-to-end part (fake daemon) is not run"
+    [[ $fails -eq 0 ]] && exit 0 || exit 1
+fi
+
+cat >"$tmp/fake_epd.py" <<'PY'
+# A fake epd: protocol v1 frames, CONTROL replies, SUBMIT answered with y = x (H 64, K 4, E 16).
+import json, os, socketserver, struct, sys
+H, K, E, MAX_TOKENS = 64, 4, 16, 1024
+HDR = struct.Struct("<4sHHIIQ")
+
+def frame(ftype, meta, payload=b""):
+    m = json.dumps(meta).encode()
+    return HDR.pack(b"EPD1", 1, ftype, len(m), 0, len(payload)) + m + payload
+
+class Conn(socketserver.StreamRequestHandler):
+    def handle(self):
+        while True:
+            head = self.rfile.read(24)
+            if len(head) < 24:
+                return
+            magic, ver, ftype, mlen, res, plen = HDR.unpack(head)
+            if magic != b"EPD1":
+                self.wfile.write(frame(3, {"id": None, "code": "bad_magic", "message": "bad magic"}))
+                return
+            meta = json.loads(self.rfile.read(mlen))
+            payload = self.rfile.read(plen)
+            if ftype == 4:
+                op = meta.get("op")
+                if op == "health":
+                    out = frame(5, {"status": "ok", "rank": 0})
+                elif op == "stats":
+                    out = frame(5, {"requests": 3, "tokens": 12})
+                elif op == "config":
+                    out = frame(5, {"model.hidden": H, "model.topk": K, "model.num_experts": E,
+                                    "dispatch.dtype": "fp8"})
+                elif op == "metrics":
+                    out = frame(5, {}, b"# TYPE epd_steps_total counter\nepd_steps_total 5\n")
+                else:
+                    out = frame(3, {"id": None, "code": "unknown_op", "message": "no op " + str(op)})
+            else:
+                t = meta["tensors"]
+                x = t["x"]
+                n = x["shape"][0]
+                ids = struct.unpack("<%di" % (n * K),
+                                    payload[t["topk_ids"]["data_offsets"][0]:t["topk_ids"]["data_offsets"][1]])
+                if x["shape"][1] != H or t["topk_ids"]["shape"][1] != K:
+                    out = frame(3, {"id": meta["id"], "code": "shape_mismatch", "message": "H or K"})
+                elif n > MAX_TOKENS:
+                    out = frame(3, {"id": meta["id"], "code": "too_many_tokens",
+                                    "message": "%d tokens exceed the limit of %d" % (n, MAX_TOKENS)})
+                elif any(i < -1 or i >= E for i in ids):
+                    out = frame(3, {"id": meta["id"], "code": "expert_out_of_range", "message": "ids"})
+                else:
+                    b, e = x["data_offsets"]
+                    out = frame(2, {"id": meta["id"], "step": 7,
+                                    "tensors": {"y": {"dtype": "bf16", "shape": [n, H],
+                                                      "data_offsets": [0, e - b]}}}, payload[b:e])
+            self.wfile.write(out)
+
+class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+srv = Server(sys.argv[1], Conn)
+open(sys.argv[1] + ".ready", "w").close()
+srv.serve_forever()
+PY
+
+start_fake() {
+    python3 "$tmp/fake_epd.py" "$1" &
+    pids+=($!)
+    for _ in $(seq 100); do [[ -e $1.ready ]] && return 0; sleep 0.05; done
+    fail "fake daemon on $1 did not start"
+    return 1
+}
+s0=$tmp/epd-0.sock s1=$tmp/epd-1.sock
+start_fake "$s0" && start_fake "$s1" || exit 1
+
+expect 0 "$EPCTL" --socket "$s0" health && contains out "status = ok"
+expect 0 "$EPCTL" --socket "$s0" --json health && contains out '"status":"ok"'
+expect 0 "$EPCTL" --socket "$s0" stats && contains out "requests = 3"
+expect 0 "$EPCTL" --socket "$s0" config && contains out "model.hidden = 64" && contains out 'dispatch.dtype = fp8'
+expect 0 "$EPCTL" --socket "$s0" metrics && contains out "epd_steps_total 5"
+expect 0 "$EPCTL" --socket "$s0" --json metrics && contains out '"text":"# TYPE'
+expect 0 "$EPCTL" --socket "$s0,$s1" --json health && contains out "$s1"
+expect 0 "$EPCTL" --socket "$s0" --json submit --tokens 8 --seed 3 --id 42 &&
+    contains out '"id":42' && contains out '"tokens":8' && contains out '"step":7'
+# y = x here: the summary depends on the seed only
+"$EPCTL" --socket "$s0" --json submit --tokens 8 --seed 3 --id 42 | sed 's/"time_ms":[0-9.]*//' >"$tmp/a"
+"$EPCTL" --socket "$s0" --json submit --tokens 8 --seed 3 --id 42 | sed 's/"time_ms":[0-9.]*//' >"$tmp/b"
+"$EPCTL" --socket "$s0" --json submit --tokens 8 --seed 4 --id 42 | sed 's/"time_ms":[0-9.]*//' >"$tmp/c"
+cmp -s "$tmp/a" "$tmp/b" || fail "same seed gave different batches"
+cmp -s "$tmp/a" "$tmp/c" && fail "another seed gave the same batch"
+expect 0 "$EPCTL" --socket "$s0" submit --tokens 3 && contains out "abs-mean"
+# the daemon's error: exit 1 with its code and message
+expect 1 "$EPCTL" --socket "$s0" submit --tokens 2000 && contains err "too_many_tokens" &&
+    contains err "exceed the limit"
+# bench over both sockets, plain and pipelined; output is machine-readable with --json
+expect 0 "$EPCTL" --socket "$s0" --socket "$s1" --json bench --tokens 4 --requests 60 --concurrency 3 &&
+    contains out '"requests_ok":60' && contains out '"errors":0' && contains out '"sockets":2'
+expect 0 "$EPCTL" --socket "$s0,$s1" bench --tokens 2 --requests 40 --concurrency 2 --pipeline 4 &&
+    contains out "requests: 40 ok, 0 errors" && contains out "latency ms: p50"
+grep -q $'\r' "$tmp/err" && fail "bench printed a progress line into a non-terminal"
+expect 0 "$EPCTL" --socket "$s0" --json bench --tokens 1 --duration 0.3 --concurrency 2 &&
+    contains out '"errors":0'
+expect 1 "$EPCTL" --socket "$s0" --json bench --tokens 2000 --requests 5 &&
+    contains out '"too_many_tokens":5'
+# one socket down: bench says which and exits 3
+expect 3 "$EPCTL" --socket "$s0,$tmp/missing.sock" bench --tokens 1 --requests 4 --concurrency 2 &&
+    contains err "missing.sock"
+
+[[ $fails -eq 0 ]] || { echo "$fails failure(s)"; exit 1; }
+echo "all epctl CLI checks passed"

@@ -1,0 +1,479 @@
+/* Unit tests of libepd against a tiny in-process fake daemon (a thread on a temporary Unix
+ * socket that speaks protocol v1 with the real codec): blocking submit, pipelining with answers
+ * out of order, error mapping, control queries, timeouts, connection failures. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "proto/epd.h"
+#include "proto/frame.h"
+
+typedef enum {
+    FAKE_ECHO,        /* answer each SUBMIT at once: y = x, step = id + 1000 */
+    FAKE_REVERSE,     /* collect `batch` SUBMITs, answer them last first */
+    FAKE_SILENT,      /* read everything, answer nothing */
+    FAKE_FRAMING,     /* answer the first frame with ERROR id null bad_json, then close */
+} fake_mode_t;
+
+typedef struct {
+    fake_mode_t mode;
+    int batch;
+    epd_submit_limits_t limits;
+    char path[108];
+    int listen_fd;
+    pthread_t thread;
+} fake_t;
+
+typedef struct pending {
+    epd_frame_out_t out;
+    epd_frame_t frame; /* keeps y alive until sent */
+} pending_t;
+
+/* The fake daemon runs on its own thread, where cmocka's asserts must not be used. */
+#define FAKE_CHECK(cond)                                                           \
+    do {                                                                           \
+        if (!(cond)) {                                                             \
+            fprintf(stderr, "fake daemon: %s failed at line %d\n", #cond, __LINE__); \
+            abort();                                                               \
+        }                                                                          \
+    } while (0)
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static int send_out(int fd, epd_frame_out_t *out)
+{
+    int rc = write_all(fd, out->head, out->head_len);
+    for (size_t i = 0; rc == 0 && i < out->n_parts; i++) {
+        rc = write_all(fd, out->part[i], out->part_len[i]);
+    }
+    epd_frame_out_free(out);
+    return rc;
+}
+
+/* The answer to one SUBMIT: RESULT y = x, or ERROR with the validation code. */
+static void answer_submit(fake_t *f, epd_frame_t *frame, pending_t *p)
+{
+    epd_submit_view_t view;
+    char err[EPD_ERR_LEN];
+    epd_status_t status = epd_submit_validate(frame, &f->limits, &view, err);
+    memset(p, 0, sizeof(*p));
+    if (status != EPD_OK) {
+        FAKE_CHECK(epd_frame_encode_error(frame->id_kind == EPD_FRAME_ID_VALID, frame->id,
+                                          status, err, &p->out, err) == EPD_OK);
+        epd_frame_free(frame);
+        return;
+    }
+    FAKE_CHECK(epd_frame_encode_result(view.id, view.id + 1000, view.n_tokens, view.hidden,
+                                       view.x, &p->out, err) == EPD_OK);
+    p->frame = *frame; /* y points into its payload */
+}
+
+static void answer_control(int fd, epd_frame_t *frame)
+{
+    const cJSON *op = cJSON_GetObjectItemCaseSensitive(frame->meta, "op");
+    static const char prom[] = "# TYPE epd_requests_total counter\nepd_requests_total 7\n";
+    epd_frame_out_t out;
+    char err[EPD_ERR_LEN];
+    const char *name = cJSON_IsString(op) ? op->valuestring : "";
+    if (strcmp(name, "health") == 0) {
+        FAKE_CHECK(epd_frame_encode_reply("{\"status\":\"ok\",\"rank\":0}", NULL, 0, &out,
+                                          err) == EPD_OK);
+    } else if (strcmp(name, "config") == 0) {
+        FAKE_CHECK(epd_frame_encode_reply("{\"model.hidden\":64,\"model.topk\":4,"
+                                          "\"model.num_experts\":16}", NULL, 0, &out,
+                                          err) == EPD_OK);
+    } else if (strcmp(name, "metrics") == 0) {
+        FAKE_CHECK(epd_frame_encode_reply("{}", prom, strlen(prom), &out, err) == EPD_OK);
+    } else {
+        FAKE_CHECK(epd_frame_encode_error(false, 0, EPD_ERR_UNKNOWN_OP, "unknown control op",
+                                          &out, err) == EPD_OK);
+    }
+    send_out(fd, &out);
+}
+
+static void *fake_main(void *arg)
+{
+    fake_t *f = arg;
+    epd_decoder_t dec;
+    uint8_t buf[65536];
+    pending_t *held = calloc((size_t)(f->batch > 0 ? f->batch : 1), sizeof(*held));
+    int n_held = 0;
+    int fd = accept(f->listen_fd, NULL, NULL);
+    if (fd < 0 || held == NULL) goto out;
+    epd_decoder_init(&dec, 1u << 30, EPD_FRAME_MAX_META);
+    for (;;) {
+        ssize_t n = recv(fd, buf, sizeof(buf), 0);
+        if (n <= 0) break;
+        size_t off = 0;
+        while (off < (size_t)n) {
+            epd_frame_t frame;
+            size_t used;
+            char err[EPD_ERR_LEN];
+            epd_status_t status = epd_decoder_feed(&dec, buf + off, (size_t)n - off, &used, &frame,
+                                                   err);
+            off += used;
+            if (status == EPD_ERR_AGAIN) break;
+            if (status != EPD_OK || f->mode == FAKE_FRAMING) {
+                epd_frame_out_t out;
+                if (status == EPD_OK) epd_frame_free(&frame);
+                epd_frame_encode_error(false, 0, EPD_ERR_BAD_JSON, "meta is not valid JSON", &out,
+                                       err);
+                send_out(fd, &out);
+                goto close_fd;
+            }
+            if (f->mode == FAKE_SILENT) {
+                epd_frame_free(&frame);
+            } else if (frame.type == EPD_FRAME_CONTROL) {
+                answer_control(fd, &frame);
+                epd_frame_free(&frame);
+            } else if (f->mode == FAKE_ECHO) {
+                pending_t p;
+                answer_submit(f, &frame, &p);
+                send_out(fd, &p.out);
+                epd_frame_free(&p.frame);
+            } else {
+                answer_submit(f, &frame, &held[n_held++]);
+                if (n_held == f->batch) {
+                    for (int i = n_held - 1; i >= 0; i--) {
+                        send_out(fd, &held[i].out);
+                        epd_frame_free(&held[i].frame);
+                    }
+                    n_held = 0;
+                }
+            }
+        }
+    }
+close_fd:
+    epd_decoder_free(&dec);
+    for (int i = 0; i < n_held; i++) {
+        epd_frame_out_free(&held[i].out);
+        epd_frame_free(&held[i].frame);
+    }
+    close(fd);
+out:
+    free(held);
+    return NULL;
+}
+
+static void fake_start(fake_t *f, fake_mode_t mode, int batch, uint32_t hidden)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    static int seq;
+    memset(f, 0, sizeof(*f));
+    f->mode = mode;
+    f->batch = batch;
+    f->limits = (epd_submit_limits_t){.hidden = hidden, .topk = 4, .num_experts = 16,
+                                      .max_tokens = 4096};
+    snprintf(f->path, sizeof(f->path), "/tmp/epd-test-client-%d-%d.sock", (int)getpid(), seq++);
+    unlink(f->path);
+    f->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(f->listen_fd >= 0);
+    memcpy(addr.sun_path, f->path, strlen(f->path) + 1);
+    assert_int_equal(bind(f->listen_fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    assert_int_equal(listen(f->listen_fd, 4), 0);
+    assert_int_equal(pthread_create(&f->thread, NULL, fake_main, f), 0);
+}
+
+static void fake_stop(fake_t *f)
+{
+    pthread_join(f->thread, NULL);
+    close(f->listen_fd);
+    unlink(f->path);
+}
+
+/* A batch of n tokens with H 64, K 4 and distinct ids; `bad` puts expert 99 in token 0. */
+typedef struct {
+    uint16_t *x;
+    int32_t *ids;
+    float *w;
+    epd_client_batch_t b;
+} batch_t;
+
+static void batch_make(batch_t *bt, uint64_t id, uint32_t n, uint32_t hidden, bool bad)
+{
+    bt->x = malloc((size_t)n * hidden * 2);
+    bt->ids = malloc((size_t)n * 4 * 4);
+    bt->w = malloc((size_t)n * 4 * 4);
+    assert_non_null(bt->x);
+    for (size_t i = 0; i < (size_t)n * hidden; i++) bt->x[i] = (uint16_t)(id * 31 + i * 7);
+    for (uint32_t t = 0; t < n; t++) {
+        for (int k = 0; k < 4; k++) {
+            bt->ids[t * 4 + k] = (int32_t)((t + (uint32_t)k * 3) % 16);
+            bt->w[t * 4 + k] = 0.25f;
+        }
+    }
+    if (bad) bt->ids[0] = 99;
+    bt->b = (epd_client_batch_t){.id = id, .n_tokens = n, .hidden = hidden, .topk = 4,
+                                 .x = bt->x, .topk_ids = bt->ids, .topk_weights = bt->w};
+}
+
+static void batch_free(batch_t *bt)
+{
+    free(bt->x);
+    free(bt->ids);
+    free(bt->w);
+}
+
+static epd_client_t *connect_to(fake_t *f)
+{
+    epd_client_t *c = epd_client_create();
+    assert_non_null(c);
+    assert_int_equal(epd_client_connect(c, f->path, 5000), EPD_CLIENT_OK);
+    return c;
+}
+
+static void test_client__submit__returns_y_and_step(void **state)
+{
+    fake_t f;
+    batch_t bt;
+    uint16_t y[3 * 64];
+    uint64_t step = 0;
+    (void)state;
+    fake_start(&f, FAKE_ECHO, 0, 64);
+    epd_client_t *c = connect_to(&f);
+    batch_make(&bt, 5, 3, 64, false);
+    assert_int_equal(epd_client_submit(c, &bt.b, y, &step), EPD_CLIENT_OK);
+    assert_memory_equal(y, bt.x, sizeof(y));
+    assert_int_equal(step, 1005);
+    assert_string_equal(epd_client_last_error(c), "");
+    assert_int_equal(epd_client_in_flight(c), 0);
+    epd_client_destroy(c);
+    batch_free(&bt);
+    fake_stop(&f);
+}
+
+static void test_client__rejected_batch__maps_daemon_code(void **state)
+{
+    fake_t f;
+    batch_t bt;
+    uint16_t y[2 * 64];
+    (void)state;
+    fake_start(&f, FAKE_ECHO, 0, 64);
+    epd_client_t *c = connect_to(&f);
+    batch_make(&bt, 6, 2, 64, true);
+    assert_int_equal(epd_client_submit(c, &bt.b, y, NULL), EPD_CLIENT_ERR_DAEMON);
+    assert_string_equal(epd_client_last_error(c), "expert_out_of_range");
+    assert_non_null(strstr(epd_client_last_message(c), "99"));
+    /* the connection stays usable after a request-level error */
+    batch_free(&bt);
+    batch_make(&bt, 7, 2, 64, false);
+    assert_int_equal(epd_client_submit(c, &bt.b, y, NULL), EPD_CLIENT_OK);
+    /* a wrong hidden size is the daemon's shape_mismatch */
+    batch_free(&bt);
+    batch_make(&bt, 8, 2, 32, false);
+    assert_int_equal(epd_client_submit(c, &bt.b, y, NULL), EPD_CLIENT_ERR_DAEMON);
+    assert_string_equal(epd_client_last_error(c), "shape_mismatch");
+    epd_client_destroy(c);
+    batch_free(&bt);
+    fake_stop(&f);
+}
+
+static void test_client__pipeline__collects_out_of_order_by_id(void **state)
+{
+    enum { N_REQ = 8 };
+    fake_t f;
+    batch_t bt[N_REQ];
+    epd_client_reply_t r;
+    (void)state;
+    fake_start(&f, FAKE_REVERSE, N_REQ, 64);
+    epd_client_t *c = connect_to(&f);
+    for (int i = 0; i < N_REQ; i++) {
+        batch_make(&bt[i], 100 + (uint64_t)i, 1 + (uint32_t)i, 64, i == 2);
+        assert_int_equal(epd_client_send(c, &bt[i].b), EPD_CLIENT_OK);
+    }
+    assert_int_equal(epd_client_in_flight(c), N_REQ);
+    /* the daemon answers 107 first; asking for 100 keeps the others queued */
+    for (int i = 0; i < N_REQ; i++) {
+        int rc = epd_client_wait(c, 100 + (uint64_t)i, &r);
+        assert_true(r.has_id);
+        assert_int_equal(r.id, 100 + i);
+        if (i == 2) {
+            assert_int_equal(rc, EPD_CLIENT_ERR_DAEMON);
+            assert_string_equal(r.code, "expert_out_of_range");
+            assert_null(r.y);
+        } else {
+            assert_int_equal(rc, EPD_CLIENT_OK);
+            assert_int_equal(r.n_tokens, 1 + i);
+            assert_memory_equal(r.y, bt[i].x, (size_t)(1 + i) * 64 * 2);
+            assert_int_equal(r.step, 1100 + i);
+        }
+        epd_client_reply_free(&r);
+    }
+    assert_int_equal(epd_client_in_flight(c), 0);
+
+    /* second round, collected in arrival order: last sent arrives first */
+    for (int i = 0; i < N_REQ; i++) assert_int_equal(epd_client_send(c, &bt[i].b), EPD_CLIENT_OK);
+    for (int i = N_REQ - 1; i >= 0; i--) {
+        int rc = epd_client_recv(c, &r);
+        assert_int_equal(r.id, 100 + i);
+        assert_int_equal(rc, i == 2 ? EPD_CLIENT_ERR_DAEMON : EPD_CLIENT_OK);
+        epd_client_reply_free(&r);
+    }
+    epd_client_destroy(c);
+    for (int i = 0; i < N_REQ; i++) batch_free(&bt[i]);
+    fake_stop(&f);
+}
+
+static void test_client__many_large_sends__do_not_deadlock(void **state)
+{
+    enum { N_REQ = 24, N_TOK = 128, H = 1024 };
+    fake_t f;
+    batch_t bt;
+    epd_client_reply_t r;
+    (void)state;
+    fake_start(&f, FAKE_ECHO, 0, H);
+    epd_client_t *c = connect_to(&f);
+    batch_make(&bt, 0, N_TOK, H, false);
+    /* 24 x 256 KiB sent without reading: the echoes fill our socket while we send */
+    for (int i = 0; i < N_REQ; i++) {
+        bt.b.id = (uint64_t)i;
+        assert_int_equal(epd_client_send(c, &bt.b), EPD_CLIENT_OK);
+    }
+    for (int i = 0; i < N_REQ; i++) {
+        assert_int_equal(epd_client_recv(c, &r), EPD_CLIENT_OK);
+        assert_int_equal(r.id, i);
+        assert_memory_equal(r.y, bt.x, (size_t)N_TOK * H * 2);
+        epd_client_reply_free(&r);
+    }
+    epd_client_destroy(c);
+    batch_free(&bt);
+    fake_stop(&f);
+}
+
+static void test_client__control__returns_json_and_payload(void **state)
+{
+    fake_t f;
+    char *json = NULL, *payload = NULL;
+    size_t len = 0;
+    (void)state;
+    fake_start(&f, FAKE_ECHO, 0, 64);
+    epd_client_t *c = connect_to(&f);
+    assert_int_equal(epd_client_control(c, "health", &json, NULL, NULL), EPD_CLIENT_OK);
+    assert_non_null(strstr(json, "\"status\":\"ok\""));
+    epd_client_free(json);
+    assert_int_equal(epd_client_control(c, "metrics", &json, &payload, &len), EPD_CLIENT_OK);
+    assert_string_equal(json, "{}");
+    assert_int_equal(len, strlen(payload));
+    assert_non_null(strstr(payload, "epd_requests_total 7\n"));
+    epd_client_free(json);
+    epd_client_free(payload);
+    assert_int_equal(epd_client_control(c, "reboot", &json, NULL, NULL), EPD_CLIENT_ERR_DAEMON);
+    assert_null(json);
+    assert_string_equal(epd_client_last_error(c), "unknown_op");
+    assert_int_equal(epd_client_control(c, "", &json, NULL, NULL), EPD_CLIENT_ERR_INVALID_ARG);
+    epd_client_destroy(c);
+    fake_stop(&f);
+}
+
+static void test_client__framing_error__ends_wait_then_closed(void **state)
+{
+    fake_t f;
+    batch_t bt;
+    uint16_t y[64];
+    (void)state;
+    fake_start(&f, FAKE_FRAMING, 0, 64);
+    epd_client_t *c = connect_to(&f);
+    batch_make(&bt, 1, 1, 64, false);
+    assert_int_equal(epd_client_submit(c, &bt.b, y, NULL), EPD_CLIENT_ERR_DAEMON);
+    assert_string_equal(epd_client_last_error(c), "bad_json");
+    /* the daemon closed after its ERROR: the next call says so (EOF or EPIPE) */
+    int rc = epd_client_submit(c, &bt.b, y, NULL);
+    assert_int_equal(rc, EPD_CLIENT_ERR_CLOSED);
+    assert_string_equal(epd_client_last_error(c), "closed");
+    epd_client_destroy(c);
+    batch_free(&bt);
+    fake_stop(&f);
+}
+
+static void test_client__silent_daemon__times_out(void **state)
+{
+    fake_t f;
+    batch_t bt;
+    uint16_t y[64];
+    struct timespec t0, t1;
+    (void)state;
+    fake_start(&f, FAKE_SILENT, 0, 64);
+    epd_client_t *c = connect_to(&f);
+    epd_client_set_timeout(c, 150);
+    batch_make(&bt, 1, 1, 64, false);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(epd_client_submit(c, &bt.b, y, NULL), EPD_CLIENT_ERR_TIMEOUT);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    assert_true(took >= 0.14);
+    assert_string_equal(epd_client_last_error(c), "timeout");
+    epd_client_destroy(c); /* closing lets the fake daemon's read end */
+    batch_free(&bt);
+    fake_stop(&f);
+}
+
+static void test_client__no_daemon__is_connect_error_naming_path(void **state)
+{
+    char *json = NULL;
+    char path[200];
+    (void)state;
+    epd_client_t *c = epd_client_create();
+    assert_non_null(c);
+    assert_int_equal(epd_client_connect(c, "/tmp/epd-test-no-such-dir/epd.sock", 100),
+                     EPD_CLIENT_ERR_CONNECT);
+    assert_string_equal(epd_client_last_error(c), "connect");
+    assert_non_null(strstr(epd_client_last_message(c), "/tmp/epd-test-no-such-dir/epd.sock"));
+    assert_non_null(strstr(epd_client_last_message(c), "No such file"));
+    /* a regular file is not a daemon */
+    snprintf(path, sizeof(path), "/tmp/epd-test-client-file-%d", (int)getpid());
+    FILE *fp = fopen(path, "w");
+    assert_non_null(fp);
+    fclose(fp);
+    assert_int_equal(epd_client_connect(c, path, 100), EPD_CLIENT_ERR_CONNECT);
+    assert_non_null(strstr(epd_client_last_message(c), "refused"));
+    unlink(path);
+    /* a path longer than sun_path */
+    memset(path, 'a', sizeof(path) - 1);
+    path[0] = '/';
+    path[sizeof(path) - 1] = '\0';
+    assert_int_equal(epd_client_connect(c, path, 100), EPD_CLIENT_ERR_CONNECT);
+    /* calls on an unconnected client fail cleanly */
+    assert_int_equal(epd_client_control(c, "health", &json, NULL, NULL), EPD_CLIENT_ERR_CLOSED);
+    assert_int_equal(epd_client_connect(c, NULL, 100), EPD_CLIENT_ERR_INVALID_ARG);
+    assert_string_equal(epd_client_rc_name(EPD_CLIENT_ERR_TIMEOUT), "timeout");
+    epd_client_destroy(c);
+    epd_client_destroy(NULL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_client__submit__returns_y_and_step),
+        cmocka_unit_test(test_client__rejected_batch__maps_daemon_code),
+        cmocka_unit_test(test_client__pipeline__collects_out_of_order_by_id),
+        cmocka_unit_test(test_client__many_large_sends__do_not_deadlock),
+        cmocka_unit_test(test_client__control__returns_json_and_payload),
+        cmocka_unit_test(test_client__framing_error__ends_wait_then_closed),
+        cmocka_unit_test(test_client__silent_daemon__times_out),
+        cmocka_unit_test(test_client__no_daemon__is_connect_error_naming_path),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
