@@ -89,10 +89,12 @@ typedef enum {
 
 typedef struct epd_quant_launch {
     uint32_t threads; /* threads per block (multiple of 32, <= 1024) */
-    uint32_t vec;     /* 16-byte vectors each thread keeps in registers per row/group/tile:
-                         per_token 1|2|4|8 (0 = two-pass kernel that rereads the row from L2),
-                         group128 1|2|4, dequant/requant 1|2|4 */
-    uint32_t rows;    /* rows per block (per_token, requant, dequant, scale max) */
+    uint32_t vec;     /* work each thread keeps in flight: 16-byte vectors per row (per_token:
+                         1|2|4|8, or 0 = two-pass kernel that rereads the row from L2), per group
+                         (group128: 1|2|4, i.e. 16, 8 or 4 lanes a group), per pass (dequant and
+                         requant: 1|2|4); scale_max: floats per thread per pass (1..16) */
+    uint32_t rows;    /* per_token: rows per block (threads/rows lanes a row); requant: rows per
+                         tile; unused by the others */
 } epd_quant_launch_t;
 
 /* Name of a kernel kind ("quant_token", ...). */

@@ -54,12 +54,14 @@ static void report(bool ok, const char *fmt, ...)
     } while (0)
 
 /* First differing byte of two buffers (row-major, row_bytes per row), described in msg. */
+static size_t first_bad; /* byte index of the last mismatch same_bytes found */
 static bool same_bytes(const void *want, const void *got, size_t n, size_t row_bytes, size_t elem,
                        char *msg, size_t len)
 {
     const uint8_t *a = (const uint8_t *)want, *b = (const uint8_t *)got;
     for (size_t i = 0; i < n; i++) {
         if (a[i] == b[i]) continue;
+        first_bad = i;
         size_t e = i / elem * elem;
         uint32_t wa = 0, wb = 0;
         memcpy(&wa, a + e, elem);
@@ -223,7 +225,16 @@ static void case_quant(uint32_t rows, uint32_t hidden, epd_scale_kind_t kind, ep
     epd_status_t st = impl_quant(x, rows, hidden, xs, kind, fmt, qd, qs, sd, ss, l, err);
     bool ok = st == EPD_OK;
     if (!ok) snprintf(msg, sizeof msg, "status %d: %s", (int)st, err);
-    if (ok) ok = same_bytes(qr, qd, (size_t)rows * qs, qs, 1, msg, sizeof msg);
+    if (ok && !same_bytes(qr, qd, (size_t)rows * qs, qs, 1, msg, sizeof msg)) {
+        ok = false;
+        size_t r = first_bad / qs, c = first_bad % qs;
+        if (c < hidden) {
+            size_t len = strlen(msg);
+            float sc = sr[r * ss + (kind == EPD_SCALE_PER_TOKEN ? 0 : c / 128)];
+            snprintf(msg + len, sizeof msg - len, "; x %.9g (bf16 0x%04x), host scale %.9g",
+                     epd_bf16_to_f32(x[r * xs + c]), x[r * xs + c], sc);
+        }
+    }
     if (ok && !same_bytes(sr, sd, (size_t)rows * ss * 4, ss * 4, 4, msg, sizeof msg)) {
         ok = false;
         strncat(msg, " [scales]", sizeof msg - strlen(msg) - 1);
