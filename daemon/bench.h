@@ -1,0 +1,15 @@
+/* `epd --bench`: synthetic steps without sockets, on the configured shape, ops and transport,
+ * for each tokens-per-rank count and both wire dtypes, with per-phase times beside a raw
+ * alltoallv of the same bytes measured in the same run (DESIGN.md section 10). */
+#ifndef EPD_DAEMON_BENCH_H
+#define EPD_DAEMON_BENCH_H
+
+#include "config/config.h"
+
+/* Runs the benchmark on every rank of MPI_COMM_WORLD (MPI is initialized by the caller with
+ * MPI_THREAD_SERIALIZED; the caller finalizes). The configuration comes from args like the
+ * daemon's; rank 0 prints a table, or one JSON object per line with --json. Returns the exit
+ * code: 0, 2 for a bad setting or argument. A failure in the middle of a step aborts the job. */
+int epd_bench_run(const epd_args_t *args);
+
+#endif
