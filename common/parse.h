@@ -8,6 +8,10 @@
 
 #include "common/status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Whole string must be a base-10 (or 0x hex, or 0-prefixed octal when base is 0) number in
  * [min, max]; on failure returns EPD_ERR_INVALID_ARG and writes a sentence to err. */
 epd_status_t epd_parse_u64(const char *str, int base, uint64_t min, uint64_t max, uint64_t *out_p,
@@ -19,5 +23,9 @@ epd_status_t epd_parse_double(const char *str, double min, double max, double *o
 
 /* 1/0, true/false, yes/no, on/off in any case. */
 epd_status_t epd_parse_bool(const char *str, bool *out_p, char err[EPD_ERR_LEN]);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

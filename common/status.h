@@ -6,6 +6,10 @@
 
 #include <stdbool.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define EPD_ERR_LEN 256
 
 typedef enum {
@@ -65,5 +69,9 @@ bool epd_status_is_framing(epd_status_t status);
     } while (0)
 
 #define EPD_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -11,6 +11,10 @@
 
 #include "common/status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define EPD_CONFIG_STR_LEN 256
 #define EPD_CONFIG_MAX_UIDS 32
 
@@ -176,5 +180,9 @@ epd_status_t epd_args_parse_token_list(const char *list, uint32_t *tokens, size_
 
 /* Prints the usage of epd followed by the settings table. */
 void epd_args_print_usage(FILE *out, const char *argv0);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
