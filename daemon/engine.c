@@ -285,6 +285,8 @@ static void *worker_main(void *arg)
             engine->results_tail = tail;
         }
         engine->step_running = false;
+        /* once epd_engine_destroy has begun, whatever wake touches may be gone */
+        bool wake = head != NULL && !engine->worker_exit;
         pthread_mutex_unlock(&engine->mu);
 
         uint64_t one = 1;
@@ -292,7 +294,7 @@ static void *worker_main(void *arg)
             /* cannot happen with an eventfd below its maximum; the loop would stall, so say it */
             fprintf(stderr, "epd engine: eventfd write failed: %s\n", strerror(errno));
         }
-        if (head != NULL) engine->wake(engine->wake_arg);
+        if (wake) engine->wake(engine->wake_arg);
         pthread_mutex_lock(&engine->mu);
     }
     pthread_mutex_unlock(&engine->mu);
