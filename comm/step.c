@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "comm/step.h"
+#include "comm/transport_mpi.h"
 
 struct epd_step {
     epd_moe_shape_t shape;
@@ -219,10 +220,27 @@ void epd_step_last_exchange(const epd_step_t *step, epd_step_exchange_t *exchang
     exchange_p->recv_capacity = step->recv_capacity;
 }
 
-/* Names a failed op for err. */
-static epd_status_t op_failed(epd_status_t status, const char *what, char err[EPD_ERR_LEN])
+/* Names a failed op for err, with the ops' own sentence when they keep one. */
+static epd_status_t op_failed(const epd_step_t *step, epd_status_t status, const char *what,
+                              char err[EPD_ERR_LEN])
 {
-    snprintf(err, EPD_ERR_LEN, "step: %s failed: %s", what, epd_status_name(status));
+    const char *why = step->ops->last_error != NULL ? step->ops->last_error(step->ops_ctx) : "";
+
+    snprintf(err, EPD_ERR_LEN, "step: %s (%s ops) failed: %s%s%.160s", what, step->ops->name,
+             epd_status_name(status), why[0] ? ": " : "", why);
+    return status;
+}
+
+/* Names a failed transport call for err. */
+static epd_status_t transport_failed(const epd_step_t *step, epd_status_t status, const char *what,
+                                     char err[EPD_ERR_LEN])
+{
+    const char *why = step->transport == &epd_transport_mpi
+                          ? epd_transport_mpi_last_error(step->transport_ctx)
+                          : "";
+
+    snprintf(err, EPD_ERR_LEN, "step: %s alltoallv (%s transport) failed: %s%s%.160s", what,
+             step->transport->name, epd_status_name(status), why[0] ? ": " : "", why);
     return status;
 }
 
@@ -253,12 +271,12 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
     t[0] = now_ns();
     step->layout.n_tokens = n_tokens;
     status = ops->layout(octx, shape, topk_ids, &step->layout);
-    if (status != EPD_OK) return op_failed(status, "layout", err);
+    if (status != EPD_OK) return op_failed(step, status, "layout", err);
     status = ops->pack(octx, shape, x, topk_ids, topk_weights, &step->layout, step->send_buf);
-    if (status != EPD_OK) return op_failed(status, "pack", err);
+    if (status != EPD_OK) return op_failed(step, status, "pack", err);
     /* the transport reads send_buf: pack must be complete first */
     status = ops->sync(octx);
-    if (status != EPD_OK) return op_failed(status, "sync after pack", err);
+    if (status != EPD_OK) return op_failed(step, status, "sync after pack", err);
 
     /* 2. record counts */
     t[1] = now_ns();
@@ -289,36 +307,28 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
     status = step->transport->alltoallv(step->transport_ctx, step->send_buf, step->send_counts,
                                         step->send_displs, step->recv_buf, step->recv_counts,
                                         step->recv_displs, step->record.size);
-    if (status != EPD_OK) {
-        snprintf(err, EPD_ERR_LEN, "step: dispatch alltoallv (%s transport) failed: %s",
-                 step->transport->name, epd_status_name(status));
-        return status;
-    }
+    if (status != EPD_OK) return transport_failed(step, status, "dispatch", err);
 
     /* 4. experts */
     t[3] = now_ns();
     status = ops->experts(octx, shape, step->recv_buf, (uint32_t)n_recv, step->partials);
-    if (status != EPD_OK) return op_failed(status, "experts", err);
+    if (status != EPD_OK) return op_failed(step, status, "experts", err);
     status = ops->sync(octx);
-    if (status != EPD_OK) return op_failed(status, "sync after experts", err);
+    if (status != EPD_OK) return op_failed(step, status, "sync after experts", err);
 
     /* 5. partials back, along the reverse of the dispatch */
     t[4] = now_ns();
     status = step->transport->alltoallv(step->transport_ctx, step->partials, step->recv_counts,
                                         step->recv_displs, step->partials_back, step->send_counts,
                                         step->send_displs, row_bytes);
-    if (status != EPD_OK) {
-        snprintf(err, EPD_ERR_LEN, "step: combine alltoallv (%s transport) failed: %s",
-                 step->transport->name, epd_status_name(status));
-        return status;
-    }
+    if (status != EPD_OK) return transport_failed(step, status, "combine", err);
 
     /* 6. combine into y */
     t[5] = now_ns();
     status = ops->combine(octx, shape, &step->layout, step->partials_back, y);
-    if (status != EPD_OK) return op_failed(status, "combine", err);
+    if (status != EPD_OK) return op_failed(step, status, "combine", err);
     status = ops->sync(octx);
-    if (status != EPD_OK) return op_failed(status, "sync after combine", err);
+    if (status != EPD_OK) return op_failed(step, status, "sync after combine", err);
     t[6] = now_ns();
 
     if (timing_p != NULL) {

@@ -181,6 +181,7 @@ static void test_step__too_many_tokens_and_bad_ids__refused_with_message(void **
     assert_int_equal(epd_step_run(step, 4, io->x, io->topk_ids, io->topk_weights, io->y, NULL, err),
                      EPD_ERR_EXPERT_OUT_OF_RANGE);
     assert_non_null(strstr(err, "layout"));
+    assert_non_null(strstr(err, "expert id 16 of token 0 is outside [0, 16)"));
     epd_step_destroy(step);
 }
 
