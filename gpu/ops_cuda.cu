@@ -1,0 +1,961 @@
+/* The CUDA implementation of the device ops (gpu/ops.h): one stream per context plus two copy
+ * streams for the staged transport, and the step kernels (routing layout, pack fused with FP8
+ * quantization, experts, combine). Every result equals gpu/ops_host.c byte for byte: the same
+ * fp32 operations in the same order (__fmul_rn/__fadd_rn, --fmad=false), gpu/fp8.h's rules. */
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "gpu/ops.h"
+}
+#include "gpu/fp8.h"
+
+#define LAYOUT_THREADS 1024
+#define LAYOUT_MAX_WORLD 1024 /* ranks the layout kernel's shared memory holds */
+#define FLAT_THREADS 256      /* block size of the element-wise kernels */
+#define CHUNK 16              /* elements per thread and vector step (32 bytes of bf16) */
+#define TOKEN_MAX_THREADS 512 /* threads of one token in the per-token pack (registers: 128) */
+
+struct epd_ops_ctx {
+    int device;
+    cudaStream_t stream; /* every op */
+    cudaStream_t down;   /* copy_to_host_async */
+    cudaStream_t up;     /* copy_to_ops_async, copy_ops_to_ops_async */
+    uint32_t *layout_dev;  /* [2W + 2]: counts, offsets, records, bad ids */
+    uint32_t *layout_host; /* pinned mirror */
+    char err[EPD_ERR_LEN];
+};
+
+struct epd_ops_event {
+    cudaEvent_t event;
+};
+
+/* ---- error handling ---------------------------------------------------------------------- */
+
+static epd_status_t cuda_fail(epd_ops_ctx_t *ctx, cudaError_t rc, const char *what)
+{
+    snprintf(ctx->err, EPD_ERR_LEN, "cuda ops: %s: %s", what, cudaGetErrorString(rc));
+    return EPD_ERR_CUDA;
+}
+
+#define CUDA_TRY(ctx, call, what)                                     \
+    do {                                                              \
+        cudaError_t rc_ = (call);                                     \
+        if (rc_ != cudaSuccess) return cuda_fail((ctx), rc_, (what)); \
+    } while (0)
+
+static epd_status_t bad_arg(epd_ops_ctx_t *ctx, const char *what)
+{
+    snprintf(ctx->err, EPD_ERR_LEN, "cuda ops: %s", what);
+    return EPD_ERR_INVALID_ARG;
+}
+
+/* Ops may be called from another thread than init's (the engine's worker): make the context's
+ * device current first. Cheap when it already is. */
+static epd_status_t enter(epd_ops_ctx_t *ctx)
+{
+    ctx->err[0] = '\0';
+    CUDA_TRY(ctx, cudaSetDevice(ctx->device), "cudaSetDevice");
+    return EPD_OK;
+}
+
+/* Same checks as the host ops, plus the limits of these kernels. */
+static const char *shape_problem(const epd_moe_shape_t *shape)
+{
+    if (shape == NULL) return "no shape";
+    if (shape->hidden == 0 || shape->hidden % EPD_QUANT_GROUP != 0)
+        return "hidden must be a positive multiple of 128";
+    if (shape->topk == 0 || shape->num_experts == 0 || shape->world == 0) return "empty shape";
+    if (shape->rank >= shape->world) return "rank >= world";
+    if (shape->num_experts % shape->world != 0) return "experts not a multiple of the ranks";
+    if (shape->world > LAYOUT_MAX_WORLD) return "more than 1024 ranks";
+    if (shape->dtype != EPD_WIRE_FP8 && shape->dtype != EPD_WIRE_BF16) return "unknown dtype";
+    if (shape->scale != EPD_SCALE_GROUP128 && shape->scale != EPD_SCALE_PER_TOKEN)
+        return "unknown scale kind";
+    if (shape->scale_format != EPD_SCALE_FMT_FP32 && shape->scale_format != EPD_SCALE_FMT_UE8M0)
+        return "unknown scale format";
+    if (shape->expert_kind != EPD_EXPERTS_IDENTITY && shape->expert_kind != EPD_EXPERTS_SCALE)
+        return "unknown expert kind";
+    return NULL;
+}
+
+static bool aligned16(const void *p)
+{
+    return ((uintptr_t)p & 15u) == 0;
+}
+
+static unsigned flat_blocks(uint64_t items)
+{
+    uint64_t blocks = (items + FLAT_THREADS - 1) / FLAT_THREADS;
+    return (unsigned)(blocks > 0x7fffffffu ? 0x7fffffffu : blocks); /* the kernels grid-stride */
+}
+
+/* ---- element helpers ---------------------------------------------------------------------- */
+
+/* max |x| of 16 bf16 values as a bf16 bit pattern: for non-negative values (sign bit cleared)
+ * the integer order is the float order, and NaN never reaches pack (rejected at ingest). */
+__device__ __forceinline__ uint32_t amax16_bits(uint4 lo, uint4 hi)
+{
+    uint32_t m = __vmaxu2(__vmaxu2(lo.x & 0x7fff7fffu, lo.y & 0x7fff7fffu),
+                          __vmaxu2(lo.z & 0x7fff7fffu, lo.w & 0x7fff7fffu));
+    m = __vmaxu2(m, __vmaxu2(__vmaxu2(hi.x & 0x7fff7fffu, hi.y & 0x7fff7fffu),
+                             __vmaxu2(hi.z & 0x7fff7fffu, hi.w & 0x7fff7fffu)));
+    return max(m & 0xffffu, m >> 16);
+}
+
+/* Two bf16 (low half first in memory) times mult, to two e4m3 codes (low byte first). The
+ * SATFINITE conversion is clamp to +-448 then round to nearest even, as epd_e4m3_from_f32. */
+__device__ __forceinline__ uint32_t quant2(uint32_t w, float mult)
+{
+    float a = __fmul_rn(__uint_as_float(w << 16), mult);
+    float b = __fmul_rn(__uint_as_float(w & 0xffff0000u), mult);
+    return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+}
+
+__device__ __forceinline__ uint32_t quant4(uint32_t w0, uint32_t w1, float mult)
+{
+    return quant2(w0, mult) | (quant2(w1, mult) << 16);
+}
+
+__device__ __forceinline__ uint4 quant16(uint4 lo, uint4 hi, float mult)
+{
+    return make_uint4(quant4(lo.x, lo.y, mult), quant4(lo.z, lo.w, mult),
+                      quant4(hi.x, hi.y, mult), quant4(hi.z, hi.w, mult));
+}
+
+/* Four e4m3 codes (low byte first) to fp32, exactly (e4m3 -> f16 -> f32 are exact). */
+__device__ __forceinline__ void e4m3x4_to_f32(uint32_t w, float *out)
+{
+    __half2_raw a = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
+    __half2_raw b = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> 16), __NV_E4M3);
+    out[0] = __half2float(__half(__half_raw{a.x}));
+    out[1] = __half2float(__half(__half_raw{a.y}));
+    out[2] = __half2float(__half(__half_raw{b.x}));
+    out[3] = __half2float(__half(__half_raw{b.y}));
+}
+
+__device__ __forceinline__ void bf16x2_to_f32(uint32_t w, float *out)
+{
+    out[0] = __uint_as_float(w << 16);
+    out[1] = __uint_as_float(w & 0xffff0000u);
+}
+
+__device__ __forceinline__ uint32_t f32x2_to_bf16(float a, float b)
+{
+    return (uint32_t)epd_f32_to_bf16(a) | ((uint32_t)epd_f32_to_bf16(b) << 16);
+}
+
+/* 16 fp32 values to 16 bf16 (nearest even, gpu/fp8.h's rule) in two 16-byte vectors. */
+__device__ __forceinline__ void store_bf16x16(uint16_t *dst, const float *v)
+{
+    uint4 lo = make_uint4(f32x2_to_bf16(v[0], v[1]), f32x2_to_bf16(v[2], v[3]),
+                          f32x2_to_bf16(v[4], v[5]), f32x2_to_bf16(v[6], v[7]));
+    uint4 hi = make_uint4(f32x2_to_bf16(v[8], v[9]), f32x2_to_bf16(v[10], v[11]),
+                          f32x2_to_bf16(v[12], v[13]), f32x2_to_bf16(v[14], v[15]));
+    reinterpret_cast<uint4 *>(dst)[0] = lo;
+    reinterpret_cast<uint4 *>(dst)[1] = hi;
+}
+
+/* ---- layout ------------------------------------------------------------------------------- */
+
+/* Destination ranks [r0, r0+64) of one token as a bit mask; *bad_p set for an id outside
+ * [-1, E). */
+__device__ __forceinline__ uint64_t token_mask(const int32_t *ids, uint32_t k_count,
+                                               uint32_t per_rank, uint32_t n_experts, uint32_t r0,
+                                               bool *bad_p)
+{
+    uint64_t mask = 0;
+    for (uint32_t k = 0; k < k_count; k++) {
+        int32_t e = ids[k];
+        if (e == -1) continue;
+        if (e < -1 || (uint32_t)e >= n_experts) {
+            *bad_p = true;
+            continue;
+        }
+        uint32_t r = (uint32_t)e / per_rank;
+        if (r >= r0 && r < r0 + 64) mask |= 1ull << (r - r0);
+    }
+    return mask;
+}
+
+/* One block. Pass 1 counts the records of each destination rank (and bad ids); the offsets are
+ * their exclusive prefix sum. Pass 2 walks the tokens in tiles of one per thread and gives each
+ * (token, rank) its index: the rank's offset + tokens before it in earlier tiles (carry) + in
+ * earlier warps of the tile (warp prefix) + in earlier lanes (ballot). Token order within a rank,
+ * as the host does. out: counts[W], offsets[W], total, bad. */
+__global__ void __launch_bounds__(LAYOUT_THREADS)
+layout_kernel(const int32_t *topk_ids, uint32_t n, uint32_t k_count, uint32_t n_experts,
+              uint32_t world, int32_t *slot, uint32_t *out)
+{
+    __shared__ uint32_t s_count[LAYOUT_MAX_WORLD];
+    __shared__ uint32_t s_carry[LAYOUT_MAX_WORLD];
+    __shared__ uint32_t s_warp[LAYOUT_THREADS / 32][64];
+    __shared__ uint32_t s_bad;
+    const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const uint32_t n_warps = blockDim.x >> 5;
+    const uint32_t per_rank = n_experts / world;
+
+    for (uint32_t r = tid; r < world; r += blockDim.x) s_count[r] = 0;
+    if (tid == 0) s_bad = 0;
+    __syncthreads();
+
+    for (uint32_t base = 0; base < n; base += blockDim.x) {
+        uint32_t t = base + tid;
+        bool active = t < n, bad = false;
+        for (uint32_t r0 = 0; r0 < world; r0 += 64) {
+            uint64_t mask = active ? token_mask(topk_ids + (size_t)t * k_count, k_count, per_rank,
+                                                n_experts, r0, &bad)
+                                   : 0;
+            uint32_t nr = min(64u, world - r0);
+            for (uint32_t j = 0; j < nr; j++) {
+                uint32_t b = __ballot_sync(0xffffffffu, (mask >> j) & 1u);
+                if (lane == 0 && b != 0) atomicAdd(&s_count[r0 + j], (uint32_t)__popc(b));
+            }
+        }
+        if (bad) atomicAdd(&s_bad, 1u);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        uint32_t total = 0;
+        for (uint32_t r = 0; r < world; r++) {
+            out[r] = s_count[r];
+            out[world + r] = total;
+            s_carry[r] = total;
+            total += s_count[r];
+        }
+        out[2 * world] = total;
+        out[2 * world + 1] = s_bad;
+    }
+    __syncthreads();
+    if (s_bad != 0) return; /* the host reports expert_out_of_range; slots are not used */
+
+    const uint32_t lanes_before = (1u << lane) - 1u;
+    for (uint32_t base = 0; base < n; base += blockDim.x) {
+        uint32_t t = base + tid;
+        bool active = t < n, bad = false;
+        for (uint32_t r0 = 0; r0 < world; r0 += 64) {
+            uint64_t mask = active ? token_mask(topk_ids + (size_t)t * k_count, k_count, per_rank,
+                                                n_experts, r0, &bad)
+                                   : 0;
+            uint32_t nr = min(64u, world - r0);
+            for (uint32_t j = 0; j < nr; j++) {
+                uint32_t b = __ballot_sync(0xffffffffu, (mask >> j) & 1u);
+                if (lane == 0) s_warp[warp][j] = (uint32_t)__popc(b);
+            }
+            __syncthreads();
+            if (tid < nr) {
+                uint32_t run = s_carry[r0 + tid];
+                for (uint32_t w = 0; w < n_warps; w++) {
+                    uint32_t c = s_warp[w][tid];
+                    s_warp[w][tid] = run;
+                    run += c;
+                }
+                s_carry[r0 + tid] = run;
+            }
+            __syncthreads();
+            for (uint32_t j = 0; j < nr; j++) {
+                uint32_t hit = (uint32_t)((mask >> j) & 1u);
+                uint32_t b = __ballot_sync(0xffffffffu, hit);
+                if (active)
+                    slot[(size_t)t * world + r0 + j] =
+                        hit ? (int32_t)(s_warp[warp][j] + (uint32_t)__popc(b & lanes_before)) : -1;
+            }
+            __syncthreads(); /* s_warp is rewritten by the next chunk or tile */
+        }
+    }
+}
+
+/* ---- pack --------------------------------------------------------------------------------- */
+
+struct pack_args {
+    const uint16_t *x;
+    const int32_t *ids;
+    const float *weights;
+    const int32_t *slot;
+    uint8_t *send;
+    uint32_t n, hidden, h16, k_count, world;
+    uint32_t rec_size, rec_scales, rec_ids;
+    uint32_t tail_words; /* 4-byte words from rec_ids to the end: ids, weights, src, padding */
+    int ue8m0;
+};
+
+/* The metadata words of token t handled by thread `part` of `parts`: ids, weights (bit copies),
+ * the source index, then zero padding, to every destination of the token. */
+__device__ __forceinline__ void pack_tail(const pack_args &a, uint32_t t, uint32_t part,
+                                          uint32_t parts)
+{
+    const int32_t *slot = a.slot + (size_t)t * a.world;
+    for (uint32_t j = part; j < a.tail_words; j += parts) {
+        uint32_t v;
+        if (j < a.k_count)
+            v = (uint32_t)a.ids[(size_t)t * a.k_count + j];
+        else if (j < 2 * a.k_count)
+            v = __float_as_uint(a.weights[(size_t)t * a.k_count + (j - a.k_count)]);
+        else if (j == 2 * a.k_count)
+            v = t;
+        else
+            v = 0;
+        for (uint32_t r = 0; r < a.world; r++) {
+            int32_t s = slot[r];
+            if (s >= 0)
+                *reinterpret_cast<uint32_t *>(a.send + (size_t)s * a.rec_size + a.rec_ids + 4u * j) = v;
+        }
+    }
+}
+
+/* BF16 records, and FP8 with group-128 scales: one thread per 16 elements of a row, flat over
+ * [N][H/16]. A group is 8 consecutive threads (H/16 is a multiple of 8), reduced with shuffles;
+ * the loop bound is block-uniform so every lane reaches them. Each thread's 16 elements are read
+ * once and written to each destination record of the token. */
+template <bool FP8>
+__global__ void __launch_bounds__(FLAT_THREADS) pack_flat_kernel(pack_args a)
+{
+    const uint64_t total = (uint64_t)a.n * a.h16;
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t base = (uint64_t)blockIdx.x * blockDim.x; base < total; base += stride) {
+        uint64_t idx = base + threadIdx.x;
+        bool active = idx < total;
+        uint32_t t = active ? (uint32_t)(idx / a.h16) : 0, c = active ? (uint32_t)(idx % a.h16) : 0;
+        uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+        if (active) {
+            const uint4 *src = reinterpret_cast<const uint4 *>(a.x + (size_t)t * a.hidden + (size_t)c * CHUNK);
+            lo = src[0];
+            hi = src[1];
+        }
+        const int32_t *slot = a.slot + (size_t)t * a.world;
+        if (FP8) {
+            uint32_t m = amax16_bits(lo, hi);
+            m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
+            m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            m = max(m, __shfl_xor_sync(0xffffffffu, m, 4));
+            float scale, mult;
+            epd_quant_scale(__uint_as_float(m << 16), a.ue8m0, &scale, &mult);
+            uint4 q = quant16(lo, hi, mult);
+            if (active) {
+                for (uint32_t r = 0; r < a.world; r++) {
+                    int32_t s = slot[r];
+                    if (s < 0) continue;
+                    uint8_t *rec = a.send + (size_t)s * a.rec_size;
+                    *reinterpret_cast<uint4 *>(rec + (size_t)c * CHUNK) = q;
+                    if ((c & 7u) == 0)
+                        *reinterpret_cast<float *>(rec + a.rec_scales + 4u * (c >> 3)) = scale;
+                }
+            }
+        } else if (active) {
+            for (uint32_t r = 0; r < a.world; r++) {
+                int32_t s = slot[r];
+                if (s < 0) continue;
+                uint4 *dst = reinterpret_cast<uint4 *>(a.send + (size_t)s * a.rec_size + (size_t)c * 2 * CHUNK);
+                dst[0] = lo;
+                dst[1] = hi;
+            }
+        }
+        if (active) pack_tail(a, t, c, a.h16);
+    }
+}
+
+/* FP8 with one scale per token: tpt threads per token (a power of two <= 32, several tokens per
+ * block; or a multiple of 32, one token per block), each reading 16 elements per iteration. The
+ * row's amax is reduced over the token's threads before quantizing; the first iteration's
+ * elements stay in registers, so for H <= 16 * tpt (H <= 8192) the row is read exactly once. */
+__global__ void __launch_bounds__(TOKEN_MAX_THREADS) pack_token_kernel(pack_args a, uint32_t tpt, uint32_t iters)
+{
+    __shared__ uint32_t s_max[32];
+    const uint32_t lt = threadIdx.x % tpt;
+    const uint32_t t = blockIdx.x * (blockDim.x / tpt) + threadIdx.x / tpt;
+    const bool token = t < a.n;
+    const uint16_t *row = a.x + (size_t)(token ? t : 0) * a.hidden;
+    uint4 lo0 = make_uint4(0, 0, 0, 0), hi0 = lo0;
+    uint32_t m = 0;
+
+    for (uint32_t it = 0; it < iters; it++) {
+        uint32_t c = lt + it * tpt;
+        if (!token || c >= a.h16) continue;
+        const uint4 *src = reinterpret_cast<const uint4 *>(row + (size_t)c * CHUNK);
+        uint4 lo = src[0], hi = src[1];
+        if (it == 0) {
+            lo0 = lo;
+            hi0 = hi;
+        }
+        m = max(m, amax16_bits(lo, hi));
+    }
+    if (tpt <= 32) {
+        for (uint32_t off = tpt / 2; off > 0; off >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
+    } else {
+        for (uint32_t off = 16; off > 0; off >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
+        if ((threadIdx.x & 31) == 0) s_max[threadIdx.x >> 5] = m;
+        __syncthreads();
+        m = 0;
+        for (uint32_t w = 0; w < (blockDim.x >> 5); w++) m = max(m, s_max[w]);
+    }
+    if (!token) return;
+
+    float scale, mult;
+    epd_quant_scale(__uint_as_float(m << 16), a.ue8m0, &scale, &mult);
+    const int32_t *slot = a.slot + (size_t)t * a.world;
+    for (uint32_t it = 0; it < iters; it++) {
+        uint32_t c = lt + it * tpt;
+        if (c >= a.h16) break;
+        uint4 lo = lo0, hi = hi0;
+        if (it > 0) {
+            const uint4 *src = reinterpret_cast<const uint4 *>(row + (size_t)c * CHUNK);
+            lo = src[0];
+            hi = src[1];
+        }
+        uint4 q = quant16(lo, hi, mult);
+        for (uint32_t r = 0; r < a.world; r++) {
+            int32_t s = slot[r];
+            if (s >= 0) *reinterpret_cast<uint4 *>(a.send + (size_t)s * a.rec_size + (size_t)c * CHUNK) = q;
+        }
+    }
+    if (lt == 0) {
+        for (uint32_t r = 0; r < a.world; r++) {
+            int32_t s = slot[r];
+            if (s >= 0) *reinterpret_cast<float *>(a.send + (size_t)s * a.rec_size + a.rec_scales) = scale;
+        }
+    }
+    pack_tail(a, t, lt, tpt);
+}
+
+/* ---- experts ------------------------------------------------------------------------------ */
+
+struct experts_args {
+    const uint8_t *recv;
+    uint16_t *partials;
+    uint32_t n_records, hidden, h16, k_count, n_experts;
+    int32_t lo, hi; /* this rank's experts [lo, hi) */
+    uint32_t rec_size, rec_scales, rec_ids, rec_weights;
+    int fp8, per_token, scale_experts;
+};
+
+/* One thread per 16 elements of a record, flat over [n_records][H/16]: x' = (float)q * s or the
+ * widened bf16, then acc = acc + w_k * expert_k(x') over ascending k with a local expert. */
+__global__ void __launch_bounds__(FLAT_THREADS) experts_kernel(experts_args a)
+{
+    const uint64_t total = (uint64_t)a.n_records * a.h16;
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t idx = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+        uint32_t j = (uint32_t)(idx / a.h16), c = (uint32_t)(idx % a.h16);
+        const uint8_t *rec = a.recv + (size_t)j * a.rec_size;
+        float x[CHUNK], acc[CHUNK];
+        if (a.fp8) {
+            uint4 q = *reinterpret_cast<const uint4 *>(rec + (size_t)c * CHUNK);
+            float s = *reinterpret_cast<const float *>(rec + a.rec_scales + (a.per_token ? 0u : 4u * (c >> 3)));
+            e4m3x4_to_f32(q.x, x);
+            e4m3x4_to_f32(q.y, x + 4);
+            e4m3x4_to_f32(q.z, x + 8);
+            e4m3x4_to_f32(q.w, x + 12);
+#pragma unroll
+            for (int i = 0; i < CHUNK; i++) x[i] = __fmul_rn(x[i], s);
+        } else {
+            const uint4 *src = reinterpret_cast<const uint4 *>(rec + (size_t)c * 2 * CHUNK);
+            uint4 lo = src[0], hi = src[1];
+            bf16x2_to_f32(lo.x, x);
+            bf16x2_to_f32(lo.y, x + 2);
+            bf16x2_to_f32(lo.z, x + 4);
+            bf16x2_to_f32(lo.w, x + 6);
+            bf16x2_to_f32(hi.x, x + 8);
+            bf16x2_to_f32(hi.y, x + 10);
+            bf16x2_to_f32(hi.z, x + 12);
+            bf16x2_to_f32(hi.w, x + 14);
+        }
+#pragma unroll
+        for (int i = 0; i < CHUNK; i++) acc[i] = 0.0f;
+        const int32_t *ids = reinterpret_cast<const int32_t *>(rec + a.rec_ids);
+        const float *weights = reinterpret_cast<const float *>(rec + a.rec_weights);
+        for (uint32_t k = 0; k < a.k_count; k++) {
+            int32_t e = ids[k];
+            if (e == -1 || e < a.lo || e >= a.hi) continue;
+            float w = weights[k];
+            if (a.scale_experts) {
+                float f = __fadd_rn(1.0f, __fdiv_rn((float)e, (float)a.n_experts));
+#pragma unroll
+                for (int i = 0; i < CHUNK; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(w, __fmul_rn(x[i], f)));
+            } else {
+#pragma unroll
+                for (int i = 0; i < CHUNK; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(w, x[i]));
+            }
+        }
+        store_bf16x16(a.partials + (size_t)j * a.hidden + (size_t)c * CHUNK, acc);
+    }
+}
+
+/* ---- combine ------------------------------------------------------------------------------ */
+
+/* One thread per 16 elements of an output row: the partials of the token's records summed in
+ * ascending rank order from 0.0f, rounded to bf16; zeros for a token without records. */
+__global__ void __launch_bounds__(FLAT_THREADS)
+combine_kernel(const int32_t *slot, const uint16_t *partials, uint16_t *y, uint32_t n,
+               uint32_t hidden, uint32_t h16, uint32_t world)
+{
+    const uint64_t total = (uint64_t)n * h16;
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t idx = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+        uint32_t t = (uint32_t)(idx / h16), c = (uint32_t)(idx % h16);
+        float acc[CHUNK];
+#pragma unroll
+        for (int i = 0; i < CHUNK; i++) acc[i] = 0.0f;
+        for (uint32_t r = 0; r < world; r++) {
+            int32_t s = slot[(size_t)t * world + r];
+            if (s < 0) continue;
+            const uint4 *src = reinterpret_cast<const uint4 *>(partials + (size_t)s * hidden + (size_t)c * CHUNK);
+            uint4 lo = src[0], hi = src[1];
+            float p[CHUNK];
+            bf16x2_to_f32(lo.x, p);
+            bf16x2_to_f32(lo.y, p + 2);
+            bf16x2_to_f32(lo.z, p + 4);
+            bf16x2_to_f32(lo.w, p + 6);
+            bf16x2_to_f32(hi.x, p + 8);
+            bf16x2_to_f32(hi.y, p + 10);
+            bf16x2_to_f32(hi.z, p + 12);
+            bf16x2_to_f32(hi.w, p + 14);
+#pragma unroll
+            for (int i = 0; i < CHUNK; i++) acc[i] = __fadd_rn(acc[i], p[i]);
+        }
+        store_bf16x16(y + (size_t)t * hidden + (size_t)c * CHUNK, acc);
+    }
+}
+
+/* ---- the ops table ------------------------------------------------------------------------ */
+
+static epd_status_t cuda_init(int device_id, epd_ops_ctx_t **ctx_p, char err[EPD_ERR_LEN])
+{
+    epd_ops_ctx_t *ctx;
+    cudaError_t rc;
+    const char *what = "";
+
+    *ctx_p = NULL;
+    if (device_id < 0) {
+        snprintf(err, EPD_ERR_LEN, "cuda ops: bad device id %d", device_id);
+        return EPD_ERR_INVALID_ARG;
+    }
+    ctx = (epd_ops_ctx_t *)calloc(1, sizeof *ctx);
+    if (ctx == NULL) {
+        snprintf(err, EPD_ERR_LEN, "cuda ops: out of memory");
+        return EPD_ERR_NO_MEMORY;
+    }
+    ctx->device = device_id;
+    if ((rc = cudaSetDevice(device_id)) != cudaSuccess) {
+        what = "cudaSetDevice";
+        goto err_free;
+    }
+    if ((rc = cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        what = "cudaStreamCreateWithFlags";
+        goto err_free;
+    }
+    if ((rc = cudaStreamCreateWithFlags(&ctx->down, cudaStreamNonBlocking)) != cudaSuccess) {
+        what = "cudaStreamCreateWithFlags";
+        goto err_stream;
+    }
+    if ((rc = cudaStreamCreateWithFlags(&ctx->up, cudaStreamNonBlocking)) != cudaSuccess) {
+        what = "cudaStreamCreateWithFlags";
+        goto err_down;
+    }
+    if ((rc = cudaMalloc(&ctx->layout_dev, (2 * LAYOUT_MAX_WORLD + 2) * sizeof(uint32_t))) != cudaSuccess) {
+        what = "cudaMalloc";
+        goto err_up;
+    }
+    if ((rc = cudaMallocHost(&ctx->layout_host, (2 * LAYOUT_MAX_WORLD + 2) * sizeof(uint32_t))) != cudaSuccess) {
+        what = "cudaMallocHost";
+        goto err_layout_dev;
+    }
+    *ctx_p = ctx;
+    return EPD_OK;
+
+err_layout_dev:
+    cudaFree(ctx->layout_dev);
+err_up:
+    cudaStreamDestroy(ctx->up);
+err_down:
+    cudaStreamDestroy(ctx->down);
+err_stream:
+    cudaStreamDestroy(ctx->stream);
+err_free:
+    snprintf(err, EPD_ERR_LEN, "cuda ops on device %d: %s: %s", device_id, what, cudaGetErrorString(rc));
+    free(ctx);
+    return EPD_ERR_CUDA;
+}
+
+static void cuda_fini(epd_ops_ctx_t *ctx)
+{
+    if (ctx == NULL) return;
+    if (cudaSetDevice(ctx->device) == cudaSuccess) {
+        cudaStreamSynchronize(ctx->stream);
+        cudaStreamSynchronize(ctx->down);
+        cudaStreamSynchronize(ctx->up);
+        cudaFreeHost(ctx->layout_host);
+        cudaFree(ctx->layout_dev);
+        cudaStreamDestroy(ctx->up);
+        cudaStreamDestroy(ctx->down);
+        cudaStreamDestroy(ctx->stream);
+    }
+    free(ctx);
+}
+
+/* At least 256 bytes, so an empty buffer is still a valid pointer (as the host ops give). */
+static void *cuda_alloc(epd_ops_ctx_t *ctx, size_t bytes)
+{
+    void *ptr = NULL;
+    cudaError_t rc;
+
+    if (enter(ctx) != EPD_OK) return NULL;
+    rc = cudaMalloc(&ptr, bytes < 256 ? 256 : bytes);
+    if (rc != cudaSuccess) {
+        cuda_fail(ctx, rc, "cudaMalloc");
+        return NULL;
+    }
+    return ptr;
+}
+
+static void cuda_free(epd_ops_ctx_t *ctx, void *ptr)
+{
+    if (ptr == NULL || enter(ctx) != EPD_OK) return;
+    cudaFree(ptr);
+}
+
+static void *cuda_alloc_host(epd_ops_ctx_t *ctx, size_t bytes)
+{
+    void *ptr = NULL;
+    cudaError_t rc;
+
+    if (enter(ctx) != EPD_OK) return NULL;
+    rc = cudaMallocHost(&ptr, bytes < 256 ? 256 : bytes);
+    if (rc != cudaSuccess) {
+        cuda_fail(ctx, rc, "cudaMallocHost");
+        return NULL;
+    }
+    return ptr;
+}
+
+static void cuda_free_host(epd_ops_ctx_t *ctx, void *ptr)
+{
+    if (ptr == NULL || enter(ctx) != EPD_OK) return;
+    cudaFreeHost(ptr);
+}
+
+/* Both copies are complete when they return (in stream order after earlier ops), so the host
+ * side may be reused or read at once, whether it is pinned or not. */
+static epd_status_t cuda_copy(epd_ops_ctx_t *ctx, void *dst, const void *src, size_t bytes,
+                              cudaMemcpyKind kind)
+{
+    epd_status_t status;
+
+    CHECK_GOTO(enter(ctx), out);
+    if (bytes == 0) return EPD_OK;
+    if (dst == NULL || src == NULL) return bad_arg(ctx, "copy with a NULL pointer");
+    CUDA_TRY(ctx, cudaMemcpyAsync(dst, src, bytes, kind, ctx->stream), "cudaMemcpyAsync");
+    CUDA_TRY(ctx, cudaStreamSynchronize(ctx->stream), "cudaStreamSynchronize after a copy");
+out:
+    return status;
+}
+
+static epd_status_t cuda_copy_to_ops(epd_ops_ctx_t *ctx, void *dst, const void *src_host, size_t bytes)
+{
+    return cuda_copy(ctx, dst, src_host, bytes, cudaMemcpyHostToDevice);
+}
+
+static epd_status_t cuda_copy_to_host(epd_ops_ctx_t *ctx, void *dst_host, const void *src, size_t bytes)
+{
+    return cuda_copy(ctx, dst_host, src, bytes, cudaMemcpyDeviceToHost);
+}
+
+static epd_status_t cuda_sync(epd_ops_ctx_t *ctx)
+{
+    epd_status_t status;
+
+    CHECK_GOTO(enter(ctx), out);
+    CUDA_TRY(ctx, cudaStreamSynchronize(ctx->stream), "cudaStreamSynchronize");
+out:
+    return status;
+}
+
+/* The layout kernel, then the counts copied back (the count exchange needs them on the host):
+ * this op returns with the stream synchronized. */
+static epd_status_t cuda_layout(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
+                                const int32_t *topk_ids, epd_step_layout_t *layout)
+{
+    epd_status_t status;
+    const char *problem = shape_problem(shape);
+    uint32_t world;
+
+    CHECK_GOTO(enter(ctx), out);
+    if (problem != NULL) return bad_arg(ctx, problem);
+    if (layout == NULL || layout->send_counts_host == NULL || layout->send_offsets_host == NULL)
+        return bad_arg(ctx, "layout without its count arrays");
+    world = shape->world;
+    if (layout->n_tokens == 0) {
+        memset(layout->send_counts_host, 0, world * sizeof(uint32_t));
+        memset(layout->send_offsets_host, 0, world * sizeof(uint32_t));
+        layout->n_send = 0;
+        return EPD_OK;
+    }
+    if (topk_ids == NULL || layout->slot == NULL) return bad_arg(ctx, "layout with a NULL buffer");
+
+    layout_kernel<<<1, LAYOUT_THREADS, 0, ctx->stream>>>(topk_ids, layout->n_tokens, shape->topk,
+                                                         shape->num_experts, world, layout->slot,
+                                                         ctx->layout_dev);
+    CUDA_TRY(ctx, cudaGetLastError(), "layout kernel launch");
+    CUDA_TRY(ctx, cudaMemcpyAsync(ctx->layout_host, ctx->layout_dev, (2 * world + 2) * sizeof(uint32_t),
+                                  cudaMemcpyDeviceToHost, ctx->stream),
+             "cudaMemcpyAsync of the layout counts");
+    CUDA_TRY(ctx, cudaStreamSynchronize(ctx->stream), "layout");
+    if (ctx->layout_host[2 * world + 1] != 0) {
+        snprintf(ctx->err, EPD_ERR_LEN, "cuda ops: %u tokens have an expert id outside [-1, %u)",
+                 ctx->layout_host[2 * world + 1], shape->num_experts);
+        return EPD_ERR_EXPERT_OUT_OF_RANGE;
+    }
+    memcpy(layout->send_counts_host, ctx->layout_host, world * sizeof(uint32_t));
+    memcpy(layout->send_offsets_host, ctx->layout_host + world, world * sizeof(uint32_t));
+    layout->n_send = ctx->layout_host[2 * world];
+out:
+    return status;
+}
+
+static epd_status_t cuda_pack(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, const uint16_t *x,
+                              const int32_t *topk_ids, const float *topk_weights,
+                              const epd_step_layout_t *layout, void *send_buf)
+{
+    epd_status_t status;
+    const char *problem = shape_problem(shape);
+    epd_record_layout_t rec;
+    pack_args a;
+
+    CHECK_GOTO(enter(ctx), out);
+    if (problem != NULL) return bad_arg(ctx, problem);
+    if (layout == NULL) return bad_arg(ctx, "pack without a layout");
+    if (layout->n_tokens == 0 || layout->n_send == 0) return EPD_OK;
+    if (x == NULL || topk_ids == NULL || topk_weights == NULL || layout->slot == NULL || send_buf == NULL)
+        return bad_arg(ctx, "pack with a NULL buffer");
+    if (!aligned16(x) || !aligned16(send_buf))
+        return bad_arg(ctx, "pack: x and the send buffer must be 16-byte aligned");
+    epd_record_layout(shape, &rec);
+
+    memset(&a, 0, sizeof a);
+    a.x = x;
+    a.ids = topk_ids;
+    a.weights = topk_weights;
+    a.slot = layout->slot;
+    a.send = (uint8_t *)send_buf;
+    a.n = layout->n_tokens;
+    a.hidden = shape->hidden;
+    a.h16 = shape->hidden / CHUNK;
+    a.k_count = shape->topk;
+    a.world = shape->world;
+    a.rec_size = (uint32_t)rec.size;
+    a.rec_scales = (uint32_t)rec.scales;
+    a.rec_ids = (uint32_t)rec.ids;
+    a.tail_words = (uint32_t)((rec.size - rec.ids) / 4);
+    a.ue8m0 = shape->scale_format == EPD_SCALE_FMT_UE8M0;
+
+    if (shape->dtype == EPD_WIRE_BF16) {
+        pack_flat_kernel<false><<<flat_blocks((uint64_t)a.n * a.h16), FLAT_THREADS, 0, ctx->stream>>>(a);
+    } else if (shape->scale == EPD_SCALE_GROUP128) {
+        pack_flat_kernel<true><<<flat_blocks((uint64_t)a.n * a.h16), FLAT_THREADS, 0, ctx->stream>>>(a);
+    } else {
+        uint32_t tpt, per_block;
+        if (a.h16 <= 32) {
+            tpt = 8; /* h16 is a multiple of 8 */
+            while (tpt < a.h16) tpt <<= 1;
+            per_block = FLAT_THREADS / tpt;
+        } else {
+            tpt = a.h16 > TOKEN_MAX_THREADS ? TOKEN_MAX_THREADS : (a.h16 + 31) / 32 * 32;
+            per_block = 1;
+        }
+        uint32_t iters = (a.h16 + tpt - 1) / tpt;
+        uint32_t blocks = (a.n + per_block - 1) / per_block;
+        pack_token_kernel<<<blocks, tpt * per_block, 0, ctx->stream>>>(a, tpt, iters);
+    }
+    CUDA_TRY(ctx, cudaGetLastError(), "pack kernel launch");
+out:
+    return status;
+}
+
+static epd_status_t cuda_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
+                                 const void *recv_buf, uint32_t n_records, uint16_t *partials)
+{
+    epd_status_t status;
+    const char *problem = shape_problem(shape);
+    epd_record_layout_t rec;
+    experts_args a;
+    uint32_t per_rank;
+
+    CHECK_GOTO(enter(ctx), out);
+    if (problem != NULL) return bad_arg(ctx, problem);
+    if (n_records == 0) return EPD_OK;
+    if (recv_buf == NULL || partials == NULL) return bad_arg(ctx, "experts with a NULL buffer");
+    if (!aligned16(recv_buf) || !aligned16(partials))
+        return bad_arg(ctx, "experts: buffers must be 16-byte aligned");
+    epd_record_layout(shape, &rec);
+
+    per_rank = shape->num_experts / shape->world;
+    memset(&a, 0, sizeof a);
+    a.recv = (const uint8_t *)recv_buf;
+    a.partials = partials;
+    a.n_records = n_records;
+    a.hidden = shape->hidden;
+    a.h16 = shape->hidden / CHUNK;
+    a.k_count = shape->topk;
+    a.n_experts = shape->num_experts;
+    a.lo = (int32_t)(shape->rank * per_rank);
+    a.hi = (int32_t)((shape->rank + 1) * per_rank);
+    a.rec_size = (uint32_t)rec.size;
+    a.rec_scales = (uint32_t)rec.scales;
+    a.rec_ids = (uint32_t)rec.ids;
+    a.rec_weights = (uint32_t)rec.weights;
+    a.fp8 = shape->dtype == EPD_WIRE_FP8;
+    a.per_token = shape->scale == EPD_SCALE_PER_TOKEN;
+    a.scale_experts = shape->expert_kind == EPD_EXPERTS_SCALE;
+    experts_kernel<<<flat_blocks((uint64_t)n_records * a.h16), FLAT_THREADS, 0, ctx->stream>>>(a);
+    CUDA_TRY(ctx, cudaGetLastError(), "experts kernel launch");
+out:
+    return status;
+}
+
+static epd_status_t cuda_combine(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
+                                 const epd_step_layout_t *layout, const uint16_t *partials_back,
+                                 uint16_t *y)
+{
+    epd_status_t status;
+    const char *problem = shape_problem(shape);
+
+    CHECK_GOTO(enter(ctx), out);
+    if (problem != NULL) return bad_arg(ctx, problem);
+    if (layout == NULL) return bad_arg(ctx, "combine without a layout");
+    if (layout->n_tokens == 0) return EPD_OK;
+    if (y == NULL || layout->slot == NULL || (layout->n_send > 0 && partials_back == NULL))
+        return bad_arg(ctx, "combine with a NULL buffer");
+    if (!aligned16(y) || (partials_back != NULL && !aligned16(partials_back)))
+        return bad_arg(ctx, "combine: buffers must be 16-byte aligned");
+    {
+        uint32_t h16 = shape->hidden / CHUNK;
+        combine_kernel<<<flat_blocks((uint64_t)layout->n_tokens * h16), FLAT_THREADS, 0, ctx->stream>>>(
+            layout->slot, partials_back, y, layout->n_tokens, shape->hidden, h16, shape->world);
+    }
+    CUDA_TRY(ctx, cudaGetLastError(), "combine kernel launch");
+out:
+    return status;
+}
+
+/* ---- transport hooks ---------------------------------------------------------------------- */
+
+static void *cuda_stream(epd_ops_ctx_t *ctx)
+{
+    return (void *)ctx->stream;
+}
+
+static epd_status_t cuda_event_create(epd_ops_ctx_t *ctx, epd_ops_event_t **event_p)
+{
+    epd_status_t status;
+    epd_ops_event_t *event;
+    cudaError_t rc;
+
+    *event_p = NULL;
+    CHECK_GOTO(enter(ctx), out);
+    event = (epd_ops_event_t *)calloc(1, sizeof *event);
+    if (event == NULL) {
+        snprintf(ctx->err, EPD_ERR_LEN, "cuda ops: out of memory for an event");
+        return EPD_ERR_NO_MEMORY;
+    }
+    rc = cudaEventCreateWithFlags(&event->event, cudaEventDisableTiming);
+    if (rc != cudaSuccess) {
+        free(event);
+        return cuda_fail(ctx, rc, "cudaEventCreateWithFlags");
+    }
+    *event_p = event;
+out:
+    return status;
+}
+
+static void cuda_event_destroy(epd_ops_ctx_t *ctx, epd_ops_event_t *event)
+{
+    if (event == NULL) return;
+    if (enter(ctx) == EPD_OK) cudaEventDestroy(event->event);
+    free(event);
+}
+
+static epd_status_t cuda_event_query(epd_ops_ctx_t *ctx, epd_ops_event_t *event)
+{
+    cudaError_t rc;
+
+    if (event == NULL) return bad_arg(ctx, "event_query of NULL");
+    rc = cudaEventQuery(event->event);
+    if (rc == cudaSuccess) return EPD_OK;
+    if (rc == cudaErrorNotReady) return EPD_ERR_AGAIN;
+    return cuda_fail(ctx, rc, "cudaEventQuery");
+}
+
+static epd_status_t cuda_event_wait(epd_ops_ctx_t *ctx, epd_ops_event_t *event)
+{
+    if (event == NULL) return bad_arg(ctx, "event_wait of NULL");
+    CUDA_TRY(ctx, cudaEventSynchronize(event->event), "cudaEventSynchronize");
+    return EPD_OK;
+}
+
+static epd_status_t copy_async(epd_ops_ctx_t *ctx, cudaStream_t stream, void *dst, const void *src,
+                               size_t bytes, cudaMemcpyKind kind, epd_ops_event_t *done)
+{
+    epd_status_t status;
+
+    CHECK_GOTO(enter(ctx), out);
+    if (bytes > 0) {
+        if (dst == NULL || src == NULL) return bad_arg(ctx, "async copy with a NULL pointer");
+        CUDA_TRY(ctx, cudaMemcpyAsync(dst, src, bytes, kind, stream), "cudaMemcpyAsync");
+    }
+    if (done != NULL) CUDA_TRY(ctx, cudaEventRecord(done->event, stream), "cudaEventRecord");
+out:
+    return status;
+}
+
+static epd_status_t cuda_copy_to_host_async(epd_ops_ctx_t *ctx, void *dst_host, const void *src,
+                                            size_t bytes, epd_ops_event_t *done)
+{
+    return copy_async(ctx, ctx->down, dst_host, src, bytes, cudaMemcpyDeviceToHost, done);
+}
+
+static epd_status_t cuda_copy_to_ops_async(epd_ops_ctx_t *ctx, void *dst, const void *src_host,
+                                           size_t bytes, epd_ops_event_t *done)
+{
+    return copy_async(ctx, ctx->up, dst, src_host, bytes, cudaMemcpyHostToDevice, done);
+}
+
+static epd_status_t cuda_copy_ops_to_ops_async(epd_ops_ctx_t *ctx, void *dst, const void *src,
+                                               size_t bytes, epd_ops_event_t *done)
+{
+    return copy_async(ctx, ctx->up, dst, src, bytes, cudaMemcpyDeviceToDevice, done);
+}
+
+static const char *cuda_last_error(epd_ops_ctx_t *ctx)
+{
+    return ctx->err;
+}
+
+extern "C" const epd_ops_t epd_ops_cuda = {
+    /* name */ "cuda",
+    /* init */ cuda_init,
+    /* fini */ cuda_fini,
+    /* alloc */ cuda_alloc,
+    /* free */ cuda_free,
+    /* alloc_host */ cuda_alloc_host,
+    /* free_host */ cuda_free_host,
+    /* copy_to_ops */ cuda_copy_to_ops,
+    /* copy_to_host */ cuda_copy_to_host,
+    /* sync */ cuda_sync,
+    /* layout */ cuda_layout,
+    /* pack */ cuda_pack,
+    /* experts */ cuda_experts,
+    /* combine */ cuda_combine,
+    /* stream */ cuda_stream,
+    /* event_create */ cuda_event_create,
+    /* event_destroy */ cuda_event_destroy,
+    /* event_query */ cuda_event_query,
+    /* event_wait */ cuda_event_wait,
+    /* copy_to_host_async */ cuda_copy_to_host_async,
+    /* copy_to_ops_async */ cuda_copy_to_ops_async,
+    /* copy_ops_to_ops_async */ cuda_copy_ops_to_ops_async,
+    /* last_error */ cuda_last_error,
+};

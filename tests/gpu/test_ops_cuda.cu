@@ -1,0 +1,427 @@
+/* test_ops_cuda: the CUDA device ops (gpu/ops_cuda.cu) against the host ops (gpu/ops_host.c),
+ * byte for byte, in one process without MPI. For every case a world of W ranks is simulated: each
+ * rank runs layout and pack on its own random batch with both implementations, records move
+ * between ranks with memcpy (host) and device copies (CUDA) as the alltoallv would, then experts,
+ * the reverse move and combine. Slots, counts, records, partials and outputs must be identical.
+ * Cases: BF16 and FP8 (group128 / per_token x fp32 / ue8m0), identity and scale experts,
+ * W in {1,2,4,8}, N in {1,7,128,4096}, H in {128,7168}, K=8, E=256, with empty slots and tokens
+ * whose slots are all empty. Also the transport hooks (events, async copies) and a bad id.
+ * Prints one line per case and 'N passed, N failed'; exit 77 with 'SKIP: no GPU' without one. */
+#include <cuda_runtime.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "gpu/ops.h"
+}
+#include "gpu/fp8.h"
+
+#define TOPK 8
+#define EXPERTS 256
+#define MAX_WORLD 8
+
+static int n_passed, n_failed;
+
+/* ---- random inputs ------------------------------------------------------------------------ */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float rng_uniform(uint64_t *s, float lo, float hi)
+{
+    return lo + (hi - lo) * (float)((rng_next(s) >> 40) * (1.0 / 16777216.0));
+}
+
+/* x: values in [-3, 3], an outlier (x40) now and then, some rows all zero (amax floor), some
+ * groups of tiny values; ids: distinct experts, ~1 in 8 slots empty, every 11th token all empty;
+ * weights: mostly positive, some negative. */
+static void random_batch(uint64_t seed, uint32_t n, uint32_t hidden, uint16_t *x, int32_t *ids,
+                         float *w)
+{
+    uint64_t s = seed;
+    for (uint32_t t = 0; t < n; t++) {
+        uint16_t *row = x + (size_t)t * hidden;
+        bool zero_row = rng_next(&s) % 13 == 0;
+        for (uint32_t i = 0; i < hidden; i++) {
+            float v = rng_uniform(&s, -3.0f, 3.0f);
+            if (rng_next(&s) % 97 == 0) v *= 40.0f;
+            if ((i / 128) % 5 == 3 && t % 3 == 0) v *= 1e-6f;
+            row[i] = zero_row ? 0 : epd_f32_to_bf16(v);
+        }
+        for (uint32_t k = 0; k < TOPK; k++) {
+            int32_t e;
+            bool dup;
+            do {
+                e = (int32_t)(rng_next(&s) % EXPERTS);
+                dup = false;
+                for (uint32_t j = 0; j < k; j++) dup |= ids[(size_t)t * TOPK + j] == e;
+            } while (dup);
+            if (t % 11 == 5 || rng_next(&s) % 8 == 0) e = -1;
+            ids[(size_t)t * TOPK + k] = e;
+            w[(size_t)t * TOPK + k] = rng_uniform(&s, -0.25f, 1.0f);
+        }
+    }
+}
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static char fail_msg[512];
+
+static bool failf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(fail_msg, sizeof fail_msg, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+#define CUDA_OK(call)                                                                          \
+    do {                                                                                       \
+        cudaError_t rc_ = (call);                                                              \
+        if (rc_ != cudaSuccess) return failf("%s: %s", #call, cudaGetErrorString(rc_));       \
+    } while (0)
+
+#define OPS_OK(ops, ctx, call, what)                                                          \
+    do {                                                                                       \
+        epd_status_t st_ = (call);                                                             \
+        if (st_ != EPD_OK)                                                                     \
+            return failf("%s %s: %s %s", (ops)->name, what, epd_status_name(st_),              \
+                         (ops)->last_error != NULL ? (ops)->last_error(ctx) : "");             \
+    } while (0)
+
+/* Device bytes equal to host bytes? Reports the first difference. */
+static bool same_bytes(const void *dev, const void *host, size_t bytes, const char *what)
+{
+    if (bytes == 0) return true;
+    uint8_t *tmp = (uint8_t *)malloc(bytes);
+    if (tmp == NULL) return failf("out of memory");
+    cudaError_t rc = cudaMemcpy(tmp, dev, bytes, cudaMemcpyDeviceToHost);
+    if (rc != cudaSuccess) {
+        free(tmp);
+        return failf("download %s: %s", what, cudaGetErrorString(rc));
+    }
+    bool ok = memcmp(tmp, host, bytes) == 0;
+    if (!ok) {
+        size_t i = 0;
+        while (((const uint8_t *)host)[i] == tmp[i]) i++;
+        failf("%s differs at byte %zu of %zu: cuda 0x%02x host 0x%02x", what, i, bytes, tmp[i],
+              ((const uint8_t *)host)[i]);
+    }
+    free(tmp);
+    return ok;
+}
+
+/* One simulated rank's buffers: _h on the host ops, _d on the CUDA ops. */
+typedef struct sim_rank {
+    uint16_t *x_h, *x_d;
+    int32_t *ids_h, *ids_d;
+    float *w_h, *w_d;
+    epd_step_layout_t lay_h, lay_d;
+    uint32_t counts_h[MAX_WORLD], offs_h[MAX_WORLD], counts_d[MAX_WORLD], offs_d[MAX_WORLD];
+    uint8_t *send_h, *send_d;
+    uint8_t *recv_h, *recv_d;
+    uint32_t n_recv;
+    uint16_t *part_h, *part_d;
+    uint16_t *back_h, *back_d;
+    uint16_t *y_h, *y_d;
+} sim_rank_t;
+
+static epd_ops_ctx_t *hctx, *dctx;
+
+static void sim_free(sim_rank_t *r)
+{
+    const epd_ops_t *h = &epd_ops_host, *d = &epd_ops_cuda;
+    h->free(hctx, r->x_h);
+    h->free(hctx, r->ids_h);
+    h->free(hctx, r->w_h);
+    h->free(hctx, r->lay_h.slot);
+    h->free(hctx, r->send_h);
+    h->free(hctx, r->recv_h);
+    h->free(hctx, r->part_h);
+    h->free(hctx, r->back_h);
+    h->free(hctx, r->y_h);
+    d->free(dctx, r->x_d);
+    d->free(dctx, r->ids_d);
+    d->free(dctx, r->w_d);
+    d->free(dctx, r->lay_d.slot);
+    d->free(dctx, r->send_d);
+    d->free(dctx, r->recv_d);
+    d->free(dctx, r->part_d);
+    d->free(dctx, r->back_d);
+    d->free(dctx, r->y_d);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---- one case ----------------------------------------------------------------------------- */
+
+static bool run_case(const epd_moe_shape_t *base, uint32_t n, uint64_t seed, sim_rank_t *sim)
+{
+    const epd_ops_t *h = &epd_ops_host, *d = &epd_ops_cuda;
+    const uint32_t world = base->world, hidden = base->hidden;
+    epd_record_layout_t rec;
+    epd_moe_shape_t shape[MAX_WORLD];
+
+    epd_record_layout(base, &rec);
+    for (uint32_t r = 0; r < world; r++) {
+        shape[r] = *base;
+        shape[r].rank = r;
+    }
+
+    /* inputs, layout, pack on every rank */
+    for (uint32_t r = 0; r < world; r++) {
+        sim_rank_t *s = &sim[r];
+        size_t xb = (size_t)n * hidden * 2, kb = (size_t)n * TOPK * 4, sb = (size_t)n * world * 4;
+        s->x_h = (uint16_t *)h->alloc(hctx, xb);
+        s->ids_h = (int32_t *)h->alloc(hctx, kb);
+        s->w_h = (float *)h->alloc(hctx, kb);
+        s->lay_h.slot = (int32_t *)h->alloc(hctx, sb);
+        s->x_d = (uint16_t *)d->alloc(dctx, xb);
+        s->ids_d = (int32_t *)d->alloc(dctx, kb);
+        s->w_d = (float *)d->alloc(dctx, kb);
+        s->lay_d.slot = (int32_t *)d->alloc(dctx, sb);
+        if (!s->x_h || !s->ids_h || !s->w_h || !s->lay_h.slot || !s->x_d || !s->ids_d || !s->w_d ||
+            !s->lay_d.slot)
+            return failf("alloc of the inputs");
+        random_batch(seed * 131 + r, n, hidden, s->x_h, s->ids_h, s->w_h);
+        OPS_OK(d, dctx, d->copy_to_ops(dctx, s->x_d, s->x_h, xb), "copy_to_ops x");
+        OPS_OK(d, dctx, d->copy_to_ops(dctx, s->ids_d, s->ids_h, kb), "copy_to_ops ids");
+        OPS_OK(d, dctx, d->copy_to_ops(dctx, s->w_d, s->w_h, kb), "copy_to_ops weights");
+
+        s->lay_h.n_tokens = s->lay_d.n_tokens = n;
+        s->lay_h.send_counts_host = s->counts_h;
+        s->lay_h.send_offsets_host = s->offs_h;
+        s->lay_d.send_counts_host = s->counts_d;
+        s->lay_d.send_offsets_host = s->offs_d;
+        OPS_OK(h, hctx, h->layout(hctx, &shape[r], s->ids_h, &s->lay_h), "layout");
+        OPS_OK(d, dctx, d->layout(dctx, &shape[r], s->ids_d, &s->lay_d), "layout");
+        if (s->lay_h.n_send != s->lay_d.n_send)
+            return failf("rank %u: n_send cuda %u host %u", r, s->lay_d.n_send, s->lay_h.n_send);
+        if (memcmp(s->counts_h, s->counts_d, world * 4) != 0 || memcmp(s->offs_h, s->offs_d, world * 4) != 0)
+            return failf("rank %u: send counts or offsets differ", r);
+        if (!same_bytes(s->lay_d.slot, s->lay_h.slot, sb, "slot")) return false;
+
+        size_t pb = (size_t)s->lay_h.n_send * rec.size;
+        s->send_h = (uint8_t *)h->alloc(hctx, pb);
+        s->send_d = (uint8_t *)d->alloc(dctx, pb);
+        if (!s->send_h || !s->send_d) return failf("alloc of the send buffers");
+        memset(s->send_h, 0, pb);
+        CUDA_OK(cudaMemset(s->send_d, 0, pb < 256 ? 256 : pb));
+        OPS_OK(h, hctx, h->pack(hctx, &shape[r], s->x_h, s->ids_h, s->w_h, &s->lay_h, s->send_h), "pack");
+        OPS_OK(d, dctx, d->pack(dctx, &shape[r], s->x_d, s->ids_d, s->w_d, &s->lay_d, s->send_d), "pack");
+        OPS_OK(d, dctx, d->sync(dctx), "sync after pack");
+        char what[64];
+        snprintf(what, sizeof what, "rank %u records", r);
+        if (!same_bytes(s->send_d, s->send_h, pb, what)) return false;
+    }
+
+    /* dispatch: destination d receives the records of sources 0..W-1 in order */
+    for (uint32_t dst = 0; dst < world; dst++) {
+        sim_rank_t *s = &sim[dst];
+        s->n_recv = 0;
+        for (uint32_t src = 0; src < world; src++) s->n_recv += sim[src].counts_h[dst];
+        size_t rb = (size_t)s->n_recv * rec.size;
+        s->recv_h = (uint8_t *)h->alloc(hctx, rb);
+        s->recv_d = (uint8_t *)d->alloc(dctx, rb);
+        if (!s->recv_h || !s->recv_d) return failf("alloc of the receive buffers");
+        size_t at = 0;
+        for (uint32_t src = 0; src < world; src++) {
+            size_t bytes = (size_t)sim[src].counts_h[dst] * rec.size;
+            size_t from = (size_t)sim[src].offs_h[dst] * rec.size;
+            if (bytes == 0) continue;
+            memcpy(s->recv_h + at, sim[src].send_h + from, bytes);
+            CUDA_OK(cudaMemcpy(s->recv_d + at, sim[src].send_d + from, bytes, cudaMemcpyDeviceToDevice));
+            at += bytes;
+        }
+        size_t qb = (size_t)s->n_recv * hidden * 2;
+        s->part_h = (uint16_t *)h->alloc(hctx, qb);
+        s->part_d = (uint16_t *)d->alloc(dctx, qb);
+        if (!s->part_h || !s->part_d) return failf("alloc of the partials");
+        OPS_OK(h, hctx, h->experts(hctx, &shape[dst], s->recv_h, s->n_recv, s->part_h), "experts");
+        OPS_OK(d, dctx, d->experts(dctx, &shape[dst], s->recv_d, s->n_recv, s->part_d), "experts");
+        OPS_OK(d, dctx, d->sync(dctx), "sync after experts");
+        char what[64];
+        snprintf(what, sizeof what, "rank %u partials", dst);
+        if (!same_bytes(s->part_d, s->part_h, qb, what)) return false;
+    }
+
+    /* combine: the partials go back to their sources, at the records' send positions */
+    for (uint32_t src = 0; src < world; src++) {
+        sim_rank_t *s = &sim[src];
+        size_t bb = (size_t)s->lay_h.n_send * hidden * 2;
+        s->back_h = (uint16_t *)h->alloc(hctx, bb);
+        s->back_d = (uint16_t *)d->alloc(dctx, bb);
+        s->y_h = (uint16_t *)h->alloc(hctx, (size_t)n * hidden * 2);
+        s->y_d = (uint16_t *)d->alloc(dctx, (size_t)n * hidden * 2);
+        if (!s->back_h || !s->back_d || !s->y_h || !s->y_d) return failf("alloc of the outputs");
+        for (uint32_t dst = 0; dst < world; dst++) {
+            size_t at = 0; /* rows of dst's partials that came from sources before src */
+            for (uint32_t o = 0; o < src; o++) at += sim[o].counts_h[dst];
+            size_t rows = s->counts_h[dst];
+            if (rows == 0) continue;
+            size_t row_bytes = (size_t)hidden * 2;
+            memcpy(s->back_h + (size_t)s->offs_h[dst] * hidden, sim[dst].part_h + at * hidden, rows * row_bytes);
+            CUDA_OK(cudaMemcpy(s->back_d + (size_t)s->offs_h[dst] * hidden, sim[dst].part_d + at * hidden,
+                               rows * row_bytes, cudaMemcpyDeviceToDevice));
+        }
+        CUDA_OK(cudaMemset(s->y_d, 0x5a, (size_t)n * hidden * 2));
+        OPS_OK(h, hctx, h->combine(hctx, &shape[src], &s->lay_h, s->back_h, s->y_h), "combine");
+        OPS_OK(d, dctx, d->combine(dctx, &shape[src], &s->lay_d, s->back_d, s->y_d), "combine");
+        OPS_OK(d, dctx, d->sync(dctx), "sync after combine");
+        char what[64];
+        snprintf(what, sizeof what, "rank %u output y", src);
+        if (!same_bytes(s->y_d, s->y_h, (size_t)n * hidden * 2, what)) return false;
+    }
+    return true;
+}
+
+static void report(bool ok, const char *name)
+{
+    if (ok) {
+        n_passed++;
+        printf("ok    %s\n", name);
+    } else {
+        n_failed++;
+        printf("FAIL  %s: %s\n", name, fail_msg);
+    }
+    fflush(stdout);
+}
+
+/* ---- the hooks and the errors ------------------------------------------------------------- */
+
+static bool hooks_case(void)
+{
+    const epd_ops_t *d = &epd_ops_cuda;
+    const size_t bytes = (3u << 20) + 5;
+    epd_ops_event_t *ev = NULL;
+    uint8_t *a = (uint8_t *)d->alloc_host(dctx, bytes), *b = (uint8_t *)d->alloc_host(dctx, bytes);
+    uint8_t *da = (uint8_t *)d->alloc(dctx, bytes), *db = (uint8_t *)d->alloc(dctx, bytes);
+    bool ok = false;
+
+    if (!a || !b || !da || !db) {
+        failf("alloc");
+        goto out;
+    }
+    if (d->stream(dctx) == NULL) {
+        failf("no stream");
+        goto out;
+    }
+    for (size_t i = 0; i < bytes; i++) a[i] = (uint8_t)(i * 7 + 1);
+    memset(b, 0, bytes);
+    if (d->event_create(dctx, &ev) != EPD_OK ||
+        d->copy_to_ops_async(dctx, da, a, bytes, NULL) != EPD_OK ||
+        d->copy_ops_to_ops_async(dctx, db, da, bytes, ev) != EPD_OK || d->event_wait(dctx, ev) != EPD_OK ||
+        d->event_query(dctx, ev) != EPD_OK || d->copy_to_host_async(dctx, b, db, bytes, ev) != EPD_OK) {
+        failf("hook failed: %s", d->last_error(dctx));
+        goto out;
+    }
+    while (d->event_query(dctx, ev) == EPD_ERR_AGAIN) {
+    }
+    if (d->event_query(dctx, ev) != EPD_OK || memcmp(a, b, bytes) != 0) {
+        failf("async copies do not round-trip");
+        goto out;
+    }
+    ok = true;
+out:
+    if (ev) d->event_destroy(dctx, ev);
+    d->free_host(dctx, a);
+    d->free_host(dctx, b);
+    d->free(dctx, da);
+    d->free(dctx, db);
+    return ok;
+}
+
+static bool bad_id_case(void)
+{
+    const epd_ops_t *d = &epd_ops_cuda;
+    epd_moe_shape_t shape = { 128, TOPK, EXPERTS, 2, 0, EPD_WIRE_FP8, EPD_SCALE_GROUP128,
+                              EPD_SCALE_FMT_FP32, EPD_EXPERTS_IDENTITY };
+    int32_t ids[2 * TOPK];
+    uint32_t counts[2], offs[2];
+    epd_step_layout_t lay;
+    bool ok;
+
+    for (int i = 0; i < 2 * TOPK; i++) ids[i] = i;
+    ids[TOPK + 3] = EXPERTS; /* out of range */
+    int32_t *ids_d = (int32_t *)d->alloc(dctx, sizeof ids);
+    memset(&lay, 0, sizeof lay);
+    lay.n_tokens = 2;
+    lay.send_counts_host = counts;
+    lay.send_offsets_host = offs;
+    lay.slot = (int32_t *)d->alloc(dctx, 2 * 2 * 4);
+    if (d->copy_to_ops(dctx, ids_d, ids, sizeof ids) != EPD_OK) return failf("copy");
+    epd_status_t st = d->layout(dctx, &shape, ids_d, &lay);
+    ok = st == EPD_ERR_EXPERT_OUT_OF_RANGE && strstr(d->last_error(dctx), "outside") != NULL;
+    if (!ok) failf("layout with id %d: %s (%s)", EXPERTS, epd_status_name(st), d->last_error(dctx));
+    /* the context stays usable */
+    ids[TOPK + 3] = -2;
+    if (ok && (d->copy_to_ops(dctx, ids_d, ids, sizeof ids) != EPD_OK ||
+               d->layout(dctx, &shape, ids_d, &lay) != EPD_ERR_EXPERT_OUT_OF_RANGE))
+        ok = failf("id -2 accepted or context broken");
+    d->free(dctx, ids_d);
+    d->free(dctx, lay.slot);
+    return ok;
+}
+
+int main(void)
+{
+    static const struct {
+        epd_wire_dtype_t dtype;
+        epd_scale_kind_t scale;
+        epd_scale_fmt_t fmt;
+        const char *name;
+    } wires[] = {
+        { EPD_WIRE_BF16, EPD_SCALE_GROUP128, EPD_SCALE_FMT_FP32, "bf16" },
+        { EPD_WIRE_FP8, EPD_SCALE_GROUP128, EPD_SCALE_FMT_FP32, "fp8 group128 fp32" },
+        { EPD_WIRE_FP8, EPD_SCALE_GROUP128, EPD_SCALE_FMT_UE8M0, "fp8 group128 ue8m0" },
+        { EPD_WIRE_FP8, EPD_SCALE_PER_TOKEN, EPD_SCALE_FMT_FP32, "fp8 per_token fp32" },
+        { EPD_WIRE_FP8, EPD_SCALE_PER_TOKEN, EPD_SCALE_FMT_UE8M0, "fp8 per_token ue8m0" },
+    };
+    static const uint32_t worlds[] = { 1, 2, 4, 8 }, tokens[] = { 1, 7, 128, 4096 },
+                          hiddens[] = { 128, 7168 };
+    int n_dev = 0;
+    char err[EPD_ERR_LEN];
+    sim_rank_t sim[MAX_WORLD];
+
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        printf("SKIP: no GPU\n");
+        return 77;
+    }
+    if (epd_ops_host.init(-1, &hctx, err) != EPD_OK || epd_ops_cuda.init(0, &dctx, err) != EPD_OK) {
+        printf("init: %s\n", err);
+        return 1;
+    }
+    memset(sim, 0, sizeof sim);
+    report(hooks_case(), "hooks: events and async copies round-trip 3 MiB");
+    report(bad_id_case(), "layout: expert id out of range -> expert_out_of_range");
+
+    uint64_t seed = 1;
+    for (size_t hi = 0; hi < sizeof hiddens / sizeof hiddens[0]; hi++)
+        for (size_t wi = 0; wi < sizeof wires / sizeof wires[0]; wi++)
+            for (int kind = 0; kind < 2; kind++)
+                for (size_t w = 0; w < sizeof worlds / sizeof worlds[0]; w++)
+                    for (size_t ni = 0; ni < sizeof tokens / sizeof tokens[0]; ni++) {
+                        epd_moe_shape_t shape = { hiddens[hi], TOPK, EXPERTS, worlds[w], 0,
+                                                  wires[wi].dtype, wires[wi].scale, wires[wi].fmt,
+                                                  kind ? EPD_EXPERTS_SCALE : EPD_EXPERTS_IDENTITY };
+                        char name[160];
+                        snprintf(name, sizeof name, "%-20s %-8s W=%u N=%-4u H=%u", wires[wi].name,
+                                 kind ? "scale" : "identity", worlds[w], tokens[ni], hiddens[hi]);
+                        bool ok = run_case(&shape, tokens[ni], seed++, sim);
+                        for (uint32_t r = 0; r < MAX_WORLD; r++) sim_free(&sim[r]);
+                        report(ok, name);
+                    }
+
+    epd_ops_cuda.fini(dctx);
+    epd_ops_host.fini(hctx);
+    printf("%d passed, %d failed\n", n_passed, n_failed);
+    return n_failed == 0 ? 0 : 1;
+}
