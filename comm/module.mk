@@ -22,3 +22,17 @@ $(BUILD)/tests/engine_check: $(patsubst %.c,$(BUILD)/obj/%.o,$(ENGINE_CHECK_SRCS
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 BINS += $(BUILD)/tests/engine_check
+
+# GPU transports: staged mpi (pure MPI + ops hooks, built everywhere), nccl (NCCL=1), the CUDA
+# transport choice. Unit tests at world 1; staged_check runs 3 ranks (transport_staged.sh).
+COMM_SRCS += comm/transport_staged.c comm/select_cuda.c $(if $(filter 1,$(NCCL)),comm/transport_nccl.c)
+UNIT_TESTS += transport_staged select_cuda
+test_transport_staged_SRCS += comm/transport_staged.c gpu/ops_host.c gpu/quant_host.c \
+                              common/status.c common/parse.c
+test_select_cuda_SRCS += comm/select_cuda.c common/status.c
+STAGED_CHECK_SRCS += tests/integration/staged_check.c comm/transport_staged.c gpu/ops_host.c \
+                     gpu/quant_host.c common/status.c common/parse.c
+$(BUILD)/tests/staged_check: $(patsubst %.c,$(BUILD)/obj/%.o,$(STAGED_CHECK_SRCS))
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
+BINS += $(BUILD)/tests/staged_check

@@ -24,3 +24,24 @@ $(BUILD)/kbench: $(BUILD)/obj/tests/gpu/kbench.cu.o $(QUANT_GPU_OBJS)
 	$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) -lstdc++
 endif
 
+# CUDA device ops, device selection and the NCCL glue (select.c and nccl.c include CUDA headers).
+GPU_CU_SRCS += gpu/ops_cuda.cu
+GPU_SRCS += gpu/select.c $(if $(filter 1,$(NCCL)),gpu/nccl.c)
+$(BUILD)/obj/gpu/select.o $(BUILD)/obj/gpu/nccl.o: CFLAGS += -I$(CUDA_HOME)/include
+UNIT_TESTS += gpu_select
+test_gpu_select_SRCS += gpu/select.c
+# test_ops_cuda: CUDA ops against the host ops, byte for byte; daemon_gpu.sh: 2 ranks on 2 GPUs
+# through the real sockets (both skip visibly without GPUs).
+ifeq ($(CUDA),1)
+GPU_TESTS += test_ops_cuda daemon_gpu.sh
+OPS_CUDA_TEST_OBJS += $(BUILD)/obj/tests/gpu/test_ops_cuda.cu.o $(BUILD)/obj/gpu/ops_cuda.cu.o \
+                      $(patsubst %.c,$(BUILD)/obj/%.o,gpu/ops_host.c gpu/quant_host.c common/status.c)
+$(BUILD)/tests/gpu/test_ops_cuda: $(OPS_CUDA_TEST_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) -lstdc++
+# tests/run.sh runs GPU_TESTS as $(BUILD)/tests/gpu/NAME from the repository root: a wrapper.
+$(BUILD)/tests/gpu/daemon_gpu.sh: tests/gpu/daemon_gpu.sh
+	@mkdir -p $(dir $@)
+	printf '#!/bin/sh\nexec bash tests/gpu/daemon_gpu.sh "$$@"\n' >$@ && chmod 0755 $@
+BINS += $(BUILD)/tests/gpu/test_ops_cuda $(BUILD)/tests/gpu/daemon_gpu.sh
+endif

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The daemon on 2 GPUs (2 ranks, device.backend = cuda) through the real sockets, on every GPU
+# transport this build has: staged mpi (dispatch.mpi_cuda_aware = false, small chunks), direct
+# mpi (when the MPI it was built with is CUDA-aware: make MPI_HOME=<scripts/cuda-mpi.sh prefix>),
+# nccl (when built with NCCL). BF16 and FP8 (group128 / per_token, fp32 / ue8m0), identity and
+# scale experts, random batches with empty slots, checked bit for bit against the reference by
+# build/tests/check_client. Skips visibly without 2 GPUs; says which transports it could not try.
+source "$(dirname "$(readlink -f "$0")")/../integration/daemon_lib.bash"
+
+n_gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+((n_gpus >= 2)) || skip "no GPU pair: needs 2 GPUs, found ${n_gpus:-0}"
+
+model=(--set model.hidden=7168 --set model.num_experts=256 --set model.topk=8
+       --set dispatch.max_tokens_per_request=256 --set device.backend=cuda)
+wires=(
+    "--set dispatch.dtype=bf16 --set experts.kind=identity"
+    "--set dispatch.dtype=bf16 --set experts.kind=scale"
+    "--set dispatch.dtype=fp8 --set dispatch.scale=group128 --set dispatch.scale_format=fp32 --set experts.kind=scale"
+    "--set dispatch.dtype=fp8 --set dispatch.scale=group128 --set dispatch.scale_format=ue8m0 --set experts.kind=identity"
+    "--set dispatch.dtype=fp8 --set dispatch.scale=per_token --set dispatch.scale_format=fp32 --set experts.kind=identity"
+    "--set dispatch.dtype=fp8 --set dispatch.scale=per_token --set dispatch.scale_format=ue8m0 --set experts.kind=scale"
+)
+
+# gpu_start ARGS...: 2 ranks on GPUs 0 and 1, waits (90 s at most: CUDA and NCCL start-up) until
+# both answer health. EPD_TEST_STAGED_CHUNK goes to the ranks.
+gpu_start() {
+    EPD_LOG=$TMP/epd.log
+    setsid "$MPIRUN" --oversubscribe -np 2 --mca pml ucx --mca pml_ucx_tls any \
+        --mca pml_ucx_devices any -x EPD_TEST_STAGED_CHUNK "$EPD" \
+        --set "socket.path=$TMP/epd-%r.sock" "${model[@]}" "$@" >"$EPD_LOG" 2>&1 &
+    EPD_PID=$!
+    local deadline=$((SECONDS + 90)) r
+    for r in 0 1; do
+        until [[ -S $TMP/epd-$r.sock ]] && $WIRE health "$TMP/epd-$r.sock" >/dev/null 2>&1; do
+            kill -0 "$EPD_PID" 2>/dev/null || die "the daemon exited during start-up ($*)"
+            ((SECONDS < deadline)) || die "rank $r did not come up within 90 s ($*)"
+            sleep 0.2
+        done
+    done
+}
+
+# run_case NAME EXPECT SEED ARGS...: starts, checks the device and transport lines of the log
+# against EXPECT (a regex), runs the client on both sockets, stops gracefully.
+run_case() {
+    local name=$1 expect=$2 seed=$3; shift 3
+    gpu_start "$@"
+    grep -q "device: device.backend = cuda: CUDA device 0 of" "$EPD_LOG" ||
+        die "$name: rank 0 is not on CUDA device 0"
+    grep -Eq "transport: $expect" "$EPD_LOG" || die "$name: transport is not /$expect/"
+    timeout 120 "$CHECK" --socket "$(sock 0)" --socket "$(sock 1)" --clients 2 --requests 8 \
+        --max-tokens 256 --window 4 --seed "$seed" --empty-slots --quiet ||
+        die "$name $*: results differ from the reference"
+    epd_stop
+    echo "ok    $name: $*"
+}
+
+tried=()
+seed=100
+
+# staged: forced even on a CUDA-aware MPI; 100000-byte chunks split records mid-way
+export EPD_TEST_STAGED_CHUNK=100000
+for w in "${wires[@]}"; do
+    run_case staged "mpi-staged" $((seed++)) --set dispatch.transport=mpi \
+        --set dispatch.mpi_cuda_aware=false $w
+done
+tried+=(staged)
+export EPD_TEST_STAGED_CHUNK= # empty: the default chunk
+
+# direct: only where the MPI this build uses says it is CUDA-aware
+ompi_info=$(dirname "$(command -v "$MPIRUN")")/ompi_info
+if [[ -x $ompi_info ]] && "$ompi_info" --parsable --all 2>/dev/null |
+        grep -q 'mpi_built_with_cuda_support:value:true'; then
+    for w in "${wires[@]}"; do
+        run_case direct "mpi: MPI_Alltoallv directly on device buffers" $((seed++)) \
+            --set dispatch.transport=mpi $w
+    done
+    tried+=(direct)
+else
+    echo "note: direct mpi not tried: $MPIRUN's MPI is not CUDA-aware (scripts/cuda-mpi.sh, then" \
+         "make MPI_HOME=<prefix> check)"
+fi
+
+# nccl: only in an NCCL build
+if ldd "$EPD" 2>/dev/null | grep -q libnccl; then
+    for w in "${wires[@]}"; do
+        run_case nccl "nccl: " $((seed++)) --set dispatch.transport=nccl $w
+    done
+    tried+=(nccl)
+else
+    echo "note: nccl not tried: $EPD is built without NCCL"
+fi
+
+echo "PASS: 2 GPUs, transports: ${tried[*]} (bf16, fp8 group128/per_token x fp32/ue8m0, identity/scale)"
