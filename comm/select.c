@@ -44,9 +44,10 @@ epd_status_t epd_transport_select(const epd_config_t *cfg, const epd_ops_t *ops,
                  "dispatch.transport = nccl needs GPU buffers, but this rank runs the CPU backend; "
                  "use auto or mpi, or device.backend = cuda");
 #else
-        snprintf(err, EPD_ERR_LEN,
-                 "dispatch.transport = nccl, but this build has no NCCL (and this rank runs the CPU "
-                 "backend); use auto or mpi");
+        snprintf(
+            err, EPD_ERR_LEN,
+            "dispatch.transport = nccl, but this build has no NCCL (and this rank runs the CPU "
+            "backend); use auto or mpi");
 #endif
         return EPD_ERR_CONFIG;
     }

@@ -21,9 +21,9 @@ struct epd_step {
     size_t send_capacity; /* records */
     size_t recv_capacity;
 
-    epd_step_layout_t layout;   /* slot in ops memory, counts/offsets on the host */
-    uint32_t *recv_counts32;    /* [W] from the count exchange */
-    uint64_t *send_counts;      /* [W] in records, for the transport */
+    epd_step_layout_t layout; /* slot in ops memory, counts/offsets on the host */
+    uint32_t *recv_counts32;  /* [W] from the count exchange */
+    uint64_t *send_counts;    /* [W] in records, for the transport */
     uint64_t *send_displs;
     uint64_t *recv_counts;
     uint64_t *recv_displs;
@@ -92,9 +92,9 @@ size_t epd_step_memory_bytes(const epd_moe_shape_t *shape, uint32_t max_tokens)
 void epd_step_destroy(epd_step_t *step)
 {
     if (step == NULL) return;
-    void *ops_bufs[] = {step->send_buf, step->recv_buf, step->partials, step->partials_back,
-                        step->layout.slot, step->io.x, step->io.topk_ids, step->io.topk_weights,
-                        step->io.y};
+    void *ops_bufs[] = {step->send_buf,      step->recv_buf,        step->partials,
+                        step->partials_back, step->layout.slot,     step->io.x,
+                        step->io.topk_ids,   step->io.topk_weights, step->io.y};
     for (size_t i = 0; i < EPD_ARRAY_SIZE(ops_bufs); i++)
         if (ops_bufs[i] != NULL) step->ops->free(step->ops_ctx, ops_bufs[i]);
     free(step->layout.send_counts_host);
@@ -107,14 +107,14 @@ void epd_step_destroy(epd_step_t *step)
     free(step);
 }
 
-epd_status_t epd_step_create(const epd_moe_shape_t *shape, uint32_t max_tokens, const epd_ops_t *ops,
-                             epd_ops_ctx_t *ops_ctx, const epd_transport_t *transport,
-                             epd_transport_ctx_t *transport_ctx, MPI_Comm comm, epd_step_t **step_p,
-                             char err[EPD_ERR_LEN])
+epd_status_t epd_step_create(const epd_moe_shape_t *shape, uint32_t max_tokens,
+                             const epd_ops_t *ops, epd_ops_ctx_t *ops_ctx,
+                             const epd_transport_t *transport, epd_transport_ctx_t *transport_ctx,
+                             MPI_Comm comm, epd_step_t **step_p, char err[EPD_ERR_LEN])
 {
-    static const char *const names[N_BUFS] = {"send records", "receive records", "partials",
-                                              "returned partials", "slots", "x", "top-k ids",
-                                              "top-k weights", "y"};
+    static const char *const names[N_BUFS] = {"send records",      "receive records", "partials",
+                                              "returned partials", "slots",           "x",
+                                              "top-k ids",         "top-k weights",   "y"};
     epd_step_t *step;
     size_t sizes[N_BUFS];
     void **bufs[N_BUFS];
@@ -127,7 +127,8 @@ epd_status_t epd_step_create(const epd_moe_shape_t *shape, uint32_t max_tokens, 
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &world);
     if (shape->world != (uint32_t)world || shape->rank != (uint32_t)rank) {
-        snprintf(err, EPD_ERR_LEN, "step: shape says rank %u of %u but the communicator has rank %d of %d",
+        snprintf(err, EPD_ERR_LEN,
+                 "step: shape says rank %u of %u but the communicator has rank %d of %d",
                  shape->rank, shape->world, rank, world);
         return EPD_ERR_INVALID_ARG;
     }
@@ -259,7 +260,8 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
     int rc;
 
     if (n_tokens > step->max_tokens) {
-        snprintf(err, EPD_ERR_LEN, "step: %u tokens exceed the step's %u", n_tokens, step->max_tokens);
+        snprintf(err, EPD_ERR_LEN, "step: %u tokens exceed the step's %u", n_tokens,
+                 step->max_tokens);
         return EPD_ERR_TOO_MANY_TOKENS;
     }
     if (n_tokens > 0 && (x == NULL || topk_ids == NULL || topk_weights == NULL || y == NULL)) {
@@ -295,10 +297,11 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
     }
     if (n_recv > step->recv_capacity) {
         /* only when peers run a larger max_tokens than this rank: configs differ */
-        snprintf(err, EPD_ERR_LEN,
-                 "step: peers send %llu records but this rank holds %zu (max tokens per step differs "
-                 "between ranks?)",
-                 (unsigned long long)n_recv, step->recv_capacity);
+        snprintf(
+            err, EPD_ERR_LEN,
+            "step: peers send %llu records but this rank holds %zu (max tokens per step differs "
+            "between ranks?)",
+            (unsigned long long)n_recv, step->recv_capacity);
         return EPD_ERR_INTERNAL;
     }
 

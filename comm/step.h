@@ -20,22 +20,22 @@ typedef struct epd_step_timing {
     uint64_t phase_ns[EPD_STEP_N_PHASES]; /* pack, counts, dispatch, experts, combine, reduce */
     uint64_t total_ns;
     uint32_t n_tokens;
-    uint32_t records_sent;            /* dispatch records this rank sent, itself included */
-    uint32_t records_sent_off_rank;   /* ... to other ranks */
-    uint32_t records_recv;            /* records this rank ran experts on */
+    uint32_t records_sent;          /* dispatch records this rank sent, itself included */
+    uint32_t records_sent_off_rank; /* ... to other ranks */
+    uint32_t records_recv;          /* records this rank ran experts on */
     uint32_t records_recv_off_rank;
-    uint64_t dispatch_bytes;          /* records_sent x record size */
+    uint64_t dispatch_bytes; /* records_sent x record size */
     uint64_t dispatch_bytes_off_rank;
-    uint64_t combine_bytes;           /* partials this rank sent back: records_recv x 2H */
+    uint64_t combine_bytes; /* partials this rank sent back: records_recv x 2H */
     uint64_t combine_bytes_off_rank;
 } epd_step_timing_t;
 
 /* The step's input and output buffers in ops memory, each sized for max_tokens rows. */
 typedef struct epd_step_io {
-    uint16_t *x;          /* bf16 [max_tokens, H] */
-    int32_t *topk_ids;    /* [max_tokens, K] */
-    float *topk_weights;  /* [max_tokens, K] */
-    uint16_t *y;          /* bf16 [max_tokens, H] */
+    uint16_t *x;         /* bf16 [max_tokens, H] */
+    int32_t *topk_ids;   /* [max_tokens, K] */
+    float *topk_weights; /* [max_tokens, K] */
+    uint16_t *y;         /* bf16 [max_tokens, H] */
 } epd_step_io_t;
 
 /* What the last step exchanged, for benchmarks that replay the same bytes with a raw alltoallv.
@@ -47,13 +47,13 @@ typedef struct epd_step_exchange {
     const uint64_t *send_displs;
     const uint64_t *recv_counts;
     const uint64_t *recv_displs;
-    void *send_buf;         /* ops memory, max_tokens x min(W, K) records */
-    void *recv_buf;         /* ops memory, max_tokens x W records */
+    void *send_buf; /* ops memory, max_tokens x min(W, K) records */
+    void *recv_buf; /* ops memory, max_tokens x W records */
     size_t record_bytes;
-    uint16_t *partials;     /* ops memory, one partial per received record */
-    uint16_t *partials_back;/* ops memory, one partial per sent record */
-    size_t partial_bytes;   /* 2H */
-    size_t send_capacity;   /* records */
+    uint16_t *partials;      /* ops memory, one partial per received record */
+    uint16_t *partials_back; /* ops memory, one partial per sent record */
+    size_t partial_bytes;    /* 2H */
+    size_t send_capacity;    /* records */
     size_t recv_capacity;
 } epd_step_exchange_t;
 
@@ -66,10 +66,10 @@ size_t epd_step_memory_bytes(const epd_moe_shape_t *shape, uint32_t max_tokens);
 /* Creates a step for this rank (shape->rank and shape->world must be comm's). Allocates every
  * buffer up front, so a step never allocates; EPD_ERR_NO_MEMORY names what did not fit. ops,
  * transport, their contexts and comm stay the caller's. Not collective. */
-epd_status_t epd_step_create(const epd_moe_shape_t *shape, uint32_t max_tokens, const epd_ops_t *ops,
-                             epd_ops_ctx_t *ops_ctx, const epd_transport_t *transport,
-                             epd_transport_ctx_t *transport_ctx, MPI_Comm comm, epd_step_t **step_p,
-                             char err[EPD_ERR_LEN]);
+epd_status_t epd_step_create(const epd_moe_shape_t *shape, uint32_t max_tokens,
+                             const epd_ops_t *ops, epd_ops_ctx_t *ops_ctx,
+                             const epd_transport_t *transport, epd_transport_ctx_t *transport_ctx,
+                             MPI_Comm comm, epd_step_t **step_p, char err[EPD_ERR_LEN]);
 void epd_step_destroy(epd_step_t *step);
 
 /* The step's own input/output buffers (ops memory); callers may also pass their own to run. */

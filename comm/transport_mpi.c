@@ -27,14 +27,16 @@ epd_status_t epd_mpi_counts_to_int(const uint64_t *counts, const uint64_t *displ
 {
     for (int r = 0; r < n; r++) {
         if (counts[r] > (uint64_t)INT_MAX) {
-            snprintf(err, EPD_ERR_LEN,
-                     "alltoallv: %llu items for rank %d do not fit in an MPI int count (at most %d)",
-                     (unsigned long long)counts[r], r, INT_MAX);
+            snprintf(
+                err, EPD_ERR_LEN,
+                "alltoallv: %llu items for rank %d do not fit in an MPI int count (at most %d)",
+                (unsigned long long)counts[r], r, INT_MAX);
             return EPD_ERR_INVALID_ARG;
         }
         if (displs[r] > (uint64_t)INT_MAX) {
             snprintf(err, EPD_ERR_LEN,
-                     "alltoallv: displacement %llu items for rank %d does not fit in an MPI int (at most %d)",
+                     "alltoallv: displacement %llu items for rank %d does not fit in an MPI int "
+                     "(at most %d)",
                      (unsigned long long)displs[r], r, INT_MAX);
             return EPD_ERR_INVALID_ARG;
         }
@@ -151,9 +153,11 @@ static epd_status_t mpi_alltoallv(epd_transport_ctx_t *ctx, const void *send,
     ctx->err[0] = '\0';
     CHECK_GOTO(item_type(ctx, item_bytes, &type), out);
     CHECK_GOTO(epd_mpi_counts_to_int(send_counts, send_displs, ctx->world, ctx->counts[0],
-                                     ctx->counts[1], ctx->err), out);
+                                     ctx->counts[1], ctx->err),
+               out);
     CHECK_GOTO(epd_mpi_counts_to_int(recv_counts, recv_displs, ctx->world, ctx->counts[2],
-                                     ctx->counts[3], ctx->err), out);
+                                     ctx->counts[3], ctx->err),
+               out);
     rc = MPI_Alltoallv(send, ctx->counts[0], ctx->counts[1], type, recv, ctx->counts[2],
                        ctx->counts[3], type, ctx->comm);
     if (rc != MPI_SUCCESS) {

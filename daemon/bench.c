@@ -18,10 +18,10 @@
 #include "gpu/fp8.h"
 
 #define BENCH_DEFAULT_TOKENS "128,512,2048,4096,8192"
-#define BENCH_DEFAULT_ITERS 20
-#define BENCH_WARMUP 3
-#define BENCH_MAX_SIZES 64
-#define BENCH_ABORT 3
+#define BENCH_DEFAULT_ITERS  20
+#define BENCH_WARMUP         3
+#define BENCH_MAX_SIZES      64
+#define BENCH_ABORT          3
 
 /* Per-iteration values reduced over ranks: the phases, the step, raw dispatch, raw combine. */
 enum { V_STEP = EPD_PHASE_MAX, V_RAW_DISPATCH, V_RAW_COMBINE, V_MAX };
@@ -144,7 +144,8 @@ static uint64_t raw_alltoallv(bench_ctx_t *b, const void *send, const uint64_t *
     t0 = now_ns();
     status = epd_transport_mpi.alltoallv(b->raw_ctx, send, send_counts, send_displs, recv,
                                          recv_counts, recv_displs, item);
-    if (status != EPD_OK) bench_fail(b, "raw MPI_Alltoallv", epd_transport_mpi_last_error(b->raw_ctx));
+    if (status != EPD_OK)
+        bench_fail(b, "raw MPI_Alltoallv", epd_transport_mpi_last_error(b->raw_ctx));
     return now_ns() - t0;
 }
 
@@ -157,13 +158,19 @@ static void bench_one(bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t dtype, b
     const epd_ops_t *ops = b->backend.ops;
     epd_ops_ctx_t *octx = b->backend.ops_ctx;
     epd_moe_shape_t shape = {
-        .hidden = cfg->model.hidden, .topk = cfg->model.topk, .num_experts = cfg->model.num_experts,
-        .world = (uint32_t)b->world, .rank = (uint32_t)b->rank, .dtype = dtype,
-        .scale = cfg->dispatch.scale, .scale_format = cfg->dispatch.scale_format,
+        .hidden = cfg->model.hidden,
+        .topk = cfg->model.topk,
+        .num_experts = cfg->model.num_experts,
+        .world = (uint32_t)b->world,
+        .rank = (uint32_t)b->rank,
+        .dtype = dtype,
+        .scale = cfg->dispatch.scale,
+        .scale_format = cfg->dispatch.scale_format,
         .expert_kind = cfg->experts.kind,
     };
     size_t x_bytes = (size_t)tokens * shape.hidden * 2, k_bytes = (size_t)tokens * shape.topk * 4;
-    bool raw_on_step_buffers = ops == &epd_ops_host || strcmp(b->backend.transport->name, "mpi") == 0;
+    bool raw_on_step_buffers =
+        ops == &epd_ops_host || strcmp(b->backend.transport->name, "mpi") == 0;
     epd_step_t *step = NULL;
     uint16_t *x = NULL;
     int32_t *ids = NULL;
@@ -229,7 +236,8 @@ static void bench_one(bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t dtype, b
         MPI_Allreduce(&bad_rank, &first_bad, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
         if (b->rank == 0 && !ok) snprintf(skip, EPD_ERR_LEN, "%s", err);
         if (b->rank == 0 && ok)
-            snprintf(skip, EPD_ERR_LEN, "rank %d could not set it up (its stderr says why)", first_bad);
+            snprintf(skip, EPD_ERR_LEN, "rank %d could not set it up (its stderr says why)",
+                     first_bad);
         if (!ok && b->rank != 0)
             fprintf(stderr, "epd bench: rank %d: %u tokens %s skipped: %s\n", b->rank, tokens,
                     epd_wire_dtype_name(dtype), err);
@@ -247,7 +255,8 @@ static void bench_one(bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t dtype, b
     for (uint32_t it = 0; it < BENCH_WARMUP + b->iters; it++) {
         epd_step_timing_t tm;
         MPI_Barrier(MPI_COMM_WORLD);
-        if (epd_step_run(step, tokens, io->x, io->topk_ids, io->topk_weights, io->y, &tm, err) != EPD_OK)
+        if (epd_step_run(step, tokens, io->x, io->topk_ids, io->topk_weights, io->y, &tm, err) !=
+            EPD_OK)
             bench_fail(b, "step", err);
         epd_step_last_exchange(step, &ex);
         uint64_t raw_d = raw_alltoallv(b, raw_send, ex.send_counts, ex.send_displs, raw_recv,
@@ -300,10 +309,14 @@ out:
 /* "1.23 MB"-style text of a byte count. */
 static const char *human_bytes(double v, char *buf, size_t len)
 {
-    if (v >= 1e9) snprintf(buf, len, "%.2f GB", v / 1e9);
-    else if (v >= 1e6) snprintf(buf, len, "%.2f MB", v / 1e6);
-    else if (v >= 1e3) snprintf(buf, len, "%.1f kB", v / 1e3);
-    else snprintf(buf, len, "%.0f B", v);
+    if (v >= 1e9)
+        snprintf(buf, len, "%.2f GB", v / 1e9);
+    else if (v >= 1e6)
+        snprintf(buf, len, "%.2f MB", v / 1e6);
+    else if (v >= 1e3)
+        snprintf(buf, len, "%.1f kB", v / 1e3);
+    else
+        snprintf(buf, len, "%.0f B", v);
     return buf;
 }
 
@@ -319,11 +332,12 @@ static void print_header(const bench_ctx_t *b)
     printf("  ops %s (%s); transport %s (%s)\n", b->backend.ops->name, b->backend.device_reason,
            b->backend.transport->name, b->backend.transport_reason);
     printf("  %u timed steps after %d warm-up; each time is the max over ranks of one step, then "
-           "the median and p99 over steps, in microseconds\n", b->iters, BENCH_WARMUP);
+           "the median and p99 over steps, in microseconds\n",
+           b->iters, BENCH_WARMUP);
     printf("  raw = a plain MPI_Alltoallv of the same per-peer bytes in the same run; ratio = "
            "(dispatch + combine) / (raw dispatch + raw combine)\n\n");
-    printf("%7s %-5s %-6s %9s %9s %9s %9s %9s %9s %10s %9s %9s %6s  %s\n", "tokens", "dtype", "stat",
-           "pack", "counts", "dispatch", "experts", "combine", "reduce", "step", "raw-disp",
+    printf("%7s %-5s %-6s %9s %9s %9s %9s %9s %9s %10s %9s %9s %6s  %s\n", "tokens", "dtype",
+           "stat", "pack", "counts", "dispatch", "experts", "combine", "reduce", "step", "raw-disp",
            "raw-comb", "ratio", "bytes per rank: dispatch (off-rank) / combine (off-rank)");
 }
 
@@ -353,13 +367,16 @@ static void print_result(const bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t
         for (int p = 0; p < EPD_PHASE_MAX; p++)
             printf("%s\"%s\":{\"median\":%.3f,\"p99\":%.3f}", p ? "," : "", epd_phase_names[p],
                    r->median_us[p], r->p99_us[p]);
-        printf("},\"step_us\":{\"median\":%.3f,\"p99\":%.3f}", r->median_us[V_STEP], r->p99_us[V_STEP]);
+        printf("},\"step_us\":{\"median\":%.3f,\"p99\":%.3f}", r->median_us[V_STEP],
+               r->p99_us[V_STEP]);
         printf(",\"raw_mpi_us\":{\"dispatch\":{\"median\":%.3f,\"p99\":%.3f},"
                "\"combine\":{\"median\":%.3f,\"p99\":%.3f}}",
-               r->median_us[V_RAW_DISPATCH], r->p99_us[V_RAW_DISPATCH],
-               r->median_us[V_RAW_COMBINE], r->p99_us[V_RAW_COMBINE]);
-        if (isnan(r->ratio)) printf(",\"ratio_vs_raw\":null");
-        else printf(",\"ratio_vs_raw\":%.4f", r->ratio);
+               r->median_us[V_RAW_DISPATCH], r->p99_us[V_RAW_DISPATCH], r->median_us[V_RAW_COMBINE],
+               r->p99_us[V_RAW_COMBINE]);
+        if (isnan(r->ratio))
+            printf(",\"ratio_vs_raw\":null");
+        else
+            printf(",\"ratio_vs_raw\":%.4f", r->ratio);
         printf(",\"bytes_per_rank\":{\"dispatch\":%.0f,\"dispatch_off_rank\":%.0f,\"combine\":%.0f,"
                "\"combine_off_rank\":%.0f}}\n",
                r->bytes[B_DISPATCH], r->bytes[B_DISPATCH_OFF], r->bytes[B_COMBINE],
@@ -372,13 +389,16 @@ static void print_result(const bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t
     }
     for (int line = 0; line < 2; line++) {
         const double *v = line ? r->p99_us : r->median_us;
-        if (line == 0) printf("%7u %-5s %-6s", tokens, dn, "median");
-        else printf("%7s %-5s %-6s", "", "", "p99");
+        if (line == 0)
+            printf("%7u %-5s %-6s", tokens, dn, "median");
+        else
+            printf("%7s %-5s %-6s", "", "", "p99");
         for (int p = 0; p < EPD_PHASE_MAX; p++) printf(" %9.1f", v[p]);
         printf(" %10.1f %9.1f %9.1f", v[V_STEP], v[V_RAW_DISPATCH], v[V_RAW_COMBINE]);
         if (line == 0) {
             printf(" %6.2f  %s (%s) / %s (%s)", r->ratio, human_bytes(r->bytes[B_DISPATCH], b0, 32),
-                   human_bytes(r->bytes[B_DISPATCH_OFF], b1, 32), human_bytes(r->bytes[B_COMBINE], b2, 32),
+                   human_bytes(r->bytes[B_DISPATCH_OFF], b1, 32),
+                   human_bytes(r->bytes[B_COMBINE], b2, 32),
                    human_bytes(r->bytes[B_COMBINE_OFF], b3, 32));
         }
         printf("\n");
@@ -410,8 +430,8 @@ static void print_compare(const bench_ctx_t *b, uint32_t tokens, const bench_res
         return;
     }
     printf("%7u fp8/bf16: communication time (dispatch + combine) %.2fx, bytes %.2fx (dispatch "
-           "alone %.2fx, %s)\n", tokens, time_ratio, bytes_ratio, disp_ratio,
-           off ? "off-rank" : "one rank: all bytes");
+           "alone %.2fx, %s)\n",
+           tokens, time_ratio, bytes_ratio, disp_ratio, off ? "off-rank" : "one rank: all bytes");
 }
 
 static void print_warning(void *arg, const char *message)
@@ -461,9 +481,11 @@ int epd_bench_run(const epd_args_t *args)
     MPI_Comm_free(&node);
     /* a rank that cannot open its device or transport ends the job: the others are in the
      * transport's collective set-up */
-    if (epd_daemon_backend_open(b.cfg, MPI_COMM_WORLD, local_rank, b.local_size, &b.backend, err) != EPD_OK)
+    if (epd_daemon_backend_open(b.cfg, MPI_COMM_WORLD, local_rank, b.local_size, &b.backend, err) !=
+        EPD_OK)
         bench_fail(&b, "device and transport", err);
-    if (epd_transport_mpi.init(MPI_COMM_WORLD, b.backend.ops, b.backend.ops_ctx, &b.raw_ctx, err) != EPD_OK)
+    if (epd_transport_mpi.init(MPI_COMM_WORLD, b.backend.ops, b.backend.ops_ctx, &b.raw_ctx, err) !=
+        EPD_OK)
         bench_fail(&b, "raw MPI baseline", err);
 
     if (b.rank == 0) print_header(&b);

@@ -59,8 +59,8 @@ struct epd_engine {
     epd_request_t *queue_head, *queue_tail;
     uint64_t queued_tokens, queued_requests;
     epd_result_t *results_head, *results_tail;
-    bool step_ordered;  /* loop -> worker: run one step */
-    bool step_running;  /* from the order until the worker is done */
+    bool step_ordered; /* loop -> worker: run one step */
+    bool step_running; /* from the order until the worker is done */
     bool worker_exit;
     epd_engine_stats_t stats;
     uint64_t step_no;
@@ -70,8 +70,8 @@ struct epd_engine {
     /* loop thread only */
     agree_state_t state;
     MPI_Request agree_req;
-    uint64_t *agree_buf;        /* [0..1] sent, [2..3] received; heap (see epd_engine_destroy) */
-    bool agree_after_shutdown;  /* the open agreement began after shutting_down was set */
+    uint64_t *agree_buf;       /* [0..1] sent, [2..3] received; heap (see epd_engine_destroy) */
+    bool agree_after_shutdown; /* the open agreement began after shutting_down was set */
     uint32_t poll_us;
 
     volatile sig_atomic_t shutdown_wanted;
@@ -131,8 +131,10 @@ static void answer_error(epd_engine_t *engine, epd_request_t *reqs, epd_status_t
             res->status = code;
             snprintf(res->message, EPD_ERR_LEN, "%s", message);
             res->latency_ns = now - req->enqueued_ns;
-            if (*tail_p != NULL) (*tail_p)->next = res;
-            else *head_p = res;
+            if (*tail_p != NULL)
+                (*tail_p)->next = res;
+            else
+                *head_p = res;
             *tail_p = res;
         }
         /* without memory for the answer the job is failing anyway: the daemon aborts */
@@ -163,28 +165,36 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
             status = EPD_ERR_NO_MEMORY;
             goto out_results;
         }
-        if (tail != NULL) tail->next = res;
-        else head = res;
+        if (tail != NULL)
+            tail->next = res;
+        else
+            head = res;
         tail = res;
     }
 
     for (epd_request_t *req = reqs; req != NULL; req = req->next) {
         CHECK_GOTO(ops->copy_to_ops(engine->ops_ctx, io->x + at * hidden, req->x,
-                                    (size_t)req->n_tokens * hidden * 2), out_copy);
+                                    (size_t)req->n_tokens * hidden * 2),
+                   out_copy);
         CHECK_GOTO(ops->copy_to_ops(engine->ops_ctx, io->topk_ids + at * topk, req->topk_ids,
-                                    (size_t)req->n_tokens * topk * sizeof(int32_t)), out_copy);
-        CHECK_GOTO(ops->copy_to_ops(engine->ops_ctx, io->topk_weights + at * topk, req->topk_weights,
-                                    (size_t)req->n_tokens * topk * sizeof(float)), out_copy);
+                                    (size_t)req->n_tokens * topk * sizeof(int32_t)),
+                   out_copy);
+        CHECK_GOTO(ops->copy_to_ops(engine->ops_ctx, io->topk_weights + at * topk,
+                                    req->topk_weights,
+                                    (size_t)req->n_tokens * topk * sizeof(float)),
+                   out_copy);
         at += req->n_tokens;
     }
-    CHECK_GOTO(epd_step_run(engine->step, n, io->x, io->topk_ids, io->topk_weights, io->y, timing_p,
-                            err), out_results);
+    CHECK_GOTO(
+        epd_step_run(engine->step, n, io->x, io->topk_ids, io->topk_weights, io->y, timing_p, err),
+        out_results);
 
     at = 0;
     epd_result_t *res = head;
     for (epd_request_t *req = reqs; req != NULL; req = req->next, res = res->next) {
         CHECK_GOTO(ops->copy_to_host(engine->ops_ctx, res->y, io->y + at * hidden,
-                                     (size_t)req->n_tokens * hidden * 2), out_copy);
+                                     (size_t)req->n_tokens * hidden * 2),
+                   out_copy);
         at += req->n_tokens;
     }
     CHECK_GOTO(ops->sync(engine->ops_ctx), out_copy);
@@ -223,7 +233,8 @@ static void *worker_main(void *arg)
 
     pthread_mutex_lock(&engine->mu);
     for (;;) {
-        while (!engine->step_ordered && !engine->worker_exit) pthread_cond_wait(&engine->cv, &engine->mu);
+        while (!engine->step_ordered && !engine->worker_exit)
+            pthread_cond_wait(&engine->cv, &engine->mu);
         if (engine->worker_exit) break;
         engine->step_ordered = false;
 
@@ -235,8 +246,10 @@ static void *worker_main(void *arg)
             engine->queue_head = req->next;
             if (engine->queue_head == NULL) engine->queue_tail = NULL;
             req->next = NULL;
-            if (taken_tail != NULL) taken_tail->next = req;
-            else taken = req;
+            if (taken_tail != NULL)
+                taken_tail->next = req;
+            else
+                taken = req;
             taken_tail = req;
             n += req->n_tokens;
             n_reqs++;
@@ -253,7 +266,8 @@ static void *worker_main(void *arg)
         pthread_mutex_lock(&engine->mu);
         if (status == EPD_OK) {
             engine->step_no++;
-            for (epd_result_t *res = head; res != NULL; res = res->next) res->step = engine->step_no;
+            for (epd_result_t *res = head; res != NULL; res = res->next)
+                res->step = engine->step_no;
             for (epd_request_t *req = taken; req != NULL;) {
                 epd_request_t *next = req->next;
                 request_free(req);
@@ -280,8 +294,10 @@ static void *worker_main(void *arg)
             engine->queued_tokens = engine->queued_requests = 0;
         }
         if (head != NULL) {
-            if (engine->results_tail != NULL) engine->results_tail->next = head;
-            else engine->results_head = head;
+            if (engine->results_tail != NULL)
+                engine->results_tail->next = head;
+            else
+                engine->results_head = head;
             engine->results_tail = tail;
         }
         engine->step_running = false;
@@ -365,8 +381,10 @@ static void agreement_poll(epd_engine_t *engine)
     int done = 0;
 
     MPI_Test(&engine->agree_req, &done, MPI_STATUS_IGNORE);
-    if (done) agreement_done(engine);
-    else arm_timer(engine, engine->poll_us);
+    if (done)
+        agreement_done(engine);
+    else
+        arm_timer(engine, engine->poll_us);
 }
 
 static void timer_cb(evutil_socket_t fd, short what, void *arg)
@@ -424,7 +442,8 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
 
     if (cfg == NULL || ops == NULL || transport == NULL || base == NULL || wake == NULL ||
         engine_p == NULL) {
-        snprintf(err, EPD_ERR_LEN, "engine: missing configuration, ops, transport, event base or wake");
+        snprintf(err, EPD_ERR_LEN,
+                 "engine: missing configuration, ops, transport, event base or wake");
         return EPD_ERR_INVALID_ARG;
     }
     MPI_Comm_rank(comm, &rank);
@@ -432,7 +451,8 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
     if (cfg->model.num_experts % (uint32_t)world != 0) {
         snprintf(err, EPD_ERR_LEN,
                  "model.num_experts = %u is not a multiple of the %d ranks (experts are sharded "
-                 "evenly)", cfg->model.num_experts, world);
+                 "evenly)",
+                 cfg->model.num_experts, world);
         return EPD_ERR_CONFIG;
     }
     if (cfg->dispatch.max_tokens_per_step == 0) {
@@ -524,8 +544,8 @@ epd_status_t epd_engine_submit(epd_engine_t *engine, epd_request_t *req)
     uint32_t per_request = engine->cfg.dispatch.max_tokens_per_request;
     uint32_t per_step = engine->cfg.dispatch.max_tokens_per_step;
 
-    if (req == NULL || (req->n_tokens > 0 && (req->x == NULL || req->topk_ids == NULL ||
-                                              req->topk_weights == NULL)))
+    if (req == NULL || (req->n_tokens > 0 &&
+                        (req->x == NULL || req->topk_ids == NULL || req->topk_weights == NULL)))
         return EPD_ERR_INVALID_ARG;
     if (atomic_load(&engine->shutting_down)) return EPD_ERR_SHUTTING_DOWN;
     if (req->n_tokens == 0) return EPD_ERR_BAD_TENSOR;
@@ -538,8 +558,10 @@ epd_status_t epd_engine_submit(epd_engine_t *engine, epd_request_t *req)
     }
     if (req->enqueued_ns == 0) req->enqueued_ns = now_ns();
     req->next = NULL;
-    if (engine->queue_tail != NULL) engine->queue_tail->next = req;
-    else engine->queue_head = req;
+    if (engine->queue_tail != NULL)
+        engine->queue_tail->next = req;
+    else
+        engine->queue_head = req;
     engine->queue_tail = req;
     engine->queued_tokens += req->n_tokens;
     engine->queued_requests++;

@@ -76,7 +76,8 @@ static bool shape_ok(const epd_moe_shape_t *shape)
            shape->rank < shape->world && shape->num_experts % shape->world == 0 &&
            (shape->dtype == EPD_WIRE_FP8 || shape->dtype == EPD_WIRE_BF16) &&
            (shape->scale == EPD_SCALE_GROUP128 || shape->scale == EPD_SCALE_PER_TOKEN) &&
-           (shape->scale_format == EPD_SCALE_FMT_FP32 || shape->scale_format == EPD_SCALE_FMT_UE8M0) &&
+           (shape->scale_format == EPD_SCALE_FMT_FP32 ||
+            shape->scale_format == EPD_SCALE_FMT_UE8M0) &&
            (shape->expert_kind == EPD_EXPERTS_IDENTITY || shape->expert_kind == EPD_EXPERTS_SCALE);
 }
 
@@ -134,7 +135,8 @@ static epd_status_t host_layout(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape
     bool *dest = seen;
 
     if (!shape_ok(shape) || layout == NULL || layout->send_counts_host == NULL ||
-        layout->send_offsets_host == NULL || (layout->n_tokens > 0 && (topk_ids == NULL || layout->slot == NULL)))
+        layout->send_offsets_host == NULL ||
+        (layout->n_tokens > 0 && (topk_ids == NULL || layout->slot == NULL)))
         return BAD_ARGS(ctx, "layout");
     world = shape->world;
     per_rank = shape->num_experts / world;
@@ -458,7 +460,8 @@ epd_status_t epd_moe_reference(const epd_moe_shape_t *shape, uint32_t n_tokens, 
 
     if (!shape_ok(shape)) return EPD_ERR_INVALID_ARG;
     if (n_tokens == 0) return EPD_OK;
-    if (x == NULL || topk_ids == NULL || topk_weights == NULL || y == NULL) return EPD_ERR_INVALID_ARG;
+    if (x == NULL || topk_ids == NULL || topk_weights == NULL || y == NULL)
+        return EPD_ERR_INVALID_ARG;
     hidden = shape->hidden;
     per_rank = shape->num_experts / shape->world;
     n_scales = shape->scale == EPD_SCALE_PER_TOKEN ? 1 : hidden / EPD_QUANT_GROUP;
@@ -498,9 +501,10 @@ epd_status_t epd_moe_reference(const epd_moe_shape_t *shape, uint32_t n_tokens, 
                 float a = 0.0f;
                 for (uint32_t k = 0; k < shape->topk; k++) {
                     if (ids[k] == -1 || (uint32_t)ids[k] / per_rank != r) continue;
-                    float expert_y = shape->expert_kind == EPD_EXPERTS_SCALE
-                                         ? x_in[i] * (1.0f + (float)ids[k] / (float)shape->num_experts)
-                                         : x_in[i];
+                    float expert_y =
+                        shape->expert_kind == EPD_EXPERTS_SCALE
+                            ? x_in[i] * (1.0f + (float)ids[k] / (float)shape->num_experts)
+                            : x_in[i];
                     float wy = weights[k] * expert_y;
                     a = a + wy;
                 }

@@ -20,9 +20,9 @@
 #include "gpu/fp8.h"
 #include "gpu/ops.h"
 
-#define HIDDEN 256
-#define TOPK 4
-#define EXPERTS 16
+#define HIDDEN   256
+#define TOPK     4
+#define EXPERTS  16
 #define MAX_REQS 16
 
 static int rank, world, failures;
@@ -103,9 +103,8 @@ static expected_t *expect(run_t *run, epd_request_t *req)
     e->id = req->id;
     e->n = req->n_tokens;
     e->y = malloc((size_t)req->n_tokens * HIDDEN * 2);
-    if (e->y == NULL ||
-        epd_moe_reference(&run->shape, req->n_tokens, req->x, req->topk_ids, req->topk_weights,
-                          e->y) != EPD_OK)
+    if (e->y == NULL || epd_moe_reference(&run->shape, req->n_tokens, req->x, req->topk_ids,
+                                          req->topk_weights, e->y) != EPD_OK)
         abort();
     return e;
 }
@@ -137,9 +136,9 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
                 CHECK(res->n_tokens == e->n && res->y != NULL &&
                           memcmp(res->y, e->y, (size_t)e->n * HIDDEN * 2) == 0,
                       "id %llu: y differs from the reference", (unsigned long long)res->id);
-                CHECK(res->step >= 1 && res->step >= run->last_step, "id %llu: step %llu after %llu",
-                      (unsigned long long)res->id, (unsigned long long)res->step,
-                      (unsigned long long)run->last_step);
+                CHECK(res->step >= 1 && res->step >= run->last_step,
+                      "id %llu: step %llu after %llu", (unsigned long long)res->id,
+                      (unsigned long long)res->step, (unsigned long long)run->last_step);
                 run->last_step = res->step;
             } else {
                 run->n_errors++;
@@ -200,9 +199,15 @@ static void run_init(run_t *run, const epd_config_t *cfg, const epd_transport_t 
 
     memset(run, 0, sizeof *run);
     run->shape = (epd_moe_shape_t){
-        .hidden = HIDDEN, .topk = TOPK, .num_experts = EXPERTS, .world = (uint32_t)world,
-        .rank = (uint32_t)rank, .dtype = cfg->dispatch.dtype, .scale = cfg->dispatch.scale,
-        .scale_format = cfg->dispatch.scale_format, .expert_kind = cfg->experts.kind,
+        .hidden = HIDDEN,
+        .topk = TOPK,
+        .num_experts = EXPERTS,
+        .world = (uint32_t)world,
+        .rank = (uint32_t)rank,
+        .dtype = cfg->dispatch.dtype,
+        .scale = cfg->dispatch.scale,
+        .scale_format = cfg->dispatch.scale_format,
+        .expert_kind = cfg->experts.kind,
     };
     run->base = event_base_new();
     run->wake_ev = event_new(run->base, -1, 0, wake_cb, run);
@@ -257,7 +262,8 @@ static uint64_t run_shutdown(epd_ops_ctx_t *octx, epd_transport_ctx_t *tctx)
     }
     epd_request_t *big = make_request(501, 33, &seed);
     s = epd_engine_submit(run.engine, big);
-    CHECK(s == EPD_ERR_TOO_MANY_TOKENS, "33 tokens > max_tokens_per_request gave %s", epd_status_name(s));
+    CHECK(s == EPD_ERR_TOO_MANY_TOKENS, "33 tokens > max_tokens_per_request gave %s",
+          epd_status_name(s));
     big->n_tokens = 0;
     s = epd_engine_submit(run.engine, big);
     CHECK(s == EPD_ERR_BAD_TENSOR, "0 tokens gave %s", epd_status_name(s));
@@ -280,7 +286,8 @@ static uint64_t run_shutdown(epd_ops_ctx_t *octx, epd_transport_ctx_t *tctx)
     CHECK(!run.timed_out, "the engine did not stop within 30 s");
     CHECK(epd_engine_stopped(run.engine), "the loop ended but the engine is not stopped");
     CHECK(!epd_engine_failed(run.engine, NULL), "the engine reports a failure");
-    CHECK(run.n_answered == run.n_exp, "%d of %d accepted requests answered", run.n_answered, run.n_exp);
+    CHECK(run.n_answered == run.n_exp, "%d of %d accepted requests answered", run.n_answered,
+          run.n_exp);
     CHECK(run.n_errors == 0, "%d requests answered with an error", run.n_errors);
     CHECK(run.saw_shutting_down && run.refused_after_agreement, "shutting_down was not seen");
     epd_engine_stats_t st;
@@ -294,8 +301,8 @@ static uint64_t run_shutdown(epd_ops_ctx_t *octx, epd_transport_ctx_t *tctx)
     CHECK(st.steps >= 2, "only %llu steps for more tokens than one step holds",
           (unsigned long long)st.steps);
     steps = st.steps;
-    printf("rank %d: run 1: %d requests answered in %llu steps, last step %llu\n", rank, run.n_answered,
-           (unsigned long long)st.steps, (unsigned long long)run.last_step);
+    printf("rank %d: run 1: %d requests answered in %llu steps, last step %llu\n", rank,
+           run.n_answered, (unsigned long long)st.steps, (unsigned long long)run.last_step);
     run_fini(&run);
     return steps;
 }
@@ -377,7 +384,8 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     if (provided < MPI_THREAD_SERIALIZED) {
-        if (rank == 0) printf("SKIP: MPI gives thread level %d, not MPI_THREAD_SERIALIZED\n", provided);
+        if (rank == 0)
+            printf("SKIP: MPI gives thread level %d, not MPI_THREAD_SERIALIZED\n", provided);
         MPI_Finalize();
         return 77;
     }
@@ -404,7 +412,8 @@ int main(int argc, char **argv)
     MPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     epd_transport_mpi.fini(tctx);
     epd_ops_host.fini(octx);
-    printf("rank %d: %s (%d failures here, %d on all ranks)\n", rank, all ? "FAIL" : "ok", failures, all);
+    printf("rank %d: %s (%d failures here, %d on all ranks)\n", rank, all ? "FAIL" : "ok", failures,
+           all);
     MPI_Finalize();
     return all == 0 ? 0 : 1;
 }

@@ -12,11 +12,11 @@
 #include "gpu/fp8.h"
 #include "gpu/ops.h"
 
-#define HIDDEN 256
-#define TOPK 4
-#define EXPERTS 16
+#define HIDDEN     256
+#define TOPK       4
+#define EXPERTS    16
 #define MAX_TOKENS 48
-#define STEPS 6
+#define STEPS      6
 
 static uint64_t rng_next(uint64_t *s)
 {
@@ -88,9 +88,15 @@ int main(int argc, char **argv)
 
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         epd_moe_shape_t shape = {
-            .hidden = HIDDEN, .topk = TOPK, .num_experts = EXPERTS, .world = (uint32_t)world,
-            .rank = (uint32_t)rank, .dtype = cases[c].dtype, .scale = cases[c].scale,
-            .scale_format = cases[c].fmt, .expert_kind = cases[c].kind,
+            .hidden = HIDDEN,
+            .topk = TOPK,
+            .num_experts = EXPERTS,
+            .world = (uint32_t)world,
+            .rank = (uint32_t)rank,
+            .dtype = cases[c].dtype,
+            .scale = cases[c].scale,
+            .scale_format = cases[c].fmt,
+            .expert_kind = cases[c].kind,
         };
         epd_step_t *step = NULL;
         if (epd_step_create(&shape, MAX_TOKENS, &epd_ops_host, octx, &epd_transport_mpi, tctx,
@@ -103,16 +109,21 @@ int main(int argc, char **argv)
         for (int s = 0; s < STEPS; s++) {
             /* step 0: every rank empty; step 1: rank 0 empty, others full; then random sizes */
             uint32_t n;
-            if (s == 0) n = 0;
-            else if (s == 1) n = rank == 0 ? 0 : MAX_TOKENS;
-            else n = (uint32_t)(rng_next(&seed) % (MAX_TOKENS + 1));
+            if (s == 0)
+                n = 0;
+            else if (s == 1)
+                n = rank == 0 ? 0 : MAX_TOKENS;
+            else
+                n = (uint32_t)(rng_next(&seed) % (MAX_TOKENS + 1));
             random_batch(&seed, n, io->x, io->topk_ids, io->topk_weights);
             epd_step_timing_t tm;
-            if (epd_step_run(step, n, io->x, io->topk_ids, io->topk_weights, io->y, &tm, err) != EPD_OK) {
+            if (epd_step_run(step, n, io->x, io->topk_ids, io->topk_weights, io->y, &tm, err) !=
+                EPD_OK) {
                 fprintf(stderr, "rank %d: step failed: %s\n", rank, err);
                 MPI_Abort(MPI_COMM_WORLD, 3);
             }
-            if (epd_moe_reference(&shape, n, io->x, io->topk_ids, io->topk_weights, ref) != EPD_OK) {
+            if (epd_moe_reference(&shape, n, io->x, io->topk_ids, io->topk_weights, ref) !=
+                EPD_OK) {
                 fprintf(stderr, "rank %d: reference failed\n", rank);
                 MPI_Abort(MPI_COMM_WORLD, 3);
             }

@@ -37,8 +37,15 @@ static epd_moe_shape_t make_shape(uint32_t hidden, uint32_t topk, uint32_t exper
                                   epd_scale_fmt_t fmt, epd_expert_kind_t kind)
 {
     epd_moe_shape_t s = {
-        .hidden = hidden, .topk = topk, .num_experts = experts, .world = world, .rank = 0,
-        .dtype = dtype, .scale = scale, .scale_format = fmt, .expert_kind = kind,
+        .hidden = hidden,
+        .topk = topk,
+        .num_experts = experts,
+        .world = world,
+        .rank = 0,
+        .dtype = dtype,
+        .scale = scale,
+        .scale_format = fmt,
+        .expert_kind = kind,
     };
     return s;
 }
@@ -119,7 +126,8 @@ static void run_simulated(epd_moe_shape_t shape, const uint32_t *n, uint64_t see
         random_batch(&rng, &shape, sr->n, sr->x, sr->ids, sr->w);
         shape.rank = r;
         assert_int_equal(ops->layout(ctx, &shape, sr->ids, &sr->layout), EPD_OK);
-        assert_int_equal(ops->pack(ctx, &shape, sr->x, sr->ids, sr->w, &sr->layout, sr->send), EPD_OK);
+        assert_int_equal(ops->pack(ctx, &shape, sr->x, sr->ids, sr->w, &sr->layout, sr->send),
+                         EPD_OK);
     }
     /* the dispatch alltoallv: rank d receives source s's group for d, sources in ascending order */
     for (uint32_t d = 0; d < world; d++) {
@@ -144,7 +152,8 @@ static void run_simulated(epd_moe_shape_t shape, const uint32_t *n, uint64_t see
         size_t at = 0;
         for (uint32_t s = 0; s < world; s++) {
             uint32_t c = ranks[d].recv_from[s];
-            memcpy(ranks[s].partials_back + (size_t)ranks[s].layout.send_offsets_host[d] * shape.hidden,
+            memcpy(ranks[s].partials_back +
+                       (size_t)ranks[s].layout.send_offsets_host[d] * shape.hidden,
                    ranks[d].partials + at * shape.hidden, (size_t)c * shape.hidden * 2);
             at += c;
         }
@@ -157,15 +166,17 @@ static void run_simulated(epd_moe_shape_t shape, const uint32_t *n, uint64_t see
         assert_int_equal(epd_moe_reference(&shape, sr->n, sr->x, sr->ids, sr->w, ref), EPD_OK);
         for (size_t i = 0; i < (size_t)sr->n * shape.hidden; i++) {
             if (sr->y[i] != ref[i])
-                fail_msg("world %u rank %u token %zu element %zu: ops 0x%04x, reference 0x%04x", world,
-                         r, i / shape.hidden, i % shape.hidden, sr->y[i], ref[i]);
+                fail_msg("world %u rank %u token %zu element %zu: ops 0x%04x, reference 0x%04x",
+                         world, r, i / shape.hidden, i % shape.hidden, sr->y[i], ref[i]);
         }
         /* tokens with no destination come back as zeros */
         for (uint32_t t = 0; t < sr->n; t++) {
             bool empty = true;
-            for (uint32_t k = 0; k < shape.topk; k++) empty &= sr->ids[(size_t)t * shape.topk + k] == -1;
+            for (uint32_t k = 0; k < shape.topk; k++)
+                empty &= sr->ids[(size_t)t * shape.topk + k] == -1;
             if (!empty) continue;
-            for (uint32_t i = 0; i < shape.hidden; i++) assert_int_equal(sr->y[(size_t)t * shape.hidden + i], 0);
+            for (uint32_t i = 0; i < shape.hidden; i++)
+                assert_int_equal(sr->y[(size_t)t * shape.hidden + i], 0);
         }
         free(ref);
     }
@@ -259,8 +270,8 @@ static void test_ops_host__layout_hand_made_ids__counts_offsets_slots(void **sta
     const int32_t want_slot[] = {0, 2, -1, -1, -1, -1, -1, -1, 1, -1, -1, 4, -1, 3, -1, -1};
     uint32_t counts[4], offsets[4];
     int32_t slot[16];
-    epd_step_layout_t l = {.n_tokens = 4, .send_counts_host = counts, .send_offsets_host = offsets,
-                           .slot = slot};
+    epd_step_layout_t l = {
+        .n_tokens = 4, .send_counts_host = counts, .send_offsets_host = offsets, .slot = slot};
 
     assert_int_equal(epd_ops_host.layout(NULL, &s, ids, &l), EPD_OK);
     assert_int_equal(counts[0], 2);
@@ -282,8 +293,8 @@ static void test_ops_host__layout_all_empty__no_records(void **state)
     const int32_t ids[] = {-1, -1, -1, -1, -1, -1};
     uint32_t counts[2] = {9, 9}, offsets[2] = {9, 9};
     int32_t slot[6];
-    epd_step_layout_t l = {.n_tokens = 3, .send_counts_host = counts, .send_offsets_host = offsets,
-                           .slot = slot};
+    epd_step_layout_t l = {
+        .n_tokens = 3, .send_counts_host = counts, .send_offsets_host = offsets, .slot = slot};
 
     assert_int_equal(epd_ops_host.layout(NULL, &s, ids, &l), EPD_OK);
     assert_int_equal(l.n_send, 0);
@@ -297,8 +308,8 @@ static void test_ops_host__layout_bad_ids__expert_out_of_range(void **state)
                                    EPD_SCALE_FMT_FP32, EPD_EXPERTS_SCALE);
     uint32_t counts[2], offsets[2];
     int32_t slot[2];
-    epd_step_layout_t l = {.n_tokens = 1, .send_counts_host = counts, .send_offsets_host = offsets,
-                           .slot = slot};
+    epd_step_layout_t l = {
+        .n_tokens = 1, .send_counts_host = counts, .send_offsets_host = offsets, .slot = slot};
     const int32_t too_big[] = {0, 4};
     const int32_t negative[] = {-2, 1};
 
@@ -323,8 +334,8 @@ static void test_ops_host__pack_bf16__record_fields_and_zero_padding(void **stat
     const float w[] = {0.5f, 0.25f, 0.125f, 1.0f, 2.0f, 3.0f};
     uint32_t counts[2], offsets[2];
     int32_t slot[4];
-    epd_step_layout_t l = {.n_tokens = 2, .send_counts_host = counts, .send_offsets_host = offsets,
-                           .slot = slot};
+    epd_step_layout_t l = {
+        .n_tokens = 2, .send_counts_host = counts, .send_offsets_host = offsets, .slot = slot};
     uint8_t buf[2 * 304];
 
     epd_record_layout(&s, &rec);

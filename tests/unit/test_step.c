@@ -34,8 +34,15 @@ static uint64_t rng_next(uint64_t *s)
 static epd_moe_shape_t world1_shape(epd_wire_dtype_t dtype, epd_expert_kind_t kind)
 {
     epd_moe_shape_t s = {
-        .hidden = 256, .topk = 4, .num_experts = 16, .world = 1, .rank = 0, .dtype = dtype,
-        .scale = EPD_SCALE_GROUP128, .scale_format = EPD_SCALE_FMT_FP32, .expert_kind = kind,
+        .hidden = 256,
+        .topk = 4,
+        .num_experts = 16,
+        .world = 1,
+        .rank = 0,
+        .dtype = dtype,
+        .scale = EPD_SCALE_GROUP128,
+        .scale_format = EPD_SCALE_FMT_FP32,
+        .expert_kind = kind,
     };
     return s;
 }
@@ -77,8 +84,10 @@ static void fill_batch(const epd_moe_shape_t *s, const epd_step_io_t *io, uint32
         for (uint32_t k = 0; k < s->topk; k++) {
             /* distinct ids: k-th pick from a rotating window, some slots empty */
             int32_t e = (int32_t)((rng_next(&seed) % 4 + (uint64_t)k * 4) % s->num_experts);
-            io->topk_ids[(size_t)t * s->topk + k] = (t % 6 == 5 || rng_next(&seed) % 8 == 0) ? -1 : e;
-            io->topk_weights[(size_t)t * s->topk + k] = (float)(rng_next(&seed) % 1000 + 1) / 1000.0f;
+            io->topk_ids[(size_t)t * s->topk + k] =
+                (t % 6 == 5 || rng_next(&seed) % 8 == 0) ? -1 : e;
+            io->topk_weights[(size_t)t * s->topk + k] =
+                (float)(rng_next(&seed) % 1000 + 1) / 1000.0f;
         }
     }
 }
@@ -104,11 +113,11 @@ static void test_step__world1_batches__equal_reference(void **state)
                 uint32_t n = sizes[i];
                 epd_step_timing_t tm;
                 fill_batch(&s, io, n, 1000 + i + 10 * (uint64_t)(d * 2 + k));
-                assert_int_equal(epd_step_run(step, n, io->x, io->topk_ids, io->topk_weights, io->y,
-                                              &tm, err),
-                                 EPD_OK);
-                assert_int_equal(epd_moe_reference(&s, n, io->x, io->topk_ids, io->topk_weights, ref),
-                                 EPD_OK);
+                assert_int_equal(
+                    epd_step_run(step, n, io->x, io->topk_ids, io->topk_weights, io->y, &tm, err),
+                    EPD_OK);
+                assert_int_equal(
+                    epd_moe_reference(&s, n, io->x, io->topk_ids, io->topk_weights, ref), EPD_OK);
                 if (n > 0) assert_memory_equal(io->y, ref, (size_t)n * s.hidden * 2);
                 /* world 1: everything stays on the rank, one record per routed token */
                 assert_int_equal(tm.n_tokens, n);
@@ -231,7 +240,8 @@ static void test_step__alltoallv_large_items__bytes_beyond_int_counts(void **sta
     assert_non_null(send);
     assert_non_null(recv);
     for (size_t i = 0; i < 3 * item; i++) send[i] = (uint8_t)(i * 31 + 7);
-    assert_int_equal(epd_transport_mpi.alltoallv(f->tctx, send, cnt, dsp, recv, cnt, dsp, item), EPD_OK);
+    assert_int_equal(epd_transport_mpi.alltoallv(f->tctx, send, cnt, dsp, recv, cnt, dsp, item),
+                     EPD_OK);
     assert_memory_equal(send, recv, 3 * item);
     assert_int_equal(epd_transport_mpi.alltoallv(f->tctx, send, cnt, dsp, recv, cnt, dsp, 0),
                      EPD_ERR_INVALID_ARG);
