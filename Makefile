@@ -34,8 +34,9 @@ CUDA := $(if $(wildcard $(CUDA_HOME)/bin/nvcc),1,0)
 endif
 NVCC ?= $(CUDA_HOME)/bin/nvcc
 ifeq ($(CUDA),1)
+NCCL_HOME ?=
 ifeq ($(origin NCCL),undefined)
-NCCL := $(if $(wildcard $(CUDA_HOME)/include/nccl.h),1,0)
+NCCL := $(if $(wildcard $(CUDA_HOME)/include/nccl.h $(if $(NCCL_HOME),$(NCCL_HOME)/include/nccl.h) /usr/include/nccl.h),1,0)
 endif
 else
 NCCL := 0
@@ -49,13 +50,14 @@ WARN     := -Wall -Wextra -Wshadow -Wno-unused-parameter $(if $(filter 1,$(WERRO
 NUMERIC  := -ffp-contract=off -fno-fast-math
 DEFS     := -D_GNU_SOURCE $(if $(filter 1,$(CUDA)),-DEPD_HAVE_CUDA=1) $(if $(filter 1,$(NCCL)),-DEPD_HAVE_NCCL=1) \
             -DEPD_VERSION=\"$(VERSION)\"
-BASE_CFLAGS = $(CSTD) $(OPT) -g $(WARN) $(NUMERIC) $(DEFS) -I. -fPIC $(MPI_CFLAGS) $(PKG_CFLAGS) $(CFLAGS)
+BASE_CFLAGS = $(CSTD) $(OPT) -g $(WARN) $(NUMERIC) $(DEFS) -I. $(if $(NCCL_HOME),-I$(NCCL_HOME)/include) -fPIC $(MPI_CFLAGS) $(PKG_CFLAGS) $(CFLAGS)
 SAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-CUDA_LIBS  = $(if $(filter 1,$(CUDA)),-L$(CUDA_HOME)/lib64 -Wl$(comma)-rpath$(comma)$(CUDA_HOME)/lib64 -lcudart $(if $(filter 1,$(NCCL)),-lnccl))
+CUDA_LIBS  = $(if $(filter 1,$(CUDA)),-L$(CUDA_HOME)/lib64 -Wl$(comma)-rpath$(comma)$(CUDA_HOME)/lib64 -lcudart \
+             $(if $(filter 1,$(NCCL)),$(if $(NCCL_HOME),-L$(NCCL_HOME)/lib -Wl$(comma)-rpath$(comma)$(NCCL_HOME)/lib) -lnccl))
 LDLIBS_ALL = $(PKG_LIBS) $(MPI_LIBS) $(CUDA_LIBS) -lpthread -lm $(LDFLAGS)
 # Hopper: real code for sm_90a plus PTX for later chips; never fast math, never FMA contraction.
 NVCC_FLAGS ?= -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90 \
-              --fmad=false -Xcompiler -fPIC -I. $(DEFS) $(if $(filter 1,$(WERROR)),-Werror all-warnings) \
+              --fmad=false -Xcompiler -fPIC -I. $(if $(NCCL_HOME),-I$(NCCL_HOME)/include) $(DEFS) $(if $(filter 1,$(WERROR)),-Werror all-warnings) \
               -Xcompiler -Wall
 
 # Filled by the module.mk files.
