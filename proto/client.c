@@ -44,6 +44,7 @@ struct epd_client {
     queued_frame_t *head;    /* frames received before anyone asked for them */
     queued_frame_t *tail;
     uint64_t in_flight;
+    bool hung_up;            /* the daemon closed the connection (not epd_client_close) */
     char code[EPD_CLIENT_CODE_LEN];
     char message[EPD_CLIENT_MESSAGE_LEN];
 };
@@ -89,6 +90,12 @@ static void client_ok(epd_client_t *c)
 {
     c->code[0] = '\0';
     c->message[0] = '\0';
+}
+
+/* strerror for threads: each client call may run on its own thread. */
+static const char *errno_text(int err, char *buf, size_t len)
+{
+    return strerror_r(err, buf, len); /* GNU variant (_GNU_SOURCE): returns the text */
 }
 
 static int64_t now_ms(void)
@@ -141,6 +148,7 @@ static void queue_clear(epd_client_t *c)
 /* Closes the socket but keeps the answers already queued (they can still be collected). */
 static void client_disconnect(epd_client_t *c)
 {
+    if (c->fd >= 0) c->hung_up = true;
     if (c->fd >= 0) close(c->fd);
     c->fd = -1;
     epd_decoder_reset(&c->dec);
@@ -156,6 +164,7 @@ EPD_CLIENT_API void epd_client_close(epd_client_t *c)
     epd_decoder_reset(&c->dec);
     c->roff = c->rlen = 0;
     c->in_flight = 0;
+    c->hung_up = false;
 }
 
 EPD_CLIENT_API void epd_client_destroy(epd_client_t *c)
@@ -191,6 +200,7 @@ EPD_CLIENT_API int epd_client_connect(epd_client_t *c, const char *path, int tim
 {
     struct sockaddr_un addr;
     int64_t deadline = deadline_after(timeout_ms);
+    char ebuf[128];
     int fd, rc;
 
     if (c == NULL) return EPD_CLIENT_ERR_INVALID_ARG;
@@ -210,7 +220,7 @@ EPD_CLIENT_API int epd_client_connect(epd_client_t *c, const char *path, int tim
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         return client_fail(c, EPD_CLIENT_ERR_CONNECT, NULL, "cannot connect to %.200s: socket: %s",
-                           path, strerror(errno));
+                           path, errno_text(errno, ebuf, sizeof(ebuf)));
     }
     for (;;) {
         rc = connect(fd, (struct sockaddr *)&addr, sizeof(addr));
@@ -245,7 +255,7 @@ EPD_CLIENT_API int epd_client_connect(epd_client_t *c, const char *path, int tim
                                "for %d ms", path, timeout_ms);
         }
         return client_fail(c, EPD_CLIENT_ERR_CONNECT, NULL, "cannot connect to %.200s: %s", path,
-                           strerror(saved));
+                           errno_text(saved, ebuf, sizeof(ebuf)));
     }
     c->fd = fd;
     client_ok(c);
@@ -299,6 +309,7 @@ static int client_decode_buffered(epd_client_t *c, bool *got_p)
 /* One read from the socket into rbuf (which the caller has drained), then decoding. */
 static int client_read_some(epd_client_t *c)
 {
+    char ebuf[128];
     ssize_t n;
     bool got;
     do {
@@ -313,8 +324,13 @@ static int client_read_some(epd_client_t *c)
     }
     if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return EPD_CLIENT_OK;
+        if (errno == ECONNRESET) { /* it closed with our bytes unread */
+            client_disconnect(c);
+            return client_fail(c, EPD_CLIENT_ERR_CLOSED, NULL,
+                               "the daemon closed the connection (reset)");
+        }
         return client_fail(c, EPD_CLIENT_ERR_IO, NULL, "reading from the daemon: %s",
-                           strerror(errno));
+                           errno_text(errno, ebuf, sizeof(ebuf)));
     }
     c->roff = 0;
     c->rlen = (size_t)n;
@@ -328,7 +344,10 @@ static int client_read_some(epd_client_t *c)
 
 static int client_require_connected(epd_client_t *c)
 {
-    if (c->fd < 0) return client_fail(c, EPD_CLIENT_ERR_CLOSED, NULL, "not connected");
+    if (c->fd < 0) {
+        return client_fail(c, EPD_CLIENT_ERR_CLOSED, NULL,
+                           c->hung_up ? "the daemon closed the connection" : "not connected");
+    }
     return EPD_CLIENT_OK;
 }
 
@@ -340,6 +359,7 @@ static int client_take(epd_client_t *c, frame_match_fn match, const void *arg,
 {
     int64_t deadline = deadline_after(c->timeout_ms);
     queued_frame_t *scanned = NULL; /* frames before this one were already rejected */
+    char ebuf[128];
     int rc;
 
     for (;;) {
@@ -359,7 +379,8 @@ static int client_take(epd_client_t *c, frame_match_fn match, const void *arg,
         struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
         int n = poll(&pfd, 1, ms_left(deadline));
         if (n < 0 && errno != EINTR) {
-            return client_fail(c, EPD_CLIENT_ERR_IO, NULL, "poll: %s", strerror(errno));
+            return client_fail(c, EPD_CLIENT_ERR_IO, NULL, "poll: %s",
+                               errno_text(errno, ebuf, sizeof(ebuf)));
         }
         if (n == 0) {
             return client_fail(c, EPD_CLIENT_ERR_TIMEOUT, NULL,
@@ -402,6 +423,7 @@ static int client_send_out(epd_client_t *c, const epd_frame_out_t *out)
     struct iovec iov[1 + EPD_FRAME_OUT_PARTS];
     int n_iov = 0, first = 0;
     int64_t deadline = deadline_after(c->timeout_ms);
+    char ebuf[128];
     int rc;
 
     iov[n_iov].iov_base = out->head;
@@ -419,12 +441,13 @@ static int client_send_out(epd_client_t *c, const epd_frame_out_t *out)
             if (errno == EPIPE || errno == ECONNRESET) return client_closed_on_send(c);
             if (errno != EAGAIN && errno != EWOULDBLOCK) {
                 return client_fail(c, EPD_CLIENT_ERR_IO, NULL, "writing to the daemon: %s",
-                                   strerror(errno));
+                                   errno_text(errno, ebuf, sizeof(ebuf)));
             }
             struct pollfd pfd = {.fd = c->fd, .events = POLLOUT | POLLIN};
             int ready = poll(&pfd, 1, ms_left(deadline));
             if (ready < 0 && errno != EINTR) {
-                return client_fail(c, EPD_CLIENT_ERR_IO, NULL, "poll: %s", strerror(errno));
+                return client_fail(c, EPD_CLIENT_ERR_IO, NULL, "poll: %s",
+                                   errno_text(errno, ebuf, sizeof(ebuf)));
             }
             if (ready == 0) {
                 return client_fail(c, EPD_CLIENT_ERR_TIMEOUT, NULL,

@@ -1,14 +1,14 @@
 /* libepd: the C client of epd, the expert-parallel MoE dispatch daemon (wire protocol v1 over a
- * local Unix socket). Self-contained public header: link with -lepd (pkg-config epd).
- *
- * A client is one connection. Clients share nothing, so one client per thread is safe; one client
+ * local Unix socket). Self-contained public header: link with -lepd (pkg-config epd). */
+#ifndef EPD_H
+#define EPD_H
+
+/* A client is one connection. Clients share nothing, so one client per thread is safe; one client
  * must not be used by two threads at once. Every call returns an epd_client_rc_t; on failure
  * epd_client_last_error() gives a snake_case code (the daemon's code, e.g. "bad_tensor", or a local
  * one: "connect", "timeout", "closed", "protocol", "io", "invalid_argument", "no_memory") and
  * epd_client_last_message() a sentence. Arrays travel as little-endian bytes (the host order on
  * x86-64 and aarch64). */
-#ifndef EPD_H
-#define EPD_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -391,6 +391,7 @@ epd_status_t epd_decoder_feed(epd_decoder_t *dec, const void *data, size_t len, 
                  epd_status_name(dec->failure));
         return dec->failure;
     }
+    if (len == 0) return EPD_ERR_AGAIN; /* no state completes without a byte (meta_len >= 2) */
     for (;;) {
         switch (dec->state) {
         case EPD_DECODER_HEADER: {

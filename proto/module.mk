@@ -34,11 +34,14 @@ $(BUILD)/epctl: $(call proto_obj,$(EPCTL_SRCS)) $(BUILD)/libepd.a
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE_CFLAGS) -o $@ $(call proto_obj,$(EPCTL_SRCS)) $(BUILD)/libepd.a $(LIBEPD_LIBS) $(LDFLAGS)
 
+# The installed epd.pc is written with the PREFIX of `make install` (which may differ from the
+# build's).
 INSTALL_EXTRA += install -m 0644 $(BUILD)/libepd.a $(DESTDIR)$(PREFIX)/lib/ ; \
 	install -m 0755 $(BUILD)/libepd.so $(DESTDIR)$(PREFIX)/lib/$(LIBEPD_SONAME) ; \
 	ln -sf $(LIBEPD_SONAME) $(DESTDIR)$(PREFIX)/lib/libepd.so ; \
 	install -m 0644 proto/epd.h $(DESTDIR)$(PREFIX)/include/ ; \
-	install -m 0644 $(BUILD)/epd.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/ ;
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' proto/epd.pc.in \
+	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/epd.pc ;
 
 UNIT_TESTS += frame client
 test_frame_SRCS := $(PROTO_SRCS) common/status.c common/parse.c

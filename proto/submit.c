@@ -332,7 +332,9 @@ static cJSON *add_tensor(cJSON *tensors, const char *name, epd_dtype_t dtype, ui
 {
     cJSON *t = cJSON_AddObjectToObject(tensors, name);
     cJSON *shape, *offsets;
-    if (t == NULL || cJSON_AddStringToObject(t, "dtype", epd_dtype_name(dtype)) == NULL) return NULL;
+    if (t == NULL || cJSON_AddStringToObject(t, "dtype", epd_dtype_name(dtype)) == NULL) {
+        return NULL;
+    }
     shape = cJSON_AddArrayToObject(t, "shape");
     offsets = cJSON_AddArrayToObject(t, "data_offsets");
     if (shape == NULL || offsets == NULL) return NULL;

@@ -123,7 +123,8 @@ epd_status_t epd_tensor_parse(const cJSON *desc, const char *name, uint64_t payl
     }
     if (t.begin % size != 0) {
         snprintf(err, EPD_ERR_LEN,
-                 "tensor %.40s: data_offsets begin %" PRIu64 " is not aligned to its %zu-byte dtype",
+                 "tensor %.40s: data_offsets begin %" PRIu64
+                 " is not aligned to its %zu-byte dtype",
                  name, t.begin, (size_t)size);
         return EPD_ERR_BAD_TENSOR;
     }

@@ -25,6 +25,7 @@ typedef enum {
     FAKE_REVERSE,     /* collect `batch` SUBMITs, answer them last first */
     FAKE_SILENT,      /* read everything, answer nothing */
     FAKE_FRAMING,     /* answer the first frame with ERROR id null bad_json, then close */
+    FAKE_HANGUP,      /* on the first bytes: ERROR id null bad_magic, close with input unread */
 } fake_mode_t;
 
 typedef struct {
@@ -127,6 +128,13 @@ static void *fake_main(void *arg)
     for (;;) {
         ssize_t n = recv(fd, buf, sizeof(buf), 0);
         if (n <= 0) break;
+        if (f->mode == FAKE_HANGUP) {
+            epd_frame_out_t out;
+            char err[EPD_ERR_LEN];
+            epd_frame_encode_error(false, 0, EPD_ERR_BAD_MAGIC, "not a frame", &out, err);
+            send_out(fd, &out);
+            goto close_fd;
+        }
         size_t off = 0;
         while (off < (size_t)n) {
             epd_frame_t frame;
@@ -401,8 +409,30 @@ static void test_client__framing_error__ends_wait_then_closed(void **state)
     assert_string_equal(epd_client_last_error(c), "bad_json");
     /* the daemon closed after its ERROR: the next call says so (EOF or EPIPE) */
     int rc = epd_client_submit(c, &bt.b, y, NULL);
-    assert_int_equal(rc, EPD_CLIENT_ERR_CLOSED);
+    if (rc != EPD_CLIENT_ERR_CLOSED) fail_msg("rc %d: %s", rc, epd_client_last_message(c));
     assert_string_equal(epd_client_last_error(c), "closed");
+    epd_client_destroy(c);
+    batch_free(&bt);
+    fake_stop(&f);
+}
+
+static void test_client__hangup_while_sending__is_closed_naming_the_error(void **state)
+{
+    fake_t f;
+    batch_t bt;
+    epd_client_reply_t r;
+    (void)state;
+    fake_start(&f, FAKE_HANGUP, 0, 1024);
+    epd_client_t *c = connect_to(&f);
+    batch_make(&bt, 1, 512, 1024, false); /* 1 MiB: far more than the socket buffers */
+    assert_int_equal(epd_client_send(c, &bt.b), EPD_CLIENT_ERR_CLOSED);
+    assert_non_null(strstr(epd_client_last_message(c), "bad_magic"));
+    /* the daemon's last word is still there to collect, then the connection is gone */
+    assert_int_equal(epd_client_recv(c, &r), EPD_CLIENT_ERR_DAEMON);
+    assert_false(r.has_id);
+    assert_string_equal(r.code, "bad_magic");
+    epd_client_reply_free(&r);
+    assert_int_equal(epd_client_recv(c, &r), EPD_CLIENT_ERR_CLOSED);
     epd_client_destroy(c);
     batch_free(&bt);
     fake_stop(&f);
@@ -472,6 +502,7 @@ int main(void)
         cmocka_unit_test(test_client__many_large_sends__do_not_deadlock),
         cmocka_unit_test(test_client__control__returns_json_and_payload),
         cmocka_unit_test(test_client__framing_error__ends_wait_then_closed),
+        cmocka_unit_test(test_client__hangup_while_sending__is_closed_naming_the_error),
         cmocka_unit_test(test_client__silent_daemon__times_out),
         cmocka_unit_test(test_client__no_daemon__is_connect_error_naming_path),
     };
