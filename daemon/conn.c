@@ -29,7 +29,7 @@ typedef enum {
     CONN_READING = 0, /* reads on: bytes go to the decoder, whole frames are answered or queued */
     CONN_PAUSED,      /* unsent output above socket.max_output_bytes: reads off until it drains */
     CONN_CLOSING,     /* framing error answered or daemon stopping: reads off, flush, then close */
-    CONN_CLOSED,      /* peer gone, flushed or timed out: freed; its pending answers get discarded */
+    CONN_CLOSED,      /* peer gone, flushed or timed out: freed; its pending answers are dropped */
     CONN_STATE_MAX
 } conn_state_t;
 

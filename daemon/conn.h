@@ -1,6 +1,7 @@
 /* One client connection of the server: its state machine (STYLE.md "Connection handling"), the
- * frame decoder fed as bytes arrive, and the answers it gets: SUBMIT validated at ingest and handed
- * to the engine, CONTROL answered at once, RESULT/ERROR frames queued in order. Loop thread only. */
+ * frame decoder fed as bytes arrive, and the answers it gets: SUBMIT validated at ingest and
+ * handed to the engine, CONTROL answered at once, RESULT/ERROR frames queued in order. Loop
+ * thread only. */
 #ifndef EPD_DAEMON_CONN_H
 #define EPD_DAEMON_CONN_H
 

@@ -44,8 +44,8 @@ static int run_mpi(int argc, char **argv, const epd_args_t *args)
     }
     if (provided < MPI_THREAD_SERIALIZED) {
         fprintf(stderr, "epd: this MPI library provides thread level %d, but epd needs "
-                "MPI_THREAD_SERIALIZED (%d): its event loop and engine thread both call MPI, one at "
-                "a time\n", provided, MPI_THREAD_SERIALIZED);
+                "MPI_THREAD_SERIALIZED (%d): its event loop and engine thread both call MPI, "
+                "one at a time\n", provided, MPI_THREAD_SERIALIZED);
         MPI_Finalize();
         return 1;
     }

@@ -78,7 +78,8 @@ struct epd_server {
 /* ---- socket file ---- */
 
 /* snprintf into err; messages with paths may be cut at EPD_ERR_LEN, which is fine. */
-static void __attribute__((format(printf, 2, 3))) set_err(char err[EPD_ERR_LEN], const char *fmt, ...)
+static void __attribute__((format(printf, 2, 3)))
+set_err(char err[EPD_ERR_LEN], const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -306,8 +307,8 @@ static void refuse_busy(epd_server_t *server, int fd, pid_t pid)
     }
     server->stats.errors[EPD_ERR_BUSY]++;
     server->stats.clients_refused++;
-    epd_log_info("refused a connection from pid %ld: %" PRIu64 " clients already (socket.max_clients)",
-                 (long)pid, server->stats.clients);
+    epd_log_info("refused a connection from pid %ld: %" PRIu64
+                 " clients already (socket.max_clients)", (long)pid, server->stats.clients);
     close(fd);
 }
 

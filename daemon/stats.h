@@ -1,6 +1,6 @@
 /* The server's counters and the three documents built from them and the engine's stats: the
- * `health` and `stats` JSON replies and the `metrics` Prometheus text exposition. Leaf module: no
- * logging, no I/O; every builder returns a malloc'ed NUL-terminated string (NULL: out of memory). */
+ * `health` and `stats` JSON replies and the `metrics` Prometheus text exposition. Leaf module:
+ * no logging, no I/O; each builder returns a malloc'ed NUL-terminated string (NULL: no memory). */
 #ifndef EPD_DAEMON_STATS_H
 #define EPD_DAEMON_STATS_H
 

@@ -21,7 +21,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 sed -e "s|/usr/bin/mpirun|$mpirun_path|" -e "s|/usr/local/bin/epd|$epd_path|" \
     systemd/epd.service >"$tmp/epd.service"
-grep -q "ExecStart=$mpirun_path " "$tmp/epd.service"
+grep -q "^ExecStart=$mpirun_path " "$tmp/epd.service"
 
 # The unit must keep the properties DESIGN.md and STYLE.md rely on.
 for want in 'Type=notify' 'NotifyAccess=all' 'KillSignal=SIGUSR1' 'RuntimeDirectory=epd' \

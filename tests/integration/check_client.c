@@ -223,7 +223,8 @@ static bool describe_target(target_t *t, char err[EPD_ERR_LEN])
                                     ? EPD_SCALE_FMT_UE8M0 : EPD_SCALE_FMT_FP32;
         t->shape.expert_kind = strcmp(json_str(cfg, "experts.kind"), "identity") == 0
                                    ? EPD_EXPERTS_IDENTITY : EPD_EXPERTS_SCALE;
-        if (!ok) snprintf(err, EPD_ERR_LEN, "%s: config/health replies lack expected keys", t->path);
+        if (!ok)
+            snprintf(err, EPD_ERR_LEN, "%s: config/health replies lack expected keys", t->path);
     }
     cJSON_Delete(cfg);
     cJSON_Delete(health);
@@ -613,17 +614,18 @@ int main(int argc, char **argv)
         }
     }
     const epd_moe_shape_t *s = &targets[0].shape;
+    bool bf16 = s->dtype == EPD_WIRE_BF16;
     printf("check_client: %" PRIu64 " of %zu requests (%" PRIu64 " tokens) equal the reference bit "
            "for bit; %d sockets x %u clients, world %u, H %u, K %u, E %u, %s%s%s, experts %s\n",
            verified, n_workers * opt.requests, tokens, opt.n_sockets, opt.clients, s->world,
-           s->hidden, s->topk, s->num_experts, s->dtype == EPD_WIRE_BF16 ? "bf16" : "fp8",
-           s->dtype == EPD_WIRE_BF16 ? "" : (s->scale == EPD_SCALE_PER_TOKEN ? " per_token" : " group128"),
-           s->dtype == EPD_WIRE_BF16 ? "" : (s->scale_format == EPD_SCALE_FMT_UE8M0 ? " ue8m0" : " fp32"),
+           s->hidden, s->topk, s->num_experts, bf16 ? "bf16" : "fp8",
+           bf16 ? "" : (s->scale == EPD_SCALE_PER_TOKEN ? " per_token" : " group128"),
+           bf16 ? "" : (s->scale_format == EPD_SCALE_FMT_UE8M0 ? " ue8m0" : " fp32"),
            s->expert_kind == EPD_EXPERTS_IDENTITY ? "identity" : "scale");
     if (opt.retry_busy || opt.until_closed)
-        printf("check_client: %" PRIu64 " busy answers retried, %" PRIu64 " answered shutting_down, "
-               "%" PRIu64 " sent but unanswered when the daemon closed\n", retries, shutting,
-               unanswered);
+        printf("check_client: %" PRIu64 " busy answers retried, %" PRIu64
+               " answered shutting_down, %" PRIu64 " sent but unanswered when the daemon closed\n",
+               retries, shutting, unanswered);
     if (!opt.until_closed && verified != n_workers * opt.requests) rc = 1;
     if (opt.until_closed && verified == 0) {
         fprintf(stderr, "check_client: no request was answered before the daemon closed\n");

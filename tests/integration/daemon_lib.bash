@@ -11,7 +11,14 @@ WIRE="python3 tests/integration/daemon_wire.py"
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
 skip() { echo "SKIP: $*"; exit 77; }
-die() { echo "FAIL: $*"; [[ -n ${EPD_LOG:-} && -f ${EPD_LOG:-} ]] && { echo "--- daemon log:"; tail -n 40 "$EPD_LOG"; }; exit 1; }
+die() {
+    echo "FAIL: $*"
+    if [[ -n ${EPD_LOG:-} && -f ${EPD_LOG:-} ]]; then
+        echo "--- daemon log:"
+        tail -n 40 "$EPD_LOG"
+    fi
+    exit 1
+}
 
 command -v "$MPIRUN" >/dev/null 2>&1 || skip "no mpirun ($MPIRUN)"
 command -v python3 >/dev/null 2>&1 || skip "no python3"
