@@ -6,6 +6,7 @@
 #include "comm/transport_staged.h"
 
 #include <limits.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -403,6 +404,7 @@ static epd_status_t staged_alltoallv(epd_transport_ctx_t *ctx, const void *send,
     /* send each chunk once its copy is done (in order: one copy queue), start the copy of each
      * chunk that arrives */
     while (sent < n_sends || arrived < n_recvs) {
+        size_t progress = sent + arrived;
         while (sent < n_sends) {
             status = ops->event_query(ctx->ops_ctx, ctx->events[sent]);
             if (status == EPD_ERR_AGAIN) break;
@@ -441,6 +443,9 @@ static epd_status_t staged_alltoallv(epd_transport_ctx_t *ctx, const void *send,
                 arrived++;
             }
         }
+        /* nothing moved: let a peer or the copy engine's completion thread run (oversubscribed
+         * ranks otherwise spin against each other) */
+        if (sent + arrived == progress) sched_yield();
     }
     rc = MPI_Waitall((int)n_sends, ctx->send_reqs, MPI_STATUSES_IGNORE);
     if (rc != MPI_SUCCESS) {

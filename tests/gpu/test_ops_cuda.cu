@@ -14,6 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <thread>
+#include <vector>
+
 extern "C" {
 #include "gpu/ops.h"
 }
@@ -163,10 +166,37 @@ static void sim_free(sim_rank_t *r)
 
 /* ---- one case ----------------------------------------------------------------------------- */
 
+/* The host side of each phase runs one thread per simulated rank (the reference is the slow
+ * part); a thread's failure lands in its slot of host_err. */
+static char host_err[MAX_WORLD][256];
+
+static void host_failf(uint32_t r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(host_err[r], sizeof host_err[r], fmt, ap);
+    va_end(ap);
+}
+
+template <typename F>
+static bool host_parallel(uint32_t world, F fn)
+{
+    std::vector<std::thread> threads;
+    for (uint32_t r = 0; r < world; r++) {
+        host_err[r][0] = '\0';
+        threads.emplace_back(fn, r);
+    }
+    for (auto &th : threads) th.join();
+    for (uint32_t r = 0; r < world; r++)
+        if (host_err[r][0] != '\0') return failf("host rank %u: %s", r, host_err[r]);
+    return true;
+}
+
 static bool run_case(const epd_moe_shape_t *base, uint32_t n, uint64_t seed, sim_rank_t *sim)
 {
     const epd_ops_t *h = &epd_ops_host, *d = &epd_ops_cuda;
     const uint32_t world = base->world, hidden = base->hidden;
+    const size_t xb = (size_t)n * hidden * 2, kb = (size_t)n * TOPK * 4, sb = (size_t)n * world * 4;
     epd_record_layout_t rec;
     epd_moe_shape_t shape[MAX_WORLD];
 
@@ -176,32 +206,41 @@ static bool run_case(const epd_moe_shape_t *base, uint32_t n, uint64_t seed, sim
         shape[r].rank = r;
     }
 
-    /* inputs, layout, pack on every rank */
-    for (uint32_t r = 0; r < world; r++) {
+    /* inputs, layout, pack on every rank: host in parallel, then the device rank by rank */
+    bool ok = host_parallel(world, [&](uint32_t r) {
         sim_rank_t *s = &sim[r];
-        size_t xb = (size_t)n * hidden * 2, kb = (size_t)n * TOPK * 4, sb = (size_t)n * world * 4;
         s->x_h = (uint16_t *)h->alloc(hctx, xb);
         s->ids_h = (int32_t *)h->alloc(hctx, kb);
         s->w_h = (float *)h->alloc(hctx, kb);
         s->lay_h.slot = (int32_t *)h->alloc(hctx, sb);
+        if (!s->x_h || !s->ids_h || !s->w_h || !s->lay_h.slot) return host_failf(r, "alloc");
+        random_batch(seed * 131 + r, n, hidden, s->x_h, s->ids_h, s->w_h);
+        s->lay_h.n_tokens = n;
+        s->lay_h.send_counts_host = s->counts_h;
+        s->lay_h.send_offsets_host = s->offs_h;
+        epd_status_t st = h->layout(hctx, &shape[r], s->ids_h, &s->lay_h);
+        if (st != EPD_OK) return host_failf(r, "layout: %s", epd_status_name(st));
+        size_t pb = (size_t)s->lay_h.n_send * rec.size;
+        s->send_h = (uint8_t *)h->alloc(hctx, pb);
+        if (!s->send_h) return host_failf(r, "alloc");
+        memset(s->send_h, 0, pb);
+        st = h->pack(hctx, &shape[r], s->x_h, s->ids_h, s->w_h, &s->lay_h, s->send_h);
+        if (st != EPD_OK) return host_failf(r, "pack: %s", epd_status_name(st));
+    });
+    if (!ok) return false;
+    for (uint32_t r = 0; r < world; r++) {
+        sim_rank_t *s = &sim[r];
         s->x_d = (uint16_t *)d->alloc(dctx, xb);
         s->ids_d = (int32_t *)d->alloc(dctx, kb);
         s->w_d = (float *)d->alloc(dctx, kb);
         s->lay_d.slot = (int32_t *)d->alloc(dctx, sb);
-        if (!s->x_h || !s->ids_h || !s->w_h || !s->lay_h.slot || !s->x_d || !s->ids_d || !s->w_d ||
-            !s->lay_d.slot)
-            return failf("alloc of the inputs");
-        random_batch(seed * 131 + r, n, hidden, s->x_h, s->ids_h, s->w_h);
+        if (!s->x_d || !s->ids_d || !s->w_d || !s->lay_d.slot) return failf("alloc of the inputs");
         OPS_OK(d, dctx, d->copy_to_ops(dctx, s->x_d, s->x_h, xb), "copy_to_ops x");
         OPS_OK(d, dctx, d->copy_to_ops(dctx, s->ids_d, s->ids_h, kb), "copy_to_ops ids");
         OPS_OK(d, dctx, d->copy_to_ops(dctx, s->w_d, s->w_h, kb), "copy_to_ops weights");
-
-        s->lay_h.n_tokens = s->lay_d.n_tokens = n;
-        s->lay_h.send_counts_host = s->counts_h;
-        s->lay_h.send_offsets_host = s->offs_h;
+        s->lay_d.n_tokens = n;
         s->lay_d.send_counts_host = s->counts_d;
         s->lay_d.send_offsets_host = s->offs_d;
-        OPS_OK(h, hctx, h->layout(hctx, &shape[r], s->ids_h, &s->lay_h), "layout");
         OPS_OK(d, dctx, d->layout(dctx, &shape[r], s->ids_d, &s->lay_d), "layout");
         if (s->lay_h.n_send != s->lay_d.n_send)
             return failf("rank %u: n_send cuda %u host %u", r, s->lay_d.n_send, s->lay_h.n_send);
@@ -210,12 +249,9 @@ static bool run_case(const epd_moe_shape_t *base, uint32_t n, uint64_t seed, sim
         if (!same_bytes(s->lay_d.slot, s->lay_h.slot, sb, "slot")) return false;
 
         size_t pb = (size_t)s->lay_h.n_send * rec.size;
-        s->send_h = (uint8_t *)h->alloc(hctx, pb);
         s->send_d = (uint8_t *)d->alloc(dctx, pb);
-        if (!s->send_h || !s->send_d) return failf("alloc of the send buffers");
-        memset(s->send_h, 0, pb);
+        if (!s->send_d) return failf("alloc of the send buffers");
         CUDA_OK(cudaMemset(s->send_d, 0, pb < 256 ? 256 : pb));
-        OPS_OK(h, hctx, h->pack(hctx, &shape[r], s->x_h, s->ids_h, s->w_h, &s->lay_h, s->send_h), "pack");
         OPS_OK(d, dctx, d->pack(dctx, &shape[r], s->x_d, s->ids_d, s->w_d, &s->lay_d, s->send_d), "pack");
         OPS_OK(d, dctx, d->sync(dctx), "sync after pack");
         char what[64];
@@ -223,62 +259,80 @@ static bool run_case(const epd_moe_shape_t *base, uint32_t n, uint64_t seed, sim
         if (!same_bytes(s->send_d, s->send_h, pb, what)) return false;
     }
 
-    /* dispatch: destination d receives the records of sources 0..W-1 in order */
-    for (uint32_t dst = 0; dst < world; dst++) {
+    /* dispatch: destination dst receives the records of sources 0..W-1 in order */
+    ok = host_parallel(world, [&](uint32_t dst) {
         sim_rank_t *s = &sim[dst];
         s->n_recv = 0;
         for (uint32_t src = 0; src < world; src++) s->n_recv += sim[src].counts_h[dst];
-        size_t rb = (size_t)s->n_recv * rec.size;
-        s->recv_h = (uint8_t *)h->alloc(hctx, rb);
-        s->recv_d = (uint8_t *)d->alloc(dctx, rb);
-        if (!s->recv_h || !s->recv_d) return failf("alloc of the receive buffers");
+        s->recv_h = (uint8_t *)h->alloc(hctx, (size_t)s->n_recv * rec.size);
+        s->part_h = (uint16_t *)h->alloc(hctx, (size_t)s->n_recv * hidden * 2);
+        if (!s->recv_h || !s->part_h) return host_failf(dst, "alloc");
         size_t at = 0;
         for (uint32_t src = 0; src < world; src++) {
             size_t bytes = (size_t)sim[src].counts_h[dst] * rec.size;
-            size_t from = (size_t)sim[src].offs_h[dst] * rec.size;
-            if (bytes == 0) continue;
-            memcpy(s->recv_h + at, sim[src].send_h + from, bytes);
-            CUDA_OK(cudaMemcpy(s->recv_d + at, sim[src].send_d + from, bytes, cudaMemcpyDeviceToDevice));
+            memcpy(s->recv_h + at, sim[src].send_h + (size_t)sim[src].offs_h[dst] * rec.size, bytes);
             at += bytes;
         }
-        size_t qb = (size_t)s->n_recv * hidden * 2;
-        s->part_h = (uint16_t *)h->alloc(hctx, qb);
-        s->part_d = (uint16_t *)d->alloc(dctx, qb);
-        if (!s->part_h || !s->part_d) return failf("alloc of the partials");
-        OPS_OK(h, hctx, h->experts(hctx, &shape[dst], s->recv_h, s->n_recv, s->part_h), "experts");
+        epd_status_t st = h->experts(hctx, &shape[dst], s->recv_h, s->n_recv, s->part_h);
+        if (st != EPD_OK) return host_failf(dst, "experts: %s", epd_status_name(st));
+    });
+    if (!ok) return false;
+    for (uint32_t dst = 0; dst < world; dst++) {
+        sim_rank_t *s = &sim[dst];
+        s->recv_d = (uint8_t *)d->alloc(dctx, (size_t)s->n_recv * rec.size);
+        s->part_d = (uint16_t *)d->alloc(dctx, (size_t)s->n_recv * hidden * 2);
+        if (!s->recv_d || !s->part_d) return failf("alloc of the receive buffers");
+        size_t at = 0;
+        for (uint32_t src = 0; src < world; src++) {
+            size_t bytes = (size_t)sim[src].counts_h[dst] * rec.size;
+            if (bytes == 0) continue;
+            CUDA_OK(cudaMemcpy(s->recv_d + at, sim[src].send_d + (size_t)sim[src].offs_h[dst] * rec.size,
+                               bytes, cudaMemcpyDeviceToDevice));
+            at += bytes;
+        }
         OPS_OK(d, dctx, d->experts(dctx, &shape[dst], s->recv_d, s->n_recv, s->part_d), "experts");
         OPS_OK(d, dctx, d->sync(dctx), "sync after experts");
         char what[64];
         snprintf(what, sizeof what, "rank %u partials", dst);
-        if (!same_bytes(s->part_d, s->part_h, qb, what)) return false;
+        if (!same_bytes(s->part_d, s->part_h, (size_t)s->n_recv * hidden * 2, what)) return false;
     }
 
-    /* combine: the partials go back to their sources, at the records' send positions */
+    /* combine: the partials go back to their sources, at the records' send positions; `at` is
+     * the first row of dst's partials that came from src */
+    ok = host_parallel(world, [&](uint32_t src) {
+        sim_rank_t *s = &sim[src];
+        s->back_h = (uint16_t *)h->alloc(hctx, (size_t)s->lay_h.n_send * hidden * 2);
+        s->y_h = (uint16_t *)h->alloc(hctx, xb);
+        if (!s->back_h || !s->y_h) return host_failf(src, "alloc");
+        for (uint32_t dst = 0; dst < world; dst++) {
+            size_t at = 0;
+            for (uint32_t o = 0; o < src; o++) at += sim[o].counts_h[dst];
+            memcpy(s->back_h + (size_t)s->offs_h[dst] * hidden, sim[dst].part_h + at * hidden,
+                   (size_t)s->counts_h[dst] * hidden * 2);
+        }
+        epd_status_t st = h->combine(hctx, &shape[src], &s->lay_h, s->back_h, s->y_h);
+        if (st != EPD_OK) return host_failf(src, "combine: %s", epd_status_name(st));
+    });
+    if (!ok) return false;
     for (uint32_t src = 0; src < world; src++) {
         sim_rank_t *s = &sim[src];
-        size_t bb = (size_t)s->lay_h.n_send * hidden * 2;
-        s->back_h = (uint16_t *)h->alloc(hctx, bb);
-        s->back_d = (uint16_t *)d->alloc(dctx, bb);
-        s->y_h = (uint16_t *)h->alloc(hctx, (size_t)n * hidden * 2);
-        s->y_d = (uint16_t *)d->alloc(dctx, (size_t)n * hidden * 2);
-        if (!s->back_h || !s->back_d || !s->y_h || !s->y_d) return failf("alloc of the outputs");
+        s->back_d = (uint16_t *)d->alloc(dctx, (size_t)s->lay_h.n_send * hidden * 2);
+        s->y_d = (uint16_t *)d->alloc(dctx, xb);
+        if (!s->back_d || !s->y_d) return failf("alloc of the outputs");
         for (uint32_t dst = 0; dst < world; dst++) {
-            size_t at = 0; /* rows of dst's partials that came from sources before src */
+            size_t at = 0;
             for (uint32_t o = 0; o < src; o++) at += sim[o].counts_h[dst];
             size_t rows = s->counts_h[dst];
             if (rows == 0) continue;
-            size_t row_bytes = (size_t)hidden * 2;
-            memcpy(s->back_h + (size_t)s->offs_h[dst] * hidden, sim[dst].part_h + at * hidden, rows * row_bytes);
             CUDA_OK(cudaMemcpy(s->back_d + (size_t)s->offs_h[dst] * hidden, sim[dst].part_d + at * hidden,
-                               rows * row_bytes, cudaMemcpyDeviceToDevice));
+                               rows * hidden * 2, cudaMemcpyDeviceToDevice));
         }
-        CUDA_OK(cudaMemset(s->y_d, 0x5a, (size_t)n * hidden * 2));
-        OPS_OK(h, hctx, h->combine(hctx, &shape[src], &s->lay_h, s->back_h, s->y_h), "combine");
+        CUDA_OK(cudaMemset(s->y_d, 0x5a, xb));
         OPS_OK(d, dctx, d->combine(dctx, &shape[src], &s->lay_d, s->back_d, s->y_d), "combine");
         OPS_OK(d, dctx, d->sync(dctx), "sync after combine");
         char what[64];
         snprintf(what, sizeof what, "rank %u output y", src);
-        if (!same_bytes(s->y_d, s->y_h, (size_t)n * hidden * 2, what)) return false;
+        if (!same_bytes(s->y_d, s->y_h, xb, what)) return false;
     }
     return true;
 }
