@@ -1,7 +1,7 @@
 # daemon/: the epd binary (main, start-up, server, connections, engine, bench, stats, log, notify),
 # its unit tests, and the C clients of the integration tests (build/tests/<name>).
 DAEMON_SRCS := daemon/main.c daemon/daemon.c daemon/server.c daemon/conn.c daemon/stats.c \
-               daemon/log.c daemon/notify.c $(wildcard daemon/engine.c daemon/bench.c)
+               daemon/log.c daemon/notify.c daemon/engine.c daemon/bench.c
 
 # Other folders' module.mk files are read after this one: their source lists are expanded in the
 # prerequisites a second time, once every list is complete.
@@ -15,10 +15,7 @@ $(BUILD)/epd: $$(call obj,$$(EPD_LINK_SRCS))
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) $(EPD_CXX_LIBS)
 
-# The daemon builds once the engine and the benchmark are there (the engine helper's files).
-ifeq ($(words $(wildcard daemon/engine.c daemon/bench.h)),2)
 BINS += $(BUILD)/epd
-endif
 
 # Integration-test clients: the frame codec, the host reference (epd_moe_reference) and common.
 DAEMON_TEST_CLIENTS := check_client
@@ -29,7 +26,7 @@ $(BUILD)/tests/$(1): $(BUILD)/obj/tests/integration/$(1).o $$$$(call obj,$$$$(EP
 	$$(CC) $$(BASE_CFLAGS) -o $$@ $$^ $$(LDLIBS_ALL) $$(EPD_CXX_LIBS)
 endef
 $(foreach c,$(DAEMON_TEST_CLIENTS),$(eval $(call daemon_test_client_rule,$(c))))
-BINS += $(foreach c,$(DAEMON_TEST_CLIENTS),$(if $(wildcard tests/integration/$(c).c),$(BUILD)/tests/$(c)))
+BINS += $(foreach c,$(DAEMON_TEST_CLIENTS),$(BUILD)/tests/$(c))
 
 UNIT_TESTS += log notify stats
 test_log_SRCS = daemon/log.c
