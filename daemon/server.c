@@ -140,8 +140,8 @@ static epd_status_t socket_file_prepare(const char *path, char err[EPD_ERR_LEN])
     int saved = errno;
     close(fd);
     if (rc == 0 || saved == EAGAIN || saved == EINPROGRESS) {
-        set_err(err, "socket.path '%s': another process is already listening there",
-                 path);
+        set_err(err, "socket.path '%s': another process is already listening there (ranks "
+                "sharing a host need %%r or %%l in socket.path)", path);
         return EPD_ERR_CONFIG;
     }
     if (saved != ECONNREFUSED) {
@@ -187,7 +187,8 @@ epd_status_t epd_server_listen(epd_server_t *server, const char *path, char err[
     int saved = errno;
     umask(old_umask);
     if (rc != 0) {
-        set_err(err, "socket.path '%s': bind(): %s", path, strerror(saved));
+        set_err(err, "socket.path '%s': bind(): %s%s", path, strerror(saved),
+                saved == EADDRINUSE ? " (ranks sharing a host need %r or %l in socket.path)" : "");
         status = EPD_ERR_IO;
         goto out_close;
     }
