@@ -197,9 +197,10 @@ typedef struct epd_submit_view {
     const float *topk_weights;    /* [N, K] */
 } epd_submit_view_t;
 
-/* Validates a SUBMIT frame completely and fills *view_p. Codes, in the order they are checked:
+/* Validates a SUBMIT frame completely and fills *view_p. Codes (the first failing check wins;
+ * descriptors, then layout, then shapes, then contents):
  *   bad_json            meta schema: "id" missing or not a non-negative integer, "tensors"
- *                       missing or not an object (view_p->id is not meaningful then);
+ *                       missing or not an object;
  *   bad_tensor          a tensor missing, unknown name, malformed descriptor, unknown dtype name,
  *                       ndim != 2, offsets out of the payload / misaligned / overlapping, bytes of
  *                       the payload that no tensor describes, N = 0;
@@ -212,7 +213,8 @@ typedef struct epd_submit_view {
  *   non_finite_input    a weight that is Inf or NaN (every slot, -1 slots included).
  * Whenever the frame's id is valid, view_p->id holds it (also on errors), so the caller can answer
  * ERROR with that id. x is not checked for non-finite values here (the daemon does that with the
- * device's numerics). EPD_ERR_INVALID_ARG if the frame is not a SUBMIT. */
+ * device's numerics). EPD_ERR_INVALID_ARG if the frame is not a SUBMIT (or H or K is 0);
+ * EPD_ERR_NO_MEMORY if the duplicate check's bitmap (E > 4096 bits) cannot be allocated. */
 epd_status_t epd_submit_validate(const epd_frame_t *frame, const epd_submit_limits_t *limits,
                                  epd_submit_view_t *view_p, char err[EPD_ERR_LEN]);
 

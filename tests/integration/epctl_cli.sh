@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# epctl's command line: help texts, exit codes (2 usage, 3 cannot connect, 1 daemon error), and,
-# when python3 is present, every command end to end against a small fake daemon (protocol v1 in
-# Python, y = x) on temporary sockets, including bench over two sockets.
+# epctl's command line: help texts, exit codes (2 usage, 3 cannot connect, 1 daemon error); when
+# python3 is present, every command end to end against a small fake daemon (protocol v1 in
+# Python, y = x); when mpirun and build/epd are present, submit and bench against 2 real ranks.
 set -u
 BUILD=${BUILD:-build}
 EPCTL=$BUILD/epctl
@@ -10,6 +10,10 @@ tmp=$(mktemp -d /tmp/epctl-cli.XXXXXX)
 pids=()
 cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+    if [[ -n ${epd_pid:-} ]] && kill -0 "$epd_pid" 2>/dev/null; then
+        kill -KILL -- "-$epd_pid" 2>/dev/null
+        wait "$epd_pid" 2>/dev/null
+    fi
     rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -162,6 +166,45 @@ expect 1 "$EPCTL" --socket "$s0" --json bench --tokens 2000 --requests 5 &&
 # one socket down: bench says which and exits 3
 expect 3 "$EPCTL" --socket "$s0,$tmp/missing.sock" bench --tokens 1 --requests 4 --concurrency 2 &&
     contains err "missing.sock"
+
+# the real daemon: 2 CPU ranks under mpirun, epctl against both sockets, graceful stop
+MPIRUN=${MPIRUN:-mpirun}
+if command -v "$MPIRUN" >/dev/null 2>&1 && [[ -x $BUILD/epd ]]; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    setsid "$MPIRUN" --oversubscribe -np 2 --mca pml ucx --mca pml_ucx_tls any \
+        --mca pml_ucx_devices any "$BUILD/epd" --set "socket.path=$tmp/real-%r.sock" \
+        --set device.backend=cpu --set model.hidden=256 --set model.num_experts=16 \
+        --set model.topk=4 >"$tmp/epd.log" 2>&1 &
+    epd_pid=$!
+    up=0
+    for _ in $(seq 300); do
+        if "$EPCTL" --socket "$tmp/real-0.sock,$tmp/real-1.sock" health >/dev/null 2>&1; then
+            up=1
+            break
+        fi
+        kill -0 "$epd_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if [[ $up -eq 1 ]]; then
+        r0=$tmp/real-0.sock r1=$tmp/real-1.sock
+        expect 0 "$EPCTL" --socket "$r0" config && contains out "model.hidden = 256"
+        expect 0 "$EPCTL" --socket "$r1" --json submit --tokens 32 --seed 9 &&
+            contains out '"hidden":256' && contains out '"topk":4'
+        expect 0 "$EPCTL" --socket "$r0,$r1" --json bench --tokens 16 --requests 40 --concurrency 4 \
+            --pipeline 2 && contains out '"requests_ok":40' && contains out '"errors":0'
+        # a request-level error from the real daemon: exit 1 naming its code
+        expect 1 "$EPCTL" --socket "$r0" submit --tokens 5000 && contains err "too_many_tokens"
+        expect 0 "$EPCTL" --socket "$r0" metrics && contains out "# TYPE"
+        kill -USR1 "$epd_pid"
+        for _ in $(seq 300); do kill -0 "$epd_pid" 2>/dev/null || break; sleep 0.1; done
+        wait "$epd_pid" || fail "mpirun exited $? after SIGUSR1"
+        epd_pid=
+    else
+        fail "the real daemon did not come up: $(tail -n 20 "$tmp/epd.log")"
+    fi
+else
+    echo "no $MPIRUN or $BUILD/epd: the real-daemon part is not run"
+fi
 
 [[ $fails -eq 0 ]] || { echo "$fails failure(s)"; exit 1; }
 echo "all epctl CLI checks passed"
