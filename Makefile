@@ -74,6 +74,10 @@ UNIT_TESTS  :=
 BINS        :=
 GPU_TESTS   :=
 
+# Object paths of sources; defined before the module.mk files use them in prerequisites.
+obj     = $(patsubst %.c,$(BUILD)/obj/%.o,$(filter %.c,$(1))) $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(filter %.cu,$(1)))
+asanobj = $(patsubst %.c,$(BUILD)/asan/%.o,$(1))
+
 include $(sort $(wildcard */module.mk))
 -include tests/*/module.mk
 
@@ -82,8 +86,6 @@ GPU_CU_SRCS :=
 COMM_CU_SRCS :=
 endif
 
-obj     = $(patsubst %.c,$(BUILD)/obj/%.o,$(filter %.c,$(1))) $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(filter %.cu,$(1)))
-asanobj = $(patsubst %.c,$(BUILD)/asan/%.o,$(1))
 
 .PHONY: all check check-run deps demo demo-run install clean print-build fuzz gpu-check
 .DEFAULT_GOAL := all
