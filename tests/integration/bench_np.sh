@@ -36,7 +36,7 @@ for r in steps:
     assert r["world"] == 2 and r["hidden"] == 512 and r["iters"] == 3, r
     for p in ("pack", "counts", "dispatch", "experts", "combine", "reduce"):
         assert r["phases_us"][p]["median"] > 0 and r["phases_us"][p]["p99"] >= r["phases_us"][p]["median"], (p, r)
-    assert r["step_us"]["median"] > 0 and r["raw_mpi_us"]["dispatch"]["median"] > 0, r
+    assert r["step_us"]["median"] > 0 and r["raw_us"]["dispatch"]["median"] > 0, r
     b = r["bytes_per_rank"]
     assert 0 < b["dispatch_off_rank"] < b["dispatch"] and 0 < b["combine_off_rank"] < b["combine"], r
     assert r["ratio_vs_raw"] > 0, r
