@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Everything epd runs on a GPU node, in one go (what the closing notes quote):
+#   build    build/ against the system MPI, build-cuda-mpi/ against /opt/epd-cuda-mpi when present
+#   unit     the GPU unit tests (tests/gpu/test_*: numerics and device ops against the host, bit for bit)
+#   kbench   the quantization kernels against a same-run device copy
+#   mpi      tests/gpu/mpi_cuda_aware with the stock MPI and with the CUDA-aware one
+#   daemon   tests/gpu/daemon_gpu.sh: the daemon on 2 GPUs through its sockets, every transport
+#   bench    epd --bench on 2 ranks for each transport (staged mpi, direct mpi, nccl)
+# Usage: scripts/gpu-suite.sh [STAGE...]   (default: all). Logs go to $OUT (or build/gpu-suite).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-build/gpu-suite}
+mkdir -p "$out"
+stages=${*:-build unit kbench mpi daemon bench}
+cuda_mpi=/opt/epd-cuda-mpi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mpi_args=(--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any)
+[[ -f /tmp/epd-env.sh ]] && source /tmp/epd-env.sh
+status=0
+
+stage() { # stage NAME CMD...: runs CMD, its output in $out/NAME.log, one summary line
+    local name=$1 rc start=$SECONDS; shift
+    "$@" >"$out/$name.log" 2>&1
+    rc=$?
+    printf '%-28s exit %-3d %4ss  %s\n' "$name" "$rc" "$((SECONDS - start))" \
+        "$(grep -E 'passed|PASS|SKIP|FAIL|error' "$out/$name.log" | tail -n 1)"
+    [[ $rc -eq 0 || $rc -eq 77 ]] || status=1
+}
+
+for s in $stages; do
+    case $s in
+    build)
+        stage build scripts/gpu-node-build.sh all
+        source /tmp/epd-env.sh
+        if [[ -x $cuda_mpi/bin/mpicc ]]; then
+            stage build-cuda-mpi make -j"$(nproc)" -k MPI_HOME=$cuda_mpi BUILD=build-cuda-mpi all
+        fi
+        ;;
+    unit)
+        for t in build/tests/gpu/test_*; do
+            [[ -x $t ]] && stage "unit-$(basename "$t")" "$t"
+        done
+        ;;
+    kbench)
+        stage kbench build/kbench
+        ;;
+    mpi)
+        stage mpi-stock env BUILD=build tests/gpu/run-mpi-cuda-aware.sh
+        [[ -x build-cuda-mpi/tests/gpu/mpi_cuda_aware ]] &&
+            stage mpi-cuda-aware env BUILD=build-cuda-mpi tests/gpu/run-mpi-cuda-aware.sh
+        ;;
+    daemon)
+        stage daemon-stock env BUILD=build MPIRUN=mpirun bash tests/gpu/daemon_gpu.sh
+        [[ -x build-cuda-mpi/epd ]] &&
+            stage daemon-cuda-mpi env BUILD=build-cuda-mpi MPIRUN=$cuda_mpi/bin/mpirun bash tests/gpu/daemon_gpu.sh
+        ;;
+    bench)
+        tokens=${EPD_BENCH_TOKENS:-128,512,2048,4096,8192}
+        stage bench-nccl mpirun -np 2 "${mpi_args[@]}" build/epd --bench --bench-tokens "$tokens" \
+            --set device.backend=cuda --set dispatch.transport=nccl
+        stage bench-mpi-staged mpirun -np 2 "${mpi_args[@]}" -x EPD_TEST_STAGED_CHUNK build/epd --bench \
+            --bench-tokens "$tokens" --set device.backend=cuda --set dispatch.transport=mpi
+        if [[ -x build-cuda-mpi/epd ]]; then
+            stage bench-mpi-direct $cuda_mpi/bin/mpirun -np 2 "${mpi_args[@]}" build-cuda-mpi/epd --bench \
+                --bench-tokens "$tokens" --set device.backend=cuda --set dispatch.transport=mpi \
+                --set dispatch.mpi_cuda_aware=true
+        fi
+        ;;
+    *)
+        echo "unknown stage $s" >&2
+        status=2
+        ;;
+    esac
+done
+exit $status
