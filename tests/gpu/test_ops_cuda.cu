@@ -290,6 +290,9 @@ static bool run_case(const epd_moe_shape_t *base, uint32_t n, uint64_t seed, sim
                                bytes, cudaMemcpyDeviceToDevice));
             at += bytes;
         }
+        /* cudaMemcpy between device buffers returns before the copy is done, on the legacy
+         * stream, which the ops' non-blocking stream does not wait for */
+        CUDA_OK(cudaDeviceSynchronize());
         OPS_OK(d, dctx, d->experts(dctx, &shape[dst], s->recv_d, s->n_recv, s->part_d), "experts");
         OPS_OK(d, dctx, d->sync(dctx), "sync after experts");
         char what[64];
@@ -328,6 +331,7 @@ static bool run_case(const epd_moe_shape_t *base, uint32_t n, uint64_t seed, sim
                                rows * hidden * 2, cudaMemcpyDeviceToDevice));
         }
         CUDA_OK(cudaMemset(s->y_d, 0x5a, xb));
+        CUDA_OK(cudaDeviceSynchronize()); /* as above: the copies and the memset are not on the ops stream */
         OPS_OK(d, dctx, d->combine(dctx, &shape[src], &s->lay_d, s->back_d, s->y_d), "combine");
         OPS_OK(d, dctx, d->sync(dctx), "sync after combine");
         char what[64];
