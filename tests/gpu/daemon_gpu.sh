@@ -50,7 +50,7 @@ run_case() {
     timeout 120 "$CHECK" --socket "$(sock 0)" --socket "$(sock 1)" --clients 2 --requests 8 \
         --max-tokens 256 --window 4 --seed "$seed" --empty-slots --quiet ||
         die "$name $*: results differ from the reference"
-    epd_stop
+    epd_stop_ranks
     echo "ok    $name: $*"
 }
 

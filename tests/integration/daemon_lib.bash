@@ -85,5 +85,15 @@ epd_stop() {
     [[ $EPD_RC == 0 ]] || die "mpirun exited $EPD_RC after SIGUSR1 (124: still running after 30 s)"
 }
 
+# epd_stop_ranks: the other graceful stop of DESIGN.md section 5, SIGUSR1 to the ranks themselves
+# (what systemd's KillSignal=SIGUSR1 does, since it signals the whole cgroup). Needed where mpirun
+# does not forward SIGUSR1: Ubuntu 24.04's Open MPI 4.1.6 on the GPU machine did not (seen
+# 2026-11-30), Debian 12's 4.1.4 does.
+epd_stop_ranks() {
+    pkill -USR1 -P "$EPD_PID" -x epd
+    epd_wait_exit 30
+    [[ $EPD_RC == 0 ]] || die "mpirun exited $EPD_RC after SIGUSR1 to the ranks (124: still running after 30 s)"
+}
+
 # sock R: the socket path of rank R.
 sock() { echo "$TMP/epd-$1.sock"; }
