@@ -5,7 +5,7 @@ ifeq ($(CUDA),1)
 MPI_CUDA_AWARE_SRCS := tests/gpu/mpi_cuda_aware.c common/parse.c common/status.c
 BINS += $(BUILD)/tests/gpu/mpi_cuda_aware
 
-# Its own object rule: it alone (outside gpu/) includes the CUDA runtime API header.
+# Its own object rule: the generic one has no CUDA include path (for cuda_runtime_api.h).
 $(BUILD)/obj/tests/gpu/mpi_cuda_aware.o: tests/gpu/mpi_cuda_aware.c
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE_CFLAGS) -I$(CUDA_HOME)/include -MMD -MP -c $< -o $@
