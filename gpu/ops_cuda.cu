@@ -20,6 +20,10 @@ extern "C" {
 #define FLAT_THREADS 256      /* block size of the element-wise kernels */
 #define CHUNK 16              /* elements per thread and vector step (32 bytes of bf16) */
 #define TOKEN_MAX_THREADS 512 /* threads of one token in the per-token pack (registers: 128) */
+#define PACK_MAX_THREADS 256  /* block of the row-per-block pack */
+#define PACK_MAX_DESTS 1024   /* destination ranks of one token the row pack holds */
+#define EXPERT_MAX_THREADS 256
+#define EXPERT_MAX_K 64       /* model.topk's largest value */
 
 struct epd_ops_ctx {
     int device;
@@ -87,6 +91,17 @@ static const char *shape_problem(const epd_moe_shape_t *shape)
 static bool aligned16(const void *p)
 {
     return ((uintptr_t)p & 15u) == 0;
+}
+
+/* Threads for one row of h16 16-element chunks: a multiple of 32 up to max that divides h16 when
+ * one does (no lane idle in the last pass: 224 for H 7168), else the fewest passes. */
+static uint32_t row_threads(uint32_t h16, uint32_t max)
+{
+    if (h16 <= 32) return 32;
+    for (uint32_t t = max; t >= 128; t -= 32)
+        if (h16 % t == 0) return t;
+    uint32_t passes = (h16 + max - 1) / max;
+    return ((h16 + passes - 1) / passes + 31) / 32 * 32;
 }
 
 static unsigned flat_blocks(uint64_t items)
@@ -324,55 +339,62 @@ __device__ __forceinline__ void pack_tail(const pack_args &a, uint32_t t, uint32
     }
 }
 
-/* BF16 records, and FP8 with group-128 scales: one thread per 16 elements of a row, flat over
- * [N][H/16]. A group is 8 consecutive threads (H/16 is a multiple of 8), reduced with shuffles;
- * the loop bound is block-uniform so every lane reaches them. Each thread's 16 elements are read
- * once and written to each destination record of the token. */
+/* BF16 records, and FP8 with group-128 scales: one block per token (grid-strided), each thread
+ * 16 elements per pass. The token's destination slots are read once into shared memory, so the
+ * per-element work has no dependent global loads. A group is 8 consecutive threads (H/16 and the
+ * block size are multiples of 8), reduced with shuffles; every lane runs every pass so the
+ * shuffles see the whole warp. Each element is read once and written to each destination. */
 template <bool FP8>
-__global__ void __launch_bounds__(FLAT_THREADS) pack_flat_kernel(pack_args a)
+__global__ void __launch_bounds__(PACK_MAX_THREADS) pack_row_kernel(pack_args a, uint32_t passes)
 {
-    const uint64_t total = (uint64_t)a.n * a.h16;
-    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
-    for (uint64_t base = (uint64_t)blockIdx.x * blockDim.x; base < total; base += stride) {
-        uint64_t idx = base + threadIdx.x;
-        bool active = idx < total;
-        uint32_t t = 0, c = 0;
-        if (active) split_flat(idx, a.h16, &t, &c);
-        uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-        if (active) {
-            const uint4 *src = reinterpret_cast<const uint4 *>(a.x + (size_t)t * a.hidden + (size_t)c * CHUNK);
-            lo = src[0];
-            hi = src[1];
+    __shared__ int32_t s_dst[PACK_MAX_DESTS];
+    __shared__ uint32_t s_n;
+    for (uint32_t t = blockIdx.x; t < a.n; t += gridDim.x) {
+        if (threadIdx.x == 0) {
+            uint32_t n = 0;
+            for (uint32_t r = 0; r < a.world; r++) {
+                int32_t sl = a.slot[(size_t)t * a.world + r];
+                if (sl >= 0 && n < PACK_MAX_DESTS) s_dst[n++] = sl;
+            }
+            s_n = n;
         }
-        const int32_t *slot = a.slot + (size_t)t * a.world;
-        if (FP8) {
-            uint32_t m = amax16_bits(lo, hi);
-            m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
-            m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
-            m = max(m, __shfl_xor_sync(0xffffffffu, m, 4));
-            float scale, mult;
-            epd_quant_scale(__uint_as_float(m << 16), a.ue8m0, &scale, &mult);
-            uint4 q = quant16(lo, hi, mult);
+        __syncthreads();
+        const uint32_t n_dst = s_n;
+        const uint16_t *row = a.x + (size_t)t * a.hidden;
+        for (uint32_t p = 0; p < passes; p++) {
+            const uint32_t c = threadIdx.x + p * blockDim.x;
+            const bool active = c < a.h16;
+            uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
             if (active) {
-                for (uint32_t r = 0; r < a.world; r++) {
-                    int32_t s = slot[r];
-                    if (s < 0) continue;
-                    uint8_t *rec = a.send + (size_t)s * a.rec_size;
+                const uint4 *src = reinterpret_cast<const uint4 *>(row + (size_t)c * CHUNK);
+                lo = src[0];
+                hi = src[1];
+            }
+            if (FP8) {
+                uint32_t m = amax16_bits(lo, hi);
+                m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
+                m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
+                m = max(m, __shfl_xor_sync(0xffffffffu, m, 4));
+                if (!active) continue;
+                float scale, mult;
+                epd_quant_scale(__uint_as_float(m << 16), a.ue8m0, &scale, &mult);
+                uint4 q = quant16(lo, hi, mult);
+                for (uint32_t d = 0; d < n_dst; d++) {
+                    uint8_t *rec = a.send + (size_t)s_dst[d] * a.rec_size;
                     *reinterpret_cast<uint4 *>(rec + (size_t)c * CHUNK) = q;
-                    if ((c & 7u) == 0)
-                        *reinterpret_cast<float *>(rec + a.rec_scales + 4u * (c >> 3)) = scale;
+                    if ((c & 7u) == 0) *reinterpret_cast<float *>(rec + a.rec_scales + 4u * (c >> 3)) = scale;
+                }
+            } else if (active) {
+                for (uint32_t d = 0; d < n_dst; d++) {
+                    uint4 *dst = reinterpret_cast<uint4 *>(a.send + (size_t)s_dst[d] * a.rec_size +
+                                                           (size_t)c * 2 * CHUNK);
+                    dst[0] = lo;
+                    dst[1] = hi;
                 }
             }
-        } else if (active) {
-            for (uint32_t r = 0; r < a.world; r++) {
-                int32_t s = slot[r];
-                if (s < 0) continue;
-                uint4 *dst = reinterpret_cast<uint4 *>(a.send + (size_t)s * a.rec_size + (size_t)c * 2 * CHUNK);
-                dst[0] = lo;
-                dst[1] = hi;
-            }
         }
-        if (active) pack_tail(a, t, c, a.h16);
+        pack_tail(a, t, threadIdx.x, blockDim.x);
+        __syncthreads(); /* s_dst is rewritten for the next token */
     }
 }
 
@@ -450,63 +472,70 @@ struct experts_args {
     int fp8, per_token, scale_experts;
 };
 
-/* One thread per 16 elements of a record, flat over [n_records][H/16]: x' = (float)q * s or the
- * widened bf16, then acc = acc + w_k * expert_k(x') over ascending k with a local expert. */
-__global__ void __launch_bounds__(FLAT_THREADS) experts_kernel(experts_args a)
+/* One block per record (grid-strided): the record's top-k slots are read once into shared memory
+ * as (weight, factor) of its local experts in ascending k, then each thread takes 16 elements per
+ * pass: x' = (float)q * s or the widened bf16, acc = acc + w_k * expert_k(x') over those slots,
+ * from 0.0f, rounded to bf16. No dependent global loads inside the element loop. */
+__global__ void __launch_bounds__(EXPERT_MAX_THREADS) experts_kernel(experts_args a)
 {
-    /* f_e of the local experts, computed once per block instead of once per element chunk */
-    extern __shared__ float s_factor[];
-    if (a.scale_experts) {
-        for (int32_t e = a.lo + (int32_t)threadIdx.x; e < a.hi; e += (int32_t)blockDim.x)
-            s_factor[e - a.lo] = __fadd_rn(1.0f, __fdiv_rn((float)e, (float)a.n_experts));
-        __syncthreads();
-    }
-    const uint64_t total = (uint64_t)a.n_records * a.h16;
-    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
-    for (uint64_t idx = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
-        uint32_t j, c;
-        split_flat(idx, a.h16, &j, &c);
+    __shared__ float s_w[EXPERT_MAX_K], s_f[EXPERT_MAX_K];
+    __shared__ uint32_t s_n;
+    for (uint32_t j = blockIdx.x; j < a.n_records; j += gridDim.x) {
         const uint8_t *rec = a.recv + (size_t)j * a.rec_size;
-        float x[CHUNK], acc[CHUNK];
-        if (a.fp8) {
-            uint4 q = *reinterpret_cast<const uint4 *>(rec + (size_t)c * CHUNK);
-            float s = *reinterpret_cast<const float *>(rec + a.rec_scales + (a.per_token ? 0u : 4u * (c >> 3)));
-            e4m3x4_to_f32(q.x, x);
-            e4m3x4_to_f32(q.y, x + 4);
-            e4m3x4_to_f32(q.z, x + 8);
-            e4m3x4_to_f32(q.w, x + 12);
-#pragma unroll
-            for (int i = 0; i < CHUNK; i++) x[i] = __fmul_rn(x[i], s);
-        } else {
-            const uint4 *src = reinterpret_cast<const uint4 *>(rec + (size_t)c * 2 * CHUNK);
-            uint4 lo = src[0], hi = src[1];
-            bf16x2_to_f32(lo.x, x);
-            bf16x2_to_f32(lo.y, x + 2);
-            bf16x2_to_f32(lo.z, x + 4);
-            bf16x2_to_f32(lo.w, x + 6);
-            bf16x2_to_f32(hi.x, x + 8);
-            bf16x2_to_f32(hi.y, x + 10);
-            bf16x2_to_f32(hi.z, x + 12);
-            bf16x2_to_f32(hi.w, x + 14);
-        }
-#pragma unroll
-        for (int i = 0; i < CHUNK; i++) acc[i] = 0.0f;
-        const int32_t *ids = reinterpret_cast<const int32_t *>(rec + a.rec_ids);
-        const float *weights = reinterpret_cast<const float *>(rec + a.rec_weights);
-        for (uint32_t k = 0; k < a.k_count; k++) {
-            int32_t e = ids[k];
-            if (e == -1 || e < a.lo || e >= a.hi) continue;
-            float w = weights[k];
-            if (a.scale_experts) {
-                float f = s_factor[e - a.lo];
-#pragma unroll
-                for (int i = 0; i < CHUNK; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(w, __fmul_rn(x[i], f)));
-            } else {
-#pragma unroll
-                for (int i = 0; i < CHUNK; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(w, x[i]));
+        if (threadIdx.x == 0) {
+            const int32_t *ids = reinterpret_cast<const int32_t *>(rec + a.rec_ids);
+            const float *weights = reinterpret_cast<const float *>(rec + a.rec_weights);
+            uint32_t n = 0;
+            for (uint32_t k = 0; k < a.k_count; k++) {
+                int32_t e = ids[k];
+                if (e == -1 || e < a.lo || e >= a.hi) continue;
+                s_w[n] = weights[k];
+                s_f[n] = a.scale_experts ? __fadd_rn(1.0f, __fdiv_rn((float)e, (float)a.n_experts)) : 1.0f;
+                n++;
             }
+            s_n = n;
         }
-        store_bf16x16(a.partials + (size_t)j * a.hidden + (size_t)c * CHUNK, acc);
+        __syncthreads();
+        const uint32_t n_local = s_n;
+        for (uint32_t c = threadIdx.x; c < a.h16; c += blockDim.x) {
+            float x[CHUNK], acc[CHUNK];
+            if (a.fp8) {
+                uint4 q = *reinterpret_cast<const uint4 *>(rec + (size_t)c * CHUNK);
+                float s = *reinterpret_cast<const float *>(rec + a.rec_scales + (a.per_token ? 0u : 4u * (c >> 3)));
+                e4m3x4_to_f32(q.x, x);
+                e4m3x4_to_f32(q.y, x + 4);
+                e4m3x4_to_f32(q.z, x + 8);
+                e4m3x4_to_f32(q.w, x + 12);
+#pragma unroll
+                for (int i = 0; i < CHUNK; i++) x[i] = __fmul_rn(x[i], s);
+            } else {
+                const uint4 *src = reinterpret_cast<const uint4 *>(rec + (size_t)c * 2 * CHUNK);
+                uint4 lo = src[0], hi = src[1];
+                bf16x2_to_f32(lo.x, x);
+                bf16x2_to_f32(lo.y, x + 2);
+                bf16x2_to_f32(lo.z, x + 4);
+                bf16x2_to_f32(lo.w, x + 6);
+                bf16x2_to_f32(hi.x, x + 8);
+                bf16x2_to_f32(hi.y, x + 10);
+                bf16x2_to_f32(hi.z, x + 12);
+                bf16x2_to_f32(hi.w, x + 14);
+            }
+#pragma unroll
+            for (int i = 0; i < CHUNK; i++) acc[i] = 0.0f;
+            for (uint32_t k = 0; k < n_local; k++) {
+                const float w = s_w[k];
+                if (a.scale_experts) {
+                    const float f = s_f[k];
+#pragma unroll
+                    for (int i = 0; i < CHUNK; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(w, __fmul_rn(x[i], f)));
+                } else {
+#pragma unroll
+                    for (int i = 0; i < CHUNK; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(w, x[i]));
+                }
+            }
+            store_bf16x16(a.partials + (size_t)j * a.hidden + (size_t)c * CHUNK, acc);
+        }
+        __syncthreads(); /* s_w, s_f and s_n are rewritten for the next record */
     }
 }
 
@@ -778,10 +807,14 @@ static epd_status_t cuda_pack(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, 
     a.tail_words = (uint32_t)((rec.size - rec.ids) / 4);
     a.ue8m0 = shape->scale_format == EPD_SCALE_FMT_UE8M0;
 
-    if (shape->dtype == EPD_WIRE_BF16) {
-        pack_flat_kernel<false><<<flat_blocks((uint64_t)a.n * a.h16), FLAT_THREADS, 0, ctx->stream>>>(a);
-    } else if (shape->scale == EPD_SCALE_GROUP128) {
-        pack_flat_kernel<true><<<flat_blocks((uint64_t)a.n * a.h16), FLAT_THREADS, 0, ctx->stream>>>(a);
+    if (shape->dtype == EPD_WIRE_BF16 || shape->scale == EPD_SCALE_GROUP128) {
+        uint32_t threads = row_threads(a.h16, PACK_MAX_THREADS);
+        uint32_t passes = (a.h16 + threads - 1) / threads;
+        uint32_t blocks = a.n < 0x7fffffffu ? a.n : 0x7fffffffu;
+        if (shape->dtype == EPD_WIRE_BF16)
+            pack_row_kernel<false><<<blocks, threads, 0, ctx->stream>>>(a, passes);
+        else
+            pack_row_kernel<true><<<blocks, threads, 0, ctx->stream>>>(a, passes);
     } else {
         uint32_t tpt, per_block;
         if (a.h16 <= 32) {
@@ -836,8 +869,9 @@ static epd_status_t cuda_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
     a.fp8 = shape->dtype == EPD_WIRE_FP8;
     a.per_token = shape->scale == EPD_SCALE_PER_TOKEN;
     a.scale_experts = shape->expert_kind == EPD_EXPERTS_SCALE;
-    experts_kernel<<<flat_blocks((uint64_t)n_records * a.h16), FLAT_THREADS,
-                     a.scale_experts ? (size_t)per_rank * sizeof(float) : 0, ctx->stream>>>(a);
+    if (shape->topk > EXPERT_MAX_K) return bad_arg(ctx, "experts: top-k above 64");
+    experts_kernel<<<n_records < 0x7fffffffu ? n_records : 0x7fffffffu,
+                     row_threads(a.h16, EXPERT_MAX_THREADS), 0, ctx->stream>>>(a);
     CUDA_TRY(ctx, cudaGetLastError(), "experts kernel launch");
 out:
     return status;

@@ -9,6 +9,7 @@ import math
 import socket
 import struct
 import sys
+import time
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 import daemon_wire as w  # noqa: E402
@@ -219,7 +220,17 @@ def too_many_clients(path, max_clients):
     else:
         checked += 1
     print("too many clients: %d held, %d refused busy" % (len(held), refused))
-    w.control(path, "health")
+    # The daemon counts a client gone once it reads the EOF, which may come after our next
+    # connect: a slot must come free within a few seconds, and then health answers.
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            w.control(path, "health")
+            break
+        except RuntimeError as e:
+            if "busy" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def main(argv):
