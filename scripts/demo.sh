@@ -59,6 +59,17 @@ run() {
 
     echo "--- graceful stop: SIGUSR1 to mpirun"
     kill -USR1 "$pid"
+    # Open MPI 4.1.4 (Debian 12) forwards SIGUSR1 to the ranks; 4.1.6 as packaged by Ubuntu 24.04
+    # was seen not to. Then the ranks get it themselves, as systemd's KillSignal does.
+    local waited=0
+    while kill -0 "$pid" 2>/dev/null && ! grep -q "shutdown requested" "$log" && ((waited < 50)); do
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+    if kill -0 "$pid" 2>/dev/null && ! grep -q "shutdown requested" "$log"; then
+        echo "    mpirun did not forward SIGUSR1 within 5 s: SIGUSR1 to the ranks"
+        pkill -USR1 -P "$pid" -x epd || true
+    fi
     local rc=0
     wait "$pid" || rc=$?
     pid=
