@@ -456,6 +456,8 @@ static int client_send_out(epd_client_t *c, const epd_frame_out_t *out)
             }
             if (ready > 0 && (pfd.revents & (POLLIN | POLLHUP | POLLERR))) {
                 rc = client_read_some(c);
+                /* a hang-up seen here rather than as EPIPE: name the daemon's last ERROR too */
+                if (rc == EPD_CLIENT_ERR_CLOSED) return client_closed_on_send(c);
                 if (rc != EPD_CLIENT_OK) return rc;
             }
             continue;
