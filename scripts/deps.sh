@@ -11,6 +11,7 @@ packages=(
     libevent-dev libyaml-dev libcjson-dev libcmocka-dev
     clang                               # libFuzzer harness (make fuzz)
     procps psmisc                       # ps, pkill, killall in the integration tests
+    systemd                             # systemd-analyze verify of systemd/epd.service
     python3                             # the tests' reference checks and helpers
 )
 
