@@ -347,49 +347,64 @@ __device__ __forceinline__ void pack_tail(const pack_args &a, uint32_t t, uint32
 template <bool FP8>
 __global__ void __launch_bounds__(PACK_MAX_THREADS) pack_row_kernel(pack_args a, uint32_t passes)
 {
-    __shared__ int32_t s_dst[PACK_MAX_DESTS];
+    __shared__ int32_t s_dst[PACK_MAX_DESTS], s_slot[PACK_MAX_DESTS];
     __shared__ uint32_t s_n;
     for (uint32_t t = blockIdx.x; t < a.n; t += gridDim.x) {
+        /* the token's W slots loaded side by side, then compacted in rank order by one thread */
+        for (uint32_t r = threadIdx.x; r < a.world && r < PACK_MAX_DESTS; r += blockDim.x)
+            s_slot[r] = a.slot[(size_t)t * a.world + r];
+        __syncthreads();
         if (threadIdx.x == 0) {
             uint32_t n = 0;
-            for (uint32_t r = 0; r < a.world; r++) {
-                int32_t sl = a.slot[(size_t)t * a.world + r];
-                if (sl >= 0 && n < PACK_MAX_DESTS) s_dst[n++] = sl;
-            }
+            for (uint32_t r = 0; r < a.world && r < PACK_MAX_DESTS; r++)
+                if (s_slot[r] >= 0) s_dst[n++] = s_slot[r];
             s_n = n;
         }
         __syncthreads();
         const uint32_t n_dst = s_n;
         const uint16_t *row = a.x + (size_t)t * a.hidden;
-        for (uint32_t p = 0; p < passes; p++) {
-            const uint32_t c = threadIdx.x + p * blockDim.x;
-            const bool active = c < a.h16;
-            uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-            if (active) {
-                const uint4 *src = reinterpret_cast<const uint4 *>(row + (size_t)c * CHUNK);
-                lo = src[0];
-                hi = src[1];
-            }
-            if (FP8) {
-                uint32_t m = amax16_bits(lo, hi);
-                m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
-                m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
-                m = max(m, __shfl_xor_sync(0xffffffffu, m, 4));
-                if (!active) continue;
-                float scale, mult;
-                epd_quant_scale(__uint_as_float(m << 16), a.ue8m0, &scale, &mult);
-                uint4 q = quant16(lo, hi, mult);
-                for (uint32_t d = 0; d < n_dst; d++) {
-                    uint8_t *rec = a.send + (size_t)s_dst[d] * a.rec_size;
-                    *reinterpret_cast<uint4 *>(rec + (size_t)c * CHUNK) = q;
-                    if ((c & 7u) == 0) *reinterpret_cast<float *>(rec + a.rec_scales + 4u * (c >> 3)) = scale;
+        /* two passes at a time: both chunks' loads are in flight before either is used */
+        for (uint32_t p = 0; p < passes; p += 2) {
+            const bool second = p + 1 < passes; /* uniform over the block */
+            uint4 lo[2], hi[2];
+            uint32_t c[2];
+            bool active[2];
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                c[k] = threadIdx.x + (p + (uint32_t)k) * blockDim.x;
+                active[k] = (k == 0 || second) && c[k] < a.h16;
+                lo[k] = hi[k] = make_uint4(0, 0, 0, 0);
+                if (active[k]) {
+                    const uint4 *src = reinterpret_cast<const uint4 *>(row + (size_t)c[k] * CHUNK);
+                    lo[k] = src[0];
+                    hi[k] = src[1];
                 }
-            } else if (active) {
-                for (uint32_t d = 0; d < n_dst; d++) {
-                    uint4 *dst = reinterpret_cast<uint4 *>(a.send + (size_t)s_dst[d] * a.rec_size +
-                                                           (size_t)c * 2 * CHUNK);
-                    dst[0] = lo;
-                    dst[1] = hi;
+            }
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                if (k == 1 && !second) break;
+                if (FP8) {
+                    uint32_t m = amax16_bits(lo[k], hi[k]);
+                    m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
+                    m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
+                    m = max(m, __shfl_xor_sync(0xffffffffu, m, 4));
+                    if (!active[k]) continue;
+                    float scale, mult;
+                    epd_quant_scale(__uint_as_float(m << 16), a.ue8m0, &scale, &mult);
+                    uint4 q = quant16(lo[k], hi[k], mult);
+                    for (uint32_t d = 0; d < n_dst; d++) {
+                        uint8_t *rec = a.send + (size_t)s_dst[d] * a.rec_size;
+                        *reinterpret_cast<uint4 *>(rec + (size_t)c[k] * CHUNK) = q;
+                        if ((c[k] & 7u) == 0)
+                            *reinterpret_cast<float *>(rec + a.rec_scales + 4u * (c[k] >> 3)) = scale;
+                    }
+                } else if (active[k]) {
+                    for (uint32_t d = 0; d < n_dst; d++) {
+                        uint4 *dst = reinterpret_cast<uint4 *>(a.send + (size_t)s_dst[d] * a.rec_size +
+                                                               (size_t)c[k] * 2 * CHUNK);
+                        dst[0] = lo[k];
+                        dst[1] = hi[k];
+                    }
                 }
             }
         }
@@ -472,24 +487,89 @@ struct experts_args {
     int fp8, per_token, scale_experts;
 };
 
+/* One chunk of a record as loaded: 16 e4m3 codes and their scale, or 16 bf16 values. */
+typedef struct raw_chunk {
+    uint4 a, b;
+    float s;
+} raw_chunk_t;
+
+__device__ __forceinline__ raw_chunk_t load_raw_chunk(const experts_args &a, const uint8_t *rec, uint32_t c)
+{
+    raw_chunk_t r;
+    if (a.fp8) {
+        r.a = *reinterpret_cast<const uint4 *>(rec + (size_t)c * CHUNK);
+        r.b = make_uint4(0, 0, 0, 0);
+        r.s = *reinterpret_cast<const float *>(rec + a.rec_scales + (a.per_token ? 0u : 4u * (c >> 3)));
+    } else {
+        const uint4 *src = reinterpret_cast<const uint4 *>(rec + (size_t)c * 2 * CHUNK);
+        r.a = src[0];
+        r.b = src[1];
+        r.s = 1.0f;
+    }
+    return r;
+}
+
+/* x' = (float)q * s or the widened bf16, then acc = acc + w_k * expert_k(x') over the record's
+ * local slots in ascending k, from 0.0f, rounded to bf16 into dst. */
+__device__ __forceinline__ void expert_chunk(const experts_args &a, const raw_chunk_t &r, const float *s_w,
+                                             const float *s_f, uint32_t n_local, uint16_t *dst)
+{
+    float x[CHUNK], acc[CHUNK];
+    if (a.fp8) {
+        e4m3x4_to_f32(r.a.x, x);
+        e4m3x4_to_f32(r.a.y, x + 4);
+        e4m3x4_to_f32(r.a.z, x + 8);
+        e4m3x4_to_f32(r.a.w, x + 12);
+#pragma unroll
+        for (int i = 0; i < CHUNK; i++) x[i] = __fmul_rn(x[i], r.s);
+    } else {
+        bf16x2_to_f32(r.a.x, x);
+        bf16x2_to_f32(r.a.y, x + 2);
+        bf16x2_to_f32(r.a.z, x + 4);
+        bf16x2_to_f32(r.a.w, x + 6);
+        bf16x2_to_f32(r.b.x, x + 8);
+        bf16x2_to_f32(r.b.y, x + 10);
+        bf16x2_to_f32(r.b.z, x + 12);
+        bf16x2_to_f32(r.b.w, x + 14);
+    }
+#pragma unroll
+    for (int i = 0; i < CHUNK; i++) acc[i] = 0.0f;
+    for (uint32_t k = 0; k < n_local; k++) {
+        const float w = s_w[k];
+        if (a.scale_experts) {
+            const float f = s_f[k];
+#pragma unroll
+            for (int i = 0; i < CHUNK; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(w, __fmul_rn(x[i], f)));
+        } else {
+#pragma unroll
+            for (int i = 0; i < CHUNK; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(w, x[i]));
+        }
+    }
+    store_bf16x16(dst, acc);
+}
+
 /* One block per record (grid-strided): the record's top-k slots are read once into shared memory
- * as (weight, factor) of its local experts in ascending k, then each thread takes 16 elements per
- * pass: x' = (float)q * s or the widened bf16, acc = acc + w_k * expert_k(x') over those slots,
- * from 0.0f, rounded to bf16. No dependent global loads inside the element loop. */
+ * as (weight, factor) of its local experts in ascending k, then each thread takes two chunks of
+ * 16 elements at a time (expert_chunk). No dependent global loads inside the element loop. */
 __global__ void __launch_bounds__(EXPERT_MAX_THREADS) experts_kernel(experts_args a)
 {
-    __shared__ float s_w[EXPERT_MAX_K], s_f[EXPERT_MAX_K];
+    __shared__ float s_w[EXPERT_MAX_K], s_f[EXPERT_MAX_K], s_wt[EXPERT_MAX_K];
+    __shared__ int32_t s_id[EXPERT_MAX_K];
     __shared__ uint32_t s_n;
     for (uint32_t j = blockIdx.x; j < a.n_records; j += gridDim.x) {
         const uint8_t *rec = a.recv + (size_t)j * a.rec_size;
+        /* the K ids and weights loaded side by side, then compacted in ascending k by one thread */
+        for (uint32_t k = threadIdx.x; k < a.k_count; k += blockDim.x) {
+            s_id[k] = reinterpret_cast<const int32_t *>(rec + a.rec_ids)[k];
+            s_wt[k] = reinterpret_cast<const float *>(rec + a.rec_weights)[k];
+        }
+        __syncthreads();
         if (threadIdx.x == 0) {
-            const int32_t *ids = reinterpret_cast<const int32_t *>(rec + a.rec_ids);
-            const float *weights = reinterpret_cast<const float *>(rec + a.rec_weights);
             uint32_t n = 0;
             for (uint32_t k = 0; k < a.k_count; k++) {
-                int32_t e = ids[k];
+                int32_t e = s_id[k];
                 if (e == -1 || e < a.lo || e >= a.hi) continue;
-                s_w[n] = weights[k];
+                s_w[n] = s_wt[k];
                 s_f[n] = a.scale_experts ? __fadd_rn(1.0f, __fdiv_rn((float)e, (float)a.n_experts)) : 1.0f;
                 n++;
             }
@@ -497,43 +577,15 @@ __global__ void __launch_bounds__(EXPERT_MAX_THREADS) experts_kernel(experts_arg
         }
         __syncthreads();
         const uint32_t n_local = s_n;
-        for (uint32_t c = threadIdx.x; c < a.h16; c += blockDim.x) {
-            float x[CHUNK], acc[CHUNK];
-            if (a.fp8) {
-                uint4 q = *reinterpret_cast<const uint4 *>(rec + (size_t)c * CHUNK);
-                float s = *reinterpret_cast<const float *>(rec + a.rec_scales + (a.per_token ? 0u : 4u * (c >> 3)));
-                e4m3x4_to_f32(q.x, x);
-                e4m3x4_to_f32(q.y, x + 4);
-                e4m3x4_to_f32(q.z, x + 8);
-                e4m3x4_to_f32(q.w, x + 12);
-#pragma unroll
-                for (int i = 0; i < CHUNK; i++) x[i] = __fmul_rn(x[i], s);
-            } else {
-                const uint4 *src = reinterpret_cast<const uint4 *>(rec + (size_t)c * 2 * CHUNK);
-                uint4 lo = src[0], hi = src[1];
-                bf16x2_to_f32(lo.x, x);
-                bf16x2_to_f32(lo.y, x + 2);
-                bf16x2_to_f32(lo.z, x + 4);
-                bf16x2_to_f32(lo.w, x + 6);
-                bf16x2_to_f32(hi.x, x + 8);
-                bf16x2_to_f32(hi.y, x + 10);
-                bf16x2_to_f32(hi.z, x + 12);
-                bf16x2_to_f32(hi.w, x + 14);
-            }
-#pragma unroll
-            for (int i = 0; i < CHUNK; i++) acc[i] = 0.0f;
-            for (uint32_t k = 0; k < n_local; k++) {
-                const float w = s_w[k];
-                if (a.scale_experts) {
-                    const float f = s_f[k];
-#pragma unroll
-                    for (int i = 0; i < CHUNK; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(w, __fmul_rn(x[i], f)));
-                } else {
-#pragma unroll
-                    for (int i = 0; i < CHUNK; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(w, x[i]));
-                }
-            }
-            store_bf16x16(a.partials + (size_t)j * a.hidden + (size_t)c * CHUNK, acc);
+        /* two chunks at a time: both loads are in flight before either is decoded */
+        for (uint32_t c0 = threadIdx.x; c0 < a.h16; c0 += 2 * blockDim.x) {
+            const uint32_t c1 = c0 + blockDim.x;
+            const bool two = c1 < a.h16;
+            raw_chunk_t r0 = load_raw_chunk(a, rec, c0), r1 = r0;
+            if (two) r1 = load_raw_chunk(a, rec, c1);
+            expert_chunk(a, r0, s_w, s_f, n_local, a.partials + (size_t)j * a.hidden + (size_t)c0 * CHUNK);
+            if (two)
+                expert_chunk(a, r1, s_w, s_f, n_local, a.partials + (size_t)j * a.hidden + (size_t)c1 * CHUNK);
         }
         __syncthreads(); /* s_w, s_f and s_n are rewritten for the next record */
     }
