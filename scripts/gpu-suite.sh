@@ -58,7 +58,7 @@ for s in $stages; do
         tokens=${EPD_BENCH_TOKENS:-128,512,2048,4096,8192}
         stage bench-nccl mpirun -np 2 "${mpi_args[@]}" build/epd --bench --bench-tokens "$tokens" \
             --set device.backend=cuda --set dispatch.transport=nccl
-        stage bench-mpi-staged mpirun -np 2 "${mpi_args[@]}" -x EPD_TEST_STAGED_CHUNK build/epd --bench \
+        stage bench-mpi-staged mpirun -np 2 "${mpi_args[@]}" ${EPD_TEST_STAGED_CHUNK:+-x EPD_TEST_STAGED_CHUNK} build/epd --bench \
             --bench-tokens "$tokens" --set device.backend=cuda --set dispatch.transport=mpi
         if [[ -x build-cuda-mpi/epd ]]; then
             stage bench-mpi-direct $cuda_mpi/bin/mpirun -np 2 "${mpi_args[@]}" build-cuda-mpi/epd --bench \
