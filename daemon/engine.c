@@ -305,12 +305,14 @@ static void *worker_main(void *arg)
         bool wake = head != NULL && !engine->worker_exit;
         pthread_mutex_unlock(&engine->mu);
 
+        /* Wake before the eventfd: once done_cb has it, the loop may agree to stop, leave its
+         * loop and free what wake touches (the daemon frees the server before the engine). */
+        if (wake) engine->wake(engine->wake_arg);
         uint64_t one = 1;
         if (write(engine->done_fd, &one, sizeof one) != (ssize_t)sizeof one) {
             /* cannot happen with an eventfd below its maximum; the loop would stall, so say it */
             fprintf(stderr, "epd engine: eventfd write failed: %s\n", strerror(errno));
         }
-        if (wake) engine->wake(engine->wake_arg);
         pthread_mutex_lock(&engine->mu);
     }
     pthread_mutex_unlock(&engine->mu);

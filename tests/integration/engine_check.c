@@ -4,10 +4,12 @@
  * with the reference's bytes, submits after the agreement get shutting_down, both ranks stop
  * after the same number of steps. Run 2: an idle engine does not spin a core, then a transport
  * that fails: its requests and the queued ones are answered `internal` and the engine reports
- * the failure. */
+ * the failure. Throughout, the worker never calls wake once the engine has stopped (the daemon
+ * frees the server then). */
 #include <event2/event.h>
 #include <event2/thread.h>
 #include <mpi.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +28,8 @@
 #define MAX_REQS 16
 
 static int rank, world, failures;
+static pthread_t main_thread;
+static atomic_int late_wakes; /* worker wakes that came after the engine had stopped */
 
 #define CHECK(cond, ...)                                          \
     do {                                                          \
@@ -112,6 +116,14 @@ static expected_t *expect(run_t *run, epd_request_t *req)
 static void wake_fn(void *arg)
 {
     run_t *run = arg;
+
+    if (!pthread_equal(pthread_self(), main_thread)) {
+        /* The worker: stall here as a descheduled thread would. The daemon frees what wake
+         * touches once the engine has stopped, so no worker wake may come after the stop. */
+        struct timespec pause = {0, 50 * 1000000};
+        nanosleep(&pause, NULL);
+        if (epd_engine_stopped(run->engine)) atomic_fetch_add(&late_wakes, 1);
+    }
     event_active(run->wake_ev, EV_READ, 0);
 }
 
@@ -380,6 +392,7 @@ int main(int argc, char **argv)
     char err[EPD_ERR_LEN];
     uint64_t steps, steps_min, steps_max;
 
+    main_thread = pthread_self();
     MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
@@ -408,6 +421,9 @@ int main(int argc, char **argv)
     CHECK(steps_min == steps_max, "ranks ran different step counts (%llu..%llu)",
           (unsigned long long)steps_min, (unsigned long long)steps_max);
     run_failure(octx);
+    CHECK(atomic_load(&late_wakes) == 0,
+          "the worker called wake %d times after the engine had stopped (use after free in the "
+          "daemon)", atomic_load(&late_wakes));
 
     MPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     epd_transport_mpi.fini(tctx);
