@@ -554,6 +554,11 @@ epd_status_t epd_engine_submit(epd_engine_t *engine, epd_request_t *req)
     if (req->n_tokens > per_request || req->n_tokens > per_step) return EPD_ERR_TOO_MANY_TOKENS;
 
     pthread_mutex_lock(&engine->mu);
+    if (engine->failed) {
+        /* the worker already answered the queue and no step will run: it would never be answered */
+        pthread_mutex_unlock(&engine->mu);
+        return EPD_ERR_SHUTTING_DOWN;
+    }
     if (engine->queued_tokens + req->n_tokens > engine->cfg.dispatch.max_queued_tokens) {
         pthread_mutex_unlock(&engine->mu);
         return EPD_ERR_BUSY;

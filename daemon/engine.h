@@ -84,7 +84,8 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
                                char err[EPD_ERR_LEN]);
 
 /* Queues a request (loop thread). EPD_OK: the engine owns req. EPD_ERR_BUSY (queue holds
- * dispatch.max_queued_tokens), EPD_ERR_SHUTTING_DOWN: the caller keeps req and answers the error. */
+ * dispatch.max_queued_tokens), EPD_ERR_SHUTTING_DOWN (agreed shutdown, or a step failed): the
+ * caller keeps req and answers the error. */
 epd_status_t epd_engine_submit(epd_engine_t *engine, epd_request_t *req);
 
 /* Takes every finished result, oldest first (loop thread); the caller frees each with

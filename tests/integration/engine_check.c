@@ -3,8 +3,8 @@
  * (busy) and bad requests, shutdown asked on rank 1 only: every accepted request is answered
  * with the reference's bytes, submits after the agreement get shutting_down, both ranks stop
  * after the same number of steps. Run 2: an idle engine does not spin a core, then a transport
- * that fails: its requests and the queued ones are answered `internal` and the engine reports
- * the failure. Throughout, the worker never calls wake once the engine has stopped (the daemon
+ * that fails: its requests and the queued ones are answered `internal`, a submit after the
+ * failure is refused, and the engine reports the failure. Throughout, the worker never calls wake once the engine has stopped (the daemon
  * frees the server then). */
 #include <event2/event.h>
 #include <event2/thread.h>
@@ -97,7 +97,7 @@ typedef struct run {
     int n_exp;
     int n_answered, n_errors;
     uint64_t last_step;
-    bool saw_shutting_down, refused_after_agreement, timed_out;
+    bool saw_shutting_down, refused_after_agreement, timed_out, tried_after_failure;
     epd_status_t want_status; /* EPD_OK, or EPD_ERR_INTERNAL for the failing transport */
 } run_t;
 
@@ -171,6 +171,22 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
         CHECK(s == EPD_ERR_SHUTTING_DOWN, "submit after the agreed shutdown gave %s",
               epd_status_name(s));
         run->refused_after_agreement = s == EPD_ERR_SHUTTING_DOWN;
+        if (s != EPD_OK) {
+            free(late->storage);
+            free(late);
+        }
+    }
+    if (run->want_status == EPD_ERR_INTERNAL && !run->tried_after_failure &&
+        epd_engine_failed(run->engine, NULL)) {
+        /* the step failed (the loop may not have noticed yet): no step will run again, so a
+         * submit now must be refused, not queued and never answered */
+        uint64_t seed = 98;
+        epd_request_t *late = make_request(1001, 2, &seed);
+        bool stopped = epd_engine_stopped(run->engine);
+        epd_status_t s = epd_engine_submit(run->engine, late);
+        run->tried_after_failure = true;
+        CHECK(s == EPD_ERR_SHUTTING_DOWN, "submit after a failed step (engine %s) gave %s",
+              stopped ? "stopped" : "not stopped yet", epd_status_name(s));
         if (s != EPD_OK) {
             free(late->storage);
             free(late);
@@ -378,6 +394,7 @@ static void run_failure(epd_ops_ctx_t *octx)
     CHECK(epd_engine_stopped(run.engine), "the engine did not stop after the failed step");
     CHECK(epd_engine_failed(run.engine, err), "epd_engine_failed is false after a failed step");
     CHECK(strstr(err, "failing") != NULL, "failure message '%s' does not name the transport", err);
+    CHECK(run.tried_after_failure, "no submit was tried after the failed step");
     CHECK(run.n_answered == run.n_exp && run.n_errors == run.n_exp,
           "%d answered, %d errors, %d accepted", run.n_answered, run.n_errors, run.n_exp);
     printf("rank %d: run 2: failed step reported: %s\n", rank, err);
