@@ -9,8 +9,7 @@ test_step_SRCS := comm/transport_mpi.c comm/step.c comm/select.c gpu/ops_host.c 
 # MPI test programs run by tests/integration/step_np.sh and engine_np.sh under mpirun.
 STEP_CHECK_SRCS := tests/integration/step_check.c comm/transport_mpi.c comm/step.c \
                    gpu/ops_host.c gpu/quant_host.c common/status.c common/parse.c
-# (obj is defined after the module.mk files are read, so the object paths are spelled out here)
-$(BUILD)/tests/step_check: $(patsubst %.c,$(BUILD)/obj/%.o,$(STEP_CHECK_SRCS))
+$(BUILD)/tests/step_check: $(call obj,$(STEP_CHECK_SRCS))
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 BINS += $(BUILD)/tests/step_check

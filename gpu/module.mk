@@ -11,7 +11,6 @@ UNIT_TESTS += ops_host
 test_ops_host_SRCS := gpu/ops_host.c gpu/quant_host.c common/status.c common/parse.c
 
 # FP8 GPU test (exits 77 'SKIP: no GPU' without a device) and the kernel benchmark: CUDA builds only.
-# Explicit object paths: obj is defined after the module.mk includes.
 ifeq ($(CUDA),1)
 GPU_TESTS += test_quant
 BINS += $(BUILD)/tests/gpu/test_quant $(BUILD)/kbench

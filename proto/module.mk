@@ -5,34 +5,30 @@ PROTO_SRCS := proto/frame.c proto/tensor.c proto/submit.c
 LIBEPD_SRCS := $(PROTO_SRCS) proto/client.c common/status.c common/parse.c
 EPCTL_SRCS := proto/epctl.c
 
-# The Makefile defines `obj` after including the module.mk files, so prerequisites (expanded
-# while this file is read) use this local twin of it.
-proto_obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
-
 # libepd needs cJSON and pthreads only: never MPI, libevent or CUDA.
 LIBEPD_LIBS = $(shell pkg-config --libs libcjson 2>/dev/null) -lpthread -lm
 LIBEPD_SONAME := libepd.so.0
 
 BINS += $(BUILD)/libepd.a $(BUILD)/libepd.so $(BUILD)/epd.pc $(BUILD)/epctl
 
-$(BUILD)/libepd.a: $(call proto_obj,$(LIBEPD_SRCS))
+$(BUILD)/libepd.a: $(call obj,$(LIBEPD_SRCS))
 	@mkdir -p $(dir $@)
 	rm -f $@
 	ar rcs $@ $^
 
 # Only epd_client_* is exported (proto/libepd.map); everything else stays inside the library.
-$(BUILD)/libepd.so: $(call proto_obj,$(LIBEPD_SRCS)) proto/libepd.map
+$(BUILD)/libepd.so: $(call obj,$(LIBEPD_SRCS)) proto/libepd.map
 	@mkdir -p $(dir $@)
-	$(CC) -shared -o $@ $(call proto_obj,$(LIBEPD_SRCS)) -Wl,-soname,$(LIBEPD_SONAME) \
+	$(CC) -shared -o $@ $(call obj,$(LIBEPD_SRCS)) -Wl,-soname,$(LIBEPD_SONAME) \
 	    -Wl,--version-script=proto/libepd.map -Wl,--no-undefined $(LIBEPD_LIBS) $(LDFLAGS)
 
 $(BUILD)/epd.pc: proto/epd.pc.in
 	@mkdir -p $(dir $@)
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' $< > $@
 
-$(BUILD)/epctl: $(call proto_obj,$(EPCTL_SRCS)) $(BUILD)/libepd.a
+$(BUILD)/epctl: $(call obj,$(EPCTL_SRCS)) $(BUILD)/libepd.a
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) -o $@ $(call proto_obj,$(EPCTL_SRCS)) $(BUILD)/libepd.a $(LIBEPD_LIBS) $(LDFLAGS)
+	$(CC) $(BASE_CFLAGS) -o $@ $(call obj,$(EPCTL_SRCS)) $(BUILD)/libepd.a $(LIBEPD_LIBS) $(LDFLAGS)
 
 # The installed epd.pc is written with the PREFIX of `make install` (which may differ from the
 # build's).

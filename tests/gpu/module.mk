@@ -10,7 +10,6 @@ $(BUILD)/obj/tests/gpu/mpi_cuda_aware.o: tests/gpu/mpi_cuda_aware.c
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE_CFLAGS) -I$(CUDA_HOME)/include -MMD -MP -c $< -o $@
 
-# (the Makefile defines `obj` after including this file, so the object paths are spelled out)
 $(BUILD)/tests/gpu/mpi_cuda_aware: $(patsubst %.c,$(BUILD)/obj/%.o,$(MPI_CUDA_AWARE_SRCS))
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE_CFLAGS) -o $@ $^ $(MPI_LIBS) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lm
