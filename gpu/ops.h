@@ -68,13 +68,21 @@ typedef struct epd_ops {
     epd_status_t (*copy_to_host)(epd_ops_ctx_t *ctx, void *dst_host, const void *src, size_t bytes);
     epd_status_t (*sync)(epd_ops_ctx_t *ctx);
 
-    /* Layout: from topk_ids [N,K] (ops memory) fills layout->slot, the counts and offsets. A token
-     * goes once to each rank that owns one of its experts, in token order within a rank. */
+    /* Layout: from topk_ids [N,K] (ops memory) fills layout->slot, then the counts, offsets and
+     * n_send on the host. A token goes once to each rank that owns one of its experts, in token
+     * order within a rank. It may return before the host fields are filled (cuda queues its
+     * kernels and the read-back of the counts): ops queued after it (pack) see the slots, and
+     * layout_counts waits for the rest. So pack can run while the counts are exchanged. */
     epd_status_t (*layout)(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, const int32_t *topk_ids,
                            epd_step_layout_t *layout);
+    /* Completes the last layout: send_counts_host, send_offsets_host and n_send are valid when it
+     * returns EPD_OK. Ids outside [-1, E) give EPD_ERR_EXPERT_OUT_OF_RANGE here (or from layout);
+     * the slots are then all -1, so a pack queued in between wrote nothing. */
+    epd_status_t (*layout_counts)(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
+                                  epd_step_layout_t *layout);
 
     /* Pack (quantizing for FP8) x bf16 [N,H], ids, weights into records at send_buf, record index
-     * from layout->slot. One pass over x. */
+     * from layout->slot. One pass over x. Needs layout->n_tokens and slot, not the counts. */
     epd_status_t (*pack)(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, const uint16_t *x,
                          const int32_t *topk_ids, const float *topk_weights,
                          const epd_step_layout_t *layout, void *send_buf);

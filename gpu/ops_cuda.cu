@@ -15,23 +15,25 @@ extern "C" {
 }
 #include "gpu/fp8.h"
 
-#define LAYOUT_THREADS 1024
-#define LAYOUT_MAX_WORLD 1024 /* ranks the layout kernel's shared memory holds */
+#define LAYOUT_THREADS 256    /* tokens a layout block walks at a time */
+#define LAYOUT_MAX_TILES 64   /* layout blocks; a tile is a multiple of LAYOUT_THREADS tokens */
+#define LAYOUT_MAX_WORLD 1024 /* ranks the layout kernels' shared memory holds */
 #define FLAT_THREADS 256      /* block size of the element-wise kernels */
 #define CHUNK 16              /* elements per thread and vector step (32 bytes of bf16) */
 #define TOKEN_MAX_THREADS 512 /* threads of one token in the per-token pack (registers: 128) */
 #define PACK_MAX_THREADS 256  /* block of the row-per-block pack */
 #define PACK_MAX_DESTS 1024   /* destination ranks of one token the row pack holds */
-#define EXPERT_MAX_THREADS 256
-#define EXPERT_MAX_K 64       /* model.topk's largest value */
+#define EXPERT_TABLE 1024     /* local experts whose scale factors the experts kernel tabulates */
 
 struct epd_ops_ctx {
     int device;
     cudaStream_t stream; /* every op */
     cudaStream_t down;   /* copy_to_host_async */
     cudaStream_t up;     /* copy_to_ops_async, copy_ops_to_ops_async */
-    uint32_t *layout_dev;  /* [2W + 2]: counts, offsets, records, bad ids */
-    uint32_t *layout_host; /* pinned mirror */
+    uint32_t *layout_dev;  /* [2W + 2]: counts, offsets, records, tokens with bad ids */
+    uint32_t *layout_host; /* pinned mirror, read back after the layout kernels */
+    uint32_t *tile_counts; /* [LAYOUT_MAX_TILES][W] records per layout tile and rank */
+    cudaEvent_t layout_done; /* the read-back of the last layout landed in layout_host */
     char err[EPD_ERR_LEN];
 };
 
@@ -214,30 +216,26 @@ __device__ __forceinline__ uint64_t token_mask(const int32_t *ids, uint32_t k_co
     return mask;
 }
 
-/* One block. Pass 1 counts the records of each destination rank (and bad ids); the offsets are
- * their exclusive prefix sum. Pass 2 walks the tokens in tiles of one per thread and gives each
- * (token, rank) its index: the rank's offset + tokens before it in earlier tiles (carry) + in
- * earlier warps of the tile (warp prefix) + in earlier lanes (ballot). Token order within a rank,
- * as the host does. out: counts[W], offsets[W], total, bad. */
+/* The layout runs on up to LAYOUT_MAX_TILES blocks, each owning a tile of consecutive tokens
+ * (a multiple of LAYOUT_THREADS, walked one token per thread at a time).
+ * layout_count_kernel: each tile's records per destination rank into tile_counts[tile][W], and
+ * the tokens with a bad id into out[2W + 1] (zeroed before). */
 __global__ void __launch_bounds__(LAYOUT_THREADS)
-layout_kernel(const int32_t *topk_ids, uint32_t n, uint32_t k_count, uint32_t n_experts,
-              uint32_t world, int32_t *slot, uint32_t *out)
+layout_count_kernel(const int32_t *topk_ids, uint32_t n, uint32_t tile, uint32_t k_count,
+                    uint32_t n_experts, uint32_t world, uint32_t *tile_counts, uint32_t *out)
 {
     __shared__ uint32_t s_count[LAYOUT_MAX_WORLD];
-    __shared__ uint32_t s_carry[LAYOUT_MAX_WORLD];
-    __shared__ uint32_t s_warp[LAYOUT_THREADS / 32][64];
     __shared__ uint32_t s_bad;
-    const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const uint32_t n_warps = blockDim.x >> 5;
+    const uint32_t tid = threadIdx.x, lane = tid & 31;
     const uint32_t per_rank = n_experts / world;
+    const uint32_t begin = blockIdx.x * tile, end = min(n, begin + tile);
 
     for (uint32_t r = tid; r < world; r += blockDim.x) s_count[r] = 0;
     if (tid == 0) s_bad = 0;
     __syncthreads();
-
-    for (uint32_t base = 0; base < n; base += blockDim.x) {
+    for (uint32_t base = begin; base < end; base += blockDim.x) {
         uint32_t t = base + tid;
-        bool active = t < n, bad = false;
+        bool active = t < end, bad = false;
         for (uint32_t r0 = 0; r0 < world; r0 += 64) {
             uint64_t mask = active ? token_mask(topk_ids + (size_t)t * k_count, k_count, per_rank,
                                                 n_experts, r0, &bad)
@@ -251,28 +249,99 @@ layout_kernel(const int32_t *topk_ids, uint32_t n, uint32_t k_count, uint32_t n_
         if (bad) atomicAdd(&s_bad, 1u);
     }
     __syncthreads();
+    for (uint32_t r = tid; r < world; r += blockDim.x) tile_counts[(size_t)blockIdx.x * world + r] = s_count[r];
+    if (tid == 0 && s_bad != 0) atomicAdd(&out[2 * world + 1], s_bad);
+}
+
+/* v[0..n) (shared) replaced by its exclusive prefix sum; returns the total.
+ * Every thread of the block calls it. */
+__device__ uint32_t block_exclusive_scan(uint32_t *v, uint32_t n)
+{
+    __shared__ uint32_t s_warp_sum[LAYOUT_THREADS / 32];
+    __shared__ uint32_t s_total;
+    const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const uint32_t per = (n + blockDim.x - 1) / blockDim.x;
+    const uint32_t begin = min(n, tid * per), end = min(n, begin + per);
+    uint32_t sum = 0;
+
+    for (uint32_t i = begin; i < end; i++) sum += v[i];
+    uint32_t incl = sum;
+    for (uint32_t off = 1; off < 32; off <<= 1) {
+        uint32_t o = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += o;
+    }
+    if (lane == 31) s_warp_sum[warp] = incl;
+    __syncthreads();
     if (tid == 0) {
-        uint32_t total = 0;
-        for (uint32_t r = 0; r < world; r++) {
-            out[r] = s_count[r];
-            out[world + r] = total;
-            s_carry[r] = total;
-            total += s_count[r];
+        uint32_t run = 0;
+        for (uint32_t w = 0; w < (blockDim.x >> 5); w++) {
+            uint32_t c = s_warp_sum[w];
+            s_warp_sum[w] = run;
+            run += c;
         }
-        out[2 * world] = total;
-        out[2 * world + 1] = s_bad;
+        s_total = run;
     }
     __syncthreads();
-    if (s_bad != 0) return; /* the host reports expert_out_of_range; slots are not used */
+    uint32_t run = s_warp_sum[warp] + incl - sum;
+    for (uint32_t i = begin; i < end; i++) {
+        uint32_t c = v[i];
+        v[i] = run;
+        run += c;
+    }
+    uint32_t total = s_total;
+    __syncthreads();
+    return total;
+}
+
+/* layout_slot_kernel: each tile's first record index per rank is the rank's offset (exclusive
+ * prefix of the rank totals) + the rank's records in earlier tiles; then the tokens are walked
+ * one per thread and each (token, rank) gets that carry + tokens before it in earlier warps
+ * (warp prefix) + in earlier lanes (ballot). Token order within a rank, as the host does. Tile
+ * 0 writes out: counts[W], offsets[W], total (out[2W + 1] holds the bad tokens). With bad ids
+ * every slot is -1. */
+__global__ void __launch_bounds__(LAYOUT_THREADS)
+layout_slot_kernel(const int32_t *topk_ids, uint32_t n, uint32_t tile, uint32_t k_count,
+                   uint32_t n_experts, uint32_t world, const uint32_t *tile_counts, int32_t *slot,
+                   uint32_t *out)
+{
+    __shared__ uint32_t s_total[LAYOUT_MAX_WORLD];
+    __shared__ uint32_t s_carry[LAYOUT_MAX_WORLD];
+    __shared__ uint32_t s_warp[LAYOUT_THREADS / 32][64];
+    const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const uint32_t n_warps = blockDim.x >> 5;
+    const uint32_t per_rank = n_experts / world;
+    const uint32_t begin = blockIdx.x * tile, end = min(n, begin + tile);
+    const bool bad_ids = out[2 * world + 1] != 0;
+
+    for (uint32_t r = tid; r < world; r += blockDim.x) {
+        uint32_t before = 0, total = 0;
+        for (uint32_t b = 0; b < gridDim.x; b++) {
+            uint32_t c = tile_counts[(size_t)b * world + r];
+            if (b < blockIdx.x) before += c;
+            total += c;
+        }
+        s_total[r] = total;
+        s_carry[r] = before;
+        if (blockIdx.x == 0) out[r] = total;
+    }
+    __syncthreads();
+    uint32_t all = block_exclusive_scan(s_total, world);
+    for (uint32_t r = tid; r < world; r += blockDim.x) {
+        s_carry[r] += s_total[r];
+        if (blockIdx.x == 0) out[world + r] = s_total[r];
+    }
+    if (blockIdx.x == 0 && tid == 0) out[2 * world] = all;
+    __syncthreads();
 
     const uint32_t lanes_before = (1u << lane) - 1u;
-    for (uint32_t base = 0; base < n; base += blockDim.x) {
+    for (uint32_t base = begin; base < end; base += blockDim.x) {
         uint32_t t = base + tid;
-        bool active = t < n, bad = false;
+        bool active = t < end, bad = false;
         for (uint32_t r0 = 0; r0 < world; r0 += 64) {
-            uint64_t mask = active ? token_mask(topk_ids + (size_t)t * k_count, k_count, per_rank,
-                                                n_experts, r0, &bad)
-                                   : 0;
+            uint64_t mask = active && !bad_ids
+                                ? token_mask(topk_ids + (size_t)t * k_count, k_count, per_rank,
+                                             n_experts, r0, &bad)
+                                : 0;
             uint32_t nr = min(64u, world - r0);
             for (uint32_t j = 0; j < nr; j++) {
                 uint32_t b = __ballot_sync(0xffffffffu, (mask >> j) & 1u);
@@ -484,60 +553,56 @@ struct experts_args {
     uint32_t n_records, hidden, h16, k_count, n_experts;
     int32_t lo, hi; /* this rank's experts [lo, hi) */
     uint32_t rec_size, rec_scales, rec_ids, rec_weights;
-    int fp8, per_token, scale_experts;
+    int per_token, scale_experts;
 };
 
-/* One chunk of a record as loaded: 16 e4m3 codes and their scale, or 16 bf16 values. */
-typedef struct raw_chunk {
-    uint4 a, b;
-    float s;
-} raw_chunk_t;
-
-__device__ __forceinline__ raw_chunk_t load_raw_chunk(const experts_args &a, const uint8_t *rec, uint32_t c)
+/* The factor of expert e for the scale experts (DESIGN.md section 9), 1 for identity. */
+__device__ __forceinline__ float expert_factor(const experts_args &a, int32_t e)
 {
-    raw_chunk_t r;
-    if (a.fp8) {
-        r.a = *reinterpret_cast<const uint4 *>(rec + (size_t)c * CHUNK);
-        r.b = make_uint4(0, 0, 0, 0);
-        r.s = *reinterpret_cast<const float *>(rec + a.rec_scales + (a.per_token ? 0u : 4u * (c >> 3)));
-    } else {
-        const uint4 *src = reinterpret_cast<const uint4 *>(rec + (size_t)c * 2 * CHUNK);
-        r.a = src[0];
-        r.b = src[1];
-        r.s = 1.0f;
-    }
-    return r;
+    return a.scale_experts ? __fadd_rn(1.0f, __fdiv_rn((float)e, (float)a.n_experts)) : 1.0f;
 }
 
-/* x' = (float)q * s or the widened bf16, then acc = acc + w_k * expert_k(x') over the record's
- * local slots in ascending k, from 0.0f, rounded to bf16 into dst. */
-__device__ __forceinline__ void expert_chunk(const experts_args &a, const raw_chunk_t &r, const float *s_w,
-                                             const float *s_f, uint32_t n_local, uint16_t *dst)
+/* 16 elements of a record as fp32: e4m3 codes times their scale, or widened bf16. */
+template <bool FP8>
+__device__ __forceinline__ void widen16(uint4 a, uint4 b, float s, float *x)
 {
-    float x[CHUNK], acc[CHUNK];
-    if (a.fp8) {
-        e4m3x4_to_f32(r.a.x, x);
-        e4m3x4_to_f32(r.a.y, x + 4);
-        e4m3x4_to_f32(r.a.z, x + 8);
-        e4m3x4_to_f32(r.a.w, x + 12);
+    if (FP8) {
+        e4m3x4_to_f32(a.x, x);
+        e4m3x4_to_f32(a.y, x + 4);
+        e4m3x4_to_f32(a.z, x + 8);
+        e4m3x4_to_f32(a.w, x + 12);
 #pragma unroll
-        for (int i = 0; i < CHUNK; i++) x[i] = __fmul_rn(x[i], r.s);
+        for (int i = 0; i < CHUNK; i++) x[i] = __fmul_rn(x[i], s);
     } else {
-        bf16x2_to_f32(r.a.x, x);
-        bf16x2_to_f32(r.a.y, x + 2);
-        bf16x2_to_f32(r.a.z, x + 4);
-        bf16x2_to_f32(r.a.w, x + 6);
-        bf16x2_to_f32(r.b.x, x + 8);
-        bf16x2_to_f32(r.b.y, x + 10);
-        bf16x2_to_f32(r.b.z, x + 12);
-        bf16x2_to_f32(r.b.w, x + 14);
+        bf16x2_to_f32(a.x, x);
+        bf16x2_to_f32(a.y, x + 2);
+        bf16x2_to_f32(a.z, x + 4);
+        bf16x2_to_f32(a.w, x + 6);
+        bf16x2_to_f32(b.x, x + 8);
+        bf16x2_to_f32(b.y, x + 10);
+        bf16x2_to_f32(b.z, x + 12);
+        bf16x2_to_f32(b.w, x + 14);
     }
+}
+
+/* acc = acc + w_k * expert_k(x) over the record's top-k slots whose expert is local, in
+ * ascending k, from 0.0f, rounded to bf16 into dst. s_f holds the factors of the local experts
+ * when the table fits (table), else they are computed. The ids and weights are uniform loads
+ * (every thread of a record reads the same 2K words, served by L1). */
+__device__ __forceinline__ void expert16(const experts_args &a, const uint8_t *rec, const float *x,
+                                         const float *s_f, bool table, uint16_t *dst)
+{
+    const int32_t *ids = reinterpret_cast<const int32_t *>(rec + a.rec_ids);
+    const float *wts = reinterpret_cast<const float *>(rec + a.rec_weights);
+    float acc[CHUNK];
 #pragma unroll
     for (int i = 0; i < CHUNK; i++) acc[i] = 0.0f;
-    for (uint32_t k = 0; k < n_local; k++) {
-        const float w = s_w[k];
+    for (uint32_t k = 0; k < a.k_count; k++) {
+        const int32_t e = __ldg(ids + k);
+        if (e < a.lo || e >= a.hi) continue; /* -1 and remote experts */
+        const float w = __ldg(wts + k);
         if (a.scale_experts) {
-            const float f = s_f[k];
+            const float f = table ? s_f[e - a.lo] : expert_factor(a, e);
 #pragma unroll
             for (int i = 0; i < CHUNK; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(w, __fmul_rn(x[i], f)));
         } else {
@@ -548,46 +613,52 @@ __device__ __forceinline__ void expert_chunk(const experts_args &a, const raw_ch
     store_bf16x16(dst, acc);
 }
 
-/* One block per record (grid-strided): the record's top-k slots are read once into shared memory
- * as (weight, factor) of its local experts in ascending k, then each thread takes two chunks of
- * 16 elements at a time (expert_chunk). No dependent global loads inside the element loop. */
-__global__ void __launch_bounds__(EXPERT_MAX_THREADS) experts_kernel(experts_args a)
+/* Flat over (record, unit): a unit is UNITS chunks of 16 elements, chunks u and u + h16/UNITS
+ * of the record so that each load instruction of a warp is contiguous; all of a unit's loads are
+ * issued before any is used. No shared state per record and no barrier after the first: the
+ * factors of the local experts are tabulated once per block. */
+template <bool FP8>
+__global__ void __launch_bounds__(FLAT_THREADS) experts_kernel(experts_args a)
 {
-    __shared__ float s_w[EXPERT_MAX_K], s_f[EXPERT_MAX_K], s_wt[EXPERT_MAX_K];
-    __shared__ int32_t s_id[EXPERT_MAX_K];
-    __shared__ uint32_t s_n;
-    for (uint32_t j = blockIdx.x; j < a.n_records; j += gridDim.x) {
+    constexpr uint32_t UNITS = FP8 ? 2 : 1; /* 32 bytes of payload read per thread either way */
+    __shared__ float s_f[EXPERT_TABLE];
+    const uint32_t per_rank = (uint32_t)(a.hi - a.lo);
+    const bool table = a.scale_experts && per_rank <= EXPERT_TABLE;
+    if (table)
+        for (uint32_t i = threadIdx.x; i < per_rank; i += blockDim.x) s_f[i] = expert_factor(a, a.lo + (int32_t)i);
+    __syncthreads();
+
+    const uint32_t per_rec = a.h16 / UNITS; /* h16 is a multiple of 8 */
+    const uint64_t total = (uint64_t)a.n_records * per_rec;
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t idx = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+        uint32_t j, u;
+        split_flat(idx, per_rec, &j, &u);
         const uint8_t *rec = a.recv + (size_t)j * a.rec_size;
-        /* the K ids and weights loaded side by side, then compacted in ascending k by one thread */
-        for (uint32_t k = threadIdx.x; k < a.k_count; k += blockDim.x) {
-            s_id[k] = reinterpret_cast<const int32_t *>(rec + a.rec_ids)[k];
-            s_wt[k] = reinterpret_cast<const float *>(rec + a.rec_weights)[k];
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            uint32_t n = 0;
-            for (uint32_t k = 0; k < a.k_count; k++) {
-                int32_t e = s_id[k];
-                if (e == -1 || e < a.lo || e >= a.hi) continue;
-                s_w[n] = s_wt[k];
-                s_f[n] = a.scale_experts ? __fadd_rn(1.0f, __fdiv_rn((float)e, (float)a.n_experts)) : 1.0f;
-                n++;
+        uint4 ra[UNITS], rb[UNITS];
+        float sc[UNITS];
+#pragma unroll
+        for (uint32_t i = 0; i < UNITS; i++) {
+            const uint32_t c = u + i * per_rec;
+            if (FP8) {
+                ra[i] = __ldg(reinterpret_cast<const uint4 *>(rec + (size_t)c * CHUNK));
+                rb[i] = make_uint4(0, 0, 0, 0);
+                sc[i] = __ldg(reinterpret_cast<const float *>(rec + a.rec_scales +
+                                                              (a.per_token ? 0u : 4u * (c >> 3))));
+            } else {
+                const uint4 *src = reinterpret_cast<const uint4 *>(rec + (size_t)c * 2 * CHUNK);
+                ra[i] = __ldg(src);
+                rb[i] = __ldg(src + 1);
+                sc[i] = 1.0f;
             }
-            s_n = n;
         }
-        __syncthreads();
-        const uint32_t n_local = s_n;
-        /* two chunks at a time: both loads are in flight before either is decoded */
-        for (uint32_t c0 = threadIdx.x; c0 < a.h16; c0 += 2 * blockDim.x) {
-            const uint32_t c1 = c0 + blockDim.x;
-            const bool two = c1 < a.h16;
-            raw_chunk_t r0 = load_raw_chunk(a, rec, c0), r1 = r0;
-            if (two) r1 = load_raw_chunk(a, rec, c1);
-            expert_chunk(a, r0, s_w, s_f, n_local, a.partials + (size_t)j * a.hidden + (size_t)c0 * CHUNK);
-            if (two)
-                expert_chunk(a, r1, s_w, s_f, n_local, a.partials + (size_t)j * a.hidden + (size_t)c1 * CHUNK);
+#pragma unroll
+        for (uint32_t i = 0; i < UNITS; i++) {
+            const uint32_t c = u + i * per_rec;
+            float x[CHUNK];
+            widen16<FP8>(ra[i], rb[i], sc[i], x);
+            expert16(a, rec, x, s_f, table, a.partials + (size_t)j * a.hidden + (size_t)c * CHUNK);
         }
-        __syncthreads(); /* s_w, s_f and s_n are rewritten for the next record */
     }
 }
 
@@ -671,9 +742,22 @@ static epd_status_t cuda_init(int device_id, epd_ops_ctx_t **ctx_p, char err[EPD
         what = "cudaMallocHost";
         goto err_layout_dev;
     }
+    if ((rc = cudaMalloc(&ctx->tile_counts, (size_t)LAYOUT_MAX_TILES * LAYOUT_MAX_WORLD * sizeof(uint32_t))) !=
+        cudaSuccess) {
+        what = "cudaMalloc";
+        goto err_layout_host;
+    }
+    if ((rc = cudaEventCreateWithFlags(&ctx->layout_done, cudaEventDisableTiming)) != cudaSuccess) {
+        what = "cudaEventCreateWithFlags";
+        goto err_tile_counts;
+    }
     *ctx_p = ctx;
     return EPD_OK;
 
+err_tile_counts:
+    cudaFree(ctx->tile_counts);
+err_layout_host:
+    cudaFreeHost(ctx->layout_host);
 err_layout_dev:
     cudaFree(ctx->layout_dev);
 err_up:
@@ -695,6 +779,8 @@ static void cuda_fini(epd_ops_ctx_t *ctx)
         cudaStreamSynchronize(ctx->stream);
         cudaStreamSynchronize(ctx->down);
         cudaStreamSynchronize(ctx->up);
+        cudaEventDestroy(ctx->layout_done);
+        cudaFree(ctx->tile_counts);
         cudaFreeHost(ctx->layout_host);
         cudaFree(ctx->layout_dev);
         cudaStreamDestroy(ctx->up);
@@ -781,10 +867,49 @@ out:
     return status;
 }
 
-/* The layout kernel, then the counts copied back (the count exchange needs them on the host):
- * this op returns with the stream synchronized. */
+/* Queues the two layout kernels and the read-back of the counts (layout_done marks it) and
+ * returns: cuda_layout_counts waits for the counts, while pack, queued next, already runs. */
 static epd_status_t cuda_layout(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
                                 const int32_t *topk_ids, epd_step_layout_t *layout)
+{
+    epd_status_t status;
+    const char *problem = shape_problem(shape);
+    uint32_t world, n, tile, tiles;
+
+    CHECK_GOTO(enter(ctx), out);
+    if (problem != NULL) return bad_arg(ctx, problem);
+    if (layout == NULL || layout->send_counts_host == NULL || layout->send_offsets_host == NULL)
+        return bad_arg(ctx, "layout without its count arrays");
+    world = shape->world;
+    n = layout->n_tokens;
+    if (n > 0 && (topk_ids == NULL || layout->slot == NULL)) return bad_arg(ctx, "layout with a NULL buffer");
+    layout->n_send = 0;
+
+    CUDA_TRY(ctx, cudaMemsetAsync(ctx->layout_dev, 0, (2 * world + 2) * sizeof(uint32_t), ctx->stream),
+             "cudaMemsetAsync of the layout counts");
+    if (n > 0) {
+        /* LAYOUT_THREADS-token steps, spread over at most LAYOUT_MAX_TILES blocks */
+        uint32_t steps = (n + LAYOUT_THREADS - 1) / LAYOUT_THREADS;
+        tile = (steps + LAYOUT_MAX_TILES - 1) / LAYOUT_MAX_TILES * LAYOUT_THREADS;
+        tiles = (n + tile - 1) / tile;
+        layout_count_kernel<<<tiles, LAYOUT_THREADS, 0, ctx->stream>>>(
+            topk_ids, n, tile, shape->topk, shape->num_experts, world, ctx->tile_counts, ctx->layout_dev);
+        CUDA_TRY(ctx, cudaGetLastError(), "layout count kernel launch");
+        layout_slot_kernel<<<tiles, LAYOUT_THREADS, 0, ctx->stream>>>(
+            topk_ids, n, tile, shape->topk, shape->num_experts, world, ctx->tile_counts, layout->slot,
+            ctx->layout_dev);
+        CUDA_TRY(ctx, cudaGetLastError(), "layout slot kernel launch");
+    }
+    CUDA_TRY(ctx, cudaMemcpyAsync(ctx->layout_host, ctx->layout_dev, (2 * world + 2) * sizeof(uint32_t),
+                                  cudaMemcpyDeviceToHost, ctx->stream),
+             "cudaMemcpyAsync of the layout counts");
+    CUDA_TRY(ctx, cudaEventRecord(ctx->layout_done, ctx->stream), "cudaEventRecord after the layout");
+out:
+    return status;
+}
+
+static epd_status_t cuda_layout_counts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
+                                       epd_step_layout_t *layout)
 {
     epd_status_t status;
     const char *problem = shape_problem(shape);
@@ -793,24 +918,9 @@ static epd_status_t cuda_layout(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape
     CHECK_GOTO(enter(ctx), out);
     if (problem != NULL) return bad_arg(ctx, problem);
     if (layout == NULL || layout->send_counts_host == NULL || layout->send_offsets_host == NULL)
-        return bad_arg(ctx, "layout without its count arrays");
+        return bad_arg(ctx, "layout_counts without the count arrays");
     world = shape->world;
-    if (layout->n_tokens == 0) {
-        memset(layout->send_counts_host, 0, world * sizeof(uint32_t));
-        memset(layout->send_offsets_host, 0, world * sizeof(uint32_t));
-        layout->n_send = 0;
-        return EPD_OK;
-    }
-    if (topk_ids == NULL || layout->slot == NULL) return bad_arg(ctx, "layout with a NULL buffer");
-
-    layout_kernel<<<1, LAYOUT_THREADS, 0, ctx->stream>>>(topk_ids, layout->n_tokens, shape->topk,
-                                                         shape->num_experts, world, layout->slot,
-                                                         ctx->layout_dev);
-    CUDA_TRY(ctx, cudaGetLastError(), "layout kernel launch");
-    CUDA_TRY(ctx, cudaMemcpyAsync(ctx->layout_host, ctx->layout_dev, (2 * world + 2) * sizeof(uint32_t),
-                                  cudaMemcpyDeviceToHost, ctx->stream),
-             "cudaMemcpyAsync of the layout counts");
-    CUDA_TRY(ctx, cudaStreamSynchronize(ctx->stream), "layout");
+    CUDA_TRY(ctx, cudaEventSynchronize(ctx->layout_done), "layout");
     if (ctx->layout_host[2 * world + 1] != 0) {
         snprintf(ctx->err, EPD_ERR_LEN, "cuda ops: %u tokens have an expert id outside [-1, %u)",
                  ctx->layout_host[2 * world + 1], shape->num_experts);
@@ -835,7 +945,7 @@ static epd_status_t cuda_pack(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, 
     CHECK_GOTO(enter(ctx), out);
     if (problem != NULL) return bad_arg(ctx, problem);
     if (layout == NULL) return bad_arg(ctx, "pack without a layout");
-    if (layout->n_tokens == 0 || layout->n_send == 0) return EPD_OK;
+    if (layout->n_tokens == 0) return EPD_OK; /* n_send may not be known yet (cuda_layout) */
     if (x == NULL || topk_ids == NULL || topk_weights == NULL || layout->slot == NULL || send_buf == NULL)
         return bad_arg(ctx, "pack with a NULL buffer");
     if (!aligned16(x) || !aligned16(send_buf))
@@ -918,12 +1028,15 @@ static epd_status_t cuda_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
     a.rec_scales = (uint32_t)rec.scales;
     a.rec_ids = (uint32_t)rec.ids;
     a.rec_weights = (uint32_t)rec.weights;
-    a.fp8 = shape->dtype == EPD_WIRE_FP8;
     a.per_token = shape->scale == EPD_SCALE_PER_TOKEN;
     a.scale_experts = shape->expert_kind == EPD_EXPERTS_SCALE;
-    if (shape->topk > EXPERT_MAX_K) return bad_arg(ctx, "experts: top-k above 64");
-    experts_kernel<<<n_records < 0x7fffffffu ? n_records : 0x7fffffffu,
-                     row_threads(a.h16, EXPERT_MAX_THREADS), 0, ctx->stream>>>(a);
+    {
+        uint64_t units = (uint64_t)n_records * (shape->dtype == EPD_WIRE_FP8 ? a.h16 / 2 : a.h16);
+        if (shape->dtype == EPD_WIRE_FP8)
+            experts_kernel<true><<<flat_blocks(units), FLAT_THREADS, 0, ctx->stream>>>(a);
+        else
+            experts_kernel<false><<<flat_blocks(units), FLAT_THREADS, 0, ctx->stream>>>(a);
+    }
     CUDA_TRY(ctx, cudaGetLastError(), "experts kernel launch");
 out:
     return status;
@@ -1059,6 +1172,7 @@ extern "C" const epd_ops_t epd_ops_cuda = {
     /* copy_to_host */ cuda_copy_to_host,
     /* sync */ cuda_sync,
     /* layout */ cuda_layout,
+    /* layout_counts */ cuda_layout_counts,
     /* pack */ cuda_pack,
     /* experts */ cuda_experts,
     /* combine */ cuda_combine,

@@ -191,6 +191,14 @@ static epd_status_t host_layout(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape
     return EPD_OK;
 }
 
+/* The host layout is complete when host_layout returns. */
+static epd_status_t host_layout_counts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
+                                       epd_step_layout_t *layout)
+{
+    if (!shape_ok(shape) || layout == NULL) return BAD_ARGS(ctx, "layout_counts");
+    return EPD_OK;
+}
+
 static epd_status_t host_pack(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, const uint16_t *x,
                               const int32_t *topk_ids, const float *topk_weights,
                               const epd_step_layout_t *layout, void *send_buf)
@@ -436,6 +444,7 @@ const epd_ops_t epd_ops_host = {
     .copy_to_host = host_copy,
     .sync = host_sync,
     .layout = host_layout,
+    .layout_counts = host_layout_counts,
     .pack = host_pack,
     .experts = host_experts,
     .combine = host_combine,

@@ -140,6 +140,14 @@ typedef struct sim_rank {
 
 static epd_ops_ctx_t *hctx, *dctx;
 
+/* layout, then layout_counts: the first failure of the two */
+static epd_status_t layout_all(const epd_ops_t *ops, const epd_moe_shape_t *shape, const int32_t *ids,
+                               epd_step_layout_t *lay)
+{
+    epd_status_t st = ops->layout(dctx, shape, ids, lay);
+    return st != EPD_OK ? st : ops->layout_counts(dctx, shape, lay);
+}
+
 static void sim_free(sim_rank_t *r)
 {
     const epd_ops_t *h = &epd_ops_host, *d = &epd_ops_cuda;
@@ -241,7 +249,7 @@ static bool run_case(const epd_moe_shape_t *base, uint32_t n, uint64_t seed, sim
         s->lay_d.n_tokens = n;
         s->lay_d.send_counts_host = s->counts_d;
         s->lay_d.send_offsets_host = s->offs_d;
-        OPS_OK(d, dctx, d->layout(dctx, &shape[r], s->ids_d, &s->lay_d), "layout");
+        OPS_OK(d, dctx, layout_all(d, &shape[r], s->ids_d, &s->lay_d), "layout");
         if (s->lay_h.n_send != s->lay_d.n_send)
             return failf("rank %u: n_send cuda %u host %u", r, s->lay_d.n_send, s->lay_h.n_send);
         if (memcmp(s->counts_h, s->counts_d, world * 4) != 0 || memcmp(s->offs_h, s->offs_d, world * 4) != 0)
@@ -416,14 +424,23 @@ static bool bad_id_case(void)
     lay.send_offsets_host = offs;
     lay.slot = (int32_t *)d->alloc(dctx, 2 * 2 * 4);
     if (d->copy_to_ops(dctx, ids_d, ids, sizeof ids) != EPD_OK) return failf("copy");
-    epd_status_t st = d->layout(dctx, &shape, ids_d, &lay);
+    epd_status_t st = layout_all(d, &shape, ids_d, &lay);
     ok = st == EPD_ERR_EXPERT_OUT_OF_RANGE && strstr(d->last_error(dctx), "outside") != NULL;
     if (!ok) failf("layout with id %d: %s (%s)", EXPERTS, epd_status_name(st), d->last_error(dctx));
+    /* a pack queued behind a bad layout must write nothing: every slot is -1 */
+    int32_t slots[4] = {0, 0, 0, 0};
+    if (ok && (d->copy_to_host(dctx, slots, lay.slot, sizeof slots) != EPD_OK ||
+               slots[0] != -1 || slots[1] != -1 || slots[2] != -1 || slots[3] != -1))
+        ok = failf("slots after a bad id: %d %d %d %d, want all -1", slots[0], slots[1], slots[2], slots[3]);
     /* the context stays usable */
     ids[TOPK + 3] = -2;
     if (ok && (d->copy_to_ops(dctx, ids_d, ids, sizeof ids) != EPD_OK ||
-               d->layout(dctx, &shape, ids_d, &lay) != EPD_ERR_EXPERT_OUT_OF_RANGE))
+               layout_all(d, &shape, ids_d, &lay) != EPD_ERR_EXPERT_OUT_OF_RANGE))
         ok = failf("id -2 accepted or context broken");
+    ids[TOPK + 3] = 5;
+    if (ok && (d->copy_to_ops(dctx, ids_d, ids, sizeof ids) != EPD_OK ||
+               layout_all(d, &shape, ids_d, &lay) != EPD_OK || lay.n_send != 2))
+        ok = failf("a good layout after bad ones: n_send %u, want 2", lay.n_send);
     d->free(dctx, ids_d);
     d->free(dctx, lay.slot);
     return ok;
