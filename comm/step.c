@@ -27,6 +27,8 @@ struct epd_step {
     uint64_t *send_displs;
     uint64_t *recv_counts;
     uint64_t *recv_displs;
+    uint64_t *xsend_counts;   /* [W] what the transport moves: the counts without this rank's */
+    uint64_t *xrecv_counts;
 
     void *send_buf;
     void *recv_buf;
@@ -86,7 +88,7 @@ size_t epd_step_memory_bytes(const epd_moe_shape_t *shape, uint32_t max_tokens)
     buffer_sizes(shape, max_tokens, &send_cap, &recv_cap, sizes);
     for (int i = 0; i < N_BUFS; i++) total = add_sat(total, sizes[i]);
     /* host arrays: counts and displacements per peer */
-    return add_sat(total, mul_sat(shape->world, 2 * sizeof(uint32_t) + 5 * sizeof(uint64_t)));
+    return add_sat(total, mul_sat(shape->world, 2 * sizeof(uint32_t) + 7 * sizeof(uint64_t)));
 }
 
 void epd_step_destroy(epd_step_t *step)
@@ -104,6 +106,8 @@ void epd_step_destroy(epd_step_t *step)
     free(step->send_displs);
     free(step->recv_counts);
     free(step->recv_displs);
+    free(step->xsend_counts);
+    free(step->xrecv_counts);
     free(step);
 }
 
@@ -164,6 +168,9 @@ epd_status_t epd_step_create(const epd_moe_shape_t *shape, uint32_t max_tokens,
     step->send_displs = calloc(shape->world, sizeof(uint64_t));
     step->recv_counts = calloc(shape->world, sizeof(uint64_t));
     step->recv_displs = calloc(shape->world, sizeof(uint64_t));
+    step->xsend_counts = calloc(shape->world, sizeof(uint64_t));
+    step->xrecv_counts = calloc(shape->world, sizeof(uint64_t));
+    if (step->xsend_counts == NULL || step->xrecv_counts == NULL) goto no_memory_host;
     if (step->layout.send_counts_host == NULL || step->layout.send_offsets_host == NULL ||
         step->recv_counts32 == NULL || step->send_counts == NULL || step->send_displs == NULL ||
         step->recv_counts == NULL || step->recv_displs == NULL)
@@ -219,6 +226,17 @@ void epd_step_last_exchange(const epd_step_t *step, epd_step_exchange_t *exchang
     exchange_p->partial_bytes = (size_t)step->shape.hidden * 2;
     exchange_p->send_capacity = step->send_capacity;
     exchange_p->recv_capacity = step->recv_capacity;
+}
+
+/* The experts op on records [first, first + count) of records (a record buffer), into the same
+ * rows of out (partials, 2H bytes a row). */
+static epd_status_t run_experts(epd_step_t *step, void *records, uint64_t first, uint64_t count,
+                                uint16_t *out)
+{
+    if (count == 0) return EPD_OK;
+    return step->ops->experts(step->ops_ctx, &step->shape,
+                              (uint8_t *)records + first * step->record.size, (uint32_t)count,
+                              out + first * step->shape.hidden);
 }
 
 /* Names a failed op for err, with the ops' own sentence when they keep one. */
@@ -310,24 +328,39 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
         return EPD_ERR_INTERNAL;
     }
 
-    /* 3. dispatch */
-    status = step->transport->alltoallv(step->transport_ctx, step->send_buf, step->send_counts,
-                                        step->send_displs, step->recv_buf, step->recv_counts,
+    /* 3. dispatch: only the records for other ranks travel; this rank's own stay in send_buf
+     * (their block of recv_buf is left unused) */
+    memcpy(step->xsend_counts, step->send_counts, world * sizeof *step->xsend_counts);
+    memcpy(step->xrecv_counts, step->recv_counts, world * sizeof *step->xrecv_counts);
+    step->xsend_counts[me] = 0;
+    step->xrecv_counts[me] = 0;
+    status = step->transport->alltoallv(step->transport_ctx, step->send_buf, step->xsend_counts,
+                                        step->send_displs, step->recv_buf, step->xrecv_counts,
                                         step->recv_displs, step->record.size);
     if (status != EPD_OK) return transport_failed(step, status, "dispatch", err);
 
-    /* 4. experts */
+    /* 4. experts on the records from other ranks: the blocks before and after this rank's own */
     t[3] = now_ns();
-    status = ops->experts(octx, shape, step->recv_buf, (uint32_t)n_recv, step->partials);
+    {
+        uint64_t own_first = step->recv_displs[me], after = own_first + step->recv_counts[me];
+        status = run_experts(step, step->recv_buf, 0, own_first, step->partials);
+        if (status == EPD_OK)
+            status = run_experts(step, step->recv_buf, after, n_recv - after, step->partials);
+    }
     if (status != EPD_OK) return op_failed(step, status, "experts", err);
     status = ops->sync(octx);
     if (status != EPD_OK) return op_failed(step, status, "sync after experts", err);
 
-    /* 5. partials back, along the reverse of the dispatch */
+    /* 5. the partials go back to their ranks along the reverse of the dispatch while the experts
+     * run on this rank's own records, from send_buf straight into their rows of partials_back
+     * (queued on the ops stream; the transports do not wait for it) */
     t[4] = now_ns();
-    status = step->transport->alltoallv(step->transport_ctx, step->partials, step->recv_counts,
-                                        step->recv_displs, step->partials_back, step->send_counts,
-                                        step->send_displs, row_bytes);
+    status = run_experts(step, step->send_buf, step->send_displs[me], step->send_counts[me],
+                         step->partials_back);
+    if (status != EPD_OK) return op_failed(step, status, "experts", err);
+    status = step->transport->alltoallv(step->transport_ctx, step->partials, step->xrecv_counts,
+                                        step->recv_displs, step->partials_back,
+                                        step->xsend_counts, step->send_displs, row_bytes);
     if (status != EPD_OK) return transport_failed(step, status, "combine", err);
 
     /* 6. combine into y */

@@ -1,7 +1,9 @@
-/* The collective step (DESIGN.md section 2, steps 3-7): layout -> pack -> MPI_Alltoall of record
- * counts -> transport alltoallv of records -> experts -> reverse alltoallv of BF16 partials ->
- * combine. It owns the step buffers (ops memory, sized for max_tokens at creation) and times each
- * phase; the engine and the benchmark both drive it. All ranks of comm run each step together. */
+/* The collective step (DESIGN.md section 2, steps 3-7): layout -> pack, with the MPI_Alltoall of
+ * record counts while the pack runs -> transport alltoallv of the records for other ranks ->
+ * experts on them -> reverse alltoallv of their BF16 partials, while the experts run on this
+ * rank's own records (which never pass through the transport) -> combine. It owns the step
+ * buffers (ops memory, sized for max_tokens at creation) and times each phase; the engine and the
+ * benchmark both drive it. All ranks of comm run each step together. */
 #ifndef EPD_COMM_STEP_H
 #define EPD_COMM_STEP_H
 
@@ -17,7 +19,10 @@
 #define EPD_STEP_N_PHASES 6
 
 typedef struct epd_step_timing {
-    uint64_t phase_ns[EPD_STEP_N_PHASES]; /* pack, counts, dispatch, experts, combine, reduce */
+    /* pack, counts, dispatch, experts, combine, reduce. The count exchange overlaps the pack
+     * (pack is the rest of their time); experts are those on other ranks' records, and combine
+     * includes the experts on this rank's own records, which run beside it. */
+    uint64_t phase_ns[EPD_STEP_N_PHASES];
     uint64_t total_ns;
     uint32_t n_tokens;
     uint32_t records_sent;          /* dispatch records this rank sent, itself included */

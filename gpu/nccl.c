@@ -1,5 +1,5 @@
 /* NCCL glue (gpu/nccl.h): communicator bootstrap over MPI, the grouped send/recv alltoallv on
- * the ops stream, teardown. The only file of epd that includes nccl.h. */
+ * a stream of its own, teardown. The only file of epd that includes nccl.h. */
 #include "gpu/nccl.h"
 
 #include <cuda_runtime_api.h>
@@ -11,6 +11,9 @@
 
 struct epd_nccl {
     ncclComm_t comm;
+    /* The transfers run on their own stream, of the highest priority, on the ops stream's
+     * device: kernels the caller queued on the ops stream (the step's experts on its own records)
+     * run beside them instead of delaying them. Callers make the send buffer complete first. */
     cudaStream_t stream;
     int device;
     int rank;
@@ -55,12 +58,16 @@ epd_status_t epd_nccl_create(MPI_Comm comm, void *stream, epd_nccl_t **nccl_p,
         snprintf(err, EPD_ERR_LEN, "out of memory for the NCCL context");
         return EPD_ERR_NO_MEMORY;
     }
-    nccl->stream = (cudaStream_t)stream;
     CHECK_GOTO(mpi_status(MPI_Comm_rank(comm, &nccl->rank), "MPI_Comm_rank", err), err_free);
     CHECK_GOTO(mpi_status(MPI_Comm_size(comm, &nccl->world), "MPI_Comm_size", err), err_free);
-    CHECK_GOTO(cuda_status(cudaStreamGetDevice(nccl->stream, &nccl->device),
+    CHECK_GOTO(cuda_status(cudaStreamGetDevice((cudaStream_t)stream, &nccl->device),
                            "cudaStreamGetDevice of the ops stream", err), err_free);
     CHECK_GOTO(cuda_status(cudaSetDevice(nccl->device), "cudaSetDevice", err), err_free);
+    int least = 0, greatest = 0;
+    CHECK_GOTO(cuda_status(cudaDeviceGetStreamPriorityRange(&least, &greatest),
+                           "cudaDeviceGetStreamPriorityRange", err), err_free);
+    CHECK_GOTO(cuda_status(cudaStreamCreateWithPriority(&nccl->stream, cudaStreamNonBlocking, greatest),
+                           "cudaStreamCreateWithPriority", err), err_free);
 
     /* Every rank reaches the MPI_Bcast even when rank 0's ncclGetUniqueId failed, so nobody
      * hangs: rank 0 then sends a zeroed id and a flag. */
@@ -88,6 +95,7 @@ epd_status_t epd_nccl_create(MPI_Comm comm, void *stream, epd_nccl_t **nccl_p,
     return EPD_OK;
 
 err_free:
+    if (nccl->stream != NULL) cudaStreamDestroy(nccl->stream);
     free(nccl);
     return status;
 }
@@ -169,12 +177,15 @@ out:
 void epd_nccl_destroy(epd_nccl_t *nccl)
 {
     if (nccl == NULL) return;
-    if (cudaSetDevice(nccl->device) == cudaSuccess && nccl->comm != NULL) {
-        if (ncclCommFinalize(nccl->comm) == ncclSuccess) {
-            ncclCommDestroy(nccl->comm);
-        } else {
-            ncclCommAbort(nccl->comm);
+    if (cudaSetDevice(nccl->device) == cudaSuccess) {
+        if (nccl->comm != NULL) {
+            if (ncclCommFinalize(nccl->comm) == ncclSuccess) {
+                ncclCommDestroy(nccl->comm);
+            } else {
+                ncclCommAbort(nccl->comm);
+            }
         }
+        if (nccl->stream != NULL) cudaStreamDestroy(nccl->stream);
     }
     free(nccl);
 }

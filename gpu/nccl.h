@@ -1,5 +1,5 @@
 /* Plain-C glue around NCCL for comm/transport_nccl.c (DESIGN.md section 7): a communicator
- * bootstrapped over MPI and the grouped ncclSend/ncclRecv alltoallv on the ops stream. Built only
+ * bootstrapped over MPI and the grouped ncclSend/ncclRecv alltoallv on a stream of its own. Built only
  * with NCCL=1 (EPD_HAVE_NCCL); nothing outside gpu/ sees an NCCL or CUDA header. */
 #ifndef EPD_GPU_NCCL_H
 #define EPD_GPU_NCCL_H
@@ -14,7 +14,8 @@ typedef struct epd_nccl epd_nccl_t;
 
 /* Creates an NCCL communicator over the ranks of comm (collective over comm): rank 0 makes the
  * ncclUniqueId, MPI_Bcast shares it, every rank joins on the device of `stream` (a cudaStream_t
- * as void *, the ops stream) and will enqueue there. Free with epd_nccl_destroy. */
+ * as void *, the ops stream) and enqueues on a high-priority stream of its own there, so the
+ * ops stream's kernels may run beside the transfers. Free with epd_nccl_destroy. */
 epd_status_t epd_nccl_create(MPI_Comm comm, void *stream, epd_nccl_t **nccl_p,
                              char err[EPD_ERR_LEN]);
 

@@ -2,6 +2,7 @@
  * streams for the staged transport, and the step kernels (routing layout, pack fused with FP8
  * quantization, experts, combine). Every result equals gpu/ops_host.c byte for byte: the same
  * fp32 operations in the same order (__fmul_rn/__fadd_rn, --fmad=false), gpu/fp8.h's rules. */
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -23,7 +24,8 @@ extern "C" {
 #define TOKEN_MAX_THREADS 512 /* threads of one token in the per-token pack (registers: 128) */
 #define PACK_MAX_THREADS 256  /* block of the row-per-block pack */
 #define PACK_MAX_DESTS 1024   /* destination ranks of one token the row pack holds */
-#define EXPERT_TABLE 1024     /* local experts whose scale factors the experts kernel tabulates */
+#define EXPERT_TABLE 1024     /* local experts whose factors the experts kernel tabulates */
+#define EXPERT_MAX_K 64       /* top-k slots the experts kernel's mask holds */
 
 struct epd_ops_ctx {
     int device;
@@ -585,42 +587,40 @@ __device__ __forceinline__ void widen16(uint4 a, uint4 b, float s, float *x)
     }
 }
 
-/* acc = acc + w_k * expert_k(x) over the record's top-k slots whose expert is local, in
- * ascending k, from 0.0f, rounded to bf16 into dst. s_f holds the factors of the local experts
- * when the table fits (table), else they are computed. The ids and weights are uniform loads
- * (every thread of a record reads the same 2K words, served by L1). */
-__device__ __forceinline__ void expert16(const experts_args &a, const uint8_t *rec, const float *x,
-                                         const float *s_f, bool table, uint16_t *dst)
+/* 16 fp32 values to bf16 as store_bf16x16 does, with the hardware conversion (round to nearest
+ * even; one instruction per pair) when all are finite. Their sum is finite only then; otherwise
+ * (NaN, Inf, or a sum that overflows) the bit rule of gpu/fp8.h runs, so NaN bits never depend
+ * on the hardware. */
+__device__ __forceinline__ void store_bf16x16_fast(uint16_t *dst, const float *v)
 {
-    const int32_t *ids = reinterpret_cast<const int32_t *>(rec + a.rec_ids);
-    const float *wts = reinterpret_cast<const float *>(rec + a.rec_weights);
-    float acc[CHUNK];
+    float sum = 0.0f;
 #pragma unroll
-    for (int i = 0; i < CHUNK; i++) acc[i] = 0.0f;
-    for (uint32_t k = 0; k < a.k_count; k++) {
-        const int32_t e = __ldg(ids + k);
-        if (e < a.lo || e >= a.hi) continue; /* -1 and remote experts */
-        const float w = __ldg(wts + k);
-        if (a.scale_experts) {
-            const float f = table ? s_f[e - a.lo] : expert_factor(a, e);
-#pragma unroll
-            for (int i = 0; i < CHUNK; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(w, __fmul_rn(x[i], f)));
-        } else {
-#pragma unroll
-            for (int i = 0; i < CHUNK; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(w, x[i]));
-        }
+    for (int i = 0; i < CHUNK; i++) sum = __fadd_rn(sum, v[i]);
+    if (!isfinite(sum)) {
+        store_bf16x16(dst, v);
+        return;
     }
-    store_bf16x16(dst, acc);
+    uint32_t w[CHUNK / 2];
+#pragma unroll
+    for (int p = 0; p < CHUNK / 2; p++) {
+        __nv_bfloat162 h = __float22bfloat162_rn(make_float2(v[2 * p], v[2 * p + 1]));
+        w[p] = *reinterpret_cast<uint32_t *>(&h);
+    }
+    reinterpret_cast<uint4 *>(dst)[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    reinterpret_cast<uint4 *>(dst)[1] = make_uint4(w[4], w[5], w[6], w[7]);
 }
 
 /* Flat over (record, unit): a unit is UNITS chunks of 16 elements, chunks u and u + h16/UNITS
  * of the record so that each load instruction of a warp is contiguous; all of a unit's loads are
- * issued before any is used. No shared state per record and no barrier after the first: the
- * factors of the local experts are tabulated once per block. */
+ * issued before any is used. The kernel is bound by instructions, not memory: the record's local
+ * top-k slots become a bit mask once per unit, and each chunk then runs only its local slots,
+ * acc = acc + w_k * expert_k(x) in ascending k from 0.0f, rounded to bf16. The ids and weights
+ * are uniform loads (the threads of a record read the same 2K words, served by L1); the factors
+ * of the local experts are tabulated once per block (table) when they fit. */
 template <bool FP8>
 __global__ void __launch_bounds__(FLAT_THREADS) experts_kernel(experts_args a)
 {
-    constexpr uint32_t UNITS = FP8 ? 2 : 1; /* 32 bytes of payload read per thread either way */
+    constexpr uint32_t UNITS = 2;
     __shared__ float s_f[EXPERT_TABLE];
     const uint32_t per_rank = (uint32_t)(a.hi - a.lo);
     const bool table = a.scale_experts && per_rank <= EXPERT_TABLE;
@@ -635,6 +635,8 @@ __global__ void __launch_bounds__(FLAT_THREADS) experts_kernel(experts_args a)
         uint32_t j, u;
         split_flat(idx, per_rec, &j, &u);
         const uint8_t *rec = a.recv + (size_t)j * a.rec_size;
+        const int32_t *ids = reinterpret_cast<const int32_t *>(rec + a.rec_ids);
+        const float *wts = reinterpret_cast<const float *>(rec + a.rec_weights);
         uint4 ra[UNITS], rb[UNITS];
         float sc[UNITS];
 #pragma unroll
@@ -652,12 +654,31 @@ __global__ void __launch_bounds__(FLAT_THREADS) experts_kernel(experts_args a)
                 sc[i] = 1.0f;
             }
         }
+        uint64_t local = 0; /* bit k: slot k's expert is on this rank (-1 is not) */
+        for (uint32_t k = 0; k < a.k_count; k++) {
+            const int32_t e = __ldg(ids + k);
+            if (e >= a.lo && e < a.hi) local |= 1ull << k;
+        }
 #pragma unroll
         for (uint32_t i = 0; i < UNITS; i++) {
-            const uint32_t c = u + i * per_rec;
-            float x[CHUNK];
+            float x[CHUNK], acc[CHUNK];
             widen16<FP8>(ra[i], rb[i], sc[i], x);
-            expert16(a, rec, x, s_f, table, a.partials + (size_t)j * a.hidden + (size_t)c * CHUNK);
+#pragma unroll
+            for (int v = 0; v < CHUNK; v++) acc[v] = 0.0f;
+            for (uint64_t m = local; m != 0; m &= m - 1) {
+                const uint32_t k = (uint32_t)__ffsll((long long)m) - 1;
+                const float w = __ldg(wts + k);
+                if (a.scale_experts) {
+                    const int32_t e = __ldg(ids + k);
+                    const float f = table ? s_f[e - a.lo] : expert_factor(a, e);
+#pragma unroll
+                    for (int v = 0; v < CHUNK; v++) acc[v] = __fadd_rn(acc[v], __fmul_rn(w, __fmul_rn(x[v], f)));
+                } else {
+#pragma unroll
+                    for (int v = 0; v < CHUNK; v++) acc[v] = __fadd_rn(acc[v], __fmul_rn(w, x[v]));
+                }
+            }
+            store_bf16x16_fast(a.partials + (size_t)j * a.hidden + (size_t)(u + i * per_rec) * CHUNK, acc);
         }
     }
 }
@@ -1030,8 +1051,9 @@ static epd_status_t cuda_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
     a.rec_weights = (uint32_t)rec.weights;
     a.per_token = shape->scale == EPD_SCALE_PER_TOKEN;
     a.scale_experts = shape->expert_kind == EPD_EXPERTS_SCALE;
+    if (shape->topk > EXPERT_MAX_K) return bad_arg(ctx, "experts: top-k above 64");
     {
-        uint64_t units = (uint64_t)n_records * (shape->dtype == EPD_WIRE_FP8 ? a.h16 / 2 : a.h16);
+        uint64_t units = (uint64_t)n_records * (a.h16 / 2);
         if (shape->dtype == EPD_WIRE_FP8)
             experts_kernel<true><<<flat_blocks(units), FLAT_THREADS, 0, ctx->stream>>>(a);
         else
