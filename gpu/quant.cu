@@ -4,7 +4,6 @@
  * memory-bound, so 16-byte loads and stores, rows held in registers, no shared-memory staging.
  * Tile and block sizes come from epd_quant_launch_t, never from constants in the kernels. */
 #include <cuda_bf16.h>
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <math.h>
@@ -212,13 +211,18 @@ __global__ void scale_max_kernel(const float *__restrict__ scales, const int32_t
     }
 }
 
-/* Every block builds, in shared memory, the exclusive prefix of live tiles (rows_per_tile rows of
- * one expert) per expert: tile_start[n_experts + 1], then live[n_experts] rows. One warp works;
- * every thread of the block calls it. */
-__device__ __forceinline__ void tile_prefix(const int32_t *__restrict__ counts, uint32_t n_experts,
-                                            uint32_t capacity, uint32_t rows_per_tile,
-                                            uint32_t *tile_start, uint32_t *live)
+/* Work proportional to live rows: every block builds, in shared memory, the exclusive prefix of
+ * live tiles (rows_per_tile rows of one expert) per expert, then walks tiles blockIdx.x,
+ * blockIdx.x + gridDim.x, ... Dead rows cost nothing. S = static_s (> 0) or *s_dev. */
+template <int VPT>
+__global__ void requant_kernel(const uint8_t *q, const float *__restrict__ scales,
+                               const int32_t *__restrict__ counts, uint32_t n_experts,
+                               uint32_t capacity, uint32_t hidden, uint32_t ns, int per_token,
+                               uint32_t rows_per_tile, float static_s, const float *s_dev,
+                               float *s_out, uint8_t *q_out)
 {
+    extern __shared__ uint32_t tile_start[]; /* [n_experts + 1] tiles, then [n_experts] live rows */
+    uint32_t *live = tile_start + n_experts + 1;
     if (threadIdx.x < 32) {
         const uint32_t lane = threadIdx.x, chunk = (n_experts + 31) / 32;
         const uint32_t begin = min(lane * chunk, n_experts), end = min(begin + chunk, n_experts);
@@ -241,40 +245,19 @@ __device__ __forceinline__ void tile_prefix(const int32_t *__restrict__ counts, 
         if (lane == 31) tile_start[n_experts] = incl;
     }
     __syncthreads();
-}
-
-/* The expert of tile t: the largest e with tile_start[e] <= t. */
-__device__ __forceinline__ uint32_t tile_expert(const uint32_t *tile_start, uint32_t n_experts, uint32_t t)
-{
-    uint32_t lo = 0, hi = n_experts - 1;
-    while (lo < hi) {
-        uint32_t mid = (lo + hi + 1) / 2;
-        if (tile_start[mid] <= t) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
-
-/* Work proportional to live rows: every block builds, in shared memory, the exclusive prefix of
- * live tiles (rows_per_tile rows of one expert) per expert, then walks tiles blockIdx.x,
- * blockIdx.x + gridDim.x, ... Dead rows cost nothing. S = static_s (> 0) or *s_dev. */
-template <int VPT>
-__global__ void requant_kernel(const uint8_t *q, const float *__restrict__ scales,
-                               const int32_t *__restrict__ counts, uint32_t n_experts,
-                               uint32_t capacity, uint32_t hidden, uint32_t ns, int per_token,
-                               uint32_t rows_per_tile, float static_s, const float *s_dev,
-                               float *s_out, uint8_t *q_out)
-{
-    extern __shared__ uint32_t tile_start[]; /* [n_experts + 1] tiles, then [n_experts] live rows */
-    uint32_t *live = tile_start + n_experts + 1;
-    tile_prefix(counts, n_experts, capacity, rows_per_tile, tile_start, live);
     const uint32_t total = tile_start[n_experts];
     const float big_s = static_s > 0.0f ? static_s : (total > 0 ? *s_dev : 0.0f);
     if (static_s > 0.0f && s_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *s_out = static_s;
     const float inv = __fdiv_rn(1.0f, big_s);
     const uint32_t nvr = hidden / 16;
     for (uint32_t t = blockIdx.x; t < total; t += gridDim.x) {
-        const uint32_t e = tile_expert(tile_start, n_experts, t), row0 = (t - tile_start[e]) * rows_per_tile;
+        uint32_t lo = 0, hi = n_experts - 1; /* largest e with tile_start[e] <= t */
+        while (lo < hi) {
+            uint32_t mid = (lo + hi + 1) / 2;
+            if (tile_start[mid] <= t) lo = mid;
+            else hi = mid - 1;
+        }
+        const uint32_t e = lo, row0 = (t - tile_start[e]) * rows_per_tile;
         const uint32_t n_rows = min(rows_per_tile, live[e] - row0);
         const uint64_t base_row = (uint64_t)e * capacity + row0;
         const uint32_t n_vec = n_rows * nvr;
@@ -300,81 +283,6 @@ __global__ void requant_kernel(const uint8_t *q, const float *__restrict__ scale
                     *reinterpret_cast<uint4 *>(q_out + off[j]) =
                         epd_dev_requant16(in[j], sc[j], inv);
                 }
-            }
-        }
-    }
-}
-
-/* The requant kernel for the launches epd_quant_launch_pick makes: a tile is R rows and the
- * block's threads cover a row in C columns of 16-byte vectors each (column c = threadIdx.x +
- * j * blockDim.x), so a thread's R x C vectors are one pass with no index division, all loaded
- * before any is stored. With STEP the step scale is computed here too: each block takes the max
- * of the scales of the tiles it will requantize, one atomicMax per block into *s_out (zeroed
- * before), a grid barrier (cooperative launch: every block resident), then *s_out is S. */
-template <int C, int R, bool STEP>
-__global__ void __launch_bounds__(512)
-requant_rows_kernel(const uint8_t *q, const float *__restrict__ scales,
-                    const int32_t *__restrict__ counts, uint32_t n_experts, uint32_t capacity,
-                    uint32_t hidden, uint32_t ns, int per_token, float static_s, float *s_out,
-                    uint8_t *q_out)
-{
-    extern __shared__ uint32_t tile_start[];
-    __shared__ float red[16];
-    uint32_t *live = tile_start + n_experts + 1;
-    tile_prefix(counts, n_experts, capacity, R, tile_start, live);
-    const uint32_t total = tile_start[n_experts];
-    const uint32_t nvr = hidden / 16;
-    float big_s;
-    if (STEP) {
-        float m = 0.0f;
-        for (uint32_t t = blockIdx.x; t < total; t += gridDim.x) {
-            const uint32_t e = tile_expert(tile_start, n_experts, t), row0 = (t - tile_start[e]) * R;
-            const uint32_t n = min((uint32_t)R, live[e] - row0) * (per_token ? 1u : ns);
-            const float *sc = scales + ((uint64_t)e * capacity + row0) * (per_token ? 1u : ns);
-            for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, __ldg(sc + i));
-        }
-        for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-        if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = m;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            for (uint32_t k = 1; k < blockDim.x / 32; k++) m = fmaxf(m, red[k]);
-            if (m > 0.0f) atomicMax(reinterpret_cast<unsigned int *>(s_out), __float_as_uint(m));
-        }
-        cooperative_groups::this_grid().sync();
-        big_s = __ldcg(s_out);
-    } else {
-        big_s = static_s;
-        if (s_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *s_out = static_s;
-    }
-    const float inv = __fdiv_rn(1.0f, big_s);
-    for (uint32_t t = blockIdx.x; t < total; t += gridDim.x) {
-        const uint32_t e = tile_expert(tile_start, n_experts, t), row0 = (t - tile_start[e]) * R;
-        const uint32_t n_rows = min((uint32_t)R, live[e] - row0);
-        const uint64_t base_row = (uint64_t)e * capacity + row0;
-        const uint8_t *src = q + base_row * hidden;
-        uint8_t *dst = q_out + base_row * hidden;
-        uint4 in[R][C];
-        float sc[R][C];
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-#pragma unroll
-            for (int j = 0; j < C; j++) {
-                const uint32_t c = threadIdx.x + (uint32_t)j * blockDim.x;
-                if ((uint32_t)r < n_rows && c < nvr) {
-                    in[r][j] = *reinterpret_cast<const uint4 *>(src + (size_t)r * hidden + (size_t)c * 16);
-                    sc[r][j] = per_token ? __ldg(scales + base_row + r)
-                                         : __ldg(scales + (base_row + r) * ns + (c >> 3));
-                }
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-#pragma unroll
-            for (int j = 0; j < C; j++) {
-                const uint32_t c = threadIdx.x + (uint32_t)j * blockDim.x;
-                if ((uint32_t)r < n_rows && c < nvr)
-                    *reinterpret_cast<uint4 *>(dst + (size_t)r * hidden + (size_t)c * 16) =
-                        epd_dev_requant16(in[r][j], sc[r][j], inv);
             }
         }
     }
@@ -598,28 +506,6 @@ out:
     return status;
 }
 
-/* Columns per thread (1, 2 or 4) when launch l fits requant_rows_kernel: vec 4 = columns x
- * rows, at most 512 threads; 0 when only the general kernel takes it. */
-static uint32_t requant_rows_launch(const epd_quant_launch_t &l, uint32_t hidden)
-{
-    const uint32_t nvr = hidden / 16, cols = (nvr + l.threads - 1) / l.threads;
-    if (l.vec != 4 || l.threads > 512 || l.threads == 0) return 0;
-    if ((cols == 1 && l.rows == 4) || (cols == 2 && l.rows == 2) || (cols == 4 && l.rows == 1))
-        return cols;
-    return 0;
-}
-
-static const void *requant_rows_pick(uint32_t cols, bool step)
-{
-    if (step)
-        return cols == 1   ? (const void *)requant_rows_kernel<1, 4, true>
-               : cols == 2 ? (const void *)requant_rows_kernel<2, 2, true>
-                           : (const void *)requant_rows_kernel<4, 1, true>;
-    return cols == 1   ? (const void *)requant_rows_kernel<1, 4, false>
-           : cols == 2 ? (const void *)requant_rows_kernel<2, 2, false>
-                       : (const void *)requant_rows_kernel<4, 1, false>;
-}
-
 extern "C" epd_status_t epd_requant_cuda(const uint8_t *q, const float *scales,
                                          const int32_t *counts, uint32_t n_experts,
                                          uint32_t capacity, uint32_t hidden, epd_scale_kind_t kind,
@@ -643,35 +529,6 @@ extern "C" epd_status_t epd_requant_cuda(const uint8_t *q, const float *scales,
     CHECK_GOTO(pick_launch(EPD_QK_REQUANT, hidden, capacity, launch, &l, err), out);
     if ((uint64_t)l.rows * (hidden / 16) > 0x7fffffffull)
         return bad_arg(err, "requantize: rows per tile x hidden too large for one tile");
-    if (requant_rows_launch(l, hidden) != 0) {
-        const uint32_t cols = requant_rows_launch(l, hidden);
-        const bool step = static_scale == 0.0f;
-        const void *kernel = requant_rows_pick(cols, step);
-        const size_t smem = (2 * (size_t)n_experts + 1) * sizeof(uint32_t);
-        uint32_t ns = epd_quant_n_scales(hidden, kind);
-        int per_token = kind == EPD_SCALE_PER_TOKEN;
-        uint32_t resident;
-        CHECK_GOTO(device_blocks(kernel, l.threads, smem, &resident, err), out);
-        const uint64_t max_tiles = (uint64_t)n_experts * ((capacity + l.rows - 1) / l.rows);
-        const uint32_t blocks =
-            (uint32_t)(max_tiles < resident ? (max_tiles ? max_tiles : 1) : resident);
-        void *args[] = {(void *)&q,        (void *)&scales,   (void *)&counts,    (void *)&n_experts,
-                        (void *)&capacity, (void *)&hidden,   (void *)&ns,        (void *)&per_token,
-                        (void *)&static_scale, (void *)&scale_dev, (void *)&q_out};
-        cudaError_t rc;
-        if (step) {
-            rc = cudaMemsetAsync(scale_dev, 0, sizeof(float), st);
-            if (rc == cudaSuccess)
-                rc = cudaLaunchCooperativeKernel(kernel, dim3(blocks), dim3(l.threads), args, smem, st);
-        } else {
-            rc = cudaLaunchKernel(kernel, dim3(blocks), dim3(l.threads), args, smem, st);
-        }
-        if (rc != cudaSuccess) {
-            snprintf(err, EPD_ERR_LEN, "requantize: kernel launch failed: %s", cudaGetErrorString(rc));
-            return EPD_ERR_CUDA;
-        }
-        return launch_result("requantize", err);
-    }
     if (static_scale == 0.0f)
         CHECK_GOTO(epd_requant_step_scale_cuda(scales, counts, n_experts, capacity, hidden, kind,
                                                scale_dev, NULL, stream, err), out);
