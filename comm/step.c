@@ -1,6 +1,7 @@
 /* The collective step: owns the step buffers and runs the phases of DESIGN.md section 2 through
  * the ops table (so it works the same on host and device memory) and the transport, timing each
  * phase. Only the count exchange calls MPI directly. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -239,6 +240,12 @@ static epd_status_t run_experts(epd_step_t *step, void *records, uint64_t first,
                               out + first * step->shape.hidden);
 }
 
+/* Ops that queue work on a device stream return before it runs; host ops have none. */
+static bool ops_async(const epd_step_t *step)
+{
+    return step->ops->stream != NULL && step->ops->stream(step->ops_ctx) != NULL;
+}
+
 /* Names a failed op for err, with the ops' own sentence when they keep one. */
 static epd_status_t op_failed(const epd_step_t *step, epd_status_t status, const char *what,
                               char err[EPD_ERR_LEN])
@@ -346,6 +353,10 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
         status = run_experts(step, step->recv_buf, 0, own_first, step->partials);
         if (status == EPD_OK)
             status = run_experts(step, step->recv_buf, after, n_recv - after, step->partials);
+        /* ops without a stream (host) run synchronously: nothing would overlap the combine */
+        if (status == EPD_OK && !ops_async(step))
+            status = run_experts(step, step->send_buf, step->send_displs[me],
+                                 step->send_counts[me], step->partials_back);
     }
     if (status != EPD_OK) return op_failed(step, status, "experts", err);
     status = ops->sync(octx);
@@ -353,11 +364,13 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
 
     /* 5. the partials go back to their ranks along the reverse of the dispatch while the experts
      * run on this rank's own records, from send_buf straight into their rows of partials_back
-     * (queued on the ops stream; the transports do not wait for it) */
+     * (queued on the ops stream; the transports do not wait for it). Host ops did them above. */
     t[4] = now_ns();
-    status = run_experts(step, step->send_buf, step->send_displs[me], step->send_counts[me],
-                         step->partials_back);
-    if (status != EPD_OK) return op_failed(step, status, "experts", err);
+    if (ops_async(step)) {
+        status = run_experts(step, step->send_buf, step->send_displs[me], step->send_counts[me],
+                             step->partials_back);
+        if (status != EPD_OK) return op_failed(step, status, "experts", err);
+    }
     status = step->transport->alltoallv(step->transport_ctx, step->partials, step->xrecv_counts,
                                         step->recv_displs, step->partials_back,
                                         step->xsend_counts, step->send_displs, row_bytes);

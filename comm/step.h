@@ -20,8 +20,9 @@
 
 typedef struct epd_step_timing {
     /* pack, counts, dispatch, experts, combine, reduce. The count exchange overlaps the pack
-     * (pack is the rest of their time); experts are those on other ranks' records, and combine
-     * includes the experts on this rank's own records, which run beside it. */
+     * (pack is the rest of their time). With device ops, experts are those on other ranks'
+     * records and combine includes the experts on this rank's own records, which run beside it;
+     * host ops run all experts in the experts phase. */
     uint64_t phase_ns[EPD_STEP_N_PHASES];
     uint64_t total_ns;
     uint32_t n_tokens;
