@@ -43,6 +43,9 @@ struct epd_engine {
     const epd_transport_t *transport;
     epd_transport_ctx_t *transport_ctx;
     epd_step_t *step;
+    /* Pinned host staging for one step (ops->alloc_host): the requests' x, ids and weights are
+     * gathered here and go to the device in one copy each; y comes back into the x part. */
+    uint8_t *stage;
 
     struct event_base *base;
     struct event *timer;
@@ -172,32 +175,37 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
         tail = res;
     }
 
+    /* gathered in pinned memory, then one copy per tensor for the whole step */
+    uint16_t *x_stage = (uint16_t *)engine->stage;
+    int32_t *ids_stage = (int32_t *)(x_stage + (size_t)engine->cfg.dispatch.max_tokens_per_step * hidden);
+    float *w_stage = (float *)(ids_stage + (size_t)engine->cfg.dispatch.max_tokens_per_step * topk);
     for (epd_request_t *req = reqs; req != NULL; req = req->next) {
-        CHECK_GOTO(ops->copy_to_ops(engine->ops_ctx, io->x + at * hidden, req->x,
-                                    (size_t)req->n_tokens * hidden * 2),
-                   out_copy);
-        CHECK_GOTO(ops->copy_to_ops(engine->ops_ctx, io->topk_ids + at * topk, req->topk_ids,
-                                    (size_t)req->n_tokens * topk * sizeof(int32_t)),
-                   out_copy);
-        CHECK_GOTO(ops->copy_to_ops(engine->ops_ctx, io->topk_weights + at * topk,
-                                    req->topk_weights,
-                                    (size_t)req->n_tokens * topk * sizeof(float)),
-                   out_copy);
+        memcpy(x_stage + at * hidden, req->x, (size_t)req->n_tokens * hidden * 2);
+        memcpy(ids_stage + at * topk, req->topk_ids, (size_t)req->n_tokens * topk * sizeof(int32_t));
+        memcpy(w_stage + at * topk, req->topk_weights, (size_t)req->n_tokens * topk * sizeof(float));
         at += req->n_tokens;
+    }
+    if (n > 0) {
+        CHECK_GOTO(ops->copy_to_ops(engine->ops_ctx, io->x, x_stage, (size_t)n * hidden * 2), out_copy);
+        CHECK_GOTO(ops->copy_to_ops(engine->ops_ctx, io->topk_ids, ids_stage,
+                                    (size_t)n * topk * sizeof(int32_t)),
+                   out_copy);
+        CHECK_GOTO(ops->copy_to_ops(engine->ops_ctx, io->topk_weights, w_stage,
+                                    (size_t)n * topk * sizeof(float)),
+                   out_copy);
     }
     CHECK_GOTO(
         epd_step_run(engine->step, n, io->x, io->topk_ids, io->topk_weights, io->y, timing_p, err),
         out_results);
 
+    /* y back in one copy (complete when copy_to_host returns), then split per request */
+    if (n > 0) CHECK_GOTO(ops->copy_to_host(engine->ops_ctx, x_stage, io->y, (size_t)n * hidden * 2), out_copy);
     at = 0;
     epd_result_t *res = head;
     for (epd_request_t *req = reqs; req != NULL; req = req->next, res = res->next) {
-        CHECK_GOTO(ops->copy_to_host(engine->ops_ctx, res->y, io->y + at * hidden,
-                                     (size_t)req->n_tokens * hidden * 2),
-                   out_copy);
+        memcpy(res->y, x_stage + at * hidden, (size_t)req->n_tokens * hidden * 2);
         at += req->n_tokens;
     }
-    CHECK_GOTO(ops->sync(engine->ops_ctx), out_copy);
 
     uint64_t now = now_ns();
     res = head;
@@ -510,6 +518,20 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
     CHECK_GOTO(epd_step_create(&engine->shape, cfg->dispatch.max_tokens_per_step, ops, ops_ctx,
                                transport, transport_ctx, engine->comm, &engine->step, err),
                out_free);
+    {
+        size_t per_token = (size_t)engine->shape.hidden * 2 +
+                           (size_t)engine->shape.topk * (sizeof(int32_t) + sizeof(float));
+        size_t bytes = (size_t)cfg->dispatch.max_tokens_per_step * per_token;
+        engine->stage = ops->alloc_host(ops_ctx, bytes);
+        if (engine->stage == NULL) {
+            snprintf(err, EPD_ERR_LEN,
+                     "engine: cannot allocate %zu bytes of pinned host memory to stage %u tokens "
+                     "(lower dispatch.max_tokens_per_step)",
+                     bytes, cfg->dispatch.max_tokens_per_step);
+            status = EPD_ERR_NO_MEMORY;
+            goto out_free;
+        }
+    }
     engine->done_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (engine->done_fd < 0) {
         snprintf(err, EPD_ERR_LEN, "engine: eventfd: %s", strerror(errno));
@@ -650,6 +672,7 @@ void epd_engine_destroy(epd_engine_t *engine)
         engine->results_head = next;
     }
     epd_step_destroy(engine->step);
+    if (engine->stage != NULL) engine->ops->free_host(engine->ops_ctx, engine->stage);
     if (engine->done_fd >= 0) close(engine->done_fd);
     if (engine->comm != MPI_COMM_NULL) MPI_Comm_free(&engine->comm);
     pthread_cond_destroy(&engine->cv);
