@@ -405,6 +405,50 @@ out:
     return ok;
 }
 
+/* The layout alone on many tokens, so its blocks walk several 256-token steps with a carry
+ * (n > 64 x 256), and on more than 64 ranks (two mask words): slots, counts and offsets equal the
+ * host's. */
+static bool layout_large_case(uint32_t n, uint32_t world)
+{
+    const epd_ops_t *d = &epd_ops_cuda, *h = &epd_ops_host;
+    epd_moe_shape_t shape = { 128, TOPK, EXPERTS, world, 0, EPD_WIRE_FP8, EPD_SCALE_GROUP128,
+                              EPD_SCALE_FMT_FP32, EPD_EXPERTS_IDENTITY };
+    size_t kb = (size_t)n * TOPK * sizeof(int32_t), sb = (size_t)n * world * sizeof(int32_t);
+    int32_t *ids = (int32_t *)malloc(kb), *slot_h = (int32_t *)malloc(sb);
+    uint32_t *counts_h = (uint32_t *)calloc(world, 4), *offs_h = (uint32_t *)calloc(world, 4);
+    uint32_t *counts_d = (uint32_t *)calloc(world, 4), *offs_d = (uint32_t *)calloc(world, 4);
+    int32_t *ids_d = (int32_t *)d->alloc(dctx, kb), *slot_d = (int32_t *)d->alloc(dctx, sb);
+    bool ok = ids && slot_h && counts_h && offs_h && counts_d && offs_d && ids_d && slot_d;
+    if (!ok) failf("out of memory");
+    uint64_t s = 0x5eed0000u + n + world;
+    for (uint32_t t = 0; ok && t < n; t++)
+        for (uint32_t k = 0; k < TOPK; k++) {
+            uint64_t r = rng_next(&s);
+            /* skewed towards low experts so some ranks get many more records than others */
+            ids[(size_t)t * TOPK + k] = r % 9 == 0 ? -1 : (int32_t)((r >> 8) % ((r >> 40) % 3 ? EXPERTS : 16));
+        }
+    epd_step_layout_t lh = {n, counts_h, offs_h, 0, slot_h}, ld = {n, counts_d, offs_d, 0, slot_d};
+    if (ok && h->layout(hctx, &shape, ids, &lh) != EPD_OK) ok = failf("host layout failed");
+    if (ok && d->copy_to_ops(dctx, ids_d, ids, kb) != EPD_OK) ok = failf("copy of the ids");
+    if (ok) {
+        epd_status_t st = layout_all(d, &shape, ids_d, &ld);
+        if (st != EPD_OK) ok = failf("cuda layout: %s %s", epd_status_name(st), d->last_error(dctx));
+    }
+    if (ok && ld.n_send != lh.n_send) ok = failf("n_send cuda %u host %u", ld.n_send, lh.n_send);
+    if (ok && (memcmp(counts_h, counts_d, world * 4) != 0 || memcmp(offs_h, offs_d, world * 4) != 0))
+        ok = failf("send counts or offsets differ");
+    if (ok) ok = same_bytes(slot_d, slot_h, sb, "slot");
+    free(ids);
+    free(slot_h);
+    free(counts_h);
+    free(offs_h);
+    free(counts_d);
+    free(offs_d);
+    d->free(dctx, ids_d);
+    d->free(dctx, slot_d);
+    return ok;
+}
+
 static bool bad_id_case(void)
 {
     const epd_ops_t *d = &epd_ops_cuda;
@@ -477,6 +521,10 @@ int main(void)
     memset(sim, 0, sizeof sim);
     report(hooks_case(), "hooks: events and async copies round-trip 3 MiB");
     report(bad_id_case(), "layout: expert id out of range -> expert_out_of_range");
+    report(layout_large_case(16385, 2), "layout: N=16385 W=2 (512-token tiles)");
+    report(layout_large_case(40000, 8), "layout: N=40000 W=8 (768-token tiles)");
+    report(layout_large_case(20000, 128), "layout: N=20000 W=128 (two 64-rank mask words)");
+    report(layout_large_case(100, 256), "layout: N=100 W=256");
 
     uint64_t seed = 1;
     for (size_t hi = 0; hi < sizeof hiddens / sizeof hiddens[0]; hi++)
