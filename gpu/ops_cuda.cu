@@ -180,6 +180,19 @@ __device__ __forceinline__ void bf16x2_to_f32(uint32_t w, float *out)
     out[1] = __uint_as_float(w & 0xffff0000u);
 }
 
+/* 16 bf16 in two 16-byte vectors (lo first) to fp32, exactly. */
+__device__ __forceinline__ void bf16x16_to_f32(uint4 lo, uint4 hi, float *out)
+{
+    bf16x2_to_f32(lo.x, out);
+    bf16x2_to_f32(lo.y, out + 2);
+    bf16x2_to_f32(lo.z, out + 4);
+    bf16x2_to_f32(lo.w, out + 6);
+    bf16x2_to_f32(hi.x, out + 8);
+    bf16x2_to_f32(hi.y, out + 10);
+    bf16x2_to_f32(hi.z, out + 12);
+    bf16x2_to_f32(hi.w, out + 14);
+}
+
 __device__ __forceinline__ uint32_t f32x2_to_bf16(float a, float b)
 {
     return (uint32_t)epd_f32_to_bf16(a) | ((uint32_t)epd_f32_to_bf16(b) << 16);
@@ -576,14 +589,7 @@ __device__ __forceinline__ void widen16(uint4 a, uint4 b, float s, float *x)
 #pragma unroll
         for (int i = 0; i < CHUNK; i++) x[i] = __fmul_rn(x[i], s);
     } else {
-        bf16x2_to_f32(a.x, x);
-        bf16x2_to_f32(a.y, x + 2);
-        bf16x2_to_f32(a.z, x + 4);
-        bf16x2_to_f32(a.w, x + 6);
-        bf16x2_to_f32(b.x, x + 8);
-        bf16x2_to_f32(b.y, x + 10);
-        bf16x2_to_f32(b.z, x + 12);
-        bf16x2_to_f32(b.w, x + 14);
+        bf16x16_to_f32(a, b, x);
     }
 }
 
@@ -705,14 +711,7 @@ combine_kernel(const int32_t *slot, const uint16_t *partials, uint16_t *y, uint3
             const uint4 *src = reinterpret_cast<const uint4 *>(partials + (size_t)s * hidden + (size_t)c * CHUNK);
             uint4 lo = src[0], hi = src[1];
             float p[CHUNK];
-            bf16x2_to_f32(lo.x, p);
-            bf16x2_to_f32(lo.y, p + 2);
-            bf16x2_to_f32(lo.z, p + 4);
-            bf16x2_to_f32(lo.w, p + 6);
-            bf16x2_to_f32(hi.x, p + 8);
-            bf16x2_to_f32(hi.y, p + 10);
-            bf16x2_to_f32(hi.z, p + 12);
-            bf16x2_to_f32(hi.w, p + 14);
+            bf16x16_to_f32(lo, hi, p);
 #pragma unroll
             for (int i = 0; i < CHUNK; i++) acc[i] = __fadd_rn(acc[i], p[i]);
         }
