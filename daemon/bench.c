@@ -439,7 +439,8 @@ static void print_compare(const bench_ctx_t *b, uint32_t tokens, const bench_res
     double rt8 = fp8->median_us[V_RAW_DISPATCH], rt16 = bf16->median_us[V_RAW_DISPATCH];
     double dtime_ratio = dt16 > 0 ? dt8 / dt16 : NAN, raw_ratio = rt16 > 0 ? rt8 / rt16 : NAN;
     /* the whole step against the raw dispatch + combine of the same bytes */
-    double raw8 = rt8 + fp8->median_us[V_RAW_COMBINE], raw16 = rt16 + bf16->median_us[V_RAW_COMBINE];
+    double raw8 = rt8 + fp8->median_us[V_RAW_COMBINE];
+    double raw16 = rt16 + bf16->median_us[V_RAW_COMBINE];
     double step8 = raw8 > 0 ? fp8->median_us[V_STEP] / raw8 : NAN;
     double step16 = raw16 > 0 ? bf16->median_us[V_STEP] / raw16 : NAN;
 

@@ -176,17 +176,20 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
     }
 
     /* gathered in pinned memory, then one copy per tensor for the whole step */
+    size_t max_tokens = engine->cfg.dispatch.max_tokens_per_step;
     uint16_t *x_stage = (uint16_t *)engine->stage;
-    int32_t *ids_stage = (int32_t *)(x_stage + (size_t)engine->cfg.dispatch.max_tokens_per_step * hidden);
-    float *w_stage = (float *)(ids_stage + (size_t)engine->cfg.dispatch.max_tokens_per_step * topk);
+    int32_t *ids_stage = (int32_t *)(x_stage + max_tokens * hidden);
+    float *w_stage = (float *)(ids_stage + max_tokens * topk);
     for (epd_request_t *req = reqs; req != NULL; req = req->next) {
-        memcpy(x_stage + at * hidden, req->x, (size_t)req->n_tokens * hidden * 2);
-        memcpy(ids_stage + at * topk, req->topk_ids, (size_t)req->n_tokens * topk * sizeof(int32_t));
-        memcpy(w_stage + at * topk, req->topk_weights, (size_t)req->n_tokens * topk * sizeof(float));
-        at += req->n_tokens;
+        size_t rows = req->n_tokens;
+        memcpy(x_stage + at * hidden, req->x, rows * hidden * 2);
+        memcpy(ids_stage + at * topk, req->topk_ids, rows * topk * sizeof(int32_t));
+        memcpy(w_stage + at * topk, req->topk_weights, rows * topk * sizeof(float));
+        at += rows;
     }
     if (n > 0) {
-        CHECK_GOTO(ops->copy_to_ops(engine->ops_ctx, io->x, x_stage, (size_t)n * hidden * 2), out_copy);
+        CHECK_GOTO(ops->copy_to_ops(engine->ops_ctx, io->x, x_stage, (size_t)n * hidden * 2),
+                   out_copy);
         CHECK_GOTO(ops->copy_to_ops(engine->ops_ctx, io->topk_ids, ids_stage,
                                     (size_t)n * topk * sizeof(int32_t)),
                    out_copy);
@@ -199,7 +202,9 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
         out_results);
 
     /* y back in one copy (complete when copy_to_host returns), then split per request */
-    if (n > 0) CHECK_GOTO(ops->copy_to_host(engine->ops_ctx, x_stage, io->y, (size_t)n * hidden * 2), out_copy);
+    if (n > 0)
+        CHECK_GOTO(ops->copy_to_host(engine->ops_ctx, x_stage, io->y, (size_t)n * hidden * 2),
+                   out_copy);
     at = 0;
     epd_result_t *res = head;
     for (epd_request_t *req = reqs; req != NULL; req = req->next, res = res->next) {

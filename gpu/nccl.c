@@ -66,7 +66,8 @@ epd_status_t epd_nccl_create(MPI_Comm comm, void *stream, epd_nccl_t **nccl_p,
     int least = 0, greatest = 0;
     CHECK_GOTO(cuda_status(cudaDeviceGetStreamPriorityRange(&least, &greatest),
                            "cudaDeviceGetStreamPriorityRange", err), err_free);
-    CHECK_GOTO(cuda_status(cudaStreamCreateWithPriority(&nccl->stream, cudaStreamNonBlocking, greatest),
+    CHECK_GOTO(cuda_status(cudaStreamCreateWithPriority(&nccl->stream, cudaStreamNonBlocking,
+                                                        greatest),
                            "cudaStreamCreateWithPriority", err), err_free);
 
     /* Every rank reaches the MPI_Bcast even when rank 0's ncclGetUniqueId failed, so nobody

@@ -1,6 +1,6 @@
 /* Plain-C glue around NCCL for comm/transport_nccl.c (DESIGN.md section 7): a communicator
- * bootstrapped over MPI and the grouped ncclSend/ncclRecv alltoallv on a stream of its own. Built only
- * with NCCL=1 (EPD_HAVE_NCCL); nothing outside gpu/ sees an NCCL or CUDA header. */
+ * bootstrapped over MPI and the grouped ncclSend/ncclRecv alltoallv on a stream of its own. Built
+ * only with NCCL=1 (EPD_HAVE_NCCL); nothing outside gpu/ sees an NCCL or CUDA header. */
 #ifndef EPD_GPU_NCCL_H
 #define EPD_GPU_NCCL_H
 

@@ -264,7 +264,8 @@ layout_count_kernel(const int32_t *topk_ids, uint32_t n, uint32_t tile, uint32_t
         if (bad) atomicAdd(&s_bad, 1u);
     }
     __syncthreads();
-    for (uint32_t r = tid; r < world; r += blockDim.x) tile_counts[(size_t)blockIdx.x * world + r] = s_count[r];
+    for (uint32_t r = tid; r < world; r += blockDim.x)
+        tile_counts[(size_t)blockIdx.x * world + r] = s_count[r];
     if (tid == 0 && s_bad != 0) atomicAdd(&out[2 * world + 1], s_bad);
 }
 
@@ -631,7 +632,8 @@ __global__ void __launch_bounds__(FLAT_THREADS) experts_kernel(experts_args a)
     const uint32_t per_rank = (uint32_t)(a.hi - a.lo);
     const bool table = a.scale_experts && per_rank <= EXPERT_TABLE;
     if (table)
-        for (uint32_t i = threadIdx.x; i < per_rank; i += blockDim.x) s_f[i] = expert_factor(a, a.lo + (int32_t)i);
+        for (uint32_t i = threadIdx.x; i < per_rank; i += blockDim.x)
+            s_f[i] = expert_factor(a, a.lo + (int32_t)i);
     __syncthreads();
 
     const uint32_t per_rec = a.h16 / UNITS; /* h16 is a multiple of 8 */
