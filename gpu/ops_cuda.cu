@@ -15,6 +15,7 @@ extern "C" {
 #include "gpu/ops.h"
 }
 #include "gpu/fp8.h"
+#include "gpu/quant_dev.cuh"
 
 #define LAYOUT_THREADS 256    /* tokens a layout block walks at a time */
 #define LAYOUT_MAX_TILES 64   /* layout blocks; a tile is a multiple of LAYOUT_THREADS tokens */
@@ -166,12 +167,11 @@ __device__ __forceinline__ uint4 quant16(uint4 lo, uint4 hi, float mult)
 /* Four e4m3 codes (low byte first) to fp32, exactly (e4m3 -> f16 -> f32 are exact). */
 __device__ __forceinline__ void e4m3x4_to_f32(uint32_t w, float *out)
 {
-    __half2_raw a = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
-    __half2_raw b = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> 16), __NV_E4M3);
-    out[0] = __half2float(__half(__half_raw{a.x}));
-    out[1] = __half2float(__half(__half_raw{a.y}));
-    out[2] = __half2float(__half(__half_raw{b.x}));
-    out[3] = __half2float(__half(__half_raw{b.y}));
+    float2 a = epd_dev_dec2(w), b = epd_dev_dec2(w >> 16);
+    out[0] = a.x;
+    out[1] = a.y;
+    out[2] = b.x;
+    out[3] = b.y;
 }
 
 __device__ __forceinline__ void bf16x2_to_f32(uint32_t w, float *out)
@@ -609,10 +609,7 @@ __device__ __forceinline__ void store_bf16x16_fast(uint16_t *dst, const float *v
     }
     uint32_t w[CHUNK / 2];
 #pragma unroll
-    for (int p = 0; p < CHUNK / 2; p++) {
-        __nv_bfloat162 h = __float22bfloat162_rn(make_float2(v[2 * p], v[2 * p + 1]));
-        w[p] = *reinterpret_cast<uint32_t *>(&h);
-    }
+    for (int p = 0; p < CHUNK / 2; p++) w[p] = epd_dev_bf16x2(v[2 * p], v[2 * p + 1]);
     reinterpret_cast<uint4 *>(dst)[0] = make_uint4(w[0], w[1], w[2], w[3]);
     reinterpret_cast<uint4 *>(dst)[1] = make_uint4(w[4], w[5], w[6], w[7]);
 }
