@@ -321,25 +321,26 @@ static epd_status_t check_combinations(const epd_config_state_t *state, char err
 {
     const epd_config_t *cfg = &state->cfg;
     char a[EPD_ERR_LEN], b[EPD_ERR_LEN];
-    if (cfg->model.topk > cfg->model.num_experts) {
-        describe(state, "model.topk", a, sizeof a);
-        describe(state, "model.num_experts", b, sizeof b);
-        epd_config_textf(err, EPD_ERR_LEN, "%s is larger than %s; allowed: topk <= num_experts", a,
-                         b);
-        return EPD_ERR_CONFIG;
-    }
-    if (cfg->dispatch.max_tokens_per_request > cfg->dispatch.max_queued_tokens) {
-        describe(state, "dispatch.max_tokens_per_request", a, sizeof a);
-        describe(state, "dispatch.max_queued_tokens", b, sizeof b);
-        epd_config_textf(err, EPD_ERR_LEN,
-                         "%s is larger than %s; allowed: a request fits in the queue", a, b);
-        return EPD_ERR_CONFIG;
-    }
-    if (cfg->dispatch.max_tokens_per_request > cfg->dispatch.max_tokens_per_step) {
-        describe(state, "dispatch.max_tokens_per_request", a, sizeof a);
-        describe(state, "dispatch.max_tokens_per_step", b, sizeof b);
-        epd_config_textf(err, EPD_ERR_LEN,
-                         "%s is larger than %s; allowed: a request fits in one step", a, b);
+    /* pairs of settings where the first must not exceed the second */
+    const struct {
+        const char *larger, *smaller, *allowed;
+        uint64_t larger_value, smaller_value;
+    } pairs[] = {
+        {"model.topk", "model.num_experts", "topk <= num_experts", cfg->model.topk,
+         cfg->model.num_experts},
+        {"dispatch.max_tokens_per_request", "dispatch.max_queued_tokens",
+         "a request fits in the queue", cfg->dispatch.max_tokens_per_request,
+         cfg->dispatch.max_queued_tokens},
+        {"dispatch.max_tokens_per_request", "dispatch.max_tokens_per_step",
+         "a request fits in one step", cfg->dispatch.max_tokens_per_request,
+         cfg->dispatch.max_tokens_per_step},
+    };
+    for (size_t i = 0; i < EPD_ARRAY_SIZE(pairs); i++) {
+        if (pairs[i].larger_value <= pairs[i].smaller_value) continue;
+        describe(state, pairs[i].larger, a, sizeof a);
+        describe(state, pairs[i].smaller, b, sizeof b);
+        epd_config_textf(err, EPD_ERR_LEN, "%s is larger than %s; allowed: %s", a, b,
+                         pairs[i].allowed);
         return EPD_ERR_CONFIG;
     }
     /* a SUBMIT payload: x bf16 [N,H], topk_ids i32 [N,K], topk_weights f32 [N,K] */
