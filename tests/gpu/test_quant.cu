@@ -538,6 +538,11 @@ int main(int argc, char **argv)
         case_requant(9, 50, 896, (epd_scale_kind_t)kind, 0, false, true, NULL);
         case_requant(4, 64, 7168, (epd_scale_kind_t)kind, 0, true, false, NULL);
         case_requant(0, 64, 7168, (epd_scale_kind_t)kind, 2, false, false, NULL);
+        case_requant(0, 64, 7168, (epd_scale_kind_t)kind, 0, false, false, NULL);
+        /* more experts than the prefix has lanes or threads: each adds up several */
+        epd_quant_launch_t few = {64, 2, 1};
+        case_requant(300, 5, 128, (epd_scale_kind_t)kind, 0, false, true, &few);
+        case_requant(4096, 2, 256, (epd_scale_kind_t)kind, kind == 0 ? 0 : 1, false, false, NULL);
     }
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail == 0 ? 0 : 1;
