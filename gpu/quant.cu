@@ -211,15 +211,36 @@ __global__ void scale_max_kernel(const float *__restrict__ scales, const int32_t
     }
 }
 
+/* n / d for any 32-bit n with a multiply (d >= 2): Granlund and Montgomery's round-up method. */
+struct fast_div {
+    uint32_t m, s;
+};
+
+static fast_div make_fast_div(uint32_t d)
+{
+    uint32_t l = 0;
+    while ((1ull << l) < d) l++;
+    fast_div f;
+    f.m = (uint32_t)(((1ull << 32) * ((1ull << l) - d)) / d + 1);
+    f.s = l - 1;
+    return f;
+}
+
+__device__ __forceinline__ uint32_t div_by(uint32_t n, fast_div f)
+{
+    uint32_t t = __umulhi(n, f.m);
+    return (t + ((n - t) >> 1)) >> f.s;
+}
+
 /* Work proportional to live rows: every block builds, in shared memory, the exclusive prefix of
  * live tiles (rows_per_tile rows of one expert) per expert, then walks tiles blockIdx.x,
  * blockIdx.x + gridDim.x, ... Dead rows cost nothing. S = static_s (> 0) or *s_dev. */
 template <int VPT>
-__global__ void requant_kernel(const uint8_t *q, const float *__restrict__ scales,
+__global__ void requant_kernel(const uint4 *q, const float *__restrict__ scales,
                                const int32_t *__restrict__ counts, uint32_t n_experts,
-                               uint32_t capacity, uint32_t hidden, uint32_t ns, int per_token,
-                               uint32_t rows_per_tile, float static_s, const float *s_dev,
-                               float *s_out, uint8_t *q_out)
+                               uint32_t capacity, uint32_t nvr, fast_div row_of, uint32_t ns,
+                               int per_token, uint32_t rows_per_tile, float static_s,
+                               const float *s_dev, float *s_out, uint4 *q_out)
 {
     extern __shared__ uint32_t tile_start[]; /* [n_experts + 1] tiles, then [n_experts] live rows */
     uint32_t *live = tile_start + n_experts + 1;
@@ -249,7 +270,6 @@ __global__ void requant_kernel(const uint8_t *q, const float *__restrict__ scale
     const float big_s = static_s > 0.0f ? static_s : (total > 0 ? *s_dev : 0.0f);
     if (static_s > 0.0f && s_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *s_out = static_s;
     const float inv = __fdiv_rn(1.0f, big_s);
-    const uint32_t nvr = hidden / 16;
     for (uint32_t t = blockIdx.x; t < total; t += gridDim.x) {
         uint32_t lo = 0, hi = n_experts - 1; /* largest e with tile_start[e] <= t */
         while (lo < hi) {
@@ -257,32 +277,27 @@ __global__ void requant_kernel(const uint8_t *q, const float *__restrict__ scale
             if (tile_start[mid] <= t) lo = mid;
             else hi = mid - 1;
         }
+        /* the tile's rows are contiguous: vector f of the tile is vector v0 + f of the expert's,
+         * whose scale is (v0 + f) / 8 (group-128: 8 vectors a scale) or (v0 + f) / nvr */
         const uint32_t e = lo, row0 = (t - tile_start[e]) * rows_per_tile;
-        const uint32_t n_rows = min(rows_per_tile, live[e] - row0);
-        const uint64_t base_row = (uint64_t)e * capacity + row0;
-        const uint32_t n_vec = n_rows * nvr;
+        const uint32_t v0 = row0 * nvr, n_vec = min(rows_per_tile, live[e] - row0) * nvr;
+        const uint64_t first = (uint64_t)e * capacity * nvr + v0;
+        const float *sc_expert = scales + (uint64_t)e * capacity * ns;
         for (uint32_t f0 = 0; f0 < n_vec; f0 += blockDim.x * VPT) {
             uint4 in[VPT];
             float sc[VPT];
-            uint64_t off[VPT];
 #pragma unroll
             for (int j = 0; j < VPT; j++) {
-                uint32_t f = f0 + (uint32_t)j * blockDim.x + threadIdx.x;
+                const uint32_t f = f0 + (uint32_t)j * blockDim.x + threadIdx.x;
                 if (f < n_vec) {
-                    uint32_t r = f / nvr, c = f - r * nvr;
-                    uint64_t row = base_row + r;
-                    off[j] = row * hidden + (uint64_t)c * 16;
-                    in[j] = *reinterpret_cast<const uint4 *>(q + off[j]);
-                    sc[j] = scales[per_token ? row : row * ns + c / 8];
+                    in[j] = q[first + f];
+                    sc[j] = sc_expert[per_token ? div_by(v0 + f, row_of) : (v0 + f) / 8];
                 }
             }
 #pragma unroll
             for (int j = 0; j < VPT; j++) {
-                uint32_t f = f0 + (uint32_t)j * blockDim.x + threadIdx.x;
-                if (f < n_vec) {
-                    *reinterpret_cast<uint4 *>(q_out + off[j]) =
-                        epd_dev_requant16(in[j], sc[j], inv);
-                }
+                const uint32_t f = f0 + (uint32_t)j * blockDim.x + threadIdx.x;
+                if (f < n_vec) q_out[first + f] = epd_dev_requant16(in[j], sc[j], inv);
             }
         }
     }
@@ -317,9 +332,10 @@ static epd_status_t pick_launch(epd_quant_kernel_t kernel, uint32_t hidden, uint
     return epd_quant_launch_check(kernel, hidden, l, err);
 }
 
-/* Blocks of `kernel` the whole device holds at once (a grid-stride kernel's grid). */
+/* Blocks of `kernel` the whole device holds at once (a grid-stride kernel's grid), at most
+ * max_per_sm on each SM (0: no limit). */
 static epd_status_t device_blocks(const void *kernel, uint32_t threads, size_t smem,
-                                  uint32_t *blocks_p, char err[EPD_ERR_LEN])
+                                  uint32_t max_per_sm, uint32_t *blocks_p, char err[EPD_ERR_LEN])
 {
     int dev = 0, sms = 0, per_sm = 0;
     cudaError_t rc = cudaGetDevice(&dev);
@@ -330,6 +346,7 @@ static epd_status_t device_blocks(const void *kernel, uint32_t threads, size_t s
         snprintf(err, EPD_ERR_LEN, "querying the device: %s", cudaGetErrorString(rc));
         return EPD_ERR_CUDA;
     }
+    if (max_per_sm != 0 && (uint32_t)per_sm > max_per_sm) per_sm = (int)max_per_sm;
     *blocks_p = (uint32_t)sms * (uint32_t)(per_sm > 0 ? per_sm : 1);
     return EPD_OK;
 }
@@ -529,6 +546,8 @@ extern "C" epd_status_t epd_requant_cuda(const uint8_t *q, const float *scales,
     CHECK_GOTO(pick_launch(EPD_QK_REQUANT, hidden, capacity, launch, &l, err), out);
     if ((uint64_t)l.rows * (hidden / 16) > 0x7fffffffull)
         return bad_arg(err, "requantize: rows per tile x hidden too large for one tile");
+    if ((uint64_t)capacity * (hidden / 16) > 0xffffffffull)
+        return bad_arg(err, "requantize: capacity x hidden too large (64 GiB per expert)");
     if (static_scale == 0.0f)
         CHECK_GOTO(epd_requant_step_scale_cuda(scales, counts, n_experts, capacity, hidden, kind,
                                                scale_dev, NULL, stream, err), out);
@@ -541,16 +560,19 @@ extern "C" epd_status_t epd_requant_cuda(const uint8_t *q, const float *scales,
                              : l.vec == 2 ? (const void *)requant_kernel<2>
                                           : (const void *)requant_kernel<4>;
         uint32_t resident;
-        CHECK_GOTO(device_blocks(kernel, l.threads, smem, &resident, err), out);
+        CHECK_GOTO(device_blocks(kernel, l.threads, smem, l.blocks, &resident, err), out);
         const uint64_t max_tiles = (uint64_t)n_experts * ((capacity + l.rows - 1) / l.rows);
         const uint32_t blocks =
             (uint32_t)(max_tiles < resident ? (max_tiles ? max_tiles : 1) : resident);
+        const uint4 *q16 = reinterpret_cast<const uint4 *>(q);
+        uint4 *out16 = reinterpret_cast<uint4 *>(q_out);
+        const fast_div row_of = make_fast_div(hidden / 16);
 #define EPD_REQUANT_CASE(V)                                                                    \
     case V:                                                                                    \
-        requant_kernel<V><<<blocks, l.threads, smem, st>>>(q, scales, counts, n_experts,       \
-                                                           capacity, hidden, ns, per_token,    \
-                                                           l.rows, static_scale, s_dev,        \
-                                                           scale_dev, q_out);                  \
+        requant_kernel<V><<<blocks, l.threads, smem, st>>>(q16, scales, counts, n_experts,     \
+                                                           capacity, hidden / 16, row_of, ns,  \
+                                                           per_token, l.rows, static_scale,    \
+                                                           s_dev, scale_dev, out16);           \
         break
         switch (l.vec) {
             EPD_REQUANT_CASE(1);

@@ -95,6 +95,8 @@ typedef struct epd_quant_launch {
                          requant: 1|2|4); scale_max: floats per thread per pass (1..16) */
     uint32_t rows;    /* per_token: rows per block (threads/rows lanes a row); requant: rows per
                          tile; unused by the others */
+    uint32_t blocks;  /* requant: at most this many blocks per SM (0: as many as fit); unused by
+                         the others */
 } epd_quant_launch_t;
 
 /* Name of a kernel kind ("quant_token", ...). */

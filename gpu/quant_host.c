@@ -285,16 +285,20 @@ epd_quant_launch_t epd_quant_launch_pick(epd_quant_kernel_t kernel, uint32_t hid
     case EPD_QK_REQUANT: {
         uint32_t nvr = hidden / 16; /* 16-byte vectors of an e4m3 row */
         /* A tile (rows x nvr vectors) that is a whole number of block-wide passes leaves no lane
-         * idle in its last pass (measured on H200: 256 x 4 on 7168-wide rows left 1/8 of the
-         * lanes idle and ran at 0.86 of copy). Smallest such tile first, so few live rows still
-         * spread over every SM; wider vectors first. Long expert lists (capacity >= 4096 rows)
-         * ran faster with 512 threads x 1 vector x 2 rows (H200, H 7168, one expert of 32768
-         * rows: 0.90 of copy against 0.84). */
+         * idle in its last pass (H200: 256 x 4 on 7168-wide rows left 1/8 of the lanes idle and
+         * ran at 0.86 of copy). Measured best on H200, H 7168 (kbench --sweep): 2 vectors a
+         * thread, a row a whole number of passes, 4 rows a tile, at most 4 blocks an SM (more
+         * blocks in flight ran slower): 224 x 2 x 4, 0.93 and 0.94-0.95 of copy on E=128 x 256 and
+         * E=1 x 32768, 0.88-0.89 on 64 live rows of 256. Else the smallest tile of whole passes,
+         * wider vectors first. */
         l.threads = 0;
-        if (rows >= 4096 && nvr >= 256) {
-            l.threads = 512;
-            l.vec = 1;
-            l.rows = 2;
+        l.blocks = 4;
+        for (uint32_t t = 512; t >= 128 && l.threads == 0; t -= 32) {
+            if (nvr && nvr % (t * 2) == 0) {
+                l.threads = t;
+                l.vec = 2;
+                l.rows = 4;
+            }
         }
         for (uint32_t v = 4; v >= 2 && l.threads == 0; v >>= 1) {
             for (uint32_t r = 1; r <= 16 && l.threads == 0; r++) {
@@ -375,6 +379,11 @@ epd_status_t epd_quant_launch_check(epd_quant_kernel_t kernel, uint32_t hidden,
         }
         if (kernel == EPD_QK_REQUANT && (l->rows < 1 || l->rows > 65535)) {
             snprintf(err, EPD_ERR_LEN, "%s: %u rows per block (allowed: 1..65535)", name, l->rows);
+            return EPD_ERR_INVALID_ARG;
+        }
+        if (kernel == EPD_QK_REQUANT && l->blocks > 32) {
+            snprintf(err, EPD_ERR_LEN, "%s: %u blocks per SM (allowed: 0 = as many as fit, 1..32)",
+                     name, l->blocks);
             return EPD_ERR_INVALID_ARG;
         }
         return EPD_OK;

@@ -84,15 +84,15 @@ static void row(const char *name, const char *shape, const epd_quant_launch_t *l
                 double bytes, double copy)
 {
     double gbs = bytes / (ms * 1e6);
-    printf("%-22s %-26s %4u %3u %4u %10.2f %9.1f %9.1f %7.3f\n", name, shape, l->threads, l->vec,
-           l->rows, ms * 1e3, gbs, copy, gbs / copy);
+    printf("%-22s %-26s %4u %3u %4u %3u %10.2f %9.1f %9.1f %7.3f\n", name, shape, l->threads,
+           l->vec, l->rows, l->blocks, ms * 1e3, gbs, copy, gbs / copy);
     fflush(stdout);
 }
 
 static void header(void)
 {
-    printf("%-22s %-26s %4s %3s %4s %10s %9s %9s %7s\n", "kernel", "shape", "thr", "vec", "rows",
-           "time_us", "GB/s", "copyGB/s", "ratio");
+    printf("%-22s %-26s %4s %3s %4s %3s %10s %9s %9s %7s\n", "kernel", "shape", "thr", "vec",
+           "rows", "blk", "time_us", "GB/s", "copyGB/s", "ratio");
 }
 
 int main(int argc, char **argv)
@@ -215,15 +215,18 @@ int main(int argc, char **argv)
                 2.0 * (double)live_n + sc_bytes * (mode == 0 ? 1 : 2), copy);
             if (sweep && mode == 0) {
                 for (uint32_t v : {1u, 2u, 4u})
-                    for (uint32_t t : {128u, 256u, 512u})
-                        for (uint32_t r : {1u, 2u, 4u, 8u, 16u}) {
-                            epd_quant_launch_t lv = {t, v, r};
-                            double tv = time_ms([&] {
-                                check(epd_requant_cuda(q, s, counts, lay.E, lay.cap, H, EPD_SCALE_GROUP128,
-                                                       static_s, q2, big_s, &lv, stream, err), err);
-                            });
-                            row("  sweep", shape, &lv, tv, 2.0 * (double)live_n + sc_bytes, copy);
-                        }
+                    for (uint32_t t : {224u, 256u, 448u, 512u})
+                        for (uint32_t r : {1u, 2u, 4u})
+                            for (uint32_t b : {0u, 3u, 4u, 6u}) {
+                                epd_quant_launch_t lv = {t, v, r, b};
+                                double tv = time_ms([&] {
+                                    check(epd_requant_cuda(q, s, counts, lay.E, lay.cap, H,
+                                                           EPD_SCALE_GROUP128, static_s, q2, big_s,
+                                                           &lv, stream, err),
+                                          err);
+                                });
+                                row("  sweep", shape, &lv, tv, 2.0 * (double)live_n + sc_bytes, copy);
+                            }
             }
         }
         epd_quant_launch_t l = epd_quant_launch_pick(EPD_QK_REQUANT, H, lay.cap);

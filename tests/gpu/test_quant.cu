@@ -483,7 +483,7 @@ static void case_launch_variants(uint32_t hidden)
         case_quant(rows, hidden, EPD_SCALE_GROUP128, EPD_SCALE_FMT_UE8M0, 0, &l);
         epd_quant_launch_t r = {v == 1 ? 1024u : 64u, v, v == 4 ? 3u : 64u};
         case_requant(5, 40, hidden, EPD_SCALE_GROUP128, 0, false, false, &r);
-        epd_quant_launch_t r1 = {96, v, 1};
+        epd_quant_launch_t r1 = {96, v, 1, v}; /* at most v blocks per SM */
         case_requant(3, 9, hidden, EPD_SCALE_PER_TOKEN, 1, true, false, &r1);
     }
 }

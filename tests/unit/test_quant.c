@@ -572,6 +572,9 @@ static void test_quant__launch_check__bad_parameters_rejected(void **state)
     assert_int_equal(epd_quant_launch_check(EPD_QK_QUANT_TOKEN, 128, &l, err), EPD_ERR_INVALID_ARG);
     l = (epd_quant_launch_t){.threads = 256, .vec = 4, .rows = 0};
     assert_int_equal(epd_quant_launch_check(EPD_QK_REQUANT, 7168, &l, err), EPD_ERR_INVALID_ARG);
+    l = (epd_quant_launch_t){.threads = 256, .vec = 4, .rows = 2, .blocks = 33};
+    assert_int_equal(epd_quant_launch_check(EPD_QK_REQUANT, 7168, &l, err), EPD_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "blocks per SM"));
     l = (epd_quant_launch_t){.threads = 256, .vec = 4, .rows = 4};
     assert_int_equal(epd_quant_launch_check(EPD_QK_MAX, 7168, &l, err), EPD_ERR_INVALID_ARG);
 }
