@@ -225,7 +225,8 @@ int main(int argc, char **argv)
                                                            &lv, stream, err),
                                           err);
                                 });
-                                row("  sweep", shape, &lv, tv, 2.0 * (double)live_n + sc_bytes, copy);
+                                row("  sweep", shape, &lv, tv, 2.0 * (double)live_n + sc_bytes,
+                                    copy);
                             }
             }
         }
