@@ -166,17 +166,8 @@ static void bench_one(bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t dtype, b
     const epd_config_t *cfg = b->cfg;
     const epd_ops_t *ops = b->backend.ops;
     epd_ops_ctx_t *octx = b->backend.ops_ctx;
-    epd_moe_shape_t shape = {
-        .hidden = cfg->model.hidden,
-        .topk = cfg->model.topk,
-        .num_experts = cfg->model.num_experts,
-        .world = (uint32_t)b->world,
-        .rank = (uint32_t)b->rank,
-        .dtype = dtype,
-        .scale = cfg->dispatch.scale,
-        .scale_format = cfg->dispatch.scale_format,
-        .expert_kind = cfg->experts.kind,
-    };
+    epd_moe_shape_t shape = epd_moe_shape_from_config(cfg, (uint32_t)b->world, (uint32_t)b->rank);
+    shape.dtype = dtype; /* the bench runs both dtypes */
     size_t x_bytes = (size_t)tokens * shape.hidden * 2, k_bytes = (size_t)tokens * shape.topk * 4;
     bool raw_on_step_buffers =
         ops == &epd_ops_host || strcmp(b->backend.transport->name, "mpi") == 0 || b->raw_nccl;

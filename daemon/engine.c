@@ -481,17 +481,7 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
         return EPD_ERR_NO_MEMORY;
     }
     engine->cfg = *cfg;
-    engine->shape = (epd_moe_shape_t){
-        .hidden = cfg->model.hidden,
-        .topk = cfg->model.topk,
-        .num_experts = cfg->model.num_experts,
-        .world = (uint32_t)world,
-        .rank = (uint32_t)rank,
-        .dtype = cfg->dispatch.dtype,
-        .scale = cfg->dispatch.scale,
-        .scale_format = cfg->dispatch.scale_format,
-        .expert_kind = cfg->experts.kind,
-    };
+    engine->shape = epd_moe_shape_from_config(cfg, (uint32_t)world, (uint32_t)rank);
     engine->ops = ops;
     engine->ops_ctx = ops_ctx;
     engine->transport = transport;

@@ -28,6 +28,9 @@ typedef struct epd_moe_shape {
     epd_expert_kind_t expert_kind;
 } epd_moe_shape_t;
 
+/* The shape a configuration gives rank `rank` of `world` (dtype and scales from dispatch.*). */
+epd_moe_shape_t epd_moe_shape_from_config(const epd_config_t *cfg, uint32_t world, uint32_t rank);
+
 /* Byte offsets inside one dispatch record (DESIGN.md section 2 step 4). */
 typedef struct epd_record_layout {
     size_t payload; /* H bytes of e4m3 or 2H bytes of BF16, at offset 0 */

@@ -29,6 +29,21 @@ struct epd_ops_event {
     int unused;
 };
 
+epd_moe_shape_t epd_moe_shape_from_config(const epd_config_t *cfg, uint32_t world, uint32_t rank)
+{
+    return (epd_moe_shape_t){
+        .hidden = cfg->model.hidden,
+        .topk = cfg->model.topk,
+        .num_experts = cfg->model.num_experts,
+        .world = world,
+        .rank = rank,
+        .dtype = cfg->dispatch.dtype,
+        .scale = cfg->dispatch.scale,
+        .scale_format = cfg->dispatch.scale_format,
+        .expert_kind = cfg->experts.kind,
+    };
+}
+
 void epd_record_layout(const epd_moe_shape_t *shape, epd_record_layout_t *layout_p)
 {
     epd_record_layout_t l;

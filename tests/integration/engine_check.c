@@ -226,17 +226,7 @@ static void run_init(run_t *run, const epd_config_t *cfg, const epd_transport_t 
     struct timeval limit = {30, 0};
 
     memset(run, 0, sizeof *run);
-    run->shape = (epd_moe_shape_t){
-        .hidden = HIDDEN,
-        .topk = TOPK,
-        .num_experts = EXPERTS,
-        .world = (uint32_t)world,
-        .rank = (uint32_t)rank,
-        .dtype = cfg->dispatch.dtype,
-        .scale = cfg->dispatch.scale,
-        .scale_format = cfg->dispatch.scale_format,
-        .expert_kind = cfg->experts.kind,
-    };
+    run->shape = epd_moe_shape_from_config(cfg, (uint32_t)world, (uint32_t)rank);
     run->base = event_base_new();
     run->wake_ev = event_new(run->base, -1, 0, wake_cb, run);
     run->deadline = evtimer_new(run->base, deadline_cb, run);
