@@ -12,15 +12,7 @@
 #include <vector>
 
 #include "gpu/quant.h"
-
-#define CUDA_OK(call)                                                                         \
-    do {                                                                                      \
-        cudaError_t rc_ = (call);                                                             \
-        if (rc_ != cudaSuccess) {                                                             \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(rc_)); \
-            exit(1);                                                                          \
-        }                                                                                     \
-    } while (0)
+#include "tests/gpu/cuda_check.cuh"
 
 static int runs = 30;
 static cudaStream_t stream;

@@ -16,6 +16,7 @@
 #include "gpu/fp8.h"
 #include "gpu/quant.h"
 #include "gpu/quant_dev.cuh"
+#include "tests/gpu/cuda_check.cuh"
 
 static int n_pass, n_fail;
 static bool cpu_mode;
@@ -43,15 +44,6 @@ static void report(bool ok, const char *fmt, ...)
     if (ok) n_pass++;
     else n_fail++;
 }
-
-#define CUDA_OK(call)                                                                         \
-    do {                                                                                      \
-        cudaError_t rc_ = (call);                                                             \
-        if (rc_ != cudaSuccess) {                                                             \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(rc_)); \
-            exit(1);                                                                          \
-        }                                                                                     \
-    } while (0)
 
 /* First differing byte of two buffers (row-major, row_bytes per row), described in msg. */
 static size_t first_bad; /* byte index of the last mismatch same_bytes found */
