@@ -29,14 +29,7 @@ gpu_start() {
         --mca pml_ucx_devices any -x EPD_TEST_STAGED_CHUNK "$EPD" \
         --set "socket.path=$TMP/epd-%r.sock" "${model[@]}" "$@" >"$EPD_LOG" 2>&1 &
     EPD_PID=$!
-    local deadline=$((SECONDS + 90)) r
-    for r in 0 1; do
-        until [[ -S $TMP/epd-$r.sock ]] && $WIRE health "$TMP/epd-$r.sock" >/dev/null 2>&1; do
-            kill -0 "$EPD_PID" 2>/dev/null || die "the daemon exited during start-up ($*)"
-            ((SECONDS < deadline)) || die "rank $r did not come up within 90 s ($*)"
-            sleep 0.2
-        done
-    done
+    epd_wait_healthy 2 90 "$*"
 }
 
 # run_case NAME EXPECT SEED ARGS...: starts, checks the device and transport lines of the log

@@ -48,18 +48,25 @@ epd_launch() {
     EPD_PID=$!
 }
 
+# epd_wait_healthy NP SECONDS [WHAT]: waits until every rank of $EPD_PID answers health on
+# $TMP/epd-RANK.sock; dies (naming WHAT) when the daemon exits or SECONDS pass first.
+epd_wait_healthy() {
+    local np=$1 limit=$2 what=${3:+ ($3)}
+    local deadline=$((SECONDS + limit)) r
+    for ((r = 0; r < np; r++)); do
+        until [[ -S $TMP/epd-$r.sock ]] && $WIRE health "$TMP/epd-$r.sock" >/dev/null 2>&1; do
+            kill -0 "$EPD_PID" 2>/dev/null || die "the daemon exited during start-up$what"
+            ((SECONDS < deadline)) || die "rank $r did not come up within $limit s$what"
+            sleep 0.1
+        done
+    done
+}
+
 # epd_start NP ARGS...: starts and waits (30 s at most) until every rank answers health.
 epd_start() {
     local np=$1; shift
     epd_launch "$np" "$TMP/epd.log" "$@"
-    local deadline=$((SECONDS + 30)) r
-    for ((r = 0; r < np; r++)); do
-        until [[ -S $TMP/epd-$r.sock ]] && $WIRE health "$TMP/epd-$r.sock" >/dev/null 2>&1; do
-            kill -0 "$EPD_PID" 2>/dev/null || die "the daemon exited during start-up"
-            ((SECONDS < deadline)) || die "rank $r did not come up within 30 s"
-            sleep 0.1
-        done
-    done
+    epd_wait_healthy "$np" 30
 }
 
 # epd_wait_exit SECONDS: waits for mpirun to exit and sets EPD_RC to its exit code (124 when it
