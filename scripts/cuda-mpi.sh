@@ -18,6 +18,12 @@ NVML_DEBS=(libnvidia-ml-dev libnvidia-ml1)
 die() { echo "cuda-mpi: error: $*" >&2; exit 1; }
 trap 'echo "cuda-mpi: error: unexpected failure at line $LINENO (exit $?)" >&2' ERR
 say() { echo "cuda-mpi: $*"; }
+# logged WHAT LOG CMD...: runs CMD with its output in LOG; when it fails, shows the end of LOG
+# and dies.
+logged() {
+    local what=$1 log=$2; shift 2
+    "$@" >"$log" 2>&1 || { tail -n 30 "$log" >&2; die "$what failed (log: $log)"; }
+}
 
 usage() {
     sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'
@@ -214,16 +220,14 @@ cmd_build() {
         rm -f "$bdir/ucx.done" "$bdir/ompi.done"
         rm -rf "$bdir/ucx" && mkdir -p "$bdir/ucx"
         say "configuring UCX (log: $bdir/ucx/configure.log)"
-        (cd "$bdir/ucx" && "$dir/src/ucx/configure" "${ucx_args[@]}") >"$bdir/ucx/configure.log" 2>&1 ||
-            { tail -n 30 "$bdir/ucx/configure.log" >&2; die "UCX configure failed (log: $bdir/ucx/configure.log)"; }
+        (cd "$bdir/ucx" && logged "UCX configure" "$bdir/ucx/configure.log" \
+            "$dir/src/ucx/configure" "${ucx_args[@]}") || exit 1
         grep -qE 'UCT modules: *<.* cuda( |>)' "$bdir/ucx/configure.log" ||
             { grep -iE 'cuda|nvml' "$bdir/ucx/configure.log" | tail -n 20 >&2
               die "UCX configure did not enable its CUDA module (see $bdir/ucx/configure.log)"; }
         say "building UCX with -j$JOBS (log: $bdir/ucx/make.log)"
-        make -C "$bdir/ucx" -j"$JOBS" >"$bdir/ucx/make.log" 2>&1 ||
-            { tail -n 30 "$bdir/ucx/make.log" >&2; die "UCX build failed (log: $bdir/ucx/make.log)"; }
-        make -C "$bdir/ucx" install >"$bdir/ucx/install.log" 2>&1 ||
-            { tail -n 30 "$bdir/ucx/install.log" >&2; die "UCX install failed (log: $bdir/ucx/install.log)"; }
+        logged "UCX build" "$bdir/ucx/make.log" make -C "$bdir/ucx" -j"$JOBS"
+        logged "UCX install" "$bdir/ucx/install.log" make -C "$bdir/ucx" install
         echo "$ucx_stamp" >"$bdir/ucx.done"
     fi
     [[ -e $prefix/lib/ucx/libuct_cuda.so ]] || die "UCX installed without its CUDA transport module ($prefix/lib/ucx/libuct_cuda.so)"
@@ -233,15 +237,13 @@ cmd_build() {
     else
         rm -rf "$bdir/ompi" && mkdir -p "$bdir/ompi"
         say "configuring Open MPI (log: $bdir/ompi/configure.log)"
-        (cd "$bdir/ompi" && "$dir/src/openmpi/configure" "${ompi_args[@]}") >"$bdir/ompi/configure.log" 2>&1 ||
-            { tail -n 30 "$bdir/ompi/configure.log" >&2; die "Open MPI configure failed (log: $bdir/ompi/configure.log)"; }
+        (cd "$bdir/ompi" && logged "Open MPI configure" "$bdir/ompi/configure.log" \
+            "$dir/src/openmpi/configure" "${ompi_args[@]}") || exit 1
         grep -q 'CUDA support: yes' "$bdir/ompi/configure.log" ||
             die "Open MPI configure did not enable CUDA support (see $bdir/ompi/configure.log)"
         say "building Open MPI with -j$JOBS (log: $bdir/ompi/make.log)"
-        make -C "$bdir/ompi" -j"$JOBS" >"$bdir/ompi/make.log" 2>&1 ||
-            { tail -n 30 "$bdir/ompi/make.log" >&2; die "Open MPI build failed (log: $bdir/ompi/make.log)"; }
-        make -C "$bdir/ompi" install >"$bdir/ompi/install.log" 2>&1 ||
-            { tail -n 30 "$bdir/ompi/install.log" >&2; die "Open MPI install failed (log: $bdir/ompi/install.log)"; }
+        logged "Open MPI build" "$bdir/ompi/make.log" make -C "$bdir/ompi" -j"$JOBS"
+        logged "Open MPI install" "$bdir/ompi/install.log" make -C "$bdir/ompi" install
         echo "$ompi_stamp" >"$bdir/ompi.done"
     fi
     bundle_libs "$prefix"
