@@ -144,7 +144,8 @@ epd_status_t epd_requant_step_scale_cuda(const float *scales, const int32_t *cou
  * epd_requant_host. static_scale > 0: S = static_scale; 0: S = the step scale, reduced first.
  * S is written to *scale_dev (device memory; required when static_scale == 0, else may be NULL).
  * counts as for epd_requant_step_scale_cuda. q_out may equal q. launch is for the requant kernel;
- * the reduction picks its own. */
+ * the reduction picks its own. With the step scale the requant kernel is a programmatic dependent
+ * launch behind the reduction's kernel (its tile prefix overlaps the reduction's tail). */
 epd_status_t epd_requant_cuda(const uint8_t *q, const float *scales, const int32_t *counts,
                               uint32_t n_experts, uint32_t capacity, uint32_t hidden,
                               epd_scale_kind_t kind, float static_scale, uint8_t *q_out,

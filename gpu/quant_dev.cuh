@@ -1,6 +1,7 @@
 /* Device-side FP8 element helpers shared by the CUDA kernels (gpu/quant.cu, and any kernel that
  * fuses quantization, e.g. a pack kernel) and the GPU test: bf16 unpacking, amax, the hardware
- * e4m3 conversions with the host's NaN code, dequantization of 16 codes. CUDA code only. */
+ * e4m3 conversions with the host's NaN code, dequantization of 16 codes, division by a launch
+ * constant. CUDA code only. */
 #ifndef EPD_GPU_QUANT_DEV_CUH
 #define EPD_GPU_QUANT_DEV_CUH
 
@@ -24,6 +25,33 @@ __device__ __forceinline__ float epd_dev_amax8(uint4 v, float m)
     m = fmaxf(m, fabsf(epd_dev_bf16_lo(v.w)));
     m = fmaxf(m, fabsf(epd_dev_bf16_hi(v.w)));
     return m;
+}
+
+/* n / d for every 32-bit n with one multiply-high and two shifts (d >= 2): Granlund and
+ * Montgomery's round-up method ("Division by invariant integers using multiplication", 1994,
+ * figure 4.1). The host makes it once per launch; test_quant checks it against `/` on the host. */
+struct epd_fast_div {
+    uint32_t m, s;
+};
+
+static inline epd_fast_div epd_fast_div_make(uint32_t d)
+{
+    uint32_t l = 0; /* ceil(log2(d)) */
+    while ((1ull << l) < d) l++;
+    epd_fast_div f;
+    f.m = (uint32_t)(((1ull << 32) * ((1ull << l) - d)) / d + 1);
+    f.s = l - 1;
+    return f;
+}
+
+__host__ __device__ __forceinline__ uint32_t epd_fast_div_of(uint32_t n, epd_fast_div f)
+{
+#ifdef __CUDA_ARCH__
+    const uint32_t t = __umulhi(n, f.m);
+#else
+    const uint32_t t = (uint32_t)(((uint64_t)n * f.m) >> 32);
+#endif
+    return (t + ((n - t) >> 1)) >> f.s;
 }
 
 /* Four fp32 -> four e4m3 codes (first value in the lowest byte). The hardware SATFINITE

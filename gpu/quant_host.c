@@ -323,7 +323,7 @@ epd_quant_launch_t epd_quant_launch_pick(epd_quant_kernel_t kernel, uint32_t hid
     }
     case EPD_QK_SCALE_MAX:
         l.threads = 256;
-        l.vec = 4;
+        l.vec = 8; /* independent loads in flight a thread */
         break;
     default:
         break;

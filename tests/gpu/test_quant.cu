@@ -480,6 +480,37 @@ static void case_launch_variants(uint32_t hidden)
     }
 }
 
+/* epd_fast_div_of (the requant kernel's division by hidden / 16 and by the rows of a tile) against
+ * `/` on the host, which runs the same integer steps as the device: every divisor up to 70000 and
+ * the largest ones, with the numerators around each multiple that matter and pseudo-random ones. */
+static void case_fast_div(void)
+{
+    uint64_t checked = 0, wrong = 0;
+    uint32_t bad_n = 0, bad_d = 0, x = 12345;
+    auto check = [&](uint32_t n, uint32_t d, epd_fast_div f) {
+        checked++;
+        if (epd_fast_div_of(n, f) != n / d && wrong++ == 0) {
+            bad_n = n;
+            bad_d = d;
+        }
+    };
+    const uint32_t big[] = {0x7fffffffu, 0x80000000u, 0x80000001u, 0xfffffffeu, 0xffffffffu};
+    for (uint32_t i = 0; i < 70000 + 5; i++) {
+        const uint32_t d = i < 70000 ? i + 2 : big[i - 70000];
+        const epd_fast_div f = epd_fast_div_make(d);
+        const uint32_t top = 0xffffffffu - 0xffffffffu % d; /* the largest multiple of d */
+        const uint32_t edge[] = {0, 1, d - 1, d, d + 1, 2 * d - 1, top - 1, top, 0xffffffffu};
+        for (uint32_t n : edge) check(n, d, f);
+        for (int k = 0; k < 100; k++) {
+            x = x * 1664525u + 1013904223u;
+            check(x, d, f);
+            check(x % 70000, d, f);
+        }
+    }
+    report(wrong == 0, "fast division: %llu quotients equal n / d (%llu differ; first n=%u d=%u)",
+           (unsigned long long)checked, (unsigned long long)wrong, bad_n, bad_d);
+}
+
 /* Self-check of the comparison itself: a corrupted byte must be found and located. */
 static void case_harness_detects_mismatch(void)
 {
@@ -510,6 +541,7 @@ int main(int argc, char **argv)
         printf("CPU self-check: the host implementation stands in for the device\n");
         case_harness_detects_mismatch();
     }
+    case_fast_div();
     const uint32_t ms[] = {1, 7, 128, 4096}, hs[] = {128, 896, 7168};
     for (uint32_t hi = 0; hi < 3; hi++)
         for (uint32_t mi = 0; mi < 4; mi++)
