@@ -1,11 +1,15 @@
 /* kbench: speed of the FP8 kernels of gpu/quant.cu against a device-to-device copy measured in the
  * same run. Per kernel: median time of >= 20 timed runs after warm-up (cudaEvent), GB/s of bytes
  * read + written, and the ratio to cudaMemcpyAsync D2D of the kernel's input bytes (GB/s counted
- * as 2x bytes). Prints the launch parameters each kernel used.
+ * as 2x bytes). Prints the launch parameters each kernel used. Each timed run starts behind a
+ * 50 us device-side hold, so the events time the GPU's work and not the host's submission of it
+ * (that cost, a few us a call for the copy and the kernels alike, is printed on its own at the
+ * end).
  *   kbench [--runs N] [--sweep]    --sweep also times other launch parameters of each kernel */
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +21,18 @@
 static int runs = 30;
 static cudaStream_t stream;
 
-/* Median milliseconds of `runs` timed calls of f (after 5 warm-up calls). */
+/* Spins one thread for ns nanoseconds of the GPU's clock. */
+__global__ void hold_kernel(unsigned long long ns)
+{
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+
+/* Median milliseconds of `runs` timed calls of f (after 5 warm-up calls), each queued behind a
+ * 50 us hold so that its submission is done before the first event fires. */
 template <typename F>
 static double time_ms(F f)
 {
@@ -28,6 +43,7 @@ static double time_ms(F f)
     CUDA_OK(cudaStreamSynchronize(stream));
     std::vector<float> t;
     for (int i = 0; i < runs; i++) {
+        hold_kernel<<<1, 1, 0, stream>>>(50000);
         CUDA_OK(cudaEventRecord(a, stream));
         f();
         CUDA_OK(cudaEventRecord(b, stream));
@@ -228,6 +244,34 @@ int main(int argc, char **argv)
                                    big_s, &l, stream, err), err);
         });
         row("requant_token_step", shape, &l, ms, 2.0 * (double)live_n + 2.0 * lay.E * lay.live * 4, copy);
+    }
+    /* Host cost of a call (not in the times above): wall clock of 500 submissions, with no live
+     * rows so that the GPU keeps up. */
+    {
+        std::vector<int32_t> none(128, 0);
+        CUDA_OK(cudaMemcpy(counts, none.data(), 128 * 4, cudaMemcpyHostToDevice));
+        auto per_call_us = [&](auto f) {
+            for (int i = 0; i < 50; i++) f();
+            CUDA_OK(cudaStreamSynchronize(stream));
+            auto t0 = std::chrono::steady_clock::now();
+            for (int i = 0; i < 500; i++) f();
+            auto t1 = std::chrono::steady_clock::now();
+            CUDA_OK(cudaStreamSynchronize(stream));
+            return std::chrono::duration<double, std::micro>(t1 - t0).count() / 500;
+        };
+        double c = per_call_us([&] {
+            CUDA_OK(cudaMemcpyAsync(scratch_dst, scratch_src, 16, cudaMemcpyDeviceToDevice, stream));
+        });
+        double rs = per_call_us([&] {
+            check(epd_requant_cuda(q, s, counts, 128, 256, H, EPD_SCALE_GROUP128, 0.01f, q2, big_s,
+                                   NULL, stream, err), err);
+        });
+        double rd = per_call_us([&] {
+            check(epd_requant_cuda(q, s, counts, 128, 256, H, EPD_SCALE_GROUP128, 0.0f, q2, big_s,
+                                   NULL, stream, err), err);
+        });
+        printf("host submission per call: cudaMemcpyAsync %.2f us, requant static %.2f us, requant "
+               "step %.2f us\n", c, rs, rd);
     }
     CUDA_OK(cudaStreamSynchronize(stream));
     printf("done\n");
