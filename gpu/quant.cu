@@ -229,16 +229,20 @@ __global__ void scale_max_kernel(const float *__restrict__ scales, const int32_t
 /* Work proportional to live rows: every block builds, in shared memory, the exclusive prefix of
  * live tiles (rows_per_tile rows of one expert) per expert, then walks tiles blockIdx.x,
  * blockIdx.x + gridDim.x, ... Dead rows cost nothing. S = static_s (> 0) or *s_dev.
- * The counts are read one a thread (their loads leave together), then warp 0 builds the prefix
- * (a parallel scan over the whole block was 0.1-1 us slower on H200 at 64-128 experts). */
+ * The prefix is on every block's way to its first load: the counts are read one a thread (their
+ * loads leave together), then warp 0 builds the prefix with a multiply-high division by the rows
+ * of a tile and notes the expert of the block's first tile, so that tile needs no search (a
+ * parallel scan over the whole block was 0.1-1 us slower on H200 at 64-128 experts). */
 template <int VPT>
 __global__ void requant_kernel(const uint4 *q, const float *__restrict__ scales,
                                const int32_t *__restrict__ counts, uint32_t n_experts,
                                uint32_t capacity, uint32_t nvr, epd_fast_div row_of,
-                               uint32_t ns, int per_token, uint32_t rows_per_tile, float static_s,
-                               const float *s_dev, float *s_out, uint4 *q_out)
+                               uint32_t ns, int per_token, uint32_t rows_per_tile,
+                               epd_fast_div tile_of, float static_s, const float *s_dev,
+                               float *s_out, uint4 *q_out)
 {
     extern __shared__ uint32_t tile_start[]; /* [n_experts + 1] tiles, then [n_experts] live rows */
+    __shared__ uint32_t first_expert;
     uint32_t *live = tile_start + n_experts + 1;
     for (uint32_t e = threadIdx.x; e < n_experts; e += blockDim.x)
         live[e] = live_rows(counts, e, capacity);
@@ -247,7 +251,8 @@ __global__ void requant_kernel(const uint4 *q, const float *__restrict__ scales,
         const uint32_t lane = threadIdx.x, chunk = (n_experts + 31) / 32;
         const uint32_t begin = min(lane * chunk, n_experts), end = min(begin + chunk, n_experts);
         uint32_t sum = 0;
-        for (uint32_t e = begin; e < end; e++) sum += (live[e] + rows_per_tile - 1) / rows_per_tile;
+        for (uint32_t e = begin; e < end; e++)
+            sum += rows_per_tile == 1 ? live[e] : epd_fast_div_of(live[e] + rows_per_tile - 1, tile_of);
         uint32_t incl = sum;
         for (uint32_t off = 1; off < 32; off <<= 1) {
             uint32_t y = __shfl_up_sync(0xffffffffu, incl, off);
@@ -255,8 +260,11 @@ __global__ void requant_kernel(const uint4 *q, const float *__restrict__ scales,
         }
         uint32_t run = incl - sum;
         for (uint32_t e = begin; e < end; e++) {
+            const uint32_t c = live[e];
+            const uint32_t tiles = rows_per_tile == 1 ? c : epd_fast_div_of(c + rows_per_tile - 1, tile_of);
             tile_start[e] = run;
-            run += (live[e] + rows_per_tile - 1) / rows_per_tile;
+            if (run <= blockIdx.x && blockIdx.x - run < tiles) first_expert = e;
+            run += tiles;
         }
         if (lane == 31) tile_start[n_experts] = incl;
     }
@@ -271,16 +279,19 @@ __global__ void requant_kernel(const uint4 *q, const float *__restrict__ scales,
     }
     if (static_s > 0.0f && s_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *s_out = static_s;
     const float inv = __fdiv_rn(1.0f, big_s);
+    uint32_t e = blockIdx.x < total ? first_expert : 0;
     for (uint32_t t = blockIdx.x; t < total; t += gridDim.x) {
-        uint32_t lo = 0, hi = n_experts - 1; /* largest e with tile_start[e] <= t */
-        while (lo < hi) {
-            uint32_t mid = (lo + hi + 1) / 2;
-            if (tile_start[mid] <= t) lo = mid;
-            else hi = mid - 1;
+        if (t != blockIdx.x) { /* the largest e with tile_start[e] <= t, at or after the last one */
+            uint32_t hi = n_experts - 1;
+            while (e < hi) {
+                uint32_t mid = (e + hi + 1) / 2;
+                if (tile_start[mid] <= t) e = mid;
+                else hi = mid - 1;
+            }
         }
         /* the tile's rows are contiguous: vector f of the tile is vector v0 + f of the expert's,
          * whose scale is (v0 + f) / 8 (group-128: 8 vectors a scale) or (v0 + f) / nvr */
-        const uint32_t e = lo, row0 = (t - tile_start[e]) * rows_per_tile;
+        const uint32_t row0 = (t - tile_start[e]) * rows_per_tile;
         const uint32_t v0 = row0 * nvr, n_vec = min(rows_per_tile, live[e] - row0) * nvr;
         const uint64_t first = (uint64_t)e * capacity * nvr + v0;
         const float *sc_expert = scales + (uint64_t)e * capacity * ns;
@@ -565,8 +576,8 @@ extern "C" epd_status_t epd_requant_cuda(const uint8_t *q, const float *scales,
         const int per_token = kind == EPD_SCALE_PER_TOKEN;
         const float *s_dev = static_scale > 0.0f ? nullptr : scale_dev;
         void (*kernel)(const uint4 *, const float *, const int32_t *, uint32_t, uint32_t, uint32_t,
-                       epd_fast_div, uint32_t, int, uint32_t, float, const float *, float *,
-                       uint4 *) =
+                       epd_fast_div, uint32_t, int, uint32_t, epd_fast_div, float, const float *,
+                       float *, uint4 *) =
             l.vec == 1   ? requant_kernel<1>
             : l.vec == 2 ? requant_kernel<2>
                          : requant_kernel<4>;
@@ -586,8 +597,8 @@ extern "C" epd_status_t epd_requant_cuda(const uint8_t *q, const float *scales,
         /* a failed launch is also the last error, which launch_result reports and clears */
         (void)cudaLaunchKernelEx(&cfg, kernel, reinterpret_cast<const uint4 *>(q), scales, counts,
                                  n_experts, capacity, hidden / 16, epd_fast_div_make(hidden / 16),
-                                 ns, per_token, l.rows, static_scale, s_dev, scale_dev,
-                                 reinterpret_cast<uint4 *>(q_out));
+                                 ns, per_token, l.rows, epd_fast_div_make(l.rows > 1 ? l.rows : 2),
+                                 static_scale, s_dev, scale_dev, reinterpret_cast<uint4 *>(q_out));
     }
     return launch_result("requantize", err);
 out:
