@@ -226,6 +226,12 @@ __global__ void scale_max_kernel(const float *__restrict__ scales, const int32_t
     }
 }
 
+/* Tiles of `rows` rows (rows / tile_of: the same divisor) that c live rows make. */
+__device__ __forceinline__ uint32_t tiles_of(uint32_t c, uint32_t rows, epd_fast_div tile_of)
+{
+    return rows == 1 ? c : epd_fast_div_of(c + rows - 1, tile_of);
+}
+
 /* Work proportional to live rows: every block builds, in shared memory, the exclusive prefix of
  * live tiles (rows_per_tile rows of one expert) per expert, then walks tiles blockIdx.x,
  * blockIdx.x + gridDim.x, ... Dead rows cost nothing. S = static_s (> 0) or *s_dev.
@@ -251,8 +257,7 @@ __global__ void requant_kernel(const uint4 *q, const float *__restrict__ scales,
         const uint32_t lane = threadIdx.x, chunk = (n_experts + 31) / 32;
         const uint32_t begin = min(lane * chunk, n_experts), end = min(begin + chunk, n_experts);
         uint32_t sum = 0;
-        for (uint32_t e = begin; e < end; e++)
-            sum += rows_per_tile == 1 ? live[e] : epd_fast_div_of(live[e] + rows_per_tile - 1, tile_of);
+        for (uint32_t e = begin; e < end; e++) sum += tiles_of(live[e], rows_per_tile, tile_of);
         uint32_t incl = sum;
         for (uint32_t off = 1; off < 32; off <<= 1) {
             uint32_t y = __shfl_up_sync(0xffffffffu, incl, off);
@@ -260,8 +265,7 @@ __global__ void requant_kernel(const uint4 *q, const float *__restrict__ scales,
         }
         uint32_t run = incl - sum;
         for (uint32_t e = begin; e < end; e++) {
-            const uint32_t c = live[e];
-            const uint32_t tiles = rows_per_tile == 1 ? c : epd_fast_div_of(c + rows_per_tile - 1, tile_of);
+            const uint32_t tiles = tiles_of(live[e], rows_per_tile, tile_of);
             tile_start[e] = run;
             if (run <= blockIdx.x && blockIdx.x - run < tiles) first_expert = e;
             run += tiles;
