@@ -94,7 +94,7 @@ typedef struct epd_quant_launch {
                          (group128: 1|2|4, i.e. 16, 8 or 4 lanes a group), per pass (dequant and
                          requant: 1|2|4); scale_max: floats per thread per pass (1..16) */
     uint32_t rows;    /* per_token: rows per block (threads/rows lanes a row); requant: rows per
-                         tile; unused by the others */
+                         tile (consecutive live rows, expert after expert); unused by the others */
     uint32_t blocks;  /* requant: at most this many blocks per SM (0: as many as fit); unused by
                          the others */
 } epd_quant_launch_t;
@@ -145,7 +145,7 @@ epd_status_t epd_requant_step_scale_cuda(const float *scales, const int32_t *cou
  * S is written to *scale_dev (device memory; required when static_scale == 0, else may be NULL).
  * counts as for epd_requant_step_scale_cuda. q_out may equal q. launch is for the requant kernel;
  * the reduction picks its own. With the step scale the requant kernel is a programmatic dependent
- * launch behind the reduction's kernel (its tile prefix overlaps the reduction's tail). */
+ * launch behind the reduction's kernel (its prefix of live rows overlaps the reduction's tail). */
 epd_status_t epd_requant_cuda(const uint8_t *q, const float *scales, const int32_t *counts,
                               uint32_t n_experts, uint32_t capacity, uint32_t hidden,
                               epd_scale_kind_t kind, float static_scale, uint8_t *q_out,
