@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <vector>
 
 #include "gpu/quant.h"
@@ -77,6 +78,32 @@ __global__ void fill_kernel(uint16_t *x, size_t n)
         uint32_t exp = 120 + (h % 11) + ((h >> 8) % 1000 == 0 ? 12 : 0);
         x[i] = (uint16_t)(((h >> 31) << 15) | (exp << 7) | ((h >> 4) & 0x7f));
     }
+}
+
+/* A plain copy kernel, for reference next to cudaMemcpy (whose own kernel is faster): each thread
+ * moves 2 x 16 bytes a pass, grid-stride. Of the copy kernels tried on H200 (grid-stride with 1-8
+ * vectors a thread and 2-16 blocks an SM, a slice a block, bulk async copies through shared
+ * memory) none beat this shape: ~0.95 of cudaMemcpy at 58.7 MB, ~0.92 at 235 MB. */
+__global__ void sm_copy_kernel(const uint4 *__restrict__ a, uint4 *__restrict__ b, size_t n)
+{
+    const size_t stride = (size_t)gridDim.x * blockDim.x * 2;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x * 2 + threadIdx.x; i < n; i += stride) {
+        const size_t j = i + blockDim.x;
+        uint4 v0 = a[i], v1;
+        if (j < n) v1 = a[j];
+        b[i] = v0;
+        if (j < n) b[j] = v1;
+    }
+}
+
+/* Holds a whole SM's threads for ns nanoseconds (launched 2048 / 1024 blocks an SM). */
+__global__ void __launch_bounds__(1024, 2) hold_sm_kernel(unsigned long long ns)
+{
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
 }
 
 static void *scratch_src, *scratch_dst; /* copy baseline buffers */
@@ -244,6 +271,13 @@ int main(int argc, char **argv)
                                    big_s, &l, stream, err), err);
         });
         row("requant_token_step", shape, &l, ms, 2.0 * (double)live_n + 2.0 * lay.E * lay.live * 4, copy);
+        /* what a plain SM kernel gets on the same bytes (not a requant: the reference line) */
+        epd_quant_launch_t cl = {224, 2, 0, 4};
+        ms = time_ms([&] {
+            sm_copy_kernel<<<prop.multiProcessorCount * 4, 224, 0, stream>>>(
+                (const uint4 *)scratch_src, (uint4 *)scratch_dst, live_n / 16);
+        });
+        row("(copy kernel, SMs)", shape, &cl, ms, 2.0 * (double)live_n, copy);
     }
     /* Host cost of a call (not in the times above): wall clock of 500 submissions, with no live
      * rows so that the GPU keeps up. */
@@ -272,6 +306,47 @@ int main(int argc, char **argv)
         });
         printf("host submission per call: cudaMemcpyAsync %.2f us, requant static %.2f us, requant "
                "step %.2f us\n", c, rs, rd);
+    }
+    /* Where the baseline copy runs: a cudaMemcpy queued while another stream's kernel holds every
+     * thread of every SM, and a one-block kernel queued behind it (which must wait: the check of
+     * the hold). A copy that finishes long before the hold ends ran on the copy engines; one that
+     * waits for it is a kernel of the driver's (H200, CUDA 13: it waits, so the copy baseline is
+     * an SM kernel; with half of each SM's threads held it ran beside the hold, 41 us for 31). */
+    {
+        const unsigned long long hold_ns = 400000;
+        const size_t bytes = (size_t)8192 * H;
+        cudaStream_t other;
+        cudaEvent_t a, b, c;
+        CUDA_OK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+        CUDA_OK(cudaEventCreate(&a));
+        CUDA_OK(cudaEventCreate(&b));
+        CUDA_OK(cudaEventCreate(&c));
+        const int per_sm = prop.maxThreadsPerMultiProcessor / 1024;
+        double alone = 1e3 * time_ms([&] {
+            CUDA_OK(cudaMemcpyAsync(scratch_dst, scratch_src, bytes, cudaMemcpyDeviceToDevice, stream));
+        });
+        hold_sm_kernel<<<prop.multiProcessorCount * (per_sm > 0 ? per_sm : 1), 1024, 0, other>>>(hold_ns);
+        usleep(50); /* (no kernel can mark the hold's start on `stream`: it would wait for it) */
+        CUDA_OK(cudaEventRecord(a, stream));
+        CUDA_OK(cudaMemcpyAsync(scratch_dst, scratch_src, bytes, cudaMemcpyDeviceToDevice, stream));
+        CUDA_OK(cudaEventRecord(b, stream));
+        hold_kernel<<<1, 1, 0, stream>>>(0);
+        CUDA_OK(cudaEventRecord(c, stream));
+        CUDA_OK(cudaDeviceSynchronize());
+        float copy_ms = 0, kernel_ms = 0;
+        CUDA_OK(cudaEventElapsedTime(&copy_ms, a, b));
+        CUDA_OK(cudaEventElapsedTime(&kernel_ms, a, c));
+        const bool held = kernel_ms * 1e6 > hold_ns / 2, waited = copy_ms * 1e6 > hold_ns / 2;
+        printf("cudaMemcpy D2D of %.1f MB while every SM is held %.0f us: %.1f us (alone %.1f us); a "
+               "1-block kernel behind it ended after %.1f us: the copy baseline runs on %s\n",
+               bytes / 1e6, hold_ns / 1e3, copy_ms * 1e3, alone, kernel_ms * 1e3,
+               !held    ? "? (the hold did not hold)"
+               : waited ? "the SMs (it waited for them)"
+                        : "the copy engines (it did not wait for the SMs)");
+        CUDA_OK(cudaEventDestroy(a));
+        CUDA_OK(cudaEventDestroy(b));
+        CUDA_OK(cudaEventDestroy(c));
+        CUDA_OK(cudaStreamDestroy(other));
     }
     CUDA_OK(cudaStreamSynchronize(stream));
     printf("done\n");
