@@ -288,8 +288,8 @@ epd_quant_launch_t epd_quant_launch_pick(epd_quant_kernel_t kernel, uint32_t hid
          * idle in its last pass (H200: 256 x 4 on 7168-wide rows left 1/8 of the lanes idle and
          * ran at 0.86 of copy). Measured best on H200, H 7168 (kbench --sweep): 2 vectors a
          * thread, a row a whole number of passes, 4 rows a tile, at most 4 blocks an SM (more
-         * blocks in flight ran slower): 224 x 2 x 4, 0.92-0.94 and 0.94-0.95 of copy on E=128 x 256
-         * and E=1 x 32768, 0.85-0.88 on 64 live rows of 256 (GPU time; no launch parameters of the
+         * blocks in flight ran slower): 224 x 2 x 4, 0.93-0.94 and 0.94-0.95 of copy on E=128 x 256
+         * and E=1 x 32768, 0.86-0.90 on 64 live rows of 256 (GPU time; no launch parameters of the
          * sweep reached 0.90 there). Else the smallest tile of whole passes, wider vectors first. */
         l.threads = 0;
         l.blocks = 4;
