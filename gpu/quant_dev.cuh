@@ -55,12 +55,13 @@ __host__ __device__ __forceinline__ uint32_t epd_fast_div_of(uint32_t n, epd_fas
 }
 
 /* Four fp32 -> four e4m3 codes (first value in the lowest byte). The hardware SATFINITE
- * conversion clamps and rounds to nearest even like epd_e4m3_from_f32. It keeps a NaN's sign,
- * so a NaN must come in positive to give the host's NaN code 0x7f: every caller passes results
- * of IEEE multiplies (__fmul_rn), and a GPU arithmetic result that is NaN is always the quiet NaN
- * 0x7fffffff (CUDA C++ Programming Guide, floating-point standard). No fix-up is needed, which
- * saves 12 integer instructions per 16-byte vector of the requant (test_quant checks every
- * fp32, NaNs passed through a multiply). */
+ * conversion clamps and rounds to nearest even like epd_e4m3_from_f32. Which NaN code it writes
+ * for a negative NaN is not documented (H200 writes 0x7f; test_quant prints it), so inputs must
+ * not be negative NaNs: every caller passes results of IEEE multiplies (__fmul_rn), and a GPU
+ * arithmetic result that is NaN is always the quiet NaN 0x7fffffff (CUDA C++ Programming Guide,
+ * floating-point standard), which the conversion writes as 0x7f, the host's NaN code. No fix-up
+ * is needed, which saves 12 integer instructions per 16-byte vector of the requant (test_quant
+ * checks every fp32, NaNs passed through a multiply). */
 __device__ __forceinline__ uint32_t epd_dev_cvt4(float a, float b, float c, float d)
 {
     uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);

@@ -456,6 +456,11 @@ static void case_bad_args(void)
               epd_dequant_cuda(dq + 4, ds, 1, 128, EPD_SCALE_PER_TOKEN, (float *)ds, NULL, NULL,
                                err) == EPD_ERR_INVALID_ARG;
     report(ok, "launchers reject bad shapes, pointers, alignment, scales and launch parameters (last: %s)", err);
+    /* the requant's row indices are 32-bit: at most 2^31 rows of experts x capacity */
+    ok = epd_requant_cuda(dq, ds, (const int32_t *)ds, 4096, 1u << 20, 128, EPD_SCALE_PER_TOKEN,
+                          1.0f, dq, ds, NULL, NULL, err) == EPD_ERR_INVALID_ARG &&
+         strstr(err, "2^31 rows") != NULL;
+    report(ok, "requant rejects 4096 experts x 2^20 rows (%s)", err);
     CUDA_OK(cudaFree(dq));
     CUDA_OK(cudaFree(ds));
     CUDA_OK(cudaFree(dx));
