@@ -22,8 +22,9 @@
 static int runs = 30;
 static cudaStream_t stream;
 
-/* Spins one thread for ns nanoseconds of the GPU's clock. */
-__global__ void hold_kernel(unsigned long long ns)
+/* Spins for ns nanoseconds of the GPU's clock (one thread before each timed call; 2048 / 1024
+ * blocks of 1024 an SM to hold every SM's threads in the copy-engine check). */
+__global__ void __launch_bounds__(1024, 2) hold_kernel(unsigned long long ns)
 {
     unsigned long long t0, t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
@@ -94,16 +95,6 @@ __global__ void sm_copy_kernel(const uint4 *__restrict__ a, uint4 *__restrict__ 
         b[i] = v0;
         if (j < n) b[j] = v1;
     }
-}
-
-/* Holds a whole SM's threads for ns nanoseconds (launched 2048 / 1024 blocks an SM). */
-__global__ void __launch_bounds__(1024, 2) hold_sm_kernel(unsigned long long ns)
-{
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    } while (t - t0 < ns);
 }
 
 static void *scratch_src, *scratch_dst; /* copy baseline buffers */
@@ -325,7 +316,7 @@ int main(int argc, char **argv)
         double alone = 1e3 * time_ms([&] {
             CUDA_OK(cudaMemcpyAsync(scratch_dst, scratch_src, bytes, cudaMemcpyDeviceToDevice, stream));
         });
-        hold_sm_kernel<<<prop.multiProcessorCount * (per_sm > 0 ? per_sm : 1), 1024, 0, other>>>(hold_ns);
+        hold_kernel<<<prop.multiProcessorCount * (per_sm > 0 ? per_sm : 1), 1024, 0, other>>>(hold_ns);
         usleep(50); /* (no kernel can mark the hold's start on `stream`: it would wait for it) */
         CUDA_OK(cudaEventRecord(a, stream));
         CUDA_OK(cudaMemcpyAsync(scratch_dst, scratch_src, bytes, cudaMemcpyDeviceToDevice, stream));
