@@ -9,6 +9,7 @@
 
 #include "comm/step.h"
 #include "comm/transport_mpi.h"
+#include "common/clock.h"
 
 struct epd_step {
     epd_moe_shape_t shape;
@@ -37,14 +38,6 @@ struct epd_step {
     uint16_t *partials_back;
     epd_step_io_t io;
 };
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* a * b, or SIZE_MAX when it overflows */
 static size_t mul_sat(size_t a, size_t b)
@@ -297,7 +290,7 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
     /* 1. layout and pack, and 2. the record counts exchanged while the pack runs: the layout's
      * counts are on the host before the pack has finished. The pack phase is the time the step
      * waits for layout and pack, less the count exchange. */
-    t[0] = now_ns();
+    t[0] = epd_now_ns();
     step->layout.n_tokens = n_tokens;
     status = ops->layout(octx, shape, topk_ids, &step->layout);
     if (status != EPD_OK) return op_failed(step, status, "layout", err);
@@ -305,18 +298,18 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
     if (status != EPD_OK) return op_failed(step, status, "pack", err);
     status = ops->layout_counts(octx, shape, &step->layout);
     if (status != EPD_OK) return op_failed(step, status, "layout", err);
-    counts_begin = now_ns();
+    counts_begin = epd_now_ns();
     rc = MPI_Alltoall(step->layout.send_counts_host, 1, MPI_UINT32_T, step->recv_counts32, 1,
                       MPI_UINT32_T, step->comm);
     if (rc != MPI_SUCCESS) {
         snprintf(err, EPD_ERR_LEN, "step: MPI_Alltoall of record counts failed (code %d)", rc);
         return EPD_ERR_MPI;
     }
-    counts_ns = now_ns() - counts_begin;
+    counts_ns = epd_now_ns() - counts_begin;
     /* the transport reads send_buf: pack must be complete first */
     status = ops->sync(octx);
     if (status != EPD_OK) return op_failed(step, status, "sync after pack", err);
-    t[2] = now_ns();
+    t[2] = epd_now_ns();
     t[1] = t[2] - counts_ns;
     for (uint32_t r = 0; r < world; r++) {
         step->send_counts[r] = step->layout.send_counts_host[r];
@@ -347,7 +340,7 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
     if (status != EPD_OK) return transport_failed(step, status, "dispatch", err);
 
     /* 4. experts on the records from other ranks: the blocks before and after this rank's own */
-    t[3] = now_ns();
+    t[3] = epd_now_ns();
     {
         uint64_t own_first = step->recv_displs[me], after = own_first + step->recv_counts[me];
         status = run_experts(step, step->recv_buf, 0, own_first, step->partials);
@@ -365,7 +358,7 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
     /* 5. the partials go back to their ranks along the reverse of the dispatch while the experts
      * run on this rank's own records, from send_buf straight into their rows of partials_back
      * (queued on the ops stream; the transports do not wait for it). Host ops did them above. */
-    t[4] = now_ns();
+    t[4] = epd_now_ns();
     if (ops_async(step)) {
         status = run_experts(step, step->send_buf, step->send_displs[me], step->send_counts[me],
                              step->partials_back);
@@ -377,12 +370,12 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
     if (status != EPD_OK) return transport_failed(step, status, "combine", err);
 
     /* 6. combine into y */
-    t[5] = now_ns();
+    t[5] = epd_now_ns();
     status = ops->combine(octx, shape, &step->layout, step->partials_back, y);
     if (status != EPD_OK) return op_failed(step, status, "combine", err);
     status = ops->sync(octx);
     if (status != EPD_OK) return op_failed(step, status, "sync after combine", err);
-    t[6] = now_ns();
+    t[6] = epd_now_ns();
 
     if (timing_p != NULL) {
         epd_step_timing_t tm;

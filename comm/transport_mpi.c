@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "comm/transport_mpi.h"
+#include "common/mpi_error.h"
 
 #define TYPE_CACHE 8
 
@@ -54,10 +55,9 @@ const char *epd_transport_mpi_last_error(const epd_transport_ctx_t *ctx)
 static void mpi_error(epd_transport_ctx_t *ctx, const char *what, int rc)
 {
     char text[MPI_MAX_ERROR_STRING];
-    int len = 0;
 
-    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) snprintf(text, sizeof text, "code %d", rc);
-    snprintf(ctx->err, EPD_ERR_LEN, "mpi transport: %s failed: %.200s", what, text);
+    snprintf(ctx->err, EPD_ERR_LEN, "mpi transport: %s failed: %.200s", what,
+             epd_mpi_error_text(rc, text));
 }
 
 static void mpi_fini(epd_transport_ctx_t *ctx)

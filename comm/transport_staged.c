@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/mpi_error.h"
 #include "common/parse.h"
 
 #define TAG_SPAN 32768 /* MPI guarantees tags up to 32767; chunk c uses tag c % TAG_SPAN */
@@ -61,10 +62,9 @@ const char *epd_transport_staged_last_error(const epd_transport_ctx_t *ctx)
 static epd_status_t mpi_fail(epd_transport_ctx_t *ctx, const char *what, int rc)
 {
     char text[MPI_MAX_ERROR_STRING];
-    int len = 0;
 
-    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) snprintf(text, sizeof text, "code %d", rc);
-    snprintf(ctx->err, EPD_ERR_LEN, "mpi-staged transport: %s failed: %.150s", what, text);
+    snprintf(ctx->err, EPD_ERR_LEN, "mpi-staged transport: %s failed: %.150s", what,
+             epd_mpi_error_text(rc, text));
     return EPD_ERR_MPI;
 }
 

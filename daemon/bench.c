@@ -12,6 +12,8 @@
 
 #include "comm/step.h"
 #include "comm/transport_mpi.h"
+#include "common/clock.h"
+#include "common/rng.h"
 #include "daemon/bench.h"
 #include "daemon/daemon.h"
 #include "daemon/engine.h"
@@ -46,27 +48,6 @@ typedef struct bench_result {
     double bytes[B_MAX]; /* mean per rank per step */
     double ratio;        /* (dispatch + combine) / (raw dispatch + raw combine), medians */
 } bench_result_t;
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* Uniform in [0, 1). */
-static float rng_unit(uint64_t *s)
-{
-    return (float)((double)(rng_next(s) >> 40) / 16777216.0);
-}
 
 static void bench_fail(const bench_ctx_t *b, const char *what, const char *err)
 {
@@ -110,7 +91,7 @@ static void make_inputs(const epd_moe_shape_t *shape, uint32_t n, uint64_t seed,
                         int32_t *ids, float *w)
 {
     for (size_t i = 0; i < (size_t)n * shape->hidden; i++) {
-        float s = rng_unit(&seed) + rng_unit(&seed) + rng_unit(&seed) + rng_unit(&seed) - 2.0f;
+        float s = epd_rng_unit_f32(&seed) + epd_rng_unit_f32(&seed) + epd_rng_unit_f32(&seed) + epd_rng_unit_f32(&seed) - 2.0f;
         x[i] = epd_f32_to_bf16(s * 1.7320508f);
     }
     for (uint32_t t = 0; t < n; t++) {
@@ -120,12 +101,12 @@ static void make_inputs(const epd_moe_shape_t *shape, uint32_t n, uint64_t seed,
             int32_t e;
             bool dup;
             do {
-                e = (int32_t)(rng_next(&seed) % shape->num_experts);
+                e = (int32_t)(epd_rng_next(&seed) % shape->num_experts);
                 dup = false;
                 for (uint32_t j = 0; j < k; j++) dup |= row[j] == e;
             } while (dup);
             row[k] = e;
-            wr[k] = 0.05f + rng_unit(&seed);
+            wr[k] = 0.05f + epd_rng_unit_f32(&seed);
             sum += wr[k];
         }
         for (uint32_t k = 0; k < shape->topk; k++) wr[k] /= sum;
@@ -144,18 +125,18 @@ static uint64_t raw_alltoallv(bench_ctx_t *b, const void *send, const uint64_t *
     epd_status_t status;
 
     MPI_Barrier(MPI_COMM_WORLD);
-    t0 = now_ns();
+    t0 = epd_now_ns();
     if (b->raw_nccl) {
         status = b->backend.transport->alltoallv(b->backend.transport_ctx, send, send_counts,
                                                  send_displs, recv, recv_counts, recv_displs, item);
         if (status != EPD_OK) bench_fail(b, "raw NCCL all-to-all", "transport error");
-        return now_ns() - t0;
+        return epd_now_ns() - t0;
     }
     status = epd_transport_mpi.alltoallv(b->raw_ctx, send, send_counts, send_displs, recv,
                                          recv_counts, recv_displs, item);
     if (status != EPD_OK)
         bench_fail(b, "raw MPI_Alltoallv", epd_transport_mpi_last_error(b->raw_ctx));
-    return now_ns() - t0;
+    return epd_now_ns() - t0;
 }
 
 /* Runs one (tokens, dtype) configuration; rank 0 fills *res. A configuration that does not fit

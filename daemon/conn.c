@@ -17,6 +17,7 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 
+#include "common/clock.h"
 #include "daemon/log.h"
 #include "daemon/server.h"
 #include "gpu/quant.h"
@@ -165,13 +166,6 @@ static void conn_fail_framing(epd_conn_t *c, bool has_id, uint64_t id, epd_statu
     if (c->state != CONN_CLOSED) conn_set_state(c, CONN_CLOSING);
 }
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* SUBMIT: full validation (shapes, dtypes, ids, weights by the codec; x finite here), then the
  * engine. The request keeps the frame's payload as its storage (no copy). */
 static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
@@ -212,7 +206,7 @@ static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
     req->topk_ids = view.topk_ids;
     req->topk_weights = view.topk_weights;
     req->storage = frame->payload;
-    req->enqueued_ns = now_ns();
+    req->enqueued_ns = epd_now_ns();
     frame->payload = NULL; /* the request owns it now */
 
     status = epd_engine_submit(epd_server_engine(c->server), req);

@@ -16,6 +16,7 @@
 #include <event2/thread.h>
 
 #include "comm/select.h"
+#include "common/mpi_error.h"
 #include "daemon/engine.h"
 #include "daemon/log.h"
 #include "daemon/notify.h"
@@ -60,11 +61,9 @@ static void __attribute__((noreturn, format(printf, 1, 2))) start_fail(const cha
 static void mpi_check(int rc, const char *what)
 {
     char text[MPI_MAX_ERROR_STRING];
-    int len = 0;
 
     if (rc == MPI_SUCCESS) return;
-    MPI_Error_string(rc, text, &len);
-    start_fail("%s: %s", what, text);
+    start_fail("%s: %s", what, epd_mpi_error_text(rc, text));
 }
 
 epd_status_t epd_daemon_load_config(const epd_args_t *args, epd_config_warn_fn warn, void *warn_arg,

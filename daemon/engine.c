@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "comm/step.h"
+#include "common/clock.h"
 #include "daemon/engine.h"
 
 _Static_assert(EPD_PHASE_MAX == EPD_STEP_N_PHASES, "the step's phases are the engine's phases");
@@ -82,14 +83,6 @@ struct epd_engine {
     atomic_bool stopped;
 };
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static uint32_t poll_fast(const epd_engine_t *engine)
 {
     uint32_t most = engine->cfg.dispatch.idle_backoff_us;
@@ -121,7 +114,7 @@ static void request_free(epd_request_t *req)
 static void answer_error(epd_engine_t *engine, epd_request_t *reqs, epd_status_t code,
                          const char *message, epd_result_t **head_p, epd_result_t **tail_p)
 {
-    uint64_t now = now_ns();
+    uint64_t now = epd_now_ns();
 
     while (reqs != NULL) {
         epd_request_t *req = reqs;
@@ -212,7 +205,7 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
         at += req->n_tokens;
     }
 
-    uint64_t now = now_ns();
+    uint64_t now = epd_now_ns();
     res = head;
     for (epd_request_t *req = reqs; req != NULL; req = req->next, res = res->next) {
         res->id = req->id;
@@ -580,7 +573,7 @@ epd_status_t epd_engine_submit(epd_engine_t *engine, epd_request_t *req)
         pthread_mutex_unlock(&engine->mu);
         return EPD_ERR_BUSY;
     }
-    if (req->enqueued_ns == 0) req->enqueued_ns = now_ns();
+    if (req->enqueued_ns == 0) req->enqueued_ns = epd_now_ns();
     req->next = NULL;
     if (engine->queue_tail != NULL)
         engine->queue_tail->next = req;

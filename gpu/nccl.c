@@ -1,5 +1,6 @@
 /* NCCL glue (gpu/nccl.h): communicator bootstrap over MPI, the grouped send/recv alltoallv on
  * a stream of its own, teardown. The only file of epd that includes nccl.h. */
+#include "common/mpi_error.h"
 #include "gpu/nccl.h"
 
 #include <cuda_runtime_api.h>
@@ -37,11 +38,9 @@ static epd_status_t nccl_status(ncclResult_t rc, const char *what, char err[EPD_
 static epd_status_t mpi_status(int rc, const char *what, char err[EPD_ERR_LEN])
 {
     char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
 
     if (rc == MPI_SUCCESS) return EPD_OK;
-    if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "error %d", rc);
-    snprintf(err, EPD_ERR_LEN, "%s: %.200s", what, msg);
+    snprintf(err, EPD_ERR_LEN, "%s: %.200s", what, epd_mpi_error_text(rc, msg));
     return EPD_ERR_MPI;
 }
 

@@ -18,6 +18,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/parse.h"
+#include "common/rng.h"
 #include "proto/epd.h"
 
 enum { EXIT_DAEMON = 1, EXIT_USAGE = 2, EXIT_CONNECT = 3 };
@@ -399,26 +400,9 @@ static int run_control(const options_t *o)
 
 /* ---- random batches ---- */
 
-typedef struct rng {
-    uint64_t s;
-} rng_t;
-
-static uint64_t rng_next(rng_t *r) /* splitmix64 */
+static double rng_normal(uint64_t *r)
 {
-    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double rng_uniform(rng_t *r) /* [0, 1) */
-{
-    return (double)(rng_next(r) >> 11) * (1.0 / 9007199254740992.0);
-}
-
-static double rng_normal(rng_t *r)
-{
-    double u1 = rng_uniform(r), u2 = rng_uniform(r);
+    double u1 = epd_rng_unit_f64(r), u2 = epd_rng_unit_f64(r);
     return sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2);
 }
 
@@ -458,7 +442,7 @@ static void batch_free(batch_t *bt)
  * weights over the non-empty slots. */
 static int batch_make(batch_t *bt, const model_t *m, uint32_t n, uint64_t seed)
 {
-    rng_t r = {.s = seed};
+    uint64_t r = seed;
     size_t nh = (size_t)n * m->hidden, nk = (size_t)n * m->topk;
 
     memset(bt, 0, sizeof(*bt));
@@ -473,7 +457,7 @@ static int batch_make(batch_t *bt, const model_t *m, uint32_t n, uint64_t seed)
     }
     for (size_t i = 0; i < nh; i++) {
         double v = rng_normal(&r);
-        if (rng_uniform(&r) < 0.01) v *= 30.0;
+        if (epd_rng_unit_f64(&r) < 0.01) v *= 30.0;
         bt->x[i] = f32_to_bf16((float)v);
     }
     for (uint32_t t = 0; t < n; t++) {
@@ -484,13 +468,13 @@ static int batch_make(batch_t *bt, const model_t *m, uint32_t n, uint64_t seed)
             int32_t e;
             bool dup;
             do { /* rejection: K <= E, so it ends */
-                e = (int32_t)(rng_next(&r) % m->num_experts);
+                e = (int32_t)(epd_rng_next(&r) % m->num_experts);
                 dup = false;
                 for (uint32_t j = 0; j < k; j++) dup |= ids[j] == e;
             } while (dup);
             ids[k] = e;
             w[k] = (float)exp(rng_normal(&r));
-            if (rng_uniform(&r) < 0.02) ids[k] = -1, w[k] = 0;
+            if (epd_rng_unit_f64(&r) < 0.02) ids[k] = -1, w[k] = 0;
             sum += w[k];
         }
         for (uint32_t k = 0; k < m->topk; k++) w[k] = sum > 0 ? (float)(w[k] / sum) : 0.0f;

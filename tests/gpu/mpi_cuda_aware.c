@@ -18,6 +18,7 @@
 #endif
 #include <cuda_runtime_api.h>
 
+#include "common/mpi_error.h"
 #include "common/parse.h"
 
 #define EXIT_SKIP 77
@@ -88,11 +89,9 @@ static void cuda_or_abort(cudaError_t err, const world_t *world, const char *wha
 static void mpi_or_abort(int rc, const world_t *world, const char *what)
 {
     char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
 
     if (rc == MPI_SUCCESS) return;
-    MPI_Error_string(rc, msg, &len);
-    fprintf(stderr, "FAIL: rank %d: %s: %.*s\n", world->rank, what, len, msg);
+    fprintf(stderr, "FAIL: rank %d: %s: %s\n", world->rank, what, epd_mpi_error_text(rc, msg));
     MPI_Abort(world->comm, 1);
 }
 

@@ -20,6 +20,7 @@
 extern "C" {
 #include "gpu/ops.h"
 }
+#include "common/rng.h"
 #include "gpu/fp8.h"
 
 #define TOPK 8
@@ -30,17 +31,9 @@ static int n_passed, n_failed;
 
 /* ---- random inputs ------------------------------------------------------------------------ */
 
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static float rng_uniform(uint64_t *s, float lo, float hi)
 {
-    return lo + (hi - lo) * (float)((rng_next(s) >> 40) * (1.0 / 16777216.0));
+    return lo + (hi - lo) * epd_rng_unit_f32(s);
 }
 
 /* x: values in [-3, 3], an outlier (x40) now and then, some rows all zero (amax floor), some
@@ -52,10 +45,10 @@ static void random_batch(uint64_t seed, uint32_t n, uint32_t hidden, uint16_t *x
     uint64_t s = seed;
     for (uint32_t t = 0; t < n; t++) {
         uint16_t *row = x + (size_t)t * hidden;
-        bool zero_row = rng_next(&s) % 13 == 0;
+        bool zero_row = epd_rng_next(&s) % 13 == 0;
         for (uint32_t i = 0; i < hidden; i++) {
             float v = rng_uniform(&s, -3.0f, 3.0f);
-            if (rng_next(&s) % 97 == 0) v *= 40.0f;
+            if (epd_rng_next(&s) % 97 == 0) v *= 40.0f;
             if ((i / 128) % 5 == 3 && t % 3 == 0) v *= 1e-6f;
             row[i] = zero_row ? 0 : epd_f32_to_bf16(v);
         }
@@ -63,11 +56,11 @@ static void random_batch(uint64_t seed, uint32_t n, uint32_t hidden, uint16_t *x
             int32_t e;
             bool dup;
             do {
-                e = (int32_t)(rng_next(&s) % EXPERTS);
+                e = (int32_t)(epd_rng_next(&s) % EXPERTS);
                 dup = false;
                 for (uint32_t j = 0; j < k; j++) dup |= ids[(size_t)t * TOPK + j] == e;
             } while (dup);
-            if (t % 11 == 5 || rng_next(&s) % 8 == 0) e = -1;
+            if (t % 11 == 5 || epd_rng_next(&s) % 8 == 0) e = -1;
             ids[(size_t)t * TOPK + k] = e;
             w[(size_t)t * TOPK + k] = rng_uniform(&s, -0.25f, 1.0f);
         }
@@ -423,7 +416,7 @@ static bool layout_large_case(uint32_t n, uint32_t world)
     uint64_t s = 0x5eed0000u + n + world;
     for (uint32_t t = 0; ok && t < n; t++)
         for (uint32_t k = 0; k < TOPK; k++) {
-            uint64_t r = rng_next(&s);
+            uint64_t r = epd_rng_next(&s);
             /* skewed towards low experts so some ranks get many more records than others */
             ids[(size_t)t * TOPK + k] = r % 9 == 0 ? -1 : (int32_t)((r >> 8) % ((r >> 40) % 3 ? EXPERTS : 16));
         }

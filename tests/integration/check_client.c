@@ -28,6 +28,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/parse.h"
+#include "common/rng.h"
 #include "gpu/ops.h"
 #include "proto/frame.h"
 
@@ -235,21 +236,6 @@ static bool describe_target(target_t *t, char err[EPD_ERR_LEN])
 }
 
 /* xorshift64*: reproducible per client. */
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t x = *s;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *s = x;
-    return x * 0x2545F4914F6CDD1Dull;
-}
-
-static float rng_unit(uint64_t *s)
-{
-    return (float)(rng_next(s) >> 40) / (float)(1u << 24);
-}
-
 static uint16_t bf16_of(float f)
 {
     uint32_t u;
@@ -280,30 +266,30 @@ static bool request_make(request_t *r, uint64_t id, const target_t *t, const opt
     const epd_moe_shape_t *s = &t->shape;
     uint32_t max_n = opt->max_tokens < t->max_tokens ? opt->max_tokens : t->max_tokens;
     r->id = id;
-    r->n = 1 + (uint32_t)(rng_next(rng) % max_n);
+    r->n = 1 + (uint32_t)(epd_rng_next(rng) % max_n);
     r->x = malloc((size_t)r->n * s->hidden * sizeof(uint16_t));
     r->ids = malloc((size_t)r->n * s->topk * sizeof(int32_t));
     r->w = malloc((size_t)r->n * s->topk * sizeof(float));
     if (!r->x || !r->ids || !r->w) return false;
     /* Rows of different magnitudes so FP8 scales differ, some exact zeros. */
     for (uint32_t i = 0; i < r->n; i++) {
-        float mag = 0.01f + 8.0f * rng_unit(rng);
+        float mag = 0.01f + 8.0f * epd_rng_unit_f32(rng);
         for (uint32_t h = 0; h < s->hidden; h++) {
-            float v = (rng_unit(rng) * 2.0f - 1.0f) * mag;
-            if ((rng_next(rng) & 63) == 0) v = 0.0f;
+            float v = (epd_rng_unit_f32(rng) * 2.0f - 1.0f) * mag;
+            if ((epd_rng_next(rng) & 63) == 0) v = 0.0f;
             r->x[(size_t)i * s->hidden + h] = bf16_of(v);
         }
         for (uint32_t k = 0; k < s->topk; k++) {
             int32_t e;
             bool dup;
             do {
-                e = (int32_t)(rng_next(rng) % s->num_experts);
+                e = (int32_t)(epd_rng_next(rng) % s->num_experts);
                 dup = false;
                 for (uint32_t j = 0; j < k; j++) dup = dup || r->ids[(size_t)i * s->topk + j] == e;
             } while (dup);
-            if (opt->empty_slots && (rng_next(rng) % 5) == 0) e = -1;
+            if (opt->empty_slots && (epd_rng_next(rng) % 5) == 0) e = -1;
             r->ids[(size_t)i * s->topk + k] = e;
-            r->w[(size_t)i * s->topk + k] = rng_unit(rng);
+            r->w[(size_t)i * s->topk + k] = epd_rng_unit_f32(rng);
         }
     }
     return true;

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "comm/transport_mpi.h"
+#include "common/rng.h"
 #include "daemon/engine.h"
 #include "gpu/fp8.h"
 #include "gpu/ops.h"
@@ -41,14 +42,6 @@ static atomic_int late_wakes; /* worker wakes that came after the engine had sto
         }                                                         \
     } while (0)
 
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* A request as the server makes it: one malloc'ed storage block holding x, ids and weights. */
 static epd_request_t *make_request(uint64_t id, uint32_t n, uint64_t *seed)
 {
@@ -61,13 +54,13 @@ static epd_request_t *make_request(uint64_t id, uint32_t n, uint64_t *seed)
 
     if (req == NULL || storage == NULL) abort();
     for (size_t i = 0; i < (size_t)n * HIDDEN; i++)
-        x[i] = epd_f32_to_bf16((float)((int64_t)(rng_next(seed) % 2001) - 1000) / 300.0f);
+        x[i] = epd_f32_to_bf16((float)((int64_t)(epd_rng_next(seed) % 2001) - 1000) / 300.0f);
     for (uint32_t t = 0; t < n; t++) {
         for (uint32_t k = 0; k < TOPK; k++) {
             /* distinct: one expert from each quarter of the experts, some slots empty */
-            int32_t e = (int32_t)(k * (EXPERTS / TOPK) + rng_next(seed) % (EXPERTS / TOPK));
-            ids[(size_t)t * TOPK + k] = rng_next(seed) % 9 == 0 ? -1 : e;
-            w[(size_t)t * TOPK + k] = (float)(rng_next(seed) % 1000 + 1) / 1000.0f;
+            int32_t e = (int32_t)(k * (EXPERTS / TOPK) + epd_rng_next(seed) % (EXPERTS / TOPK));
+            ids[(size_t)t * TOPK + k] = epd_rng_next(seed) % 9 == 0 ? -1 : e;
+            w[(size_t)t * TOPK + k] = (float)(epd_rng_next(seed) % 1000 + 1) / 1000.0f;
         }
     }
     req->id = id;

@@ -12,30 +12,23 @@
 #include <mpi.h>
 
 #include "comm/transport_staged.h"
+#include "common/rng.h"
 #include "gpu/ops.h"
 
 #define GAP_ITEMS 2
 #define FILL 0xee
 
-static uint64_t mix(uint64_t z)
-{
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* Items rank `from` sends rank `to` in a trial: the same on every rank, in [min, max]; with
  * min = 0 one in five is zero. */
 static uint64_t count_of(uint64_t trial, int from, int to, uint64_t min, uint64_t max)
 {
-    uint64_t v = mix(trial * 1000003u + (uint64_t)from * 1009u + (uint64_t)to);
+    uint64_t v = epd_rng_hash(trial * 1000003u + (uint64_t)from * 1009u + (uint64_t)to);
     return min == 0 && v % 5 == 0 ? 0 : min + v % (max - min + 1);
 }
 
 static uint8_t byte_of(uint64_t trial, int from, int to, size_t i)
 {
-    return (uint8_t)mix((trial << 40) ^ ((uint64_t)from << 32) ^ ((uint64_t)to << 24) ^ i);
+    return (uint8_t)epd_rng_hash((trial << 40) ^ ((uint64_t)from << 32) ^ ((uint64_t)to << 24) ^ i);
 }
 
 /* One alltoallv through ctx; returns the number of bad bytes seen by this rank. */

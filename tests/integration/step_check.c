@@ -9,6 +9,7 @@
 
 #include "comm/step.h"
 #include "comm/transport_mpi.h"
+#include "common/rng.h"
 #include "gpu/fp8.h"
 #include "gpu/ops.h"
 
@@ -18,19 +19,11 @@
 #define MAX_TOKENS 48
 #define STEPS      6
 
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static void random_batch(uint64_t *seed, uint32_t n, uint16_t *x, int32_t *ids, float *w)
 {
     for (size_t i = 0; i < (size_t)n * HIDDEN; i++) {
-        float v = (float)((int64_t)(rng_next(seed) % 40001) - 20000) / 5000.0f;
-        if (rng_next(seed) % 101 == 0) v *= 50.0f; /* outliers make group scales differ */
+        float v = (float)((int64_t)(epd_rng_next(seed) % 40001) - 20000) / 5000.0f;
+        if (epd_rng_next(seed) % 101 == 0) v *= 50.0f; /* outliers make group scales differ */
         x[i] = epd_f32_to_bf16(v);
     }
     for (uint32_t t = 0; t < n; t++) {
@@ -39,15 +32,15 @@ static void random_batch(uint64_t *seed, uint32_t n, uint16_t *x, int32_t *ids, 
             int32_t e;
             int dup;
             do {
-                e = (int32_t)(rng_next(seed) % EXPERTS);
+                e = (int32_t)(epd_rng_next(seed) % EXPERTS);
                 dup = 0;
                 for (uint32_t j = 0; j < k; j++) dup |= row[j] == e;
             } while (dup);
             row[k] = e;
-            w[(size_t)t * TOPK + k] = (float)(rng_next(seed) % 10000 + 1) / 10000.0f;
+            w[(size_t)t * TOPK + k] = (float)(epd_rng_next(seed) % 10000 + 1) / 10000.0f;
         }
         for (uint32_t k = 0; k < TOPK; k++)
-            if (t % 7 == 6 || rng_next(seed) % 6 == 0) row[k] = -1;
+            if (t % 7 == 6 || epd_rng_next(seed) % 6 == 0) row[k] = -1;
     }
 }
 
@@ -114,7 +107,7 @@ int main(int argc, char **argv)
             else if (s == 1)
                 n = rank == 0 ? 0 : MAX_TOKENS;
             else
-                n = (uint32_t)(rng_next(&seed) % (MAX_TOKENS + 1));
+                n = (uint32_t)(epd_rng_next(&seed) % (MAX_TOKENS + 1));
             random_batch(&seed, n, io->x, io->topk_ids, io->topk_weights);
             epd_step_timing_t tm;
             if (epd_step_run(step, n, io->x, io->topk_ids, io->topk_weights, io->y, &tm, err) !=

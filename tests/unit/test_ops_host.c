@@ -12,24 +12,13 @@
 
 #include <cmocka.h>
 
+#include "common/rng.h"
 #include "gpu/fp8.h"
 #include "gpu/ops.h"
 
-typedef struct rng {
-    uint64_t s;
-} rng_t;
-
-static uint64_t rng_next(rng_t *r)
+static float rng_uniform(uint64_t *r, float lo, float hi)
 {
-    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static float rng_uniform(rng_t *r, float lo, float hi)
-{
-    return lo + (hi - lo) * (float)((rng_next(r) >> 40) * (1.0 / 16777216.0));
+    return lo + (hi - lo) * epd_rng_unit_f32(r);
 }
 
 static epd_moe_shape_t make_shape(uint32_t hidden, uint32_t topk, uint32_t experts, uint32_t world,
@@ -52,12 +41,12 @@ static epd_moe_shape_t make_shape(uint32_t hidden, uint32_t topk, uint32_t exper
 
 /* Random tokens: bf16 values in [-3, 3] with an outlier now and then, distinct ids with some
  * empty slots, every 5th token all empty, positive weights. */
-static void random_batch(rng_t *r, const epd_moe_shape_t *s, uint32_t n, uint16_t *x, int32_t *ids,
+static void random_batch(uint64_t *r, const epd_moe_shape_t *s, uint32_t n, uint16_t *x, int32_t *ids,
                          float *w)
 {
     for (size_t i = 0; i < (size_t)n * s->hidden; i++) {
         float v = rng_uniform(r, -3.0f, 3.0f);
-        if (rng_next(r) % 97 == 0) v *= 40.0f;
+        if (epd_rng_next(r) % 97 == 0) v *= 40.0f;
         x[i] = epd_f32_to_bf16(v);
     }
     for (uint32_t t = 0; t < n; t++) {
@@ -66,7 +55,7 @@ static void random_batch(rng_t *r, const epd_moe_shape_t *s, uint32_t n, uint16_
             int32_t e;
             bool dup;
             do {
-                e = (int32_t)(rng_next(r) % s->num_experts);
+                e = (int32_t)(epd_rng_next(r) % s->num_experts);
                 dup = false;
                 for (uint32_t j = 0; j < k; j++) dup |= row[j] == e;
             } while (dup);
@@ -74,7 +63,7 @@ static void random_batch(rng_t *r, const epd_moe_shape_t *s, uint32_t n, uint16_
             w[(size_t)t * s->topk + k] = rng_uniform(r, 0.01f, 1.0f);
         }
         for (uint32_t k = 0; k < s->topk; k++)
-            if (t % 5 == 4 || rng_next(r) % 7 == 0) row[k] = -1;
+            if (t % 5 == 4 || epd_rng_next(r) % 7 == 0) row[k] = -1;
     }
 }
 
@@ -100,7 +89,7 @@ static void run_simulated(epd_moe_shape_t shape, const uint32_t *n, uint64_t see
     uint32_t world = shape.world;
     epd_record_layout_t rec;
     sim_rank_t *ranks = calloc(world, sizeof *ranks);
-    rng_t rng = {seed};
+    uint64_t rng = seed;
 
     assert_non_null(ranks);
     assert_int_equal(ops->init(-1, &ctx, err), EPD_OK);
@@ -413,7 +402,7 @@ static void test_ops_host__reference_fp8_identity__close_to_input(void **state)
     uint16_t x[256], y[256];
     const int32_t ids[] = {2};
     const float w[] = {1.0f};
-    rng_t r = {7};
+    uint64_t r = 7;
 
     for (int kind = 0; kind < 2; kind++) {
         s.scale = kind ? EPD_SCALE_PER_TOKEN : EPD_SCALE_GROUP128;

@@ -20,16 +20,9 @@
 #include "comm/select.h"
 #include "comm/step.h"
 #include "comm/transport_mpi.h"
+#include "common/rng.h"
 #include "gpu/fp8.h"
 #include "gpu/ops.h"
-
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 static epd_moe_shape_t world1_shape(epd_wire_dtype_t dtype, epd_expert_kind_t kind)
 {
@@ -79,15 +72,15 @@ static int teardown(void **state)
 static void fill_batch(const epd_moe_shape_t *s, const epd_step_io_t *io, uint32_t n, uint64_t seed)
 {
     for (size_t i = 0; i < (size_t)n * s->hidden; i++)
-        io->x[i] = epd_f32_to_bf16((float)((int64_t)(rng_next(&seed) % 20001) - 10000) / 2500.0f);
+        io->x[i] = epd_f32_to_bf16((float)((int64_t)(epd_rng_next(&seed) % 20001) - 10000) / 2500.0f);
     for (uint32_t t = 0; t < n; t++) {
         for (uint32_t k = 0; k < s->topk; k++) {
             /* distinct ids: k-th pick from a rotating window, some slots empty */
-            int32_t e = (int32_t)((rng_next(&seed) % 4 + (uint64_t)k * 4) % s->num_experts);
+            int32_t e = (int32_t)((epd_rng_next(&seed) % 4 + (uint64_t)k * 4) % s->num_experts);
             io->topk_ids[(size_t)t * s->topk + k] =
-                (t % 6 == 5 || rng_next(&seed) % 8 == 0) ? -1 : e;
+                (t % 6 == 5 || epd_rng_next(&seed) % 8 == 0) ? -1 : e;
             io->topk_weights[(size_t)t * s->topk + k] =
-                (float)(rng_next(&seed) % 1000 + 1) / 1000.0f;
+                (float)(epd_rng_next(&seed) % 1000 + 1) / 1000.0f;
         }
     }
 }
