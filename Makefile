@@ -3,6 +3,7 @@
 #   make MPI_HOME=PREFIX   build against the MPI in PREFIX (e.g. the CUDA-aware one of scripts/cuda-mpi.sh)
 #   make check             warnings are errors; unit tests (plain and ASan+UBSan), integration tests
 #   make demo              2 CPU ranks, epctl bench in BF16 then FP8, graceful stop
+#   make V=1               print every command (the default is one short line per file)
 # Each folder adds its sources and tests in its module.mk.
 
 VERSION   := 0.1.0
@@ -60,6 +61,10 @@ NVCC_FLAGS ?= -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch
               --fmad=false -Xcompiler -fPIC -I. $(if $(NCCL_HOME),-I$(NCCL_HOME)/include) $(DEFS) $(if $(filter 1,$(WERROR)),-Werror all-warnings) \
               -Xcompiler -Wall
 
+# Quiet build: one line per target ("  CC  build/obj/x.o"); `make V=1` prints the commands.
+V ?= 0
+say = $(if $(filter 1,$(V)),,@printf '  %-5s %s\n' '$(1)' '$@';)
+
 # Filled by the module.mk files.
 COMMON_SRCS :=
 CONFIG_SRCS :=
@@ -97,24 +102,24 @@ print-build:
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) -MMD -MP -c $< -o $@
+	$(call say,CC)$(CC) $(BASE_CFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) $(MPI_CFLAGS) -MMD -MP -c $< -o $@
+	$(call say,NVCC)$(NVCC) $(NVCC_FLAGS) $(MPI_CFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/asan/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) $(SAN_FLAGS) -UEPD_HAVE_CUDA -UEPD_HAVE_NCCL -MMD -MP -c $< -o $@
+	$(call say,CC)$(CC) $(BASE_CFLAGS) $(SAN_FLAGS) -UEPD_HAVE_CUDA -UEPD_HAVE_NCCL -MMD -MP -c $< -o $@
 
 # A unit test links its own module's sources only (test_<m>_SRCS), plus cmocka.
 define unit_test_rules
 $(BUILD)/tests/test_$(1): $(BUILD)/obj/tests/unit/test_$(1).o $(call obj,$(test_$(1)_SRCS))
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(BASE_CFLAGS) -o $$@ $$^ $$(CMOCKA_LIBS) $$(LDLIBS_ALL)
+	$$(call say,LD)$$(CC) $$(BASE_CFLAGS) -o $$@ $$^ $$(CMOCKA_LIBS) $$(LDLIBS_ALL)
 $(BUILD)/asan/tests/test_$(1): $(BUILD)/asan/tests/unit/test_$(1).o $(call asanobj,$(filter %.c,$(test_$(1)_SRCS)))
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(BASE_CFLAGS) $$(SAN_FLAGS) -UEPD_HAVE_CUDA -o $$@ $$^ $$(CMOCKA_LIBS) $$(PKG_LIBS) $$(MPI_LIBS) -lpthread -lm
+	$$(call say,LD)$$(CC) $$(BASE_CFLAGS) $$(SAN_FLAGS) -UEPD_HAVE_CUDA -o $$@ $$^ $$(CMOCKA_LIBS) $$(PKG_LIBS) $$(MPI_LIBS) -lpthread -lm
 endef
 $(foreach t,$(UNIT_TESTS),$(eval $(call unit_test_rules,$(t))))
 

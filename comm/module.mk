@@ -11,7 +11,7 @@ STEP_CHECK_SRCS := tests/integration/step_check.c comm/transport_mpi.c comm/step
                    gpu/ops_host.c gpu/quant_host.c common/status.c common/parse.c
 $(BUILD)/tests/step_check: $(call obj,$(STEP_CHECK_SRCS))
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
+	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 BINS += $(BUILD)/tests/step_check
 
 # The engine (daemon/engine.c) on a real event loop without sockets, at np = 2.
@@ -19,7 +19,7 @@ ENGINE_CHECK_SRCS := tests/integration/engine_check.c daemon/engine.c comm/trans
                      comm/step.c gpu/ops_host.c gpu/quant_host.c common/status.c common/parse.c
 $(BUILD)/tests/engine_check: $(patsubst %.c,$(BUILD)/obj/%.o,$(ENGINE_CHECK_SRCS))
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
+	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 BINS += $(BUILD)/tests/engine_check
 
 # GPU transports: staged mpi (pure MPI + ops hooks, built everywhere), nccl (NCCL=1), the CUDA
@@ -33,5 +33,5 @@ STAGED_CHECK_SRCS += tests/integration/staged_check.c comm/transport_staged.c gp
                      gpu/quant_host.c common/status.c common/parse.c
 $(BUILD)/tests/staged_check: $(patsubst %.c,$(BUILD)/obj/%.o,$(STAGED_CHECK_SRCS))
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
+	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 BINS += $(BUILD)/tests/staged_check

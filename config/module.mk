@@ -8,7 +8,7 @@ test_config_SRCS := $(CONFIG_SRCS) $(COMMON_SRCS)
 $(BUILD)/fuzz-config/fuzz_config: tests/fuzz/fuzz_config.c $(CONFIG_SRCS) common/status.c common/parse.c \
         $(wildcard config/*.h common/*.h)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) -std=gnu11 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	$(call say,FUZZ)$(FUZZ_CC) -std=gnu11 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	    -D_GNU_SOURCE -I. $(shell pkg-config --cflags yaml-0.1 libcjson 2>/dev/null) -o $@ \
 	    $(filter %.c,$^) $(shell pkg-config --libs yaml-0.1 libcjson 2>/dev/null) -lm
 

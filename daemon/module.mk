@@ -13,7 +13,7 @@ EPD_CXX_LIBS = $(if $(filter 1,$(CUDA)),-lstdc++)
 
 $(BUILD)/epd: $$(call obj,$$(EPD_LINK_SRCS))
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) $(EPD_CXX_LIBS)
+	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) $(EPD_CXX_LIBS)
 
 BINS += $(BUILD)/epd
 
@@ -23,7 +23,7 @@ EPD_CLIENT_TEST_SRCS = $(COMMON_SRCS) $(PROTO_SRCS) gpu/quant_host.c gpu/ops_hos
 define daemon_test_client_rule
 $(BUILD)/tests/$(1): $(BUILD)/obj/tests/integration/$(1).o $$$$(call obj,$$$$(EPD_CLIENT_TEST_SRCS))
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(BASE_CFLAGS) -o $$@ $$^ $$(LDLIBS_ALL) $$(EPD_CXX_LIBS)
+	$$(call say,LD)$$(CC) $$(BASE_CFLAGS) -o $$@ $$^ $$(LDLIBS_ALL) $$(EPD_CXX_LIBS)
 endef
 $(foreach c,$(DAEMON_TEST_CLIENTS),$(eval $(call daemon_test_client_rule,$(c))))
 BINS += $(foreach c,$(DAEMON_TEST_CLIENTS),$(BUILD)/tests/$(c))

@@ -17,10 +17,10 @@ BINS += $(BUILD)/tests/gpu/test_quant $(BUILD)/kbench
 QUANT_GPU_OBJS := $(BUILD)/obj/gpu/quant.cu.o $(BUILD)/obj/gpu/quant_host.o
 $(BUILD)/tests/gpu/test_quant: $(BUILD)/obj/tests/gpu/test_quant.cu.o $(QUANT_GPU_OBJS)
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) -lstdc++
+	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) -lstdc++
 $(BUILD)/kbench: $(BUILD)/obj/tests/gpu/kbench.cu.o $(QUANT_GPU_OBJS)
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) -lstdc++
+	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) -lstdc++
 endif
 
 # CUDA device ops, device selection and the NCCL glue (select.c and nccl.c include CUDA headers).
@@ -37,10 +37,10 @@ OPS_CUDA_TEST_OBJS += $(BUILD)/obj/tests/gpu/test_ops_cuda.cu.o $(BUILD)/obj/gpu
                       $(patsubst %.c,$(BUILD)/obj/%.o,gpu/ops_host.c gpu/quant_host.c common/status.c)
 $(BUILD)/tests/gpu/test_ops_cuda: $(OPS_CUDA_TEST_OBJS)
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) -lstdc++
+	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) -lstdc++
 # tests/run.sh runs GPU_TESTS as $(BUILD)/tests/gpu/NAME from the repository root: a wrapper.
 $(BUILD)/tests/gpu/daemon_gpu.sh: tests/gpu/daemon_gpu.sh
 	@mkdir -p $(dir $@)
-	printf '#!/bin/sh\nexec bash tests/gpu/daemon_gpu.sh "$$@"\n' >$@ && chmod 0755 $@
+	$(call say,GEN)printf '#!/bin/sh\nexec bash tests/gpu/daemon_gpu.sh "$$@"\n' >$@ && chmod 0755 $@
 BINS += $(BUILD)/tests/gpu/test_ops_cuda $(BUILD)/tests/gpu/daemon_gpu.sh
 endif

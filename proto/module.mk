@@ -13,22 +13,22 @@ BINS += $(BUILD)/libepd.a $(BUILD)/libepd.so $(BUILD)/epd.pc $(BUILD)/epctl
 
 $(BUILD)/libepd.a: $(call obj,$(LIBEPD_SRCS))
 	@mkdir -p $(dir $@)
-	rm -f $@
-	ar rcs $@ $^
+	@rm -f $@
+	$(call say,AR)ar rcs $@ $^
 
 # Only epd_client_* is exported (proto/libepd.map); everything else stays inside the library.
 $(BUILD)/libepd.so: $(call obj,$(LIBEPD_SRCS)) proto/libepd.map
 	@mkdir -p $(dir $@)
-	$(CC) -shared -o $@ $(call obj,$(LIBEPD_SRCS)) -Wl,-soname,$(LIBEPD_SONAME) \
+	$(call say,SO)$(CC) -shared -o $@ $(call obj,$(LIBEPD_SRCS)) -Wl,-soname,$(LIBEPD_SONAME) \
 	    -Wl,--version-script=proto/libepd.map -Wl,--no-undefined $(LIBEPD_LIBS) $(LDFLAGS)
 
 $(BUILD)/epd.pc: proto/epd.pc.in
 	@mkdir -p $(dir $@)
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' $< > $@
+	$(call say,GEN)sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' $< > $@
 
 $(BUILD)/epctl: $(call obj,$(EPCTL_SRCS)) $(BUILD)/libepd.a
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) -o $@ $(call obj,$(EPCTL_SRCS)) $(BUILD)/libepd.a $(LIBEPD_LIBS) $(LDFLAGS)
+	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $(call obj,$(EPCTL_SRCS)) $(BUILD)/libepd.a $(LIBEPD_LIBS) $(LDFLAGS)
 
 # The installed epd.pc is written with the PREFIX of `make install` (which may differ from the
 # build's).
@@ -51,7 +51,7 @@ FUZZ_SRCS := tests/fuzz/fuzz_frame.c $(PROTO_SRCS) common/status.c common/parse.
 
 $(BUILD)/fuzz/fuzz_frame: $(FUZZ_SRCS) $(wildcard proto/*.h common/*.h)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) -std=gnu11 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	$(call say,FUZZ)$(FUZZ_CC) -std=gnu11 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	    -ffp-contract=off -D_GNU_SOURCE -I. $(shell pkg-config --cflags libcjson 2>/dev/null) \
 	    -o $@ $(FUZZ_SRCS) $(shell pkg-config --libs libcjson 2>/dev/null) -lm
 

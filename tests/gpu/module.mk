@@ -8,9 +8,9 @@ BINS += $(BUILD)/tests/gpu/mpi_cuda_aware
 # Its own object rule: the generic one has no CUDA include path (for cuda_runtime_api.h).
 $(BUILD)/obj/tests/gpu/mpi_cuda_aware.o: tests/gpu/mpi_cuda_aware.c
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) -I$(CUDA_HOME)/include -MMD -MP -c $< -o $@
+	$(call say,CC)$(CC) $(BASE_CFLAGS) -I$(CUDA_HOME)/include -MMD -MP -c $< -o $@
 
 $(BUILD)/tests/gpu/mpi_cuda_aware: $(patsubst %.c,$(BUILD)/obj/%.o,$(MPI_CUDA_AWARE_SRCS))
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) -o $@ $^ $(MPI_LIBS) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lm
+	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(MPI_LIBS) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lm
 endif
