@@ -9,6 +9,7 @@
 #ifndef EPD_GPU_OPS_H
 #define EPD_GPU_OPS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -58,6 +59,8 @@ typedef struct epd_ops_event epd_ops_event_t; /* completion marker of async copi
 
 typedef struct epd_ops {
     const char *name; /* "host" or "cuda" */
+    /* Ops memory is device memory, not addressable by the host (false: plain host memory). */
+    bool device_memory;
 
     epd_status_t (*init)(int device_id, epd_ops_ctx_t **ctx_p, char err[EPD_ERR_LEN]);
     void (*fini)(epd_ops_ctx_t *ctx);

@@ -1182,6 +1182,7 @@ static const char *cuda_last_error(epd_ops_ctx_t *ctx)
 
 extern "C" const epd_ops_t epd_ops_cuda = {
     /* name */ "cuda",
+    /* device_memory */ true,
     /* init */ cuda_init,
     /* fini */ cuda_fini,
     /* alloc */ cuda_alloc,

@@ -449,6 +449,7 @@ static epd_status_t host_copy_async(epd_ops_ctx_t *ctx, void *dst, const void *s
 
 const epd_ops_t epd_ops_host = {
     .name = "host",
+    .device_memory = false,
     .init = host_init,
     .fini = host_fini,
     .alloc = host_alloc,
