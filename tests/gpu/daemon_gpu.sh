@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# The daemon on 2 GPUs (2 ranks, device.backend = cuda) through the real sockets, on every GPU
-# transport this build has: staged mpi (dispatch.mpi_cuda_aware = false, small chunks), direct
-# mpi (when the MPI it was built with is CUDA-aware: make MPI_HOME=<scripts/cuda-mpi.sh prefix>),
-# nccl (when built with NCCL). BF16 and FP8 (group128 / per_token, fp32 / ue8m0), identity and
-# scale experts, random batches with empty slots, checked bit for bit against the reference by
-# build/tests/check_client. Skips visibly without 2 GPUs; says which transports it could not try.
+# The daemon (2 ranks, device.backend = cuda) through the real sockets, on 2 GPUs or with both
+# ranks sharing one, on every GPU transport this build has: staged mpi (dispatch.mpi_cuda_aware =
+# false, small chunks), direct mpi (when the MPI it was built with is CUDA-aware: make
+# MPI_HOME=<scripts/cuda-mpi.sh prefix>), nccl (when built with NCCL); on one GPU staged only.
+# BF16 and FP8 (group128 / per_token, fp32 / ue8m0), identity and scale experts, random batches
+# with empty slots, checked bit for bit against the reference by build/tests/check_client. Skips
+# visibly without a GPU; says which transports it could not try.
 source "$(dirname "$(readlink -f "$0")")/../integration/daemon_lib.bash"
 
 n_gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-((n_gpus >= 2)) || skip "no GPU pair: needs 2 GPUs, found ${n_gpus:-0}"
+((n_gpus >= 1)) || skip "no GPU: needs 1 GPU (2 ranks share it) or 2, found ${n_gpus:-0}"
+# One GPU: both ranks on device 0, staged mpi only (NCCL refuses two ranks on one GPU, and the
+# direct path needs a CUDA-aware MPI across two devices to mean anything).
+share=()
+((n_gpus >= 2)) || share=(--set device.id=0)
 
 model=(--set model.hidden=7168 --set model.num_experts=256 --set model.topk=8
        --set dispatch.max_tokens_per_request=256 --set device.backend=cuda)
@@ -21,13 +26,13 @@ wires=(
     "--set dispatch.dtype=fp8 --set dispatch.scale=per_token --set dispatch.scale_format=ue8m0 --set experts.kind=scale"
 )
 
-# gpu_start ARGS...: 2 ranks on GPUs 0 and 1, waits (90 s at most: CUDA and NCCL start-up) until
+# gpu_start ARGS...: 2 ranks on GPUs 0 and 1 (both on GPU 0 when there is one), waits (90 s at most: CUDA and NCCL start-up) until
 # both answer health. EPD_TEST_STAGED_CHUNK goes to the ranks.
 gpu_start() {
     EPD_LOG=$TMP/epd.log
     setsid "$MPIRUN" --oversubscribe -np 2 --mca pml ucx --mca pml_ucx_tls any \
         --mca pml_ucx_devices any -x EPD_TEST_STAGED_CHUNK "$EPD" \
-        --set "socket.path=$TMP/epd-%r.sock" "${model[@]}" "$@" >"$EPD_LOG" 2>&1 &
+        --set "socket.path=$TMP/epd-%r.sock" "${model[@]}" "${share[@]}" "$@" >"$EPD_LOG" 2>&1 &
     EPD_PID=$!
     epd_wait_healthy 2 90 "$*"
 }
@@ -61,7 +66,9 @@ export EPD_TEST_STAGED_CHUNK= # empty: the default chunk
 
 # direct: only where the MPI this build uses says it is CUDA-aware
 ompi_info=$(dirname "$(command -v "$MPIRUN")")/ompi_info
-if [[ -x $ompi_info ]] && "$ompi_info" --parsable --all 2>/dev/null |
+if ((n_gpus < 2)); then
+    echo "note: direct mpi and nccl not tried: 2 ranks share the one GPU"
+elif [[ -x $ompi_info ]] && "$ompi_info" --parsable --all 2>/dev/null |
         grep -q 'mpi_built_with_cuda_support:value:true'; then
     for w in "${wires[@]}"; do
         run_case direct "mpi: MPI_Alltoallv directly on device buffers" $((seed++)) \
@@ -74,7 +81,9 @@ else
 fi
 
 # nccl: only in an NCCL build
-if ldd "$EPD" 2>/dev/null | grep -q libnccl; then
+if ((n_gpus < 2)); then
+    :
+elif ldd "$EPD" 2>/dev/null | grep -q libnccl; then
     for w in "${wires[@]}"; do
         run_case nccl "nccl: " $((seed++)) --set dispatch.transport=nccl $w
     done
@@ -83,4 +92,4 @@ else
     echo "note: nccl not tried: $EPD is built without NCCL"
 fi
 
-echo "PASS: 2 GPUs, transports: ${tried[*]} (bf16, fp8 group128/per_token x fp32/ue8m0, identity/scale)"
+echo "PASS: $((n_gpus >= 2 ? 2 : 1)) GPU(s), 2 ranks, transports: ${tried[*]} (bf16, fp8 group128/per_token x fp32/ue8m0, identity/scale)"
