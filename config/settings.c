@@ -288,9 +288,9 @@ static bool parse_number(const epd_setting_t *row, const char *text, epd_config_
 /* The name of value v of an ENUM row; "?" when v is none of its values. */
 static const char *enum_name(const epd_setting_t *row, int v)
 {
-    for (int i = 0; row->choices[i] != NULL; i++)
-        if (i == v) return row->choices[i];
-    return "?";
+    int count = 0;
+    while (row->choices[count] != NULL) count++;
+    return v >= 0 && v < count ? row->choices[v] : "?";
 }
 
 static bool parse_enum(const epd_setting_t *row, const char *text, epd_config_t *cfg,
