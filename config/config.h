@@ -125,15 +125,10 @@ size_t epd_config_to_json(const epd_config_t *cfg, char *buf, size_t len);
  * contract as snprintf. */
 size_t epd_config_fingerprint(const epd_config_t *cfg, char *buf, size_t len);
 
-/* Short names used in logs and replies: "fp8"/"bf16", "group128"/"per_token", ... */
-const char *epd_wire_dtype_name(epd_wire_dtype_t dtype);
-const char *epd_scale_kind_name(epd_scale_kind_t kind);
-const char *epd_scale_fmt_name(epd_scale_fmt_t fmt);
-const char *epd_transport_kind_name(epd_transport_kind_t kind);
-const char *epd_expert_kind_name(epd_expert_kind_t kind);
-const char *epd_backend_name(epd_backend_t backend);
-const char *epd_tristate_name(epd_tristate_t value);   /* "auto"/"true"/"false" */
-const char *epd_log_level_name(epd_log_level_t level); /* "error"/"warn"/"info"/"debug" */
+/* The name of an enum setting's value, as the settings table spells it for logs and replies:
+ * epd_config_enum_name("dispatch.dtype", EPD_WIRE_BF16) is "bf16". A static string; "?" when key
+ * is not an enum setting or value is not one of its values. */
+const char *epd_config_enum_name(const char *key, int value);
 
 /* Writes an origin the way --print-config shows it: "default", "FILE:LINE", "env NAME",
  * "legacy env NAME (deprecated)" or "cli". Same contract as snprintf. */

@@ -14,14 +14,27 @@
 
 _Static_assert(sizeof(epd_wire_dtype_t) == sizeof(int), "enum settings are stored as int");
 
-static const char *const wire_dtype_names[] = {"fp8", "bf16", NULL};
-static const char *const scale_kind_names[] = {"group128", "per_token", NULL};
-static const char *const scale_fmt_names[] = {"fp32", "ue8m0", NULL};
-static const char *const transport_names[] = {"auto", "mpi", "nccl", NULL};
-static const char *const tristate_names[] = {"auto", "true", "false", NULL};
-static const char *const expert_kind_names[] = {"identity", "scale", NULL};
-static const char *const backend_names[] = {"auto", "cuda", "cpu", NULL};
-static const char *const log_level_names[] = {"error", "warn", "info", "debug", NULL};
+/* The value names of each enum setting, indexed by the C enum (its row's .choices). */
+static const char *const wire_dtype_names[] = {[EPD_WIRE_FP8] = "fp8", [EPD_WIRE_BF16] = "bf16",
+                                               NULL};
+static const char *const scale_kind_names[] = {[EPD_SCALE_GROUP128] = "group128",
+                                               [EPD_SCALE_PER_TOKEN] = "per_token", NULL};
+static const char *const scale_fmt_names[] = {[EPD_SCALE_FMT_FP32] = "fp32",
+                                              [EPD_SCALE_FMT_UE8M0] = "ue8m0", NULL};
+static const char *const transport_names[] = {[EPD_TRANSPORT_AUTO] = "auto",
+                                              [EPD_TRANSPORT_MPI] = "mpi",
+                                              [EPD_TRANSPORT_NCCL] = "nccl", NULL};
+static const char *const tristate_names[] = {[EPD_TRISTATE_AUTO] = "auto",
+                                             [EPD_TRISTATE_TRUE] = "true",
+                                             [EPD_TRISTATE_FALSE] = "false", NULL};
+static const char *const expert_kind_names[] = {[EPD_EXPERTS_IDENTITY] = "identity",
+                                                [EPD_EXPERTS_SCALE] = "scale", NULL};
+static const char *const backend_names[] = {[EPD_BACKEND_AUTO] = "auto",
+                                            [EPD_BACKEND_CUDA] = "cuda",
+                                            [EPD_BACKEND_CPU] = "cpu", NULL};
+static const char *const log_level_names[] = {[EPD_LOG_ERROR] = "error", [EPD_LOG_WARN] = "warn",
+                                              [EPD_LOG_INFO] = "info", [EPD_LOG_DEBUG] = "debug",
+                                              NULL};
 
 static bool check_socket_path(const char *text, char problem[EPD_ERR_LEN]);
 
@@ -272,6 +285,14 @@ static bool parse_number(const epd_setting_t *row, const char *text, epd_config_
     return true;
 }
 
+/* The name of value v of an ENUM row; "?" when v is none of its values. */
+static const char *enum_name(const epd_setting_t *row, int v)
+{
+    int count = 0;
+    while (row->choices[count] != NULL) count++;
+    return v >= 0 && v < count ? row->choices[v] : "?";
+}
+
 static bool parse_enum(const epd_setting_t *row, const char *text, epd_config_t *cfg,
                        char problem[EPD_ERR_LEN])
 {
@@ -365,13 +386,7 @@ size_t epd_setting_format(const epd_setting_t *row, const epd_config_t *cfg, cha
     case EPD_SETTING_U32: n = snprintf(buf, len, "%" PRIu32, *(const uint32_t *)value); break;
     case EPD_SETTING_U64: n = snprintf(buf, len, "%" PRIu64, *(const uint64_t *)value); break;
     case EPD_SETTING_I32: n = snprintf(buf, len, "%" PRId32, *(const int32_t *)value); break;
-    case EPD_SETTING_ENUM: {
-        int v = *(const int *)value;
-        int count = 0;
-        while (row->choices[count] != NULL) count++;
-        n = snprintf(buf, len, "%s", v >= 0 && v < count ? row->choices[v] : "?");
-        break;
-    }
+    case EPD_SETTING_ENUM: n = snprintf(buf, len, "%s", enum_name(row, *(const int *)value)); break;
     case EPD_SETTING_UIDS: {
         const uint32_t *uids = value;
         uint32_t count = *(const uint32_t *)(const void *)((const char *)cfg + row->count_offset);
@@ -444,50 +459,10 @@ const char *epd_setting_type_name(epd_setting_type_t type)
     return "?";
 }
 
-/* Name of enum value v in a NULL-terminated name table; "?" when out of range. */
-static const char *choice_name(const char *const *names, size_t count, int v)
+const char *epd_config_enum_name(const char *key, int value)
 {
-    return v >= 0 && (size_t)v < count - 1 ? names[v] : "?";
-}
-
-const char *epd_wire_dtype_name(epd_wire_dtype_t dtype)
-{
-    return choice_name(wire_dtype_names, EPD_ARRAY_SIZE(wire_dtype_names), (int)dtype);
-}
-
-const char *epd_scale_kind_name(epd_scale_kind_t kind)
-{
-    return choice_name(scale_kind_names, EPD_ARRAY_SIZE(scale_kind_names), (int)kind);
-}
-
-const char *epd_scale_fmt_name(epd_scale_fmt_t fmt)
-{
-    return choice_name(scale_fmt_names, EPD_ARRAY_SIZE(scale_fmt_names), (int)fmt);
-}
-
-const char *epd_transport_kind_name(epd_transport_kind_t kind)
-{
-    return choice_name(transport_names, EPD_ARRAY_SIZE(transport_names), (int)kind);
-}
-
-const char *epd_tristate_name(epd_tristate_t value)
-{
-    return choice_name(tristate_names, EPD_ARRAY_SIZE(tristate_names), (int)value);
-}
-
-const char *epd_expert_kind_name(epd_expert_kind_t kind)
-{
-    return choice_name(expert_kind_names, EPD_ARRAY_SIZE(expert_kind_names), (int)kind);
-}
-
-const char *epd_backend_name(epd_backend_t backend)
-{
-    return choice_name(backend_names, EPD_ARRAY_SIZE(backend_names), (int)backend);
-}
-
-const char *epd_log_level_name(epd_log_level_t level)
-{
-    return choice_name(log_level_names, EPD_ARRAY_SIZE(log_level_names), (int)level);
+    const epd_setting_t *row = epd_setting_by_name(key);
+    return row != NULL && row->type == EPD_SETTING_ENUM ? enum_name(row, value) : "?";
 }
 
 /* Edit distance between a and b, capped: returns cap as soon as it is certain to be >= cap. */

@@ -221,7 +221,7 @@ static void bench_one(bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t dtype, b
                      first_bad);
         if (!ok && b->rank != 0)
             fprintf(stderr, "epd bench: rank %d: %u tokens %s skipped: %s\n", b->rank, tokens,
-                    epd_wire_dtype_name(dtype), err);
+                    epd_config_enum_name("dispatch.dtype", dtype), err);
         goto out;
     }
 
@@ -308,8 +308,9 @@ static void print_header(const bench_ctx_t *b)
     if (b->json) return;
     printf("epd bench: %d ranks, hidden %u, %u experts, top-%u, experts %s, FP8 scales %s/%s\n",
            b->world, cfg->model.hidden, cfg->model.num_experts, cfg->model.topk,
-           epd_expert_kind_name(cfg->experts.kind), epd_scale_kind_name(cfg->dispatch.scale),
-           epd_scale_fmt_name(cfg->dispatch.scale_format));
+           epd_config_enum_name("experts.kind", cfg->experts.kind),
+           epd_config_enum_name("dispatch.scale", cfg->dispatch.scale),
+           epd_config_enum_name("dispatch.scale_format", cfg->dispatch.scale_format));
     printf("  ops %s (%s); transport %s (%s)\n", b->backend.ops->name, b->backend.device_reason,
            b->backend.transport->name, b->backend.transport_reason);
     printf("  %u timed steps after %d warm-up; each time is the max over ranks of one step, then "
@@ -327,7 +328,7 @@ static void print_result(const bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t
                          const bench_result_t *r, const char *skip)
 {
     const epd_config_t *cfg = b->cfg;
-    const char *dn = epd_wire_dtype_name(dtype);
+    const char *dn = epd_config_enum_name("dispatch.dtype", dtype);
     char b0[32], b1[32], b2[32], b3[32];
 
     if (b->json) {
@@ -336,9 +337,10 @@ static void print_result(const bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t
                "\"scale_format\":\"%s\",\"ops\":\"%s\",\"transport\":\"%s\",\"iters\":%u,"
                "\"warmup\":%d,\"timing\":\"max_over_ranks\"",
                tokens, dn, b->world, cfg->model.hidden, cfg->model.num_experts, cfg->model.topk,
-               epd_expert_kind_name(cfg->experts.kind), epd_scale_kind_name(cfg->dispatch.scale),
-               epd_scale_fmt_name(cfg->dispatch.scale_format), b->backend.ops->name,
-               b->backend.transport->name, b->iters, BENCH_WARMUP);
+               epd_config_enum_name("experts.kind", cfg->experts.kind),
+               epd_config_enum_name("dispatch.scale", cfg->dispatch.scale),
+               epd_config_enum_name("dispatch.scale_format", cfg->dispatch.scale_format),
+               b->backend.ops->name, b->backend.transport->name, b->iters, BENCH_WARMUP);
         if (!r->ran) {
             printf(",\"skipped\":\"");
             for (const char *p = skip; *p; p++) printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);

@@ -20,7 +20,6 @@
 #include "common/clock.h"
 #include "daemon/log.h"
 #include "daemon/server.h"
-#include "gpu/quant.h"
 #include "proto/frame.h"
 
 /* How long a closing connection (framing error, daemon stopping) may take to read its answers. */
@@ -166,11 +165,10 @@ static void conn_fail_framing(epd_conn_t *c, bool has_id, uint64_t id, epd_statu
     if (c->state != CONN_CLOSED) conn_set_state(c, CONN_CLOSING);
 }
 
-/* SUBMIT: full validation (shapes, dtypes, ids, weights by the codec; x finite here), then the
- * engine. The request keeps the frame's payload as its storage (no copy). */
+/* SUBMIT: full validation by the codec (one pass: shapes, dtypes, ids, weights, x finite), then
+ * the engine. The request keeps the frame's payload as its storage (no copy). */
 static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
 {
-    const epd_config_t *cfg = epd_server_config(c->server);
     epd_submit_view_t view;
     char err[EPD_ERR_LEN];
     epd_status_t status;
@@ -183,14 +181,6 @@ static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
             conn_fail_framing(c, has_id, frame->id, status, err);
         else
             conn_send_error(c, has_id, frame->id, status, err);
-        return;
-    }
-
-    int64_t bad = epd_bf16_find_non_finite(view.x, (size_t)view.n_tokens * cfg->model.hidden);
-    if (bad >= 0) {
-        snprintf(err, sizeof(err), "x[%" PRId64 "][%" PRId64 "] is not finite (Inf or NaN)",
-                 bad / (int64_t)cfg->model.hidden, bad % (int64_t)cfg->model.hidden);
-        conn_send_error(c, true, view.id, EPD_ERR_NON_FINITE_INPUT, err);
         return;
     }
 

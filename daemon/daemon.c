@@ -308,12 +308,13 @@ int epd_daemon_run(const epd_args_t *args)
     epd_log_info("serving on %s (mode %04o): %d ranks, %" PRIu32 " experts, hidden %" PRIu32
                  ", top-%" PRIu32 ", dispatch %s, experts %s", d.path,
                  (unsigned)d.cfg->socket.mode, d.world, d.cfg->model.num_experts,
-                 d.cfg->model.hidden, d.cfg->model.topk, epd_wire_dtype_name(d.cfg->dispatch.dtype),
-                 epd_expert_kind_name(d.cfg->experts.kind));
+                 d.cfg->model.hidden, d.cfg->model.topk,
+                 epd_config_enum_name("dispatch.dtype", d.cfg->dispatch.dtype),
+                 epd_config_enum_name("experts.kind", d.cfg->experts.kind));
     if (d.rank == 0) {
         char state[256];
         snprintf(state, sizeof(state), "READY=1\nSTATUS=serving: %d ranks, dispatch %s", d.world,
-                 epd_wire_dtype_name(d.cfg->dispatch.dtype));
+                 epd_config_enum_name("dispatch.dtype", d.cfg->dispatch.dtype));
         if (epd_notify_send(getenv("NOTIFY_SOCKET"), state, &sent, err) != EPD_OK)
             epd_log_warn("systemd notify: %s", err);
         else if (sent)

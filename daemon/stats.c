@@ -64,8 +64,8 @@ char *epd_stats_json(const epd_stats_view_t *view)
 
     fprintf(f, "{\"rank\":%d,\"world\":%d,\"uptime_s\":%.3f,\"dtype\":\"%s\","
                "\"bytes_per_token\":%.3f,",
-            view->rank, view->world, view->uptime_s, epd_wire_dtype_name(view->dtype),
-            bytes_per_token(view));
+            view->rank, view->world, view->uptime_s,
+            epd_config_enum_name("dispatch.dtype", view->dtype), bytes_per_token(view));
     fprintf(f,
             "\"engine\":{\"steps\":%" PRIu64 ",\"tokens\":%" PRIu64 ",\"requests\":%" PRIu64
             ",\"queued_tokens\":%" PRIu64 ",\"queued_requests\":%" PRIu64
@@ -127,7 +127,7 @@ char *epd_stats_metrics(const epd_stats_view_t *view)
 
     metric_head(f, "epd_info", "gauge", "Constant 1, labelled with this rank's identity.");
     fprintf(f, "epd_info{rank=\"%d\",world=\"%d\",version=\"%s\",dtype=\"%s\"} 1\n", view->rank,
-            view->world, EPD_VERSION, epd_wire_dtype_name(view->dtype));
+            view->world, EPD_VERSION, epd_config_enum_name("dispatch.dtype", view->dtype));
     metric_seconds(f, "epd_uptime_seconds", "Seconds since this rank started serving.",
                    view->uptime_s);
     metric_u64(f, "epd_steps_total", "counter", "Steps this rank has taken part in.", e->steps);

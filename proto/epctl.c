@@ -17,6 +17,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/bf16.h"
 #include "common/parse.h"
 #include "common/rng.h"
 #include "proto/epd.h"
@@ -406,21 +407,6 @@ static double rng_normal(uint64_t *r)
     return sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2);
 }
 
-static uint16_t f32_to_bf16(float f)
-{
-    uint32_t bits;
-    memcpy(&bits, &f, 4);
-    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-
-static float bf16_to_f32(uint16_t b)
-{
-    uint32_t bits = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
 typedef struct batch {
     uint16_t *x;
     int32_t *ids;
@@ -458,7 +444,7 @@ static int batch_make(batch_t *bt, const model_t *m, uint32_t n, uint64_t seed)
     for (size_t i = 0; i < nh; i++) {
         double v = rng_normal(&r);
         if (epd_rng_unit_f64(&r) < 0.01) v *= 30.0;
-        bt->x[i] = f32_to_bf16((float)v);
+        bt->x[i] = epd_f32_to_bf16((float)v);
     }
     for (uint32_t t = 0; t < n; t++) {
         int32_t *ids = bt->ids + (size_t)t * m->topk;
@@ -509,7 +495,7 @@ static int run_submit(const options_t *o)
     uint64_t fnv = 0xcbf29ce484222325ull;
     const uint8_t *bytes = (const uint8_t *)bt.y;
     for (size_t i = 0; i < (size_t)n * m.hidden; i++) {
-        double v = bf16_to_f32(bt.y[i]);
+        double v = epd_bf16_to_f32(bt.y[i]);
         sum += v;
         abs_sum += fabs(v);
     }

@@ -210,10 +210,10 @@ typedef struct epd_submit_view {
  *   too_many_tokens     N > limits->max_tokens;
  *   expert_out_of_range an id not in [0, E) and not -1;
  *   invalid_topk        a token with the same expert id twice (-1 may repeat);
- *   non_finite_input    a weight that is Inf or NaN (every slot, -1 slots included).
+ *   non_finite_input    a weight that is Inf or NaN (every slot, -1 slots included), then a
+ *                       value of x that is Inf or NaN (bf16 exponent all ones).
  * Whenever the frame's id is valid, view_p->id holds it (also on errors), so the caller can answer
- * ERROR with that id. x is not checked for non-finite values here (the daemon does that with the
- * device's numerics). EPD_ERR_INVALID_ARG if the frame is not a SUBMIT (or H or K is 0);
+ * ERROR with that id. EPD_ERR_INVALID_ARG if the frame is not a SUBMIT (or H or K is 0);
  * EPD_ERR_NO_MEMORY if the duplicate check's bitmap (E > 4096 bits) cannot be allocated. */
 epd_status_t epd_submit_validate(const epd_frame_t *frame, const epd_submit_limits_t *limits,
                                  epd_submit_view_t *view_p, char err[EPD_ERR_LEN]);

@@ -1,11 +1,12 @@
-/* The meaning of frames: full validation of a SUBMIT (schema, tensors, shapes, ids, weights) into
- * borrowed views, and the encoders of SUBMIT, RESULT, ERROR, CONTROL and REPLY frames. */
+/* The meaning of frames: full validation of a SUBMIT (schema, tensors, shapes, ids, weights, x)
+ * into borrowed views, and the encoders of SUBMIT, RESULT, ERROR, CONTROL and REPLY frames. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/bf16.h"
 #include "proto/frame.h"
 
 enum { T_X = 0, T_IDS, T_WEIGHTS, T_COUNT };
@@ -146,6 +147,21 @@ static epd_status_t check_ids(const int32_t *ids, uint64_t n_tokens, uint32_t to
     return status;
 }
 
+/* Index of the first bf16 value of x[n] that is Inf or NaN, or -1 when all are finite. */
+static int64_t find_non_finite(const uint16_t *x, uint64_t n)
+{
+    uint64_t i = 0;
+    /* branch-free blocks (the compiler vectorizes them) until one holds a non-finite value */
+    for (; i + 64 <= n; i += 64) {
+        unsigned bad = 0;
+        for (uint64_t k = 0; k < 64; k++) bad |= !epd_bf16_is_finite(x[i + k]);
+        if (bad) break;
+    }
+    for (; i < n; i++)
+        if (!epd_bf16_is_finite(x[i])) return (int64_t)i;
+    return -1;
+}
+
 epd_status_t epd_submit_validate(const epd_frame_t *frame, const epd_submit_limits_t *limits,
                                  epd_submit_view_t *view_p, char err[EPD_ERR_LEN])
 {
@@ -225,6 +241,12 @@ epd_status_t epd_submit_validate(const epd_frame_t *frame, const epd_submit_limi
                      isnan(view_p->topk_weights[i]) ? "NaN" : "infinite");
             return EPD_ERR_NON_FINITE_INPUT;
         }
+    }
+    int64_t bad = find_non_finite(view_p->x, n_tokens * limits->hidden);
+    if (bad >= 0) {
+        snprintf(err, EPD_ERR_LEN, "x[%" PRId64 "][%" PRId64 "] is not finite (Inf or NaN)",
+                 bad / (int64_t)limits->hidden, bad % (int64_t)limits->hidden);
+        return EPD_ERR_NON_FINITE_INPUT;
     }
     return EPD_OK;
 }

@@ -27,6 +27,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/bf16.h"
 #include "common/parse.h"
 #include "common/rng.h"
 #include "gpu/ops.h"
@@ -235,15 +236,6 @@ static bool describe_target(target_t *t, char err[EPD_ERR_LEN])
     return ok;
 }
 
-/* xorshift64*: reproducible per client. */
-static uint16_t bf16_of(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof(u));
-    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even; inputs are finite */
-    return (uint16_t)(u >> 16);
-}
-
 typedef struct request {
     uint64_t id;
     uint32_t n;
@@ -277,7 +269,7 @@ static bool request_make(request_t *r, uint64_t id, const target_t *t, const opt
         for (uint32_t h = 0; h < s->hidden; h++) {
             float v = (epd_rng_unit_f32(rng) * 2.0f - 1.0f) * mag;
             if ((epd_rng_next(rng) & 63) == 0) v = 0.0f;
-            r->x[(size_t)i * s->hidden + h] = bf16_of(v);
+            r->x[(size_t)i * s->hidden + h] = epd_f32_to_bf16(v);
         }
         for (uint32_t k = 0; k < s->topk; k++) {
             int32_t e;

@@ -20,6 +20,14 @@ static void test_common__status_names__round_trip(void **state)
     assert_true(epd_status_is_framing(EPD_ERR_BAD_JSON));
     assert_false(epd_status_is_framing(EPD_ERR_BAD_TENSOR));
     assert_int_equal(epd_status_from_name("no_such_code"), EPD_ERR_INTERNAL);
+    /* every status has its own name; local ones never parse back as wire codes */
+    for (int s = EPD_OK; s < EPD_STATUS_MAX; s++) {
+        assert_string_not_equal(epd_status_name((epd_status_t)s), "unknown");
+        if (s > EPD_ERR_INTERNAL)
+            assert_int_equal(epd_status_from_name(epd_status_name((epd_status_t)s)),
+                             EPD_ERR_INTERNAL);
+    }
+    assert_string_equal(epd_status_name(EPD_STATUS_MAX), "unknown");
 }
 
 static void test_common__parse_u64__checks_range_and_junk(void **state)

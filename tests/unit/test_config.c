@@ -941,25 +941,43 @@ static void test_config__fingerprint__changes_with_any_value(void **state)
 
 static void test_config__names__every_enum_value(void **state)
 {
+    static const struct {
+        const char *key;
+        int value;
+        const char *name;
+    } cases[] = {
+        {"dispatch.dtype", EPD_WIRE_FP8, "fp8"},
+        {"dispatch.dtype", EPD_WIRE_BF16, "bf16"},
+        {"dispatch.scale", EPD_SCALE_GROUP128, "group128"},
+        {"dispatch.scale", EPD_SCALE_PER_TOKEN, "per_token"},
+        {"dispatch.scale_format", EPD_SCALE_FMT_FP32, "fp32"},
+        {"dispatch.scale_format", EPD_SCALE_FMT_UE8M0, "ue8m0"},
+        {"dispatch.transport", EPD_TRANSPORT_AUTO, "auto"},
+        {"dispatch.transport", EPD_TRANSPORT_MPI, "mpi"},
+        {"dispatch.transport", EPD_TRANSPORT_NCCL, "nccl"},
+        {"dispatch.mpi_cuda_aware", EPD_TRISTATE_AUTO, "auto"},
+        {"dispatch.mpi_cuda_aware", EPD_TRISTATE_TRUE, "true"},
+        {"dispatch.mpi_cuda_aware", EPD_TRISTATE_FALSE, "false"},
+        {"experts.kind", EPD_EXPERTS_IDENTITY, "identity"},
+        {"experts.kind", EPD_EXPERTS_SCALE, "scale"},
+        {"device.backend", EPD_BACKEND_AUTO, "auto"},
+        {"device.backend", EPD_BACKEND_CUDA, "cuda"},
+        {"device.backend", EPD_BACKEND_CPU, "cpu"},
+        {"log.level", EPD_LOG_ERROR, "error"},
+        {"log.level", EPD_LOG_WARN, "warn"},
+        {"log.level", EPD_LOG_INFO, "info"},
+        {"log.level", EPD_LOG_DEBUG, "debug"},
+        /* out of range, not an enum setting, no such setting */
+        {"dispatch.dtype", 2, "?"},
+        {"device.backend", -1, "?"},
+        {"model.hidden", 0, "?"},
+        {"dispatch.dtypo", 0, "?"},
+        {NULL, 0, "?"},
+    };
     (void)state;
-    assert_string_equal(epd_wire_dtype_name(EPD_WIRE_FP8), "fp8");
-    assert_string_equal(epd_wire_dtype_name(EPD_WIRE_BF16), "bf16");
-    assert_string_equal(epd_scale_kind_name(EPD_SCALE_GROUP128), "group128");
-    assert_string_equal(epd_scale_kind_name(EPD_SCALE_PER_TOKEN), "per_token");
-    assert_string_equal(epd_scale_fmt_name(EPD_SCALE_FMT_FP32), "fp32");
-    assert_string_equal(epd_scale_fmt_name(EPD_SCALE_FMT_UE8M0), "ue8m0");
-    assert_string_equal(epd_transport_kind_name(EPD_TRANSPORT_AUTO), "auto");
-    assert_string_equal(epd_transport_kind_name(EPD_TRANSPORT_MPI), "mpi");
-    assert_string_equal(epd_transport_kind_name(EPD_TRANSPORT_NCCL), "nccl");
-    assert_string_equal(epd_expert_kind_name(EPD_EXPERTS_IDENTITY), "identity");
-    assert_string_equal(epd_expert_kind_name(EPD_EXPERTS_SCALE), "scale");
-    assert_string_equal(epd_backend_name(EPD_BACKEND_AUTO), "auto");
-    assert_string_equal(epd_backend_name(EPD_BACKEND_CUDA), "cuda");
-    assert_string_equal(epd_backend_name(EPD_BACKEND_CPU), "cpu");
-    assert_string_equal(epd_tristate_name(EPD_TRISTATE_FALSE), "false");
-    assert_string_equal(epd_log_level_name(EPD_LOG_DEBUG), "debug");
-    assert_string_equal(epd_wire_dtype_name((epd_wire_dtype_t)7), "?");
-    assert_string_equal(epd_backend_name((epd_backend_t)-1), "?");
+    for (size_t i = 0; i < EPD_ARRAY_SIZE(cases); i++) {
+        assert_string_equal(epd_config_enum_name(cases[i].key, cases[i].value), cases[i].name);
+    }
 }
 
 static void test_config__help__lists_every_setting_and_alias(void **state)

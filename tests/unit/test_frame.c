@@ -1,5 +1,6 @@
 /* Unit tests of proto/ (the wire codec): round trips of every frame type, every split of the
- * stream, and malformed headers, meta and SUBMIT tensors each with its expected code. */
+ * stream, and malformed headers, meta and SUBMIT tensors (non-finite x included) each with its
+ * expected code. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -824,6 +825,71 @@ static void test_frame__non_finite_weights__is_non_finite_input(void **state)
     assert_int_equal(std_submit_data(NULL, inf_w), EPD_ERR_NON_FINITE_INPUT);
 }
 
+/* A SUBMIT of the sample data (N tokens, H 4, K 2) with x[at] replaced by the bf16 pattern bits:
+ * the validation code, and the message in err. */
+static epd_status_t sample_x_status(uint32_t n, uint32_t at, uint16_t bits, char err[EPD_ERR_LEN])
+{
+    sample_t s;
+    epd_frame_out_t out;
+    epd_frame_t frame = {0};
+    epd_submit_view_t view;
+    epd_status_t status;
+
+    sample_fill(&s, n);
+    s.x[at] = bits;
+    assert_int_equal(epd_frame_encode_submit(5, n, 4, 2, s.x, s.ids, s.w, &out, err), EPD_OK);
+    assert_int_equal(decode_bytes(flatten(&out), &frame, err), EPD_OK);
+    err[0] = '\0';
+    status = epd_submit_validate(&frame, &limits, &view, err);
+    if (status != EPD_OK) assert_true(view.id == 5);
+    epd_frame_free(&frame);
+    return status;
+}
+
+static void test_frame__non_finite_x__is_non_finite_input(void **state)
+{
+    static const uint16_t bad[] = {0x7fc0 /* NaN */, 0xffc1 /* -NaN */, 0x7f81 /* signalling */,
+                                   0x7f80 /* +Inf */, 0xff80 /* -Inf */};
+    char err[EPD_ERR_LEN];
+    (void)state;
+    for (size_t i = 0; i < EPD_ARRAY_SIZE(bad); i++) {
+        assert_int_equal(sample_x_status(2, 5, bad[i], err), EPD_ERR_NON_FINITE_INPUT);
+        assert_string_equal(err, "x[1][1] is not finite (Inf or NaN)");
+    }
+    /* the last value of a whole 64-value block, and a first value */
+    assert_int_equal(sample_x_status(16, 63, 0x7f80, err), EPD_ERR_NON_FINITE_INPUT);
+    assert_string_equal(err, "x[15][3] is not finite (Inf or NaN)");
+    assert_int_equal(sample_x_status(16, 0, 0xff80, err), EPD_ERR_NON_FINITE_INPUT);
+    assert_string_equal(err, "x[0][0] is not finite (Inf or NaN)");
+}
+
+static void test_frame__largest_finite_x__passes(void **state)
+{
+    char err[EPD_ERR_LEN];
+    (void)state;
+    assert_int_equal(sample_x_status(16, 63, 0x7f7f /* 3.39e38 */, err), EPD_OK);
+    assert_int_equal(sample_x_status(2, 0, 0xff7f /* -3.39e38 */, err), EPD_OK);
+    assert_int_equal(sample_x_status(2, 7, 0x0001 /* smallest subnormal */, err), EPD_OK);
+}
+
+static void test_frame__non_finite_weight_and_x__reports_the_weight(void **state)
+{
+    sample_t s;
+    epd_frame_out_t out;
+    epd_frame_t frame = {0};
+    epd_submit_view_t view;
+    char err[EPD_ERR_LEN];
+    (void)state;
+    sample_fill(&s, 2);
+    s.x[0] = 0x7fc0;
+    s.w[3] = INFINITY;
+    assert_int_equal(epd_frame_encode_submit(5, 2, 4, 2, s.x, s.ids, s.w, &out, err), EPD_OK);
+    assert_int_equal(decode_bytes(flatten(&out), &frame, err), EPD_OK);
+    assert_int_equal(epd_submit_validate(&frame, &limits, &view, err), EPD_ERR_NON_FINITE_INPUT);
+    assert_non_null(strstr(err, "weight is infinite"));
+    epd_frame_free(&frame);
+}
+
 static void test_frame__large_experts__checks_duplicates_with_heap_bitmap(void **state)
 {
     epd_submit_limits_t big = {.hidden = 4, .topk = 2, .num_experts = 100000, .max_tokens = 16};
@@ -897,6 +963,9 @@ int main(void)
         cmocka_unit_test(test_frame__ids_out_of_range__is_expert_out_of_range),
         cmocka_unit_test(test_frame__duplicate_ids__is_invalid_topk),
         cmocka_unit_test(test_frame__non_finite_weights__is_non_finite_input),
+        cmocka_unit_test(test_frame__non_finite_x__is_non_finite_input),
+        cmocka_unit_test(test_frame__largest_finite_x__passes),
+        cmocka_unit_test(test_frame__non_finite_weight_and_x__reports_the_weight),
         cmocka_unit_test(test_frame__large_experts__checks_duplicates_with_heap_bitmap),
         cmocka_unit_test(test_frame__dtype_names__round_trip),
     };
