@@ -115,8 +115,8 @@ static unsigned flat_blocks(uint64_t items)
 /* ---- element helpers ---------------------------------------------------------------------- */
 
 /* (row, chunk) of a flat index over [rows][per_row]. 32-bit division whenever the index fits:
- * a 64-bit one is a long subroutine on the GPU and cost these memory-bound kernels about half
- * their speed (H200, 7168-wide rows). */
+ * a 64-bit one is a long subroutine on the GPU, long enough to slow these memory-bound kernels
+ * down (docs/notes/kernels.md). */
 __device__ __forceinline__ void split_flat(uint64_t idx, uint32_t per_row, uint32_t *row, uint32_t *chunk)
 {
     if (idx <= 0xffffffffull) {

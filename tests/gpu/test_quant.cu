@@ -20,6 +20,7 @@
 
 static int n_pass, n_fail;
 static bool cpu_mode;
+static uint32_t sm_count; /* of device 0, for the launch picker */
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static uint32_t rnd(void)
@@ -211,7 +212,7 @@ static void case_quant(uint32_t rows, uint32_t hidden, epd_scale_kind_t kind, ep
         epd_quant_row_host(x + r * xs, hidden, kind, fmt, qr + r * qs, sr + r * ss);
     epd_quant_launch_t used = l ? *l : epd_quant_launch_pick(kind == EPD_SCALE_PER_TOKEN ?
                                                              EPD_QK_QUANT_TOKEN : EPD_QK_QUANT_GROUP,
-                                                             hidden, rows);
+                                                             hidden, rows, sm_count);
     snprintf(lmsg, sizeof lmsg, "%s(threads %u vec %u rows %u)", l ? "given" : "picked",
              used.threads, used.vec, used.rows);
     epd_status_t st = impl_quant(x, rows, hidden, xs, kind, fmt, qd, qs, sd, ss, l, err);
@@ -325,7 +326,7 @@ static void case_requant(uint32_t E, uint32_t cap, uint32_t hidden, epd_scale_ki
     }
     uint64_t live = 0;
     for (uint32_t e = 0; e < E; e++) live += (uint64_t)clamped[e];
-    epd_quant_launch_t used = l ? *l : epd_quant_launch_pick(EPD_QK_REQUANT, hidden, cap);
+    epd_quant_launch_t used = l ? *l : epd_quant_launch_pick(EPD_QK_REQUANT, hidden, cap, sm_count);
     report(ok, "requant %-9s E=%-3u cap=%-4u H=%-5u live=%-6llu S=%s%s%s (threads %u vec %u rows %u) %s",
            kind_name(kind), E, cap, hidden, (unsigned long long)live,
            s_mode == 0 ? "step" : s_mode == 1 ? "static-small" : "static-large",
@@ -549,6 +550,7 @@ int main(int argc, char **argv)
         CUDA_OK(cudaGetDeviceProperties(&prop, 0));
         printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor,
                prop.multiProcessorCount);
+        sm_count = (uint32_t)prop.multiProcessorCount;
         case_conversions();
         case_bad_args();
     } else {
