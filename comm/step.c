@@ -117,6 +117,7 @@ epd_status_t epd_step_create(const epd_moe_shape_t *shape, uint32_t max_tokens,
     size_t sizes[N_BUFS];
     void **bufs[N_BUFS];
     int rank = 0, world = 0;
+    char why[EPD_ERR_LEN];
 
     if (shape == NULL || ops == NULL || transport == NULL || step_p == NULL) {
         snprintf(err, EPD_ERR_LEN, "step: missing shape, ops or transport");
@@ -130,12 +131,8 @@ epd_status_t epd_step_create(const epd_moe_shape_t *shape, uint32_t max_tokens,
                  shape->rank, shape->world, rank, world);
         return EPD_ERR_INVALID_ARG;
     }
-    if (shape->hidden == 0 || shape->hidden % 128 != 0 || shape->topk == 0 ||
-        shape->num_experts == 0 || shape->num_experts % shape->world != 0) {
-        snprintf(err, EPD_ERR_LEN,
-                 "step: hidden %u must be a positive multiple of 128, topk %u positive, and "
-                 "num_experts %u a positive multiple of the %u ranks",
-                 shape->hidden, shape->topk, shape->num_experts, shape->world);
+    if (epd_moe_shape_check(shape, why) != EPD_OK) {
+        snprintf(err, EPD_ERR_LEN, "step: %.240s", why);
         return EPD_ERR_INVALID_ARG;
     }
     if (max_tokens == 0 || (uint64_t)max_tokens * shape->world > INT32_MAX) {

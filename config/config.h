@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "common/status.h"
+#include "gpu/types.h" /* the enums of the dispatch, experts and device settings */
 
 #ifdef __cplusplus
 extern "C" {
@@ -18,13 +19,8 @@ extern "C" {
 #define EPD_CONFIG_STR_LEN 256
 #define EPD_CONFIG_MAX_UIDS 32
 
-typedef enum { EPD_WIRE_FP8 = 0, EPD_WIRE_BF16 } epd_wire_dtype_t;
-typedef enum { EPD_SCALE_GROUP128 = 0, EPD_SCALE_PER_TOKEN } epd_scale_kind_t;
-typedef enum { EPD_SCALE_FMT_FP32 = 0, EPD_SCALE_FMT_UE8M0 } epd_scale_fmt_t;
 typedef enum { EPD_TRANSPORT_AUTO = 0, EPD_TRANSPORT_MPI, EPD_TRANSPORT_NCCL } epd_transport_kind_t;
 typedef enum { EPD_TRISTATE_AUTO = 0, EPD_TRISTATE_TRUE, EPD_TRISTATE_FALSE } epd_tristate_t;
-typedef enum { EPD_EXPERTS_IDENTITY = 0, EPD_EXPERTS_SCALE } epd_expert_kind_t;
-typedef enum { EPD_BACKEND_AUTO = 0, EPD_BACKEND_CUDA, EPD_BACKEND_CPU } epd_backend_t;
 typedef enum { EPD_LOG_ERROR = 0, EPD_LOG_WARN, EPD_LOG_INFO, EPD_LOG_DEBUG } epd_log_level_t;
 
 typedef struct epd_config {

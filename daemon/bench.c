@@ -468,10 +468,8 @@ int epd_bench_run(const epd_args_t *args)
         epd_config_state_free(state);
         return 2;
     }
-    if (b.cfg->model.num_experts % (uint32_t)b.world != 0) {
-        if (b.rank == 0)
-            fprintf(stderr, "epd: model.num_experts = %u is not a multiple of the %d ranks\n",
-                    b.cfg->model.num_experts, b.world);
+    if (epd_moe_experts_check(b.cfg->model.num_experts, (uint32_t)b.world, err) != EPD_OK) {
+        if (b.rank == 0) fprintf(stderr, "epd: model.%s\n", err); /* err: "num_experts = ..." */
         epd_config_state_free(state);
         return 2;
     }

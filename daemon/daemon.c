@@ -171,7 +171,8 @@ epd_status_t epd_daemon_backend_open(const epd_config_t *cfg, MPI_Comm comm, int
     epd_status_t status;
 
     memset(backend_p, 0, sizeof(*backend_p));
-    CHECK_GOTO(epd_device_select(cfg, local_rank, local_size, &device, err), out);
+    CHECK_GOTO(epd_device_select(cfg->device.backend, cfg->device.id, local_rank, local_size,
+                                 &device, err), out);
     CHECK_GOTO(device.ops->init(device.device_id, &backend_p->ops_ctx, err), out);
     backend_p->ops = device.ops;
     backend_p->device_id = device.device_id;
@@ -227,7 +228,7 @@ static void start_identity(daemon_t *d)
 
 static void start_config(daemon_t *d, const epd_args_t *args)
 {
-    char err[EPD_ERR_LEN];
+    char err[EPD_ERR_LEN], why[EPD_ERR_LEN];
 
     if (epd_daemon_load_config(args, config_warn, d, &d->state, err) != EPD_OK)
         start_fail("configuration: %s", err);
@@ -235,11 +236,8 @@ static void start_config(daemon_t *d, const epd_args_t *args)
     epd_log_set_level(d->cfg->log.level);
     check_config_identical(d);
     /* Same on every rank (the configuration is identical): only rank 0 explains, all abort. */
-    if (d->cfg->model.num_experts % (uint32_t)d->world != 0) {
-        if (d->rank == 0)
-            epd_log_error("start-up failed: model.num_experts = %" PRIu32 " is not a multiple of "
-                          "the %d ranks (each rank owns E/W experts)", d->cfg->model.num_experts,
-                          d->world);
+    if (epd_moe_experts_check(d->cfg->model.num_experts, (uint32_t)d->world, why) != EPD_OK) {
+        if (d->rank == 0) epd_log_error("start-up failed: model.%s", why); /* num_experts = ... */
         MPI_Barrier(MPI_COMM_WORLD);
         start_fail("model.num_experts %% ranks != 0");
     }

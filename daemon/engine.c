@@ -438,6 +438,21 @@ static void done_cb(evutil_socket_t fd, short what, void *arg)
 
 /* ---- the API ---- */
 
+epd_moe_shape_t epd_moe_shape_from_config(const epd_config_t *cfg, uint32_t world, uint32_t rank)
+{
+    return (epd_moe_shape_t){
+        .hidden = cfg->model.hidden,
+        .topk = cfg->model.topk,
+        .num_experts = cfg->model.num_experts,
+        .world = world,
+        .rank = rank,
+        .dtype = cfg->dispatch.dtype,
+        .scale = cfg->dispatch.scale,
+        .scale_format = cfg->dispatch.scale_format,
+        .expert_kind = cfg->experts.kind,
+    };
+}
+
 epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd_ops_t *ops,
                                epd_ops_ctx_t *ops_ctx, const epd_transport_t *transport,
                                epd_transport_ctx_t *transport_ctx, struct event_base *base,
@@ -447,6 +462,7 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
     epd_engine_t *engine;
     epd_status_t status;
     int rank, world, rc;
+    char why[EPD_ERR_LEN];
 
     if (cfg == NULL || ops == NULL || transport == NULL || base == NULL || wake == NULL ||
         engine_p == NULL) {
@@ -456,11 +472,8 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
     }
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &world);
-    if (cfg->model.num_experts % (uint32_t)world != 0) {
-        snprintf(err, EPD_ERR_LEN,
-                 "model.num_experts = %u is not a multiple of the %d ranks (experts are sharded "
-                 "evenly)",
-                 cfg->model.num_experts, world);
+    if (epd_moe_experts_check(cfg->model.num_experts, (uint32_t)world, why) != EPD_OK) {
+        snprintf(err, EPD_ERR_LEN, "model.%.240s", why); /* why: "num_experts = ..." */
         return EPD_ERR_CONFIG;
     }
     if (cfg->dispatch.max_tokens_per_step == 0) {

@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
-#include "config/config.h"
+#include "gpu/types.h"
 
 /* The shape of one MoE layer as the step sees it. */
 typedef struct epd_moe_shape {
@@ -29,8 +29,34 @@ typedef struct epd_moe_shape {
     epd_expert_kind_t expert_kind;
 } epd_moe_shape_t;
 
-/* The shape a configuration gives rank `rank` of `world` (dtype and scales from dispatch.*). */
-epd_moe_shape_t epd_moe_shape_from_config(const epd_config_t *cfg, uint32_t world, uint32_t rank);
+/* The sharding rule (DESIGN.md section 2 step 3), the one place it is checked: E experts split
+ * evenly over W ranks (W > 0, E % W == 0). EPD_OK, or EPD_ERR_INVALID_ARG with "num_experts = E
+ * is not a multiple of the W ranks (each rank owns E/W experts)" in err. */
+epd_status_t epd_moe_experts_check(uint32_t num_experts, uint32_t world, char err[EPD_ERR_LEN]);
+
+/* Checks what every op and the step rely on: hidden a positive multiple of 128, topk and experts
+ * positive, rank < world, epd_moe_experts_check, and dtype, scales and expert kind known values.
+ * EPD_OK, or EPD_ERR_INVALID_ARG with a sentence in err. */
+epd_status_t epd_moe_shape_check(const epd_moe_shape_t *shape, char err[EPD_ERR_LEN]);
+
+/* An expert kind (experts.kind, DESIGN.md section 9) on the host: what expert e does to a row.
+ * The host ops and epd_moe_reference both go through it; the CUDA ops keep a twin table of
+ * kernels (gpu/ops_cuda.cu) with the same names. A new kind is one entry in each. */
+typedef struct epd_expert_ops {
+    const char *name; /* experts.kind's value: "identity", "scale" */
+    epd_expert_kind_t kind;
+    /* acc[i] = acc[i] + w * expert_e(x)[i] for i < shape->hidden, in fp32: a multiply, then an
+     * add, never fused. x and acc are host memory of hidden floats. */
+    void (*accumulate)(const epd_moe_shape_t *shape, int32_t e, float w, const float *x,
+                       float *acc);
+    /* expert_e(x)[i] of one element, for the reference's element-by-element formulation; the
+     * same fp32 operations as accumulate's, so the two agree bit for bit. */
+    float (*element)(const epd_moe_shape_t *shape, int32_t e, float x);
+} epd_expert_ops_t;
+
+/* The host expert kinds, by kind value and by name; NULL when there is none. */
+const epd_expert_ops_t *epd_expert_ops_find(epd_expert_kind_t kind);
+const epd_expert_ops_t *epd_expert_ops_find_name(const char *name);
 
 /* Byte offsets inside one dispatch record (DESIGN.md section 2 step 4). */
 typedef struct epd_record_layout {

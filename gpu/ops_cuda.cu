@@ -1,6 +1,6 @@
 /* The CUDA implementation of the device ops (gpu/ops.h): one stream per context plus two copy
  * streams for the staged transport, and the step kernels (routing layout, pack fused with FP8
- * quantization, experts, combine). Every result equals gpu/ops_host.c byte for byte: the same
+ * quantization, experts with one table entry per expert kind, combine). Every result equals gpu/ops_host.c byte for byte: the same
  * fp32 operations in the same order (__fmul_rn/__fadd_rn, --fmad=false), gpu/fp8.h's rules. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -73,24 +73,21 @@ static epd_status_t enter(epd_ops_ctx_t *ctx)
     return EPD_OK;
 }
 
-/* Same checks as the host ops, plus the limits of these kernels. */
-static const char *shape_problem(const epd_moe_shape_t *shape)
+/* The shape check of the host ops (epd_moe_shape_check), plus the limits of these kernels; on a
+ * bad shape ctx->err says why. */
+static bool shape_fits(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape)
 {
-    if (shape == NULL) return "no shape";
-    if (shape->hidden == 0 || shape->hidden % EPD_QUANT_GROUP != 0)
-        return "hidden must be a positive multiple of 128";
-    if (shape->topk == 0 || shape->num_experts == 0 || shape->world == 0) return "empty shape";
-    if (shape->rank >= shape->world) return "rank >= world";
-    if (shape->num_experts % shape->world != 0) return "experts not a multiple of the ranks";
-    if (shape->world > LAYOUT_MAX_WORLD) return "more than 1024 ranks";
-    if (shape->dtype != EPD_WIRE_FP8 && shape->dtype != EPD_WIRE_BF16) return "unknown dtype";
-    if (shape->scale != EPD_SCALE_GROUP128 && shape->scale != EPD_SCALE_PER_TOKEN)
-        return "unknown scale kind";
-    if (shape->scale_format != EPD_SCALE_FMT_FP32 && shape->scale_format != EPD_SCALE_FMT_UE8M0)
-        return "unknown scale format";
-    if (shape->expert_kind != EPD_EXPERTS_IDENTITY && shape->expert_kind != EPD_EXPERTS_SCALE)
-        return "unknown expert kind";
-    return NULL;
+    char why[EPD_ERR_LEN];
+
+    if (epd_moe_shape_check(shape, why) != EPD_OK) {
+        snprintf(ctx->err, EPD_ERR_LEN, "cuda ops: %.240s", why);
+        return false;
+    }
+    if (shape->world > LAYOUT_MAX_WORLD) {
+        bad_arg(ctx, "more than 1024 ranks");
+        return false;
+    }
+    return true;
 }
 
 static bool aligned16(const void *p)
@@ -118,8 +115,8 @@ static unsigned flat_blocks(uint64_t items)
 /* ---- element helpers ---------------------------------------------------------------------- */
 
 /* (row, chunk) of a flat index over [rows][per_row]. 32-bit division whenever the index fits:
- * a 64-bit one is a long subroutine on the GPU and cost these memory-bound kernels about half
- * their speed (H200, 7168-wide rows). */
+ * a 64-bit one is a long subroutine on the GPU, long enough to slow these memory-bound kernels
+ * down (docs/notes/kernels.md). */
 __device__ __forceinline__ void split_flat(uint64_t idx, uint32_t per_row, uint32_t *row, uint32_t *chunk)
 {
     if (idx <= 0xffffffffull) {
@@ -569,14 +566,26 @@ struct experts_args {
     uint32_t n_records, hidden, h16, k_count, n_experts;
     int32_t lo, hi; /* this rank's experts [lo, hi) */
     uint32_t rec_size, rec_scales, rec_ids, rec_weights;
-    int per_token, scale_experts;
+    int per_token;
 };
 
-/* The factor of expert e for the scale experts (DESIGN.md section 9), 1 for identity. */
-__device__ __forceinline__ float expert_factor(const experts_args &a, int32_t e)
-{
-    return a.scale_experts ? __fadd_rn(1.0f, __fdiv_rn((float)e, (float)a.n_experts)) : 1.0f;
-}
+/* The elementwise expert kinds of the experts kernel, the device twins of gpu/ops_host.c's
+ * tables (DESIGN.md section 9), given to it as a template parameter. A kind with a factor
+ * computes y = x * f_e (the factors of the rank's experts tabulated once per block); one without
+ * has y = x, and its kernel has neither the table nor the multiply. */
+struct identity_expert {
+    static constexpr bool has_factor = false;
+    __device__ static __forceinline__ float factor(const experts_args &, int32_t) { return 1.0f; }
+};
+
+struct scale_expert {
+    static constexpr bool has_factor = true;
+    /* f_e = 1 + e/E in fp32 */
+    __device__ static __forceinline__ float factor(const experts_args &a, int32_t e)
+    {
+        return __fadd_rn(1.0f, __fdiv_rn((float)e, (float)a.n_experts));
+    }
+};
 
 /* 16 elements of a record as fp32: e4m3 codes times their scale, or widened bf16. */
 template <bool FP8>
@@ -621,16 +630,16 @@ __device__ __forceinline__ void store_bf16x16_fast(uint16_t *dst, const float *v
  * acc = acc + w_k * expert_k(x) in ascending k from 0.0f, rounded to bf16. The ids and weights
  * are uniform loads (the threads of a record read the same 2K words, served by L1); the factors
  * of the local experts are tabulated once per block (table) when they fit. */
-template <bool FP8>
+template <bool FP8, typename Expert>
 __global__ void __launch_bounds__(FLAT_THREADS) experts_kernel(experts_args a)
 {
     constexpr uint32_t UNITS = 2;
     __shared__ float s_f[EXPERT_TABLE];
     const uint32_t per_rank = (uint32_t)(a.hi - a.lo);
-    const bool table = a.scale_experts && per_rank <= EXPERT_TABLE;
+    const bool table = Expert::has_factor && per_rank <= EXPERT_TABLE;
     if (table)
         for (uint32_t i = threadIdx.x; i < per_rank; i += blockDim.x)
-            s_f[i] = expert_factor(a, a.lo + (int32_t)i);
+            s_f[i] = Expert::factor(a, a.lo + (int32_t)i);
     __syncthreads();
 
     const uint32_t per_rec = a.h16 / UNITS; /* h16 is a multiple of 8 */
@@ -673,9 +682,9 @@ __global__ void __launch_bounds__(FLAT_THREADS) experts_kernel(experts_args a)
             for (uint64_t m = local; m != 0; m &= m - 1) {
                 const uint32_t k = (uint32_t)__ffsll((long long)m) - 1;
                 const float w = __ldg(wts + k);
-                if (a.scale_experts) {
+                if (Expert::has_factor) {
                     const int32_t e = __ldg(ids + k);
-                    const float f = table ? s_f[e - a.lo] : expert_factor(a, e);
+                    const float f = table ? s_f[e - a.lo] : Expert::factor(a, e);
 #pragma unroll
                     for (int v = 0; v < CHUNK; v++) acc[v] = __fadd_rn(acc[v], __fmul_rn(w, __fmul_rn(x[v], f)));
                 } else {
@@ -686,6 +695,37 @@ __global__ void __launch_bounds__(FLAT_THREADS) experts_kernel(experts_args a)
             store_bf16x16_fast(a.partials + (size_t)j * a.hidden + (size_t)(u + i * per_rec) * CHUNK, acc);
         }
     }
+}
+
+typedef void (*experts_kernel_fn)(experts_args);
+
+/* A CUDA expert kind: the kind value of its host twin (epd_expert_ops_find gives the name), and
+ * its kernels for FP8 and BF16 records. A new kind is one entry of cuda_expert_kinds. */
+struct cuda_expert_ops {
+    epd_expert_kind_t kind;
+    experts_kernel_fn kernel_fp8;
+    experts_kernel_fn kernel_bf16;
+};
+
+static const cuda_expert_ops cuda_expert_kinds[] = {
+    {
+        .kind = EPD_EXPERTS_IDENTITY,
+        .kernel_fp8 = experts_kernel<true, identity_expert>,
+        .kernel_bf16 = experts_kernel<false, identity_expert>,
+    },
+    {
+        .kind = EPD_EXPERTS_SCALE,
+        .kernel_fp8 = experts_kernel<true, scale_expert>,
+        .kernel_bf16 = experts_kernel<false, scale_expert>,
+    },
+};
+
+/* The CUDA expert kind of a kind value; NULL when this implementation has none. */
+static const cuda_expert_ops *cuda_expert_find(epd_expert_kind_t kind)
+{
+    for (size_t i = 0; i < EPD_ARRAY_SIZE(cuda_expert_kinds); i++)
+        if (cuda_expert_kinds[i].kind == kind) return &cuda_expert_kinds[i];
+    return NULL;
 }
 
 /* ---- combine ------------------------------------------------------------------------------ */
@@ -892,11 +932,10 @@ static epd_status_t cuda_layout(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape
                                 const int32_t *topk_ids, epd_step_layout_t *layout)
 {
     epd_status_t status;
-    const char *problem = shape_problem(shape);
     uint32_t world, n, tile, tiles;
 
     CHECK_GOTO(enter(ctx), out);
-    if (problem != NULL) return bad_arg(ctx, problem);
+    if (!shape_fits(ctx, shape)) return EPD_ERR_INVALID_ARG;
     if (layout == NULL || layout->send_counts_host == NULL || layout->send_offsets_host == NULL)
         return bad_arg(ctx, "layout without its count arrays");
     world = shape->world;
@@ -931,11 +970,10 @@ static epd_status_t cuda_layout_counts(epd_ops_ctx_t *ctx, const epd_moe_shape_t
                                        epd_step_layout_t *layout)
 {
     epd_status_t status;
-    const char *problem = shape_problem(shape);
     uint32_t world;
 
     CHECK_GOTO(enter(ctx), out);
-    if (problem != NULL) return bad_arg(ctx, problem);
+    if (!shape_fits(ctx, shape)) return EPD_ERR_INVALID_ARG;
     if (layout == NULL || layout->send_counts_host == NULL || layout->send_offsets_host == NULL)
         return bad_arg(ctx, "layout_counts without the count arrays");
     world = shape->world;
@@ -957,12 +995,11 @@ static epd_status_t cuda_pack(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, 
                               const epd_step_layout_t *layout, void *send_buf)
 {
     epd_status_t status;
-    const char *problem = shape_problem(shape);
     epd_record_layout_t rec;
     pack_args a;
 
     CHECK_GOTO(enter(ctx), out);
-    if (problem != NULL) return bad_arg(ctx, problem);
+    if (!shape_fits(ctx, shape)) return EPD_ERR_INVALID_ARG;
     if (layout == NULL) return bad_arg(ctx, "pack without a layout");
     if (layout->n_tokens == 0) return EPD_OK; /* n_send may not be known yet (cuda_layout) */
     if (x == NULL || topk_ids == NULL || topk_weights == NULL || layout->slot == NULL || send_buf == NULL)
@@ -1019,13 +1056,15 @@ static epd_status_t cuda_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
                                  const void *recv_buf, uint32_t n_records, uint16_t *partials)
 {
     epd_status_t status;
-    const char *problem = shape_problem(shape);
     epd_record_layout_t rec;
+    const cuda_expert_ops *experts;
     experts_args a;
     uint32_t per_rank;
 
     CHECK_GOTO(enter(ctx), out);
-    if (problem != NULL) return bad_arg(ctx, problem);
+    if (!shape_fits(ctx, shape)) return EPD_ERR_INVALID_ARG;
+    experts = cuda_expert_find(shape->expert_kind);
+    if (experts == NULL) return bad_arg(ctx, "experts: an expert kind without CUDA kernels");
     if (n_records == 0) return EPD_OK;
     if (recv_buf == NULL || partials == NULL) return bad_arg(ctx, "experts with a NULL buffer");
     if (!aligned16(recv_buf) || !aligned16(partials))
@@ -1048,14 +1087,12 @@ static epd_status_t cuda_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
     a.rec_ids = (uint32_t)rec.ids;
     a.rec_weights = (uint32_t)rec.weights;
     a.per_token = shape->scale == EPD_SCALE_PER_TOKEN;
-    a.scale_experts = shape->expert_kind == EPD_EXPERTS_SCALE;
     if (shape->topk > EXPERT_MAX_K) return bad_arg(ctx, "experts: top-k above 64");
     {
         uint64_t units = (uint64_t)n_records * (a.h16 / 2);
-        if (shape->dtype == EPD_WIRE_FP8)
-            experts_kernel<true><<<flat_blocks(units), FLAT_THREADS, 0, ctx->stream>>>(a);
-        else
-            experts_kernel<false><<<flat_blocks(units), FLAT_THREADS, 0, ctx->stream>>>(a);
+        experts_kernel_fn kernel =
+            shape->dtype == EPD_WIRE_FP8 ? experts->kernel_fp8 : experts->kernel_bf16;
+        kernel<<<flat_blocks(units), FLAT_THREADS, 0, ctx->stream>>>(a);
     }
     CUDA_TRY(ctx, cudaGetLastError(), "experts kernel launch");
 out:
@@ -1067,10 +1104,9 @@ static epd_status_t cuda_combine(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
                                  uint16_t *y)
 {
     epd_status_t status;
-    const char *problem = shape_problem(shape);
 
     CHECK_GOTO(enter(ctx), out);
-    if (problem != NULL) return bad_arg(ctx, problem);
+    if (!shape_fits(ctx, shape)) return EPD_ERR_INVALID_ARG;
     if (layout == NULL) return bad_arg(ctx, "combine without a layout");
     if (layout->n_tokens == 0) return EPD_OK;
     if (y == NULL || layout->slot == NULL || (layout->n_send > 0 && partials_back == NULL))
@@ -1181,29 +1217,29 @@ static const char *cuda_last_error(epd_ops_ctx_t *ctx)
 }
 
 extern "C" const epd_ops_t epd_ops_cuda = {
-    /* name */ "cuda",
-    /* device_memory */ true,
-    /* init */ cuda_init,
-    /* fini */ cuda_fini,
-    /* alloc */ cuda_alloc,
-    /* free */ cuda_free,
-    /* alloc_host */ cuda_alloc_host,
-    /* free_host */ cuda_free_host,
-    /* copy_to_ops */ cuda_copy_to_ops,
-    /* copy_to_host */ cuda_copy_to_host,
-    /* sync */ cuda_sync,
-    /* layout */ cuda_layout,
-    /* layout_counts */ cuda_layout_counts,
-    /* pack */ cuda_pack,
-    /* experts */ cuda_experts,
-    /* combine */ cuda_combine,
-    /* stream */ cuda_stream,
-    /* event_create */ cuda_event_create,
-    /* event_destroy */ cuda_event_destroy,
-    /* event_query */ cuda_event_query,
-    /* event_wait */ cuda_event_wait,
-    /* copy_to_host_async */ cuda_copy_to_host_async,
-    /* copy_to_ops_async */ cuda_copy_to_ops_async,
-    /* copy_ops_to_ops_async */ cuda_copy_ops_to_ops_async,
-    /* last_error */ cuda_last_error,
+    .name = "cuda",
+    .device_memory = true,
+    .init = cuda_init,
+    .fini = cuda_fini,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .alloc_host = cuda_alloc_host,
+    .free_host = cuda_free_host,
+    .copy_to_ops = cuda_copy_to_ops,
+    .copy_to_host = cuda_copy_to_host,
+    .sync = cuda_sync,
+    .layout = cuda_layout,
+    .layout_counts = cuda_layout_counts,
+    .pack = cuda_pack,
+    .experts = cuda_experts,
+    .combine = cuda_combine,
+    .stream = cuda_stream,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_query = cuda_event_query,
+    .event_wait = cuda_event_wait,
+    .copy_to_host_async = cuda_copy_to_host_async,
+    .copy_to_ops_async = cuda_copy_to_ops_async,
+    .copy_ops_to_ops_async = cuda_copy_ops_to_ops_async,
+    .last_error = cuda_last_error,
 };

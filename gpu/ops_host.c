@@ -1,7 +1,8 @@
-/* The host implementation of the device ops (gpu/ops.h): record layout, routing layout, pack
- * (quantizing for FP8), experts and combine on host memory, plus epd_moe_reference, the
- * single-process reference of DESIGN.md section 2 that every distributed result must equal bit
- * for bit. The CPU fallback of the daemon runs these; the CUDA ops must give the same bytes. */
+/* The host implementation of the device ops (gpu/ops.h): shape check, record layout, the host
+ * expert kinds (one table each), routing layout, pack (quantizing for FP8), experts and combine
+ * on host memory, plus epd_moe_reference, the single-process reference of DESIGN.md section 2
+ * that every distributed result must equal bit for bit. The CPU fallback of the daemon runs
+ * these; the CUDA ops must give the same bytes. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,19 +30,129 @@ struct epd_ops_event {
     int unused;
 };
 
-epd_moe_shape_t epd_moe_shape_from_config(const epd_config_t *cfg, uint32_t world, uint32_t rank)
+/* ---- expert kinds ------------------------------------------------------------------------ */
+
+static void identity_accumulate(const epd_moe_shape_t *shape, int32_t e, float w, const float *x,
+                                float *acc)
 {
-    return (epd_moe_shape_t){
-        .hidden = cfg->model.hidden,
-        .topk = cfg->model.topk,
-        .num_experts = cfg->model.num_experts,
-        .world = world,
-        .rank = rank,
-        .dtype = cfg->dispatch.dtype,
-        .scale = cfg->dispatch.scale,
-        .scale_format = cfg->dispatch.scale_format,
-        .expert_kind = cfg->experts.kind,
-    };
+    for (uint32_t i = 0; i < shape->hidden; i++) {
+        float wy = w * x[i];
+        acc[i] = acc[i] + wy;
+    }
+}
+
+static float identity_element(const epd_moe_shape_t *shape, int32_t e, float x)
+{
+    return x;
+}
+
+/* The factor of DESIGN.md section 9: f_e = 1 + e/E (fp32). */
+static inline float scale_factor(const epd_moe_shape_t *shape, int32_t e)
+{
+    return 1.0f + (float)e / (float)shape->num_experts;
+}
+
+static void scale_accumulate(const epd_moe_shape_t *shape, int32_t e, float w, const float *x,
+                             float *acc)
+{
+    float f = scale_factor(shape, e);
+
+    for (uint32_t i = 0; i < shape->hidden; i++) {
+        float y = x[i] * f;
+        float wy = w * y;
+        acc[i] = acc[i] + wy;
+    }
+}
+
+static float scale_element(const epd_moe_shape_t *shape, int32_t e, float x)
+{
+    return x * scale_factor(shape, e);
+}
+
+static const epd_expert_ops_t expert_kinds[] = {
+    {
+        .name = "identity",
+        .kind = EPD_EXPERTS_IDENTITY,
+        .accumulate = identity_accumulate,
+        .element = identity_element,
+    },
+    {
+        .name = "scale",
+        .kind = EPD_EXPERTS_SCALE,
+        .accumulate = scale_accumulate,
+        .element = scale_element,
+    },
+};
+
+const epd_expert_ops_t *epd_expert_ops_find(epd_expert_kind_t kind)
+{
+    for (size_t i = 0; i < EPD_ARRAY_SIZE(expert_kinds); i++)
+        if (expert_kinds[i].kind == kind) return &expert_kinds[i];
+    return NULL;
+}
+
+const epd_expert_ops_t *epd_expert_ops_find_name(const char *name)
+{
+    if (name == NULL) return NULL;
+    for (size_t i = 0; i < EPD_ARRAY_SIZE(expert_kinds); i++)
+        if (strcmp(expert_kinds[i].name, name) == 0) return &expert_kinds[i];
+    return NULL;
+}
+
+/* ---- shape and records ------------------------------------------------------------------- */
+
+epd_status_t epd_moe_experts_check(uint32_t num_experts, uint32_t world, char err[EPD_ERR_LEN])
+{
+    if (world == 0) {
+        snprintf(err, EPD_ERR_LEN, "no ranks to own the %u experts", num_experts);
+        return EPD_ERR_INVALID_ARG;
+    }
+    if (num_experts % world != 0) {
+        snprintf(err, EPD_ERR_LEN,
+                 "num_experts = %u is not a multiple of the %u ranks (each rank owns E/W experts)",
+                 num_experts, world);
+        return EPD_ERR_INVALID_ARG;
+    }
+    return EPD_OK;
+}
+
+epd_status_t epd_moe_shape_check(const epd_moe_shape_t *shape, char err[EPD_ERR_LEN])
+{
+    const char *problem = NULL;
+
+    if (shape == NULL) {
+        snprintf(err, EPD_ERR_LEN, "no shape");
+        return EPD_ERR_INVALID_ARG;
+    }
+    if (shape->hidden == 0 || shape->hidden % EPD_QUANT_GROUP != 0) {
+        snprintf(err, EPD_ERR_LEN, "hidden = %u is not a positive multiple of %d", shape->hidden,
+                 EPD_QUANT_GROUP);
+        return EPD_ERR_INVALID_ARG;
+    }
+    if (shape->topk == 0)
+        problem = "topk is 0";
+    else if (shape->num_experts == 0)
+        problem = "num_experts is 0";
+    else if (shape->world == 0)
+        problem = "no ranks";
+    else if (shape->dtype != EPD_WIRE_FP8 && shape->dtype != EPD_WIRE_BF16)
+        problem = "unknown dtype";
+    else if (shape->scale != EPD_SCALE_GROUP128 && shape->scale != EPD_SCALE_PER_TOKEN)
+        problem = "unknown scale kind";
+    else if (shape->scale_format != EPD_SCALE_FMT_FP32 &&
+             shape->scale_format != EPD_SCALE_FMT_UE8M0)
+        problem = "unknown scale format";
+    else if (epd_expert_ops_find(shape->expert_kind) == NULL)
+        problem = "unknown expert kind";
+    if (problem != NULL) {
+        snprintf(err, EPD_ERR_LEN, "%s", problem);
+        return EPD_ERR_INVALID_ARG;
+    }
+    if (shape->rank >= shape->world) {
+        snprintf(err, EPD_ERR_LEN, "rank %u is not below the %u ranks", shape->rank, shape->world);
+        return EPD_ERR_INVALID_ARG;
+    }
+    return epd_moe_experts_check(shape->num_experts, shape->world, err);
 }
 
 void epd_record_layout(const epd_moe_shape_t *shape, epd_record_layout_t *layout_p)
@@ -86,14 +197,9 @@ static epd_status_t host_fail(epd_ops_ctx_t *ctx, epd_status_t status, const cha
 
 static bool shape_ok(const epd_moe_shape_t *shape)
 {
-    return shape != NULL && shape->hidden > 0 && shape->hidden % EPD_QUANT_GROUP == 0 &&
-           shape->topk > 0 && shape->num_experts > 0 && shape->world > 0 &&
-           shape->rank < shape->world && shape->num_experts % shape->world == 0 &&
-           (shape->dtype == EPD_WIRE_FP8 || shape->dtype == EPD_WIRE_BF16) &&
-           (shape->scale == EPD_SCALE_GROUP128 || shape->scale == EPD_SCALE_PER_TOKEN) &&
-           (shape->scale_format == EPD_SCALE_FMT_FP32 ||
-            shape->scale_format == EPD_SCALE_FMT_UE8M0) &&
-           (shape->expert_kind == EPD_EXPERTS_IDENTITY || shape->expert_kind == EPD_EXPERTS_SCALE);
+    char err[EPD_ERR_LEN];
+
+    return epd_moe_shape_check(shape, err) == EPD_OK;
 }
 
 static epd_status_t host_init(int device_id, epd_ops_ctx_t **ctx_p, char err[EPD_ERR_LEN])
@@ -277,17 +383,12 @@ static epd_status_t host_pack(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, 
     return EPD_OK;
 }
 
-/* The expert factor of DESIGN.md section 9: identity 1, scale 1 + e/E (fp32). */
-static inline float expert_factor(const epd_moe_shape_t *shape, int32_t e)
-{
-    return 1.0f + (float)e / (float)shape->num_experts;
-}
-
 /* One record's partial: acc = 0; for k ascending with a local expert, acc = acc + w_k * y with
  * y = expert_e(x') (a multiply, then an add: -ffp-contract=off keeps them apart). x_in is the
  * dequantized or widened payload; acc is scratch of hidden floats. */
-static void partial_row(const epd_moe_shape_t *shape, uint32_t rank, const float *x_in,
-                        const int32_t *ids, const float *weights, float *acc, uint16_t *partial)
+static void partial_row(const epd_moe_shape_t *shape, const epd_expert_ops_t *experts,
+                        uint32_t rank, const float *x_in, const int32_t *ids,
+                        const float *weights, float *acc, uint16_t *partial)
 {
     uint32_t hidden = shape->hidden;
     uint32_t per_rank = shape->num_experts / shape->world;
@@ -298,19 +399,7 @@ static void partial_row(const epd_moe_shape_t *shape, uint32_t rank, const float
         int32_t e = ids[k];
         float w = weights[k];
         if (e == -1 || e < lo || e >= hi) continue;
-        if (shape->expert_kind == EPD_EXPERTS_SCALE) {
-            float f = expert_factor(shape, e);
-            for (uint32_t i = 0; i < hidden; i++) {
-                float y = x_in[i] * f;
-                float wy = w * y;
-                acc[i] = acc[i] + wy;
-            }
-        } else {
-            for (uint32_t i = 0; i < hidden; i++) {
-                float wy = w * x_in[i];
-                acc[i] = acc[i] + wy;
-            }
-        }
+        experts->accumulate(shape, e, w, x_in, acc);
     }
     for (uint32_t i = 0; i < hidden; i++) partial[i] = epd_f32_to_bf16(acc[i]);
 }
@@ -319,6 +408,7 @@ static epd_status_t host_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
                                  const void *recv_buf, uint32_t n_records, uint16_t *partials)
 {
     epd_record_layout_t rec;
+    const epd_expert_ops_t *experts;
     float *x_in, *acc;
     int32_t *ids;
     float *weights;
@@ -326,6 +416,7 @@ static epd_status_t host_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
     if (!shape_ok(shape)) return BAD_ARGS(ctx, "experts");
     if (n_records == 0) return EPD_OK;
     if (recv_buf == NULL || partials == NULL) return BAD_ARGS(ctx, "experts");
+    experts = epd_expert_ops_find(shape->expert_kind);
     epd_record_layout(shape, &rec);
     x_in = malloc((size_t)shape->hidden * sizeof *x_in);
     acc = malloc((size_t)shape->hidden * sizeof *acc);
@@ -367,7 +458,7 @@ static epd_status_t host_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
                 x_in[i] = epd_bf16_to_f32(h);
             }
         }
-        partial_row(shape, shape->rank, x_in, ids, weights, acc,
+        partial_row(shape, experts, shape->rank, x_in, ids, weights, acc,
                     partials + (size_t)j * shape->hidden);
     }
     free(x_in);
@@ -479,11 +570,13 @@ epd_status_t epd_moe_reference(const epd_moe_shape_t *shape, uint32_t n_tokens, 
                                const int32_t *topk_ids, const float *topk_weights, uint16_t *y)
 {
     uint32_t hidden, per_rank, n_scales;
+    const epd_expert_ops_t *experts;
     float *x_in = NULL, *sum = NULL, *scales = NULL;
     uint8_t *q = NULL;
     epd_status_t status = EPD_ERR_NO_MEMORY;
 
     if (!shape_ok(shape)) return EPD_ERR_INVALID_ARG;
+    experts = epd_expert_ops_find(shape->expert_kind);
     if (n_tokens == 0) return EPD_OK;
     if (x == NULL || topk_ids == NULL || topk_weights == NULL || y == NULL)
         return EPD_ERR_INVALID_ARG;
@@ -526,10 +619,7 @@ epd_status_t epd_moe_reference(const epd_moe_shape_t *shape, uint32_t n_tokens, 
                 float a = 0.0f;
                 for (uint32_t k = 0; k < shape->topk; k++) {
                     if (ids[k] == -1 || (uint32_t)ids[k] / per_rank != r) continue;
-                    float expert_y =
-                        shape->expert_kind == EPD_EXPERTS_SCALE
-                            ? x_in[i] * (1.0f + (float)ids[k] / (float)shape->num_experts)
-                            : x_in[i];
+                    float expert_y = experts->element(shape, ids[k], x_in[i]);
                     float wy = weights[k] * expert_y;
                     a = a + wy;
                 }

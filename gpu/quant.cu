@@ -229,13 +229,12 @@ __global__ void scale_max_kernel(const float *__restrict__ scales, const int32_t
 /* Work proportional to live rows. The live rows, expert after expert, form one sequence; a tile
  * is rows_per_tile consecutive rows of it, and block b walks tiles b, b + gridDim.x, ... Dead rows
  * cost nothing, and the tiles are balanced whatever the counts: tiles of one expert each would
- * leave a part-filled last round when the experts' tile counts add up badly (H200, E=128 x 66
- * live rows: 0.85 of copy against 0.89 for these). A tile that crosses experts is done as one
- * contiguous segment per expert. S = static_s (> 0) or *s_dev.
+ * leave a part-filled last round when the experts' tile counts add up badly. A tile that crosses
+ * experts is done as one contiguous segment per expert. S = static_s (> 0) or *s_dev.
  * The prefix of live rows per expert is on every block's way to its first load: the counts are
  * read one a thread (their loads leave together), then warp 0 builds the prefix and notes the
- * expert of the block's first row, so that its first tile needs no search (a parallel scan over
- * the whole block was 0.1-1 us slower on H200 at 64-128 experts). */
+ * expert of the block's first row, so that its first tile needs no search (a scan by one warp
+ * has fewer barriers than one over the whole block, which was slower; docs/notes/kernels.md). */
 template <int VPT>
 __global__ void requant_kernel(const uint4 *q, const float *__restrict__ scales,
                                const int32_t *__restrict__ counts, uint32_t n_experts,
@@ -342,11 +341,32 @@ static bool aligned16(const void *p)
     return ((uintptr_t)p & 15u) == 0;
 }
 
+/* The SM count of the current device, read from it (the launch picker and grid sizes use it). */
+static epd_status_t device_sms(uint32_t *sms_p, char err[EPD_ERR_LEN])
+{
+    int dev = 0, sms = 0;
+    cudaError_t rc = cudaGetDevice(&dev);
+    if (rc == cudaSuccess) rc = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (rc != cudaSuccess) {
+        snprintf(err, EPD_ERR_LEN, "querying the device: %s", cudaGetErrorString(rc));
+        return EPD_ERR_CUDA;
+    }
+    *sms_p = (uint32_t)sms;
+    return EPD_OK;
+}
+
 static epd_status_t pick_launch(epd_quant_kernel_t kernel, uint32_t hidden, uint32_t rows,
                                 const epd_quant_launch_t *given, epd_quant_launch_t *l,
                                 char err[EPD_ERR_LEN])
 {
-    *l = given ? *given : epd_quant_launch_pick(kernel, hidden, rows);
+    if (given != NULL) {
+        *l = *given;
+    } else {
+        uint32_t sms = 0;
+        epd_status_t status = device_sms(&sms, err);
+        if (status != EPD_OK) return status;
+        *l = epd_quant_launch_pick(kernel, hidden, rows, sms);
+    }
     return epd_quant_launch_check(kernel, hidden, l, err);
 }
 
@@ -355,17 +375,17 @@ static epd_status_t pick_launch(epd_quant_kernel_t kernel, uint32_t hidden, uint
 static epd_status_t device_blocks(const void *kernel, uint32_t threads, size_t smem,
                                   uint32_t max_per_sm, uint32_t *blocks_p, char err[EPD_ERR_LEN])
 {
-    int dev = 0, sms = 0, per_sm = 0;
-    cudaError_t rc = cudaGetDevice(&dev);
-    if (rc == cudaSuccess) rc = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (rc == cudaSuccess)
-        rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, (int)threads, smem);
+    uint32_t sms = 0;
+    int per_sm = 0;
+    epd_status_t status = device_sms(&sms, err);
+    if (status != EPD_OK) return status;
+    cudaError_t rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, (int)threads, smem);
     if (rc != cudaSuccess) {
         snprintf(err, EPD_ERR_LEN, "querying the device: %s", cudaGetErrorString(rc));
         return EPD_ERR_CUDA;
     }
     if (max_per_sm != 0 && (uint32_t)per_sm > max_per_sm) per_sm = (int)max_per_sm;
-    *blocks_p = (uint32_t)sms * (uint32_t)(per_sm > 0 ? per_sm : 1);
+    *blocks_p = sms * (uint32_t)(per_sm > 0 ? per_sm : 1);
     return EPD_OK;
 }
 

@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
-#include "config/config.h"
+#include "gpu/types.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -76,8 +76,9 @@ epd_status_t epd_requant_host(const uint8_t *q, const float *scales, const int32
                               epd_scale_kind_t kind, float static_scale, uint8_t *q_out,
                               float *scale_p, char err[EPD_ERR_LEN]);
 
-/* Launch parameters of the CUDA kernels: chosen per shape by epd_quant_launch_pick (a table
- * keyed on hidden and rows), or given explicitly (kbench sweeps them). Never baked into kernels. */
+/* Launch parameters of the CUDA kernels: chosen per shape and device by epd_quant_launch_pick
+ * (keyed on hidden, rows and the SM count), or given explicitly (kbench sweeps them). Never baked
+ * into kernels. */
 typedef enum {
     EPD_QK_QUANT_TOKEN = 0, /* per-token quantization */
     EPD_QK_QUANT_GROUP,     /* group-128 quantization */
@@ -102,8 +103,10 @@ typedef struct epd_quant_launch {
 /* Name of a kernel kind ("quant_token", ...). */
 const char *epd_quant_kernel_name(epd_quant_kernel_t kernel);
 
-/* Launch parameters for a kernel on rows x hidden (rows = live rows or capacity for requant). */
-epd_quant_launch_t epd_quant_launch_pick(epd_quant_kernel_t kernel, uint32_t hidden, uint32_t rows);
+/* Launch parameters for a kernel on rows x hidden (rows = live rows or capacity for requant) on a
+ * device of sm_count SMs (cudaDevAttrMultiProcessorCount, read from the device; 0 is taken as 1). */
+epd_quant_launch_t epd_quant_launch_pick(epd_quant_kernel_t kernel, uint32_t hidden, uint32_t rows,
+                                         uint32_t sm_count);
 
 /* Checks explicit launch parameters for a kernel and hidden size; EPD_ERR_INVALID_ARG with err. */
 epd_status_t epd_quant_launch_check(epd_quant_kernel_t kernel, uint32_t hidden,
@@ -112,7 +115,7 @@ epd_status_t epd_quant_launch_check(epd_quant_kernel_t kernel, uint32_t hidden,
 #ifdef EPD_HAVE_CUDA
 /* CUDA launchers. Pointers are device memory (16-byte aligned for x, q, out); stream is a
  * cudaStream_t (NULL = default stream). They only enqueue work: the results are ready once the
- * stream is synchronized. launch NULL = epd_quant_launch_pick. They return EPD_ERR_INVALID_ARG on
+ * stream is synchronized. launch NULL = epd_quant_launch_pick for the current device. They return EPD_ERR_INVALID_ARG on
  * a bad shape, pointer or launch parameter and EPD_ERR_CUDA when the launch fails (err filled).
  * Each gives the same bytes as its _host twin. */
 

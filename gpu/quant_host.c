@@ -244,7 +244,8 @@ static uint32_t token_lanes(uint32_t want)
     return t;
 }
 
-epd_quant_launch_t epd_quant_launch_pick(epd_quant_kernel_t kernel, uint32_t hidden, uint32_t rows)
+epd_quant_launch_t epd_quant_launch_pick(epd_quant_kernel_t kernel, uint32_t hidden, uint32_t rows,
+                                         uint32_t sm_count)
 {
     epd_quant_launch_t l = {.threads = 256, .vec = 2, .rows = 1};
     uint32_t nv = hidden / 8; /* 16-byte vectors of a bf16 row */
@@ -269,8 +270,9 @@ epd_quant_launch_t epd_quant_launch_pick(epd_quant_kernel_t kernel, uint32_t hid
             }
         }
         l.rows = lanes >= 256 ? 1 : 256 / lanes;
-        /* few rows: fewer rows per block so more SMs get one */
-        while (l.rows > 1 && lanes * l.rows > 32 && (uint64_t)rows < 132ull * l.rows) l.rows >>= 1;
+        /* fewer rows than SMs x rows per block: fewer rows per block, so more SMs get one */
+        const uint64_t sms = sm_count > 0 ? sm_count : 1;
+        while (l.rows > 1 && lanes * l.rows > 32 && (uint64_t)rows < sms * l.rows) l.rows >>= 1;
         l.threads = lanes * l.rows;
         break;
     }
@@ -285,12 +287,10 @@ epd_quant_launch_t epd_quant_launch_pick(epd_quant_kernel_t kernel, uint32_t hid
     case EPD_QK_REQUANT: {
         uint32_t nvr = hidden / 16; /* 16-byte vectors of an e4m3 row */
         /* A tile (rows x nvr vectors) that is a whole number of block-wide passes leaves no lane
-         * idle in its last pass (H200: 256 x 4 on 7168-wide rows left 1/8 of the lanes idle and
-         * ran at 0.86 of copy). Measured best on H200, H 7168 (kbench --sweep): 2 vectors a
-         * thread, a row a whole number of passes, 4 rows a tile, at most 4 blocks an SM (more
-         * blocks in flight ran slower): 224 x 2 x 4, 0.93-0.94 and 0.94-0.95 of copy on E=128 x 256
-         * and E=1 x 32768, 0.86-0.90 on 64 live rows of 256 (GPU time; no launch parameters of the
-         * sweep reached 0.90 there). Else the smallest tile of whole passes, wider vectors first. */
+         * idle in its last pass. First choice, the best of a kbench --sweep at H 7168
+         * (docs/notes/kernels.md): 2 vectors a thread with a row a whole number of passes (224
+         * threads at H 7168), 4 rows a tile, at most 4 blocks an SM (more in flight was slower).
+         * Else the smallest tile of whole passes, wider vectors first. */
         l.threads = 0;
         l.blocks = 4;
         for (uint32_t t = 512; t >= 128 && l.threads == 0; t -= 32) {

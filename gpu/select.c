@@ -106,8 +106,9 @@ out:
 #endif
 }
 
-epd_status_t epd_device_select(const epd_config_t *cfg, int local_rank, int local_size,
-                               epd_device_choice_t *choice_p, char err[EPD_ERR_LEN])
+epd_status_t epd_device_select(epd_backend_t backend, int32_t device_id, int local_rank,
+                               int local_size, epd_device_choice_t *choice_p,
+                               char err[EPD_ERR_LEN])
 {
     epd_device_facts_t facts = {
         .cuda_built = false, .n_gpus = 0, .no_gpu = NULL,
@@ -115,7 +116,7 @@ epd_status_t epd_device_select(const epd_config_t *cfg, int local_rank, int loca
     };
 #ifdef EPD_HAVE_CUDA
     facts.cuda_built = true;
-    if (cfg->device.backend != EPD_BACKEND_CPU) {
+    if (backend != EPD_BACKEND_CPU) {
         int count = 0;
         cudaError_t rc = cudaGetDeviceCount(&count);
         if (rc != cudaSuccess) {
@@ -125,5 +126,5 @@ epd_status_t epd_device_select(const epd_config_t *cfg, int local_rank, int loca
         facts.n_gpus = count;
     }
 #endif
-    return epd_device_decide(cfg->device.backend, cfg->device.id, &facts, choice_p, err);
+    return epd_device_decide(backend, device_id, &facts, choice_p, err);
 }

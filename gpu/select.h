@@ -7,8 +7,8 @@
 #include <stdbool.h>
 
 #include "common/status.h"
-#include "config/config.h"
 #include "gpu/ops.h"
+#include "gpu/types.h"
 
 /* What a rank runs on. */
 typedef struct epd_device_choice {
@@ -34,9 +34,11 @@ epd_status_t epd_device_decide(epd_backend_t backend, int32_t device_id,
                                const epd_device_facts_t *facts, epd_device_choice_t *choice_p,
                                char err[EPD_ERR_LEN]);
 
-/* Queries the CUDA build and device count, then decides as epd_device_decide does. local_rank and
- * local_size describe this rank's node (e.g. from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)). */
-epd_status_t epd_device_select(const epd_config_t *cfg, int local_rank, int local_size,
-                               epd_device_choice_t *choice_p, char err[EPD_ERR_LEN]);
+/* Queries the CUDA build and device count, then decides as epd_device_decide does for backend
+ * and device_id (device.backend and device.id). local_rank and local_size describe this rank's
+ * node (e.g. from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)). */
+epd_status_t epd_device_select(epd_backend_t backend, int32_t device_id, int local_rank,
+                               int local_size, epd_device_choice_t *choice_p,
+                               char err[EPD_ERR_LEN]);
 
 #endif

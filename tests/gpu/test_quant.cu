@@ -1,10 +1,9 @@
 /* GPU test of gpu/quant.cu: every kernel against the host reference (gpu/quant_host.c), bit for
  * bit, on random rows with outliers, zero rows and subnormals; exhaustive checks of the hardware
  * e4m3/bf16 conversions against gpu/fp8.h; the expert-grouped requant layout with random live
- * counts. One line per case, then 'N passed, N failed'; exit 0 only if all pass, 77 without a GPU.
- *   test_quant          run on the GPU
- *   test_quant --cpu    self-check of the harness on the host (host implementation as "device",
- *                       plus a deliberately corrupted result that must be reported) */
+ * counts; a self-check that the comparison finds an injected mismatch. One line per case, then
+ * 'N passed, N failed'; exit 0 only if all pass, 77 without a GPU. The host numerics themselves
+ * are checked against independent expectations by tests/unit/test_quant.c. */
 #include <cuda_runtime.h>
 
 #include <math.h>
@@ -19,7 +18,7 @@
 #include "tests/gpu/cuda_check.cuh"
 
 static int n_pass, n_fail;
-static bool cpu_mode;
+static uint32_t sm_count; /* of device 0, for the launch picker */
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static uint32_t rnd(void)
@@ -88,7 +87,7 @@ static void gen_rows(uint16_t *x, uint32_t rows, uint32_t hidden, size_t stride)
     }
 }
 
-/* ---- the implementation under test: CUDA, or the host (for --cpu) ---- */
+/* ---- the implementation under test: the CUDA launchers ---- */
 
 static void *dev_copy(const void *src, size_t bytes)
 {
@@ -108,11 +107,6 @@ static epd_status_t impl_quant(const uint16_t *x, uint32_t rows, uint32_t hidden
                                epd_scale_kind_t kind, epd_scale_fmt_t fmt, uint8_t *q, size_t qs,
                                float *s, size_t ss, const epd_quant_launch_t *l, char *err)
 {
-    if (cpu_mode) {
-        for (uint32_t r = 0; r < rows; r++)
-            epd_quant_row_host(x + r * xs, hidden, kind, fmt, q + r * qs, s + r * ss);
-        return EPD_OK;
-    }
     size_t qb = (size_t)rows * qs, sb = (size_t)rows * ss * sizeof(float);
     void *dx = dev_copy(x, (size_t)rows * xs * 2), *dq = dev_copy(q, qb), *ds = dev_copy(s, sb);
     epd_status_t st = epd_quant_cuda((const uint16_t *)dx, rows, hidden, xs, kind, fmt,
@@ -129,15 +123,6 @@ static epd_status_t impl_dequant(const uint8_t *q, const float *s, uint32_t rows
                                  const epd_quant_launch_t *l, char *err)
 {
     uint32_t ns = epd_quant_n_scales(hidden, kind);
-    if (cpu_mode) {
-        for (uint32_t r = 0; r < rows; r++) {
-            epd_dequant_row_host(q + (size_t)r * hidden, s + (size_t)r * ns, hidden, kind,
-                                 f + (size_t)r * hidden);
-            epd_dequant_row_bf16_host(q + (size_t)r * hidden, s + (size_t)r * ns, hidden, kind,
-                                      b + (size_t)r * hidden);
-        }
-        return EPD_OK;
-    }
     size_t n = (size_t)rows * hidden;
     void *dq = dev_copy(q, n), *ds = dev_copy(s, (size_t)rows * ns * 4);
     void *df = dev_copy(NULL, n * 4), *db = dev_copy(NULL, n * 2);
@@ -161,16 +146,6 @@ static epd_status_t impl_requant(uint8_t *q, const float *s, const int32_t *coun
 {
     uint32_t ns = epd_quant_n_scales(hidden, kind);
     size_t nq = (size_t)E * cap * hidden;
-    if (cpu_mode) {
-        /* the host wants counts within [0, cap]; the device clamps */
-        int32_t *c = (int32_t *)malloc(E * sizeof(int32_t) + 4);
-        for (uint32_t e = 0; e < E; e++)
-            c[e] = counts[e] < 0 ? 0 : counts[e] > (int32_t)cap ? (int32_t)cap : counts[e];
-        epd_status_t st = epd_requant_host(q, s, c, E, cap, hidden, kind, static_s,
-                                           q_out ? q_out : q, big_s, err);
-        free(c);
-        return st;
-    }
     void *dq = dev_copy(q, nq), *ds = dev_copy(s, (size_t)E * cap * ns * 4);
     void *dc = dev_copy(counts, E * sizeof(int32_t)), *dbig = dev_copy(NULL, 4);
     void *dout = q_out ? dev_copy(q_out, nq) : dq;
@@ -211,7 +186,7 @@ static void case_quant(uint32_t rows, uint32_t hidden, epd_scale_kind_t kind, ep
         epd_quant_row_host(x + r * xs, hidden, kind, fmt, qr + r * qs, sr + r * ss);
     epd_quant_launch_t used = l ? *l : epd_quant_launch_pick(kind == EPD_SCALE_PER_TOKEN ?
                                                              EPD_QK_QUANT_TOKEN : EPD_QK_QUANT_GROUP,
-                                                             hidden, rows);
+                                                             hidden, rows, sm_count);
     snprintf(lmsg, sizeof lmsg, "%s(threads %u vec %u rows %u)", l ? "given" : "picked",
              used.threads, used.vec, used.rows);
     epd_status_t st = impl_quant(x, rows, hidden, xs, kind, fmt, qd, qs, sd, ss, l, err);
@@ -325,7 +300,7 @@ static void case_requant(uint32_t E, uint32_t cap, uint32_t hidden, epd_scale_ki
     }
     uint64_t live = 0;
     for (uint32_t e = 0; e < E; e++) live += (uint64_t)clamped[e];
-    epd_quant_launch_t used = l ? *l : epd_quant_launch_pick(EPD_QK_REQUANT, hidden, cap);
+    epd_quant_launch_t used = l ? *l : epd_quant_launch_pick(EPD_QK_REQUANT, hidden, cap, sm_count);
     report(ok, "requant %-9s E=%-3u cap=%-4u H=%-5u live=%-6llu S=%s%s%s (threads %u vec %u rows %u) %s",
            kind_name(kind), E, cap, hidden, (unsigned long long)live,
            s_mode == 0 ? "step" : s_mode == 1 ? "static-small" : "static-large",
@@ -536,25 +511,21 @@ static void case_harness_detects_mismatch(void)
     report(found, "harness reports an injected mismatch (%s)", msg);
 }
 
-int main(int argc, char **argv)
+int main(void)
 {
     int n_dev = 0;
-    cpu_mode = argc > 1 && strcmp(argv[1], "--cpu") == 0;
-    if (!cpu_mode) {
-        if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-            printf("SKIP: no GPU\n");
-            return 77;
-        }
-        cudaDeviceProp prop;
-        CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-        printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor,
-               prop.multiProcessorCount);
-        case_conversions();
-        case_bad_args();
-    } else {
-        printf("CPU self-check: the host implementation stands in for the device\n");
-        case_harness_detects_mismatch();
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        printf("SKIP: no GPU\n");
+        return 77;
     }
+    cudaDeviceProp prop;
+    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor,
+           prop.multiProcessorCount);
+    sm_count = (uint32_t)prop.multiProcessorCount;
+    case_harness_detects_mismatch();
+    case_conversions();
+    case_bad_args();
     case_fast_div();
     const uint32_t ms[] = {1, 7, 128, 4096}, hs[] = {128, 896, 7168};
     for (uint32_t hi = 0; hi < 3; hi++)

@@ -156,18 +156,13 @@ static void test_gpu_select__bad_backend_or_placement__invalid_arg(void **state)
 
 static void test_gpu_select__this_machine__consistent_with_its_gpus(void **state)
 {
-    epd_config_t cfg;
     epd_device_choice_t c;
     char err[EPD_ERR_LEN] = "";
 
-    memset(&cfg, 0, sizeof cfg);
-    cfg.device.backend = EPD_BACKEND_CPU;
-    cfg.device.id = -1;
-    assert_int_equal(epd_device_select(&cfg, 0, 1, &c, err), EPD_OK);
+    assert_int_equal(epd_device_select(EPD_BACKEND_CPU, -1, 0, 1, &c, err), EPD_OK);
     assert_ptr_equal(c.ops, &epd_ops_host);
 
-    cfg.device.backend = EPD_BACKEND_CUDA;
-    epd_status_t status = epd_device_select(&cfg, 0, 1, &c, err);
+    epd_status_t status = epd_device_select(EPD_BACKEND_CUDA, -1, 0, 1, &c, err);
     if (status == EPD_OK) {
 #ifdef EPD_HAVE_CUDA
         assert_ptr_equal(c.ops, &epd_ops_cuda);
@@ -180,8 +175,7 @@ static void test_gpu_select__this_machine__consistent_with_its_gpus(void **state
         assert_true(strstr(err, "no GPU is usable") != NULL || strstr(err, "without CUDA") != NULL);
     }
 
-    cfg.device.backend = EPD_BACKEND_AUTO;
-    assert_int_equal(epd_device_select(&cfg, 0, 1, &c, err), EPD_OK);
+    assert_int_equal(epd_device_select(EPD_BACKEND_AUTO, -1, 0, 1, &c, err), EPD_OK);
     assert_true(c.ops == &epd_ops_host || c.device_id == 0);
     assert_true(strlen(c.reason) > 0);
 }

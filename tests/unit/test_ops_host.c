@@ -313,6 +313,65 @@ static void test_ops_host__layout_bad_ids__expert_out_of_range(void **state)
     assert_int_equal(epd_ops_host.layout(NULL, NULL, too_big, &l), EPD_ERR_INVALID_ARG);
 }
 
+static void test_ops_host__shape_check__experts_not_multiple_of_ranks__message(void **state)
+{
+    epd_moe_shape_t s = make_shape(128, 2, 16, 3, EPD_WIRE_FP8, EPD_SCALE_GROUP128,
+                                   EPD_SCALE_FMT_FP32, EPD_EXPERTS_SCALE);
+    char err[EPD_ERR_LEN] = "";
+
+    assert_int_equal(epd_moe_shape_check(&s, err), EPD_ERR_INVALID_ARG);
+    assert_string_equal(err, "num_experts = 16 is not a multiple of the 3 ranks (each rank owns "
+                             "E/W experts)");
+    assert_int_equal(epd_moe_experts_check(16, 3, err), EPD_ERR_INVALID_ARG);
+    assert_int_equal(epd_moe_experts_check(16, 0, err), EPD_ERR_INVALID_ARG);
+    assert_int_equal(epd_moe_experts_check(16, 4, err), EPD_OK);
+    s.world = 4;
+    assert_int_equal(epd_moe_shape_check(&s, err), EPD_OK);
+    s.rank = 4;
+    assert_int_equal(epd_moe_shape_check(&s, err), EPD_ERR_INVALID_ARG);
+    s.rank = 0;
+    s.hidden = 200;
+    assert_int_equal(epd_moe_shape_check(&s, err), EPD_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "multiple of 128"));
+    s.hidden = 128;
+    s.expert_kind = (epd_expert_kind_t)99;
+    assert_int_equal(epd_moe_shape_check(&s, err), EPD_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "expert kind"));
+}
+
+static void test_ops_host__expert_kinds__found_by_kind_and_name(void **state)
+{
+    const epd_expert_kind_t kinds[] = {EPD_EXPERTS_IDENTITY, EPD_EXPERTS_SCALE};
+    const char *const names[] = {"identity", "scale"};
+    epd_moe_shape_t s = make_shape(128, 2, 4, 1, EPD_WIRE_BF16, EPD_SCALE_GROUP128,
+                                   EPD_SCALE_FMT_FP32, EPD_EXPERTS_SCALE);
+    float x[128], acc[128];
+
+    for (size_t i = 0; i < EPD_ARRAY_SIZE(kinds); i++) {
+        const epd_expert_ops_t *e = epd_expert_ops_find(kinds[i]);
+        assert_non_null(e);
+        assert_string_equal(e->name, names[i]);
+        assert_ptr_equal(epd_expert_ops_find_name(names[i]), e);
+    }
+    assert_null(epd_expert_ops_find((epd_expert_kind_t)99));
+    assert_null(epd_expert_ops_find_name("ffn"));
+    assert_null(epd_expert_ops_find_name(NULL));
+
+    /* scale: expert 2 of 4 multiplies by 1.5; accumulate adds w * y to what acc holds */
+    for (uint32_t i = 0; i < 128; i++) {
+        x[i] = (float)i;
+        acc[i] = 1.0f;
+    }
+    const epd_expert_ops_t *scale = epd_expert_ops_find(EPD_EXPERTS_SCALE);
+    assert_true(scale->element(&s, 2, 4.0f) == 6.0f);
+    scale->accumulate(&s, 2, 0.5f, x, acc);
+    for (uint32_t i = 0; i < 128; i++) assert_true(acc[i] == 1.0f + 0.75f * (float)i);
+    const epd_expert_ops_t *identity = epd_expert_ops_find(EPD_EXPERTS_IDENTITY);
+    assert_true(identity->element(&s, 2, 4.0f) == 4.0f);
+    identity->accumulate(&s, 3, 2.0f, x, acc);
+    for (uint32_t i = 0; i < 128; i++) assert_true(acc[i] == 1.0f + 2.75f * (float)i);
+}
+
 static void test_ops_host__pack_bf16__record_fields_and_zero_padding(void **state)
 {
     epd_moe_shape_t s = make_shape(128, 3, 4, 2, EPD_WIRE_BF16, EPD_SCALE_GROUP128,
@@ -484,6 +543,8 @@ int main(void)
         cmocka_unit_test(test_ops_host__layout_hand_made_ids__counts_offsets_slots),
         cmocka_unit_test(test_ops_host__layout_all_empty__no_records),
         cmocka_unit_test(test_ops_host__layout_bad_ids__expert_out_of_range),
+        cmocka_unit_test(test_ops_host__shape_check__experts_not_multiple_of_ranks__message),
+        cmocka_unit_test(test_ops_host__expert_kinds__found_by_kind_and_name),
         cmocka_unit_test(test_ops_host__pack_bf16__record_fields_and_zero_padding),
         cmocka_unit_test(test_ops_host__reference_hand_computed__exact_value),
         cmocka_unit_test(test_ops_host__reference_partial_rounding__bf16_per_rank),

@@ -541,20 +541,38 @@ static void test_quant__launch_pick__valid_for_every_hidden(void **state)
     (void)state;
     char err[EPD_ERR_LEN];
     const uint32_t rows[] = {1, 7, 128, 4096, 32768};
+    const uint32_t sms[] = {0, 1, 132, 1000}; /* 0: an unknown count, taken as 1 */
     for (uint32_t h = 128; h <= 131072; h += (h < 20000 ? 128 : 8192)) {
         for (int k = 0; k < EPD_QK_MAX; k++) {
             for (size_t r = 0; r < EPD_ARRAY_SIZE(rows); r++) {
-                epd_quant_launch_t l = epd_quant_launch_pick((epd_quant_kernel_t)k, h, rows[r]);
-                if (epd_quant_launch_check((epd_quant_kernel_t)k, h, &l, err) != EPD_OK)
-                    fail_msg("hidden %u kernel %s rows %u: %s", h,
-                             epd_quant_kernel_name((epd_quant_kernel_t)k), rows[r], err);
+                for (size_t m = 0; m < EPD_ARRAY_SIZE(sms); m++) {
+                    epd_quant_launch_t l =
+                        epd_quant_launch_pick((epd_quant_kernel_t)k, h, rows[r], sms[m]);
+                    if (epd_quant_launch_check((epd_quant_kernel_t)k, h, &l, err) != EPD_OK)
+                        fail_msg("hidden %u kernel %s rows %u, %u SMs: %s", h,
+                                 epd_quant_kernel_name((epd_quant_kernel_t)k), rows[r], sms[m],
+                                 err);
+                }
             }
         }
     }
-    epd_quant_launch_t l = epd_quant_launch_pick(EPD_QK_QUANT_TOKEN, 7168, 4096);
+    epd_quant_launch_t l = epd_quant_launch_pick(EPD_QK_QUANT_TOKEN, 7168, 4096, 132);
     assert_true(l.vec > 0 && l.threads / l.rows * l.vec * 8 >= 7168); /* the row fits registers */
-    l = epd_quant_launch_pick(EPD_QK_QUANT_TOKEN, 1u << 20, 16);
+    l = epd_quant_launch_pick(EPD_QK_QUANT_TOKEN, 1u << 20, 16, 132);
     assert_int_equal(l.vec, 0); /* two-pass beyond registers */
+}
+
+static void test_quant__launch_pick__fewer_rows_than_sms__fewer_rows_per_block(void **state)
+{
+    (void)state;
+    /* H 896: 112 vectors a row, 128 lanes, 2 rows a block while the rows fill every SM */
+    epd_quant_launch_t many = epd_quant_launch_pick(EPD_QK_QUANT_TOKEN, 896, 4096, 132);
+    epd_quant_launch_t few = epd_quant_launch_pick(EPD_QK_QUANT_TOKEN, 896, 200, 132);
+    epd_quant_launch_t small_gpu = epd_quant_launch_pick(EPD_QK_QUANT_TOKEN, 896, 200, 16);
+
+    assert_int_equal(many.rows, 2);
+    assert_int_equal(few.rows, 1);
+    assert_int_equal(small_gpu.rows, 2);
 }
 
 static void test_quant__launch_check__bad_parameters_rejected(void **state)
@@ -600,6 +618,7 @@ int main(void)
         cmocka_unit_test(test_quant__bad_shapes__rejected_with_message),
         cmocka_unit_test(test_quant__many_rows__same_as_row_function),
         cmocka_unit_test(test_quant__launch_pick__valid_for_every_hidden),
+        cmocka_unit_test(test_quant__launch_pick__fewer_rows_than_sms__fewer_rows_per_block),
         cmocka_unit_test(test_quant__launch_check__bad_parameters_rejected),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
