@@ -1,6 +1,6 @@
 /* FP8 element helpers shared by host C and CUDA device code (DESIGN.md section 3): OCP e4m3fn
- * encode (clamp to [-448, 448], round to nearest even) and decode, bf16 <-> fp32 (nearest even),
- * and the scale rules (amax floor 1e-4, fp32 and ue8m0 scale formats). Pure bit arithmetic, so
+ * encode (clamp to [-448, 448], round to nearest even) and decode (bf16 <-> fp32 is
+ * common/bf16.h's), and the scale rules (amax floor 1e-4, fp32 and ue8m0 scale formats). Pure bit arithmetic, so
  * host and device give the same bits; the CUDA kernels may use the hardware SATFINITE conversion,
  * which tests/gpu/test_quant.cu checks against epd_e4m3_from_f32 exhaustively. */
 #ifndef EPD_GPU_FP8_H
@@ -9,61 +9,12 @@
 #include <stdint.h>
 #include <string.h>
 
-#ifdef __CUDACC__
-#define EPD_HD static inline __host__ __device__
-#else
-#define EPD_HD static inline
-#endif
+#include "common/bf16.h" /* EPD_HD, epd_f32_bits, bf16 <-> fp32 */
 
 #define EPD_FP8_MAX 448.0f       /* largest finite e4m3fn value */
 #define EPD_FP8_NAN 0x7f         /* the NaN code epd_e4m3_from_f32 writes (0xff decodes as NaN too) */
 #define EPD_QUANT_GROUP 128      /* elements per group scale */
 #define EPD_QUANT_AMAX_MIN 1e-4f /* floor of a row's or group's amax (DeepEP low-latency convention) */
-
-/* Bits of an fp32 value and back (no aliasing tricks: memcpy on the host, intrinsics on device). */
-EPD_HD uint32_t epd_f32_bits(float f)
-{
-#ifdef __CUDA_ARCH__
-    return __float_as_uint(f);
-#else
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-#endif
-}
-
-EPD_HD float epd_f32_from_bits(uint32_t u)
-{
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
-#else
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-#endif
-}
-
-/* bf16 bit pattern -> fp32 (exact). */
-EPD_HD float epd_bf16_to_f32(uint16_t h)
-{
-    return epd_f32_from_bits((uint32_t)h << 16);
-}
-
-/* fp32 -> bf16 bit pattern, round to nearest even; overflow rounds to +-Inf as IEEE does; a NaN
- * stays a NaN (quieted, sign kept). */
-EPD_HD uint16_t epd_f32_to_bf16(float f)
-{
-    uint32_t u = epd_f32_bits(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-/* True when a bf16 bit pattern is neither Inf nor NaN. */
-EPD_HD int epd_bf16_is_finite(uint16_t h)
-{
-    return (h & 0x7f80u) != 0x7f80u;
-}
 
 /* e4m3fn code -> fp32 (exact). 0x7f and 0xff are NaN; 0x80 is -0. */
 EPD_HD float epd_e4m3_to_f32(uint8_t c)

@@ -34,9 +34,6 @@ void epd_quant_row_host(const uint16_t *x, uint32_t hidden, epd_scale_kind_t kin
 void epd_dequant_row_host(const uint8_t *q, const float *scales, uint32_t hidden,
                           epd_scale_kind_t kind, float *out);
 
-/* Index of the first bf16 value of x[n] that is Inf or NaN, or -1 when all are finite. */
-int64_t epd_bf16_find_non_finite(const uint16_t *x, size_t n);
-
 /* Checks that hidden is a positive multiple of 128 and kind/fmt are known values; EPD_OK or
  * EPD_ERR_INVALID_ARG with a message in err. */
 epd_status_t epd_quant_check(uint32_t hidden, epd_scale_kind_t kind, epd_scale_fmt_t fmt,

@@ -1,6 +1,6 @@
 /* Host FP8 quantization (DESIGN.md section 3): the reference every CUDA kernel is checked against
  * and the CPU fallback the daemon runs. Per-token and group-128 scales, fp32 and ue8m0 formats,
- * dequantization, requantization to one per-tensor scale, non-finite detection at ingest, and the
+ * dequantization, requantization to one per-tensor scale, and the
  * launch-parameter table of the CUDA kernels (plain C, so it is testable without a GPU). */
 #include "gpu/quant.h"
 
@@ -76,20 +76,6 @@ void epd_dequant_row_bf16_host(const uint8_t *q, const float *scales, uint32_t h
         float s = kind == EPD_SCALE_PER_TOKEN ? scales[0] : scales[i / EPD_QUANT_GROUP];
         out[i] = epd_f32_to_bf16(epd_e4m3_to_f32(q[i]) * s);
     }
-}
-
-int64_t epd_bf16_find_non_finite(const uint16_t *x, size_t n)
-{
-    size_t i = 0;
-    /* branch-free blocks (the compiler vectorizes them) until one holds a non-finite value */
-    for (; i + 64 <= n; i += 64) {
-        unsigned bad = 0;
-        for (size_t k = 0; k < 64; k++) bad |= (x[i + k] & 0x7f80u) == 0x7f80u;
-        if (bad) break;
-    }
-    for (; i < n; i++)
-        if (!epd_bf16_is_finite(x[i])) return (int64_t)i;
-    return -1;
 }
 
 static epd_status_t check_ptrs(const void *a, const void *b, const void *c, const char *what,
