@@ -43,6 +43,7 @@ typedef struct epd_conn_ctx {
 epd_conn_t *epd_conn_create(const epd_conn_ctx_t *ctx, int fd, uint64_t conn_id, uid_t uid,
                             pid_t pid);
 
+/* The id the connection was created with. */
 uint64_t epd_conn_id(const epd_conn_t *conn);
 
 /* Requests accepted on this connection and not answered yet. */

@@ -30,6 +30,7 @@ void epd_control_attach(epd_control_t *control, epd_engine_t *engine);
 epd_status_t epd_control_answer(epd_control_t *control, const char *op, char **meta_p,
                                 char **payload_p, size_t *payload_len_p, char err[EPD_ERR_LEN]);
 
+/* Frees the documents' source (NULL is ignored). */
 void epd_control_free(epd_control_t *control);
 
 #endif

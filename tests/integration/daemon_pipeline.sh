@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A client that pipelines far more frames than a connection handles per event, in one write: the
 # connection yields and resumes on its own with the rest still buffered (no more bytes arrive to
-# wake it), every frame is answered, and another client is served meanwhile.
+# wake it), every frame is answered, and another client of the same rank is answered beside it.
 source "$(dirname "$0")/daemon_lib.bash"
 
 epd_start 2 --set model.hidden=256 --set model.num_experts=16 --set model.topk=4 \
