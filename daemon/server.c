@@ -274,7 +274,8 @@ epd_status_t epd_server_create(const epd_config_t *cfg, struct event_base *base,
 out_free:
     epd_server_free(server);
 out_nomem:
-    if (status == EPD_ERR_NO_MEMORY) snprintf(err, EPD_ERR_LEN, "out of memory creating the server");
+    if (status == EPD_ERR_NO_MEMORY)
+        snprintf(err, EPD_ERR_LEN, "out of memory creating the server");
     return status;
 }
 
