@@ -16,7 +16,8 @@ BINS += $(BUILD)/tests/step_check
 
 # The engine (daemon/engine.c) on a real event loop without sockets, at np = 2.
 ENGINE_CHECK_SRCS := tests/integration/engine_check.c daemon/engine.c comm/transport_mpi.c \
-                     comm/step.c gpu/ops_host.c gpu/quant_host.c common/status.c common/parse.c
+                     comm/step.c gpu/ops_host.c gpu/quant_host.c common/status.c common/parse.c \
+                     daemon/log.c
 $(BUILD)/tests/engine_check: $(patsubst %.c,$(BUILD)/obj/%.o,$(ENGINE_CHECK_SRCS))
 	@mkdir -p $(dir $@)
 	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL)

@@ -1,8 +1,8 @@
 /* One client connection: an explicit state machine (memcached's conn_states / drive_machine) over a
- * bufferevent. Bytes go to the frame decoder as they arrive; SUBMITs are validated at ingest and
- * queued on the engine, CONTROLs answered at once; framing errors are answered, then the
- * connection closes once its output is flushed; unsent output above socket.max_output_bytes
- * pauses reading until the client catches up. */
+ * bufferevent. Bytes go to the frame decoder as they arrive, a bounded number of frames per event;
+ * SUBMITs are validated at ingest and queued on the engine, CONTROLs answered at once; framing
+ * errors are answered, then the connection closes once its output is flushed; unsent output above
+ * socket.max_output_bytes pauses reading until the client catches up. */
 #include "daemon/conn.h"
 
 #include <assert.h>
@@ -19,32 +19,55 @@
 
 #include "common/clock.h"
 #include "daemon/log.h"
-#include "daemon/server.h"
 #include "proto/frame.h"
 
 /* How long a closing connection (framing error, daemon stopping) may take to read its answers. */
 #define CONN_FLUSH_TIMEOUT_S 5
 
+/* Frames one connection handles per event before the others get their turn (memcached's
+ * reqs_per_event): a client that pipelines a long burst does not hold up the loop, whose other
+ * clients and collective agreements wait meanwhile. */
+#define CONN_FRAMES_PER_EVENT 16
+
 typedef enum {
     CONN_READING = 0, /* reads on: bytes go to the decoder, whole frames are answered or queued */
+    CONN_YIELDED,     /* frame budget of this event used up, input left: reads off, resume queued */
     CONN_PAUSED,      /* unsent output above socket.max_output_bytes: reads off until it drains */
-    CONN_CLOSING,     /* framing error answered or daemon stopping: reads off, flush, then close */
+    CONN_CLOSING,     /* framing error answered or daemon stopping: drop unread input, arm the
+                       * flush timeout, then flushing */
+    CONN_FLUSHING,    /* reads off: waits until the output is written, then closes */
     CONN_CLOSED,      /* peer gone, flushed or timed out: freed; its pending answers are dropped */
     CONN_STATE_MAX
 } conn_state_t;
 
 static const char *const conn_state_names[CONN_STATE_MAX] = {
     [CONN_READING] = "reading",
+    [CONN_YIELDED] = "yielded",
     [CONN_PAUSED] = "paused",
     [CONN_CLOSING] = "closing",
+    [CONN_FLUSHING] = "flushing",
     [CONN_CLOSED] = "closed",
+};
+
+#define CONN_TO(state) (1u << (state))
+
+/* The states each state may move to: closing only goes forward, nothing leaves closed. */
+static const unsigned conn_next_states[CONN_STATE_MAX] = {
+    [CONN_READING] = CONN_TO(CONN_YIELDED) | CONN_TO(CONN_PAUSED) | CONN_TO(CONN_CLOSING) |
+                     CONN_TO(CONN_CLOSED),
+    [CONN_YIELDED] = CONN_TO(CONN_READING) | CONN_TO(CONN_CLOSING) | CONN_TO(CONN_CLOSED),
+    [CONN_PAUSED] = CONN_TO(CONN_READING) | CONN_TO(CONN_CLOSING) | CONN_TO(CONN_CLOSED),
+    [CONN_CLOSING] = CONN_TO(CONN_FLUSHING) | CONN_TO(CONN_CLOSED),
+    [CONN_FLUSHING] = CONN_TO(CONN_CLOSED),
+    [CONN_CLOSED] = 0,
 };
 
 struct epd_conn {
     uint64_t id;
     conn_state_t state;
-    epd_server_t *server;
+    const epd_conn_ctx_t *ctx;
     struct bufferevent *bev;
+    struct event *resume; /* brings a yielded connection back to reading */
     epd_decoder_t decoder;
     uint64_t in_flight; /* requests on the engine, not answered yet */
     uid_t uid;
@@ -54,37 +77,31 @@ struct epd_conn {
 
 static void conn_drive(epd_conn_t *c);
 
+/* The one place a connection's state changes: asserts, traces and assigns; conn_drive does what
+ * the new state needs. */
 static void conn_set_state(epd_conn_t *c, conn_state_t state)
 {
     assert(state < CONN_STATE_MAX);
-    /* Nothing comes back from closed; everything else may follow anything. */
-    assert(c->state != CONN_CLOSED);
     if (c->state == state) return;
+    assert(conn_next_states[c->state] & CONN_TO(state));
     epd_log_debug("conn %" PRIu64 ": %s -> %s", c->id, conn_state_names[c->state],
                   conn_state_names[state]);
     c->state = state;
-    switch (state) {
-    case CONN_READING:
-        bufferevent_enable(c->bev, EV_READ);
-        break;
-    case CONN_PAUSED:
-        bufferevent_disable(c->bev, EV_READ);
-        break;
-    case CONN_CLOSING: {
-        bufferevent_disable(c->bev, EV_READ);
-        /* Whatever else the client sent is not answered. */
-        struct evbuffer *in = bufferevent_get_input(c->bev);
-        evbuffer_drain(in, evbuffer_get_length(in));
-        /* Be told when the output is completely written, and give up after a while. */
-        bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
-        struct timeval tv = {CONN_FLUSH_TIMEOUT_S, 0};
-        bufferevent_set_timeouts(c->bev, NULL, &tv);
-        break;
-    }
-    case CONN_CLOSED:
-    case CONN_STATE_MAX:
-        break;
-    }
+}
+
+/* Turns reading from the socket on or off (nothing to do when it already is). */
+static void conn_set_reading(epd_conn_t *c, bool on)
+{
+    bool is_on = (bufferevent_get_enabled(c->bev) & EV_READ) != 0;
+
+    if (on && !is_on) bufferevent_enable(c->bev, EV_READ);
+    else if (!on && is_on) bufferevent_disable(c->bev, EV_READ);
+}
+
+/* Closing, flushing or closed: nothing more is read, what is left is the output. */
+static bool conn_closing(const epd_conn_t *c)
+{
+    return c->state == CONN_CLOSING || c->state == CONN_FLUSHING || c->state == CONN_CLOSED;
 }
 
 static size_t conn_output_len(const epd_conn_t *c)
@@ -94,7 +111,7 @@ static size_t conn_output_len(const epd_conn_t *c)
 
 static bool conn_output_over_limit(const epd_conn_t *c)
 {
-    return conn_output_len(c) > epd_server_config(c->server)->socket.max_output_bytes;
+    return conn_output_len(c) > c->ctx->cfg->socket.max_output_bytes;
 }
 
 /* Appends an encoded frame; the head is copied, part 0 (if any) is referenced and released by
@@ -103,29 +120,24 @@ static void conn_queue_frame(epd_conn_t *c, epd_frame_out_t *out,
                              evbuffer_ref_cleanup_cb release, void *release_arg)
 {
     struct evbuffer *output = bufferevent_get_output(c->bev);
-    epd_server_stats_t *stats = epd_server_stats(c->server);
     bool released = false;
+    size_t queued = 0;
 
-    if (evbuffer_add(output, out->head, out->head_len) == 0) {
-        stats->bytes_out += out->head_len;
-        for (size_t i = 0; i < out->n_parts; i++) {
-            if (out->part_len[i] == 0) continue;
-            int rc;
-            if (i == 0 && release != NULL) {
-                rc = evbuffer_add_reference(output, out->part[i], out->part_len[i], release,
-                                            release_arg);
-                if (rc == 0) released = true;
-            } else {
-                rc = evbuffer_add(output, out->part[i], out->part_len[i]);
-            }
-            if (rc != 0) {
-                epd_log_error("conn %" PRIu64 ": out of memory queueing a reply; closing", c->id);
-                conn_set_state(c, CONN_CLOSED);
-                break;
-            }
-            stats->bytes_out += out->part_len[i];
+    int rc = evbuffer_add(output, out->head, out->head_len);
+    if (rc == 0) queued += out->head_len;
+    for (size_t i = 0; rc == 0 && i < out->n_parts; i++) {
+        if (out->part_len[i] == 0) continue;
+        if (i == 0 && release != NULL) {
+            rc = evbuffer_add_reference(output, out->part[i], out->part_len[i], release,
+                                        release_arg);
+            released = rc == 0;
+        } else {
+            rc = evbuffer_add(output, out->part[i], out->part_len[i]);
         }
-    } else {
+        if (rc == 0) queued += out->part_len[i];
+    }
+    c->ctx->stats->bytes_out += queued;
+    if (rc != 0) {
         epd_log_error("conn %" PRIu64 ": out of memory queueing a reply; closing", c->id);
         conn_set_state(c, CONN_CLOSED);
     }
@@ -146,7 +158,7 @@ static void conn_send_error(epd_conn_t *c, bool has_id, uint64_t id, epd_status_
         conn_set_state(c, CONN_CLOSED);
         return;
     }
-    epd_server_stats(c->server)->errors[code]++;
+    c->ctx->stats->errors[code]++;
     if (has_id)
         epd_log_debug("conn %" PRIu64 ": request %" PRIu64 ": %s: %s", c->id, id,
                       epd_status_name(code), message);
@@ -162,7 +174,7 @@ static void conn_fail_framing(epd_conn_t *c, bool has_id, uint64_t id, epd_statu
     epd_log_info("conn %" PRIu64 " (pid %ld, uid %ld): %s: %s; closing", c->id, (long)c->pid,
                  (long)c->uid, epd_status_name(code), message);
     conn_send_error(c, has_id, id, code, message);
-    if (c->state != CONN_CLOSED) conn_set_state(c, CONN_CLOSING);
+    if (!conn_closing(c)) conn_set_state(c, CONN_CLOSING);
 }
 
 /* SUBMIT: full validation by the codec (one pass: shapes, dtypes, ids, weights, x finite), then
@@ -174,7 +186,7 @@ static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
     epd_status_t status;
 
     memset(&view, 0, sizeof(view));
-    status = epd_submit_validate(frame, epd_server_limits(c->server), &view, err);
+    status = epd_submit_validate(frame, c->ctx->limits, &view, err);
     bool has_id = frame->id_kind == EPD_FRAME_ID_VALID;
     if (status != EPD_OK) {
         if (epd_status_is_framing(status) || !epd_status_is_wire_code(status))
@@ -199,7 +211,7 @@ static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
     req->enqueued_ns = epd_now_ns();
     frame->payload = NULL; /* the request owns it now */
 
-    status = epd_engine_submit(epd_server_engine(c->server), req);
+    status = epd_engine_submit(c->ctx->engine, req);
     if (status != EPD_OK) {
         const char *why = status == EPD_ERR_BUSY
                               ? "the queue is full (dispatch.max_queued_tokens); retry later"
@@ -211,7 +223,7 @@ static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
         return;
     }
     c->in_flight++;
-    epd_server_request_accepted(c->server);
+    c->ctx->request_accepted(c->ctx->arg);
 }
 
 /* CONTROL: answered at once, in order with the other replies of this connection. */
@@ -224,16 +236,9 @@ static void conn_handle_control(epd_conn_t *c, const epd_frame_t *frame)
     char err[EPD_ERR_LEN];
     epd_frame_out_t out;
 
-    if (!cJSON_IsString(op)) {
-        conn_send_error(c, has_id, frame->id, EPD_ERR_UNKNOWN_OP,
-                        "CONTROL meta needs a string \"op\": health, stats, config or metrics");
-        return;
-    }
-    epd_status_t status = epd_server_control(c->server, op->valuestring, &meta, &payload,
-                                             &payload_len);
+    epd_status_t status = c->ctx->control(c->ctx->arg, cJSON_IsString(op) ? op->valuestring : NULL,
+                                          &meta, &payload, &payload_len, err);
     if (status == EPD_ERR_UNKNOWN_OP) {
-        snprintf(err, sizeof(err), "unknown op '%.64s': expected health, stats, config or metrics",
-                 op->valuestring);
         conn_send_error(c, has_id, frame->id, status, err);
         return;
     }
@@ -248,7 +253,7 @@ static void conn_handle_control(epd_conn_t *c, const epd_frame_t *frame)
         conn_send_error(c, has_id, frame->id, EPD_ERR_INTERNAL, err);
         return;
     }
-    epd_server_stats(c->server)->control_requests++;
+    c->ctx->stats->control_requests++;
     /* The copy into the output buffer is fine: replies are small. */
     conn_queue_frame(c, &out, NULL, NULL);
     free(payload);
@@ -258,7 +263,7 @@ static void conn_handle_frame(epd_conn_t *c, epd_frame_t *frame)
 {
     char err[EPD_ERR_LEN];
 
-    epd_server_stats(c->server)->frames_in++;
+    c->ctx->stats->frames_in++;
     switch (frame->type) {
     case EPD_FRAME_SUBMIT:
         conn_handle_submit(c, frame);
@@ -278,15 +283,20 @@ static void conn_handle_frame(epd_conn_t *c, epd_frame_t *frame)
     }
 }
 
-/* Feeds buffered input to the decoder and handles whole frames, until the input is used up or the
- * state changes (output over the limit, framing error). */
+/* Feeds buffered input to the decoder and handles whole frames, until the input is used up, the
+ * frame budget of this event is spent (yielded) or the state changes (output over the limit,
+ * framing error). */
 static void conn_read_frames(epd_conn_t *c)
 {
     struct evbuffer *input = bufferevent_get_input(c->bev);
-    epd_server_stats_t *stats = epd_server_stats(c->server);
+    unsigned handled = 0;
     char err[EPD_ERR_LEN];
 
     while (c->state == CONN_READING && evbuffer_get_length(input) > 0) {
+        if (handled == CONN_FRAMES_PER_EVENT) {
+            conn_set_state(c, CONN_YIELDED);
+            return;
+        }
         if (conn_output_over_limit(c)) {
             conn_set_state(c, CONN_PAUSED);
             return;
@@ -298,11 +308,12 @@ static void conn_read_frames(epd_conn_t *c)
         epd_status_t status = epd_decoder_feed(&c->decoder, vec.iov_base, vec.iov_len, &used,
                                                &frame, err);
         evbuffer_drain(input, used);
-        stats->bytes_in += used;
+        c->ctx->stats->bytes_in += used;
         if (status == EPD_ERR_AGAIN) continue;
         if (status == EPD_OK) {
             conn_handle_frame(c, &frame);
             epd_frame_free(&frame);
+            handled++;
             continue;
         }
         if (status == EPD_ERR_NO_MEMORY) {
@@ -315,7 +326,7 @@ static void conn_read_frames(epd_conn_t *c)
     }
 }
 
-/* The one place that moves a connection along; may free c. */
+/* The one place that moves a connection along and does its I/O; may free c. */
 static void conn_drive(epd_conn_t *c)
 {
     if (c->driving) return;
@@ -323,6 +334,7 @@ static void conn_drive(epd_conn_t *c)
     for (;;) {
         switch (c->state) {
         case CONN_READING:
+            conn_set_reading(c, true);
             if (conn_output_over_limit(c)) {
                 conn_set_state(c, CONN_PAUSED);
                 continue;
@@ -331,7 +343,17 @@ static void conn_drive(epd_conn_t *c)
             if (c->state != CONN_READING) continue;
             c->driving = false; /* input used up: wait for more */
             return;
+        case CONN_YIELDED: {
+            /* Nothing more is read from the socket until the input already here is handled; the
+             * resume timer fires once the loop has polled, so other connections go first. */
+            conn_set_reading(c, false);
+            struct timeval now = {0, 0};
+            evtimer_add(c->resume, &now);
+            c->driving = false;
+            return;
+        }
         case CONN_PAUSED:
+            conn_set_reading(c, false);
             if (!conn_output_over_limit(c)) {
                 /* Back under the limit: read again, starting with what is already buffered. */
                 conn_set_state(c, CONN_READING);
@@ -339,7 +361,19 @@ static void conn_drive(epd_conn_t *c)
             }
             c->driving = false; /* the write callback brings us back */
             return;
-        case CONN_CLOSING:
+        case CONN_CLOSING: {
+            conn_set_reading(c, false);
+            /* Whatever else the client sent is not answered. */
+            struct evbuffer *in = bufferevent_get_input(c->bev);
+            evbuffer_drain(in, evbuffer_get_length(in));
+            /* Be told when the output is completely written, and give up after a while. */
+            bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
+            struct timeval tv = {CONN_FLUSH_TIMEOUT_S, 0};
+            bufferevent_set_timeouts(c->bev, NULL, &tv);
+            conn_set_state(c, CONN_FLUSHING);
+            continue;
+        }
+        case CONN_FLUSHING:
             if (conn_output_len(c) == 0) {
                 conn_set_state(c, CONN_CLOSED);
                 continue;
@@ -349,13 +383,22 @@ static void conn_drive(epd_conn_t *c)
         case CONN_CLOSED:
         case CONN_STATE_MAX:
         default:
-            epd_server_conn_closed(c->server, c);
+            c->ctx->closed(c->ctx->arg, c);
             epd_decoder_free(&c->decoder);
+            event_free(c->resume);
             bufferevent_free(c->bev);
             free(c);
             return;
         }
     }
+}
+
+static void conn_resume_cb(evutil_socket_t fd, short what, void *arg)
+{
+    epd_conn_t *c = arg;
+
+    if (c->state == CONN_YIELDED) conn_set_state(c, CONN_READING);
+    conn_drive(c);
 }
 
 static void conn_read_cb(struct bufferevent *bev, void *arg)
@@ -386,23 +429,18 @@ static void conn_event_cb(struct bufferevent *bev, short what, void *arg)
     conn_drive(c);
 }
 
-epd_conn_t *epd_conn_create(struct epd_server *server, int fd, uint64_t conn_id, uid_t uid,
+epd_conn_t *epd_conn_create(const epd_conn_ctx_t *ctx, int fd, uint64_t conn_id, uid_t uid,
                             pid_t pid)
 {
-    const epd_config_t *cfg = epd_server_config(server);
+    const epd_config_t *cfg = ctx->cfg;
     epd_conn_t *c = calloc(1, sizeof(*c));
-    if (c == NULL) {
-        close(fd);
-        return NULL;
-    }
-    c->bev = bufferevent_socket_new(epd_server_base(server), fd, BEV_OPT_CLOSE_ON_FREE);
-    if (c->bev == NULL) {
-        close(fd);
-        free(c);
-        return NULL;
-    }
+    if (c == NULL) goto out_close;
+    c->resume = evtimer_new(ctx->base, conn_resume_cb, c);
+    if (c->resume == NULL) goto out_free;
+    c->bev = bufferevent_socket_new(ctx->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    if (c->bev == NULL) goto out_free_resume;
     c->id = conn_id;
-    c->server = server;
+    c->ctx = ctx;
     c->uid = uid;
     c->pid = pid;
     c->state = CONN_READING;
@@ -412,6 +450,14 @@ epd_conn_t *epd_conn_create(struct epd_server *server, int fd, uint64_t conn_id,
     bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
     return c;
+
+out_free_resume:
+    event_free(c->resume);
+out_free:
+    free(c);
+out_close:
+    close(fd);
+    return NULL;
 }
 
 uint64_t epd_conn_id(const epd_conn_t *conn)
@@ -431,12 +477,12 @@ static void result_release(const void *data, size_t len, void *arg)
 
 void epd_conn_deliver(epd_conn_t *c, epd_result_t *result)
 {
-    const epd_config_t *cfg = epd_server_config(c->server);
+    const epd_config_t *cfg = c->ctx->cfg;
     char err[EPD_ERR_LEN];
 
     if (c->in_flight > 0) c->in_flight--;
     if (c->state == CONN_CLOSED) {
-        epd_server_stats(c->server)->results_discarded++;
+        c->ctx->stats->results_discarded++;
         epd_result_free(result);
         conn_drive(c);
         return;
@@ -452,7 +498,7 @@ void epd_conn_deliver(epd_conn_t *c, epd_result_t *result)
             conn_send_error(c, true, result->id, EPD_ERR_INTERNAL, err);
             epd_result_free(result);
         } else {
-            epd_server_stats(c->server)->results_sent++;
+            c->ctx->stats->results_sent++;
             conn_queue_frame(c, &out, result_release, result);
         }
     }
@@ -462,7 +508,7 @@ void epd_conn_deliver(epd_conn_t *c, epd_result_t *result)
 
 void epd_conn_shutdown(epd_conn_t *c)
 {
-    if (c->state != CONN_CLOSED && c->state != CONN_CLOSING) conn_set_state(c, CONN_CLOSING);
+    if (!conn_closing(c)) conn_set_state(c, CONN_CLOSING);
     conn_drive(c);
 }
 
@@ -470,18 +516,4 @@ void epd_conn_abort(epd_conn_t *c)
 {
     if (c->state != CONN_CLOSED) conn_set_state(c, CONN_CLOSED);
     conn_drive(c);
-}
-
-epd_status_t epd_conn_encode_error(bool has_id, uint64_t id, epd_status_t code, const char *message,
-                                   uint8_t **buf_p, size_t *len_p)
-{
-    epd_frame_out_t out;
-    char err[EPD_ERR_LEN];
-    epd_status_t status;
-
-    CHECK_GOTO(epd_frame_encode_error(has_id, id, code, message, &out, err), out_none);
-    status = epd_frame_out_flatten(&out, buf_p, len_p, err);
-    epd_frame_out_free(&out);
-out_none:
-    return status;
 }

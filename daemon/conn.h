@@ -1,26 +1,49 @@
 /* One client connection of the server: its state machine (STYLE.md "Connection handling"), the
  * frame decoder fed as bytes arrive, and the answers it gets: SUBMIT validated at ingest and
- * handed to the engine, CONTROL answered at once, RESULT/ERROR frames queued in order. Loop
- * thread only. */
+ * handed to the engine, CONTROL answered at once, RESULT/ERROR frames queued in order. What it
+ * needs from the server comes in a context (epd_conn_ctx_t). Loop thread only. */
 #ifndef EPD_DAEMON_CONN_H
 #define EPD_DAEMON_CONN_H
 
-#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
 #include "common/status.h"
+#include "config/config.h"
 #include "daemon/engine.h"
+#include "daemon/stats.h"
+#include "proto/frame.h"
 
-struct epd_server;
+struct event_base;
 
 typedef struct epd_conn epd_conn_t;
 
+/* Everything a connection uses that is not its own, filled by the server that owns the
+ * connections; it must outlive every one of them. */
+typedef struct epd_conn_ctx {
+    const epd_config_t *cfg;
+    const epd_submit_limits_t *limits; /* what a SUBMIT is validated against */
+    struct event_base *base;
+    epd_engine_t *engine;              /* set before the first connection is accepted */
+    epd_server_stats_t *stats;         /* the counters connections move: frames and bytes in,
+                                        * bytes out, errors by code, replies, results */
+    void *arg;                         /* the first argument of the callbacks below */
+    /* A request of this connection went to the engine. */
+    void (*request_accepted)(void *arg);
+    /* Answers CONTROL op (NULL: no string "op"), as epd_control_answer. */
+    epd_status_t (*control)(void *arg, const char *op, char **meta_p, char **payload_p,
+                            size_t *payload_len_p, char err[EPD_ERR_LEN]);
+    /* conn is being freed (called from its own free). */
+    void (*closed)(void *arg, epd_conn_t *conn);
+} epd_conn_ctx_t;
+
 /* Takes over the connected socket fd (non-blocking) and starts reading. conn_id is never reused
  * within a run. Returns NULL (fd closed) when out of memory. */
-epd_conn_t *epd_conn_create(struct epd_server *server, int fd, uint64_t conn_id, uid_t uid,
+epd_conn_t *epd_conn_create(const epd_conn_ctx_t *ctx, int fd, uint64_t conn_id, uid_t uid,
                             pid_t pid);
 
+/* The id the connection was created with. */
 uint64_t epd_conn_id(const epd_conn_t *conn);
 
 /* Requests accepted on this connection and not answered yet. */
@@ -36,10 +59,5 @@ void epd_conn_shutdown(epd_conn_t *conn);
 
 /* Closes at once, dropping unsent output (the drain's time limit ran out). Frees conn. */
 void epd_conn_abort(epd_conn_t *conn);
-
-/* Encodes an ERROR frame (id may be absent) into one malloc'ed buffer; used for connections that
- * are refused before a conn exists. */
-epd_status_t epd_conn_encode_error(bool has_id, uint64_t id, epd_status_t code, const char *message,
-                                   uint8_t **buf_p, size_t *len_p);
 
 #endif

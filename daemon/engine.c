@@ -3,6 +3,7 @@
  * by one thread at a time: the loop thread while an agreement is open, the worker while it runs a
  * step; the hand-over goes through the mutex (loop -> worker) and an eventfd read under the same
  * mutex (worker -> loop), which gives MPI_THREAD_SERIALIZED its happens-before edges. */
+#include <assert.h>
 #include <errno.h>
 #include <event2/event.h>
 #include <pthread.h>
@@ -18,6 +19,7 @@
 #include "comm/step.h"
 #include "common/clock.h"
 #include "daemon/engine.h"
+#include "daemon/log.h"
 
 _Static_assert(EPD_PHASE_MAX == EPD_STEP_N_PHASES, "the step's phases are the engine's phases");
 
@@ -33,7 +35,15 @@ typedef enum {
     AGREE_OPEN,        /* MPI_Iallreduce in flight; the timer polls MPI_Test */
     AGREE_STEPPING,    /* the worker runs a step; the eventfd tells when it is done */
     AGREE_STOPPED,     /* stopped (drained, or a step failed): nothing more */
+    AGREE_STATE_MAX
 } agree_state_t;
+
+static const char *const agree_state_names[AGREE_STATE_MAX] = {
+    [AGREE_WAITING] = "waiting",
+    [AGREE_OPEN] = "open",
+    [AGREE_STEPPING] = "stepping",
+    [AGREE_STOPPED] = "stopped",
+};
 
 struct epd_engine {
     epd_config_t cfg;
@@ -327,6 +337,23 @@ static void *worker_main(void *arg)
 
 /* ---- the agreement (loop thread) ---- */
 
+/* The one place the agreement state changes: asserts, traces and assigns. */
+static void agree_set_state(epd_engine_t *engine, agree_state_t state)
+{
+    assert(state < AGREE_STATE_MAX);
+    /* Nothing comes back from stopped. */
+    assert(engine->state != AGREE_STOPPED);
+    if (engine->state == state) return;
+    /* The waiting <-> open cycle of an idle daemon repeats every dispatch.idle_backoff_us and
+     * would drown the log: only the other transitions are traced. */
+    bool poll_cycle = (engine->state == AGREE_WAITING && state == AGREE_OPEN) ||
+                      (engine->state == AGREE_OPEN && state == AGREE_WAITING);
+    if (!poll_cycle)
+        epd_log_debug("agreement: %s -> %s", agree_state_names[engine->state],
+                      agree_state_names[state]);
+    engine->state = state;
+}
+
 static void agreement_start(epd_engine_t *engine)
 {
     pthread_mutex_lock(&engine->mu);
@@ -336,12 +363,12 @@ static void agreement_start(epd_engine_t *engine)
     engine->agree_after_shutdown = atomic_load(&engine->shutting_down);
     MPI_Iallreduce(engine->agree_buf, engine->agree_buf + 2, 2, MPI_UINT64_T, MPI_MAX, engine->comm,
                    &engine->agree_req);
-    engine->state = AGREE_OPEN;
+    agree_set_state(engine, AGREE_OPEN);
 }
 
 static void engine_stop(epd_engine_t *engine)
 {
-    engine->state = AGREE_STOPPED;
+    agree_set_state(engine, AGREE_STOPPED);
     atomic_store(&engine->stopped, true);
     engine->wake(engine->wake_arg);
 }
@@ -358,7 +385,7 @@ static void agreement_done(epd_engine_t *engine)
         engine->wake(engine->wake_arg);
     }
     if (max_queued > 0) {
-        engine->state = AGREE_STEPPING;
+        agree_set_state(engine, AGREE_STEPPING);
         engine->poll_us = poll_fast(engine);
         pthread_mutex_lock(&engine->mu);
         engine->step_ordered = true;
@@ -373,7 +400,7 @@ static void agreement_done(epd_engine_t *engine)
         engine_stop(engine);
         return;
     }
-    engine->state = AGREE_WAITING;
+    agree_set_state(engine, AGREE_WAITING);
     if (atomic_load(&engine->shutting_down)) {
         arm_timer(engine, 0);
         return;
@@ -409,6 +436,7 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
         break;
     case AGREE_STEPPING:
     case AGREE_STOPPED:
+    case AGREE_STATE_MAX:
         break;
     }
 }
@@ -554,7 +582,7 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
     }
     engine->worker_started = true;
     /* the first agreement starts as soon as the loop runs */
-    engine->state = AGREE_WAITING;
+    agree_set_state(engine, AGREE_WAITING);
     arm_timer(engine, 0);
     *engine_p = engine;
     return EPD_OK;

@@ -1,6 +1,8 @@
-# daemon/: the epd binary (main, start-up, server, connections, engine, bench, stats, log, notify),
+# daemon/: the epd binary (main, start-up, server, listener, connections and their table, CONTROL
+# documents, engine, bench, stats, log, notify),
 # its unit tests, and the C clients of the integration tests (build/tests/<name>).
-DAEMON_SRCS := daemon/main.c daemon/daemon.c daemon/server.c daemon/conn.c daemon/stats.c \
+DAEMON_SRCS := daemon/main.c daemon/daemon.c daemon/server.c daemon/listener.c daemon/conn.c \
+               daemon/conn_table.c daemon/control.c daemon/stats.c \
                daemon/log.c daemon/notify.c daemon/engine.c daemon/bench.c
 
 # Other folders' module.mk files are read after this one: their source lists are expanded in the

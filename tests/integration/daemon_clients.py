@@ -4,6 +4,8 @@
     daemon_clients.py slow-reader SOCKET N LIMIT  keep sending without reading until the daemon
         stops reading (the send blocks), check that it stays stopped, then read everything:
         every request must get its RESULT
+    daemon_clients.py pipeline SOCKET N C         N one-token SUBMITs, each followed by C health
+        CONTROLs, all in one write: every SUBMIT gets its RESULT once, every CONTROL its REPLY
     daemon_clients.py refused-as UID SOCKET       as UID, connect and expect to be closed unanswered
     daemon_clients.py health-as UID SOCKET        as UID, connect and expect a health REPLY
 """
@@ -104,6 +106,46 @@ def slow_reader(path, n, limit):
     return 0
 
 
+def pipeline(path, n, c):
+    import threading
+
+    template = w.submit(10**9, 1, H, K)
+    # Small frames: many of them arrive with each read of the socket.
+    healths = w.frame(w.CONTROL, {"op": "health"}) * c
+    parts = []
+    for i in range(n):
+        parts.append(template.replace(b'"id": 1000000000', b'"id": %10d' % i, 1))
+        parts.append(healths)
+    burst = b"".join(parts)
+    controls = n * c
+    s = w.connect(path, timeout=30.0)
+    # Sent from a thread: the answers are read meanwhile, so neither side waits on the other.
+    t = threading.Thread(target=s.sendall, args=(burst,))
+    t.start()
+    seen = set()
+    replies = 0
+    while len(seen) < n or replies < controls:
+        ftype, meta, payload = w.read_frame(s)
+        if ftype == w.RESULT:
+            if meta["id"] in seen or len(payload) != H * 2:
+                print("FAIL: RESULT %s repeated or of %d bytes" % (meta["id"], len(payload)))
+                return 1
+            seen.add(meta["id"])
+        elif ftype == w.REPLY and meta.get("status") == "ok":
+            replies += 1
+        else:
+            print("FAIL: expected RESULT or REPLY, got type %d %s" % (ftype, meta))
+            return 1
+    t.join()
+    s.close()
+    if seen != set(range(n)):
+        print("FAIL: answered ids differ from those sent")
+        return 1
+    print("pipeline: %d frames in one write (%d bytes): %d RESULTs, %d REPLYs"
+          % (n + controls, len(burst), len(seen), replies))
+    return 0
+
+
 def as_uid(uid):
     os.setgroups([])
     os.setgid(uid)
@@ -137,6 +179,8 @@ def main(argv):
         return disconnect(argv[2], int(argv[3]))
     if cmd == "slow-reader":
         return slow_reader(argv[2], int(argv[3]), int(argv[4]))
+    if cmd == "pipeline":
+        return pipeline(argv[2], int(argv[3]), int(argv[4]))
     if cmd == "refused-as":
         return refused_as(int(argv[2]), argv[3])
     if cmd == "health-as":
