@@ -1,5 +1,5 @@
 # comm/: transports (comm/transport.h), their selection, and the collective step.
-COMM_SRCS += comm/transport_mpi.c comm/step.c comm/select.c
+COMM_SRCS += comm/transport_mpi.c comm/step.c comm/phase.c comm/select.c
 
 # The step at world = 1 (MPI singleton), the transport's count conversion, the selection.
 UNIT_TESTS += step

@@ -271,7 +271,7 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
     epd_ops_ctx_t *octx = step->ops_ctx;
     const epd_moe_shape_t *shape = &step->shape;
     uint32_t world = shape->world, me = shape->rank;
-    uint64_t t[EPD_STEP_N_PHASES + 1], counts_begin, counts_ns;
+    uint64_t t[EPD_PHASE_MAX + 1], counts_begin, counts_ns;
     uint64_t n_recv = 0;
     size_t row_bytes = (size_t)shape->hidden * 2;
     epd_status_t status;
@@ -380,8 +380,8 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
     if (timing_p != NULL) {
         epd_step_timing_t tm;
         memset(&tm, 0, sizeof tm);
-        for (int i = 0; i < EPD_STEP_N_PHASES; i++) tm.phase_ns[i] = t[i + 1] - t[i];
-        tm.total_ns = t[EPD_STEP_N_PHASES] - t[0];
+        for (int i = 0; i < EPD_PHASE_MAX; i++) tm.phase_ns[i] = t[i + 1] - t[i];
+        tm.total_ns = t[EPD_PHASE_MAX] - t[0];
         tm.n_tokens = n_tokens;
         tm.records_sent = step->layout.n_send;
         tm.records_sent_off_rank = step->layout.n_send - step->layout.send_counts_host[me];

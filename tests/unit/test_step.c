@@ -122,7 +122,7 @@ static void test_step__world1_batches__equal_reference(void **state)
                 assert_int_equal(tm.dispatch_bytes, (uint64_t)tm.records_sent * rec.size);
                 assert_int_equal(tm.combine_bytes, (uint64_t)tm.records_recv * s.hidden * 2);
                 uint64_t sum = 0;
-                for (int p = 0; p < EPD_STEP_N_PHASES; p++) sum += tm.phase_ns[p];
+                for (int p = 0; p < EPD_PHASE_MAX; p++) sum += tm.phase_ns[p];
                 assert_true(sum <= tm.total_ns);
             }
             epd_step_exchange_t ex;
