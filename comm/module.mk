@@ -24,7 +24,8 @@ BINS += $(BUILD)/tests/engine_check
 
 # GPU transports: staged mpi (pure MPI + ops hooks, built everywhere), nccl (NCCL=1), the CUDA
 # transport choice. Unit tests at world 1; staged_check runs 3 ranks (transport_staged.sh).
-COMM_SRCS += comm/transport_staged.c comm/select_cuda.c $(if $(filter 1,$(NCCL)),comm/transport_nccl.c)
+COMM_SRCS += comm/transport_staged.c comm/select_cuda.c $(if $(filter 1,$(NCCL)),comm/transport_nccl.c comm/nccl_boot.c)
+$(BUILD)/obj/comm/nccl_boot.o: CFLAGS += -I$(CUDA_HOME)/include
 UNIT_TESTS += transport_staged select_cuda
 test_transport_staged_SRCS += comm/transport_staged.c gpu/ops_host.c gpu/quant_host.c \
                               common/status.c common/parse.c

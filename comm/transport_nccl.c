@@ -1,11 +1,11 @@
-/* The `nccl` transport: a thin epd_transport_t over gpu/nccl.h (communicator per transport
+/* The `nccl` transport: a thin epd_transport_t over comm/nccl_boot.h (communicator per transport
  * context, alltoallv that returns complete). */
 #include "comm/transport_nccl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "gpu/nccl.h"
+#include "comm/nccl_boot.h"
 
 struct epd_transport_ctx {
     epd_nccl_t *nccl;

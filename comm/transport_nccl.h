@@ -1,6 +1,7 @@
 /* The `nccl` transport (DESIGN.md section 7): the alltoallv as grouped ncclSend/ncclRecv on the
  * ops stream, its communicator bootstrapped over MPI. Built only with NCCL=1 (EPD_HAVE_NCCL); the
- * NCCL calls themselves live in gpu/nccl.c, so comm/ includes no CUDA or NCCL header. */
+ * NCCL calls themselves live in comm/nccl_boot.c, so this file and its .c include no CUDA or
+ * NCCL header. */
 #ifndef EPD_COMM_TRANSPORT_NCCL_H
 #define EPD_COMM_TRANSPORT_NCCL_H
 
