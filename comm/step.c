@@ -8,7 +8,6 @@
 #include <time.h>
 
 #include "comm/step.h"
-#include "comm/transport_mpi.h"
 #include "common/clock.h"
 
 struct epd_step {
@@ -250,13 +249,11 @@ static epd_status_t op_failed(const epd_step_t *step, epd_status_t status, const
     return status;
 }
 
-/* Names a failed transport call for err. */
+/* Names a failed transport call for err, with the transport's own sentence. */
 static epd_status_t transport_failed(const epd_step_t *step, epd_status_t status, const char *what,
                                      char err[EPD_ERR_LEN])
 {
-    const char *why = step->transport == &epd_transport_mpi
-                          ? epd_transport_mpi_last_error(step->transport_ctx)
-                          : "";
+    const char *why = step->transport->last_error(step->transport_ctx);
 
     snprintf(err, EPD_ERR_LEN, "step: %s alltoallv (%s transport) failed: %s%s%.160s", what,
              step->transport->name, epd_status_name(status), why[0] ? ": " : "", why);
