@@ -8,7 +8,6 @@
 #include <time.h>
 
 #include "comm/step.h"
-#include "comm/transport_mpi.h"
 #include "common/clock.h"
 
 struct epd_step {
@@ -247,13 +246,11 @@ static epd_status_t op_failed(const epd_step_t *step, epd_status_t status, const
     return status;
 }
 
-/* Names a failed transport call for err. */
+/* Names a failed transport call for err, with the transport's own sentence. */
 static epd_status_t transport_failed(const epd_step_t *step, epd_status_t status, const char *what,
                                      char err[EPD_ERR_LEN])
 {
-    const char *why = step->transport == &epd_transport_mpi
-                          ? epd_transport_mpi_last_error(step->transport_ctx)
-                          : "";
+    const char *why = step->transport->last_error(step->transport_ctx);
 
     snprintf(err, EPD_ERR_LEN, "step: %s alltoallv (%s transport) failed: %s%s%.160s", what,
              step->transport->name, epd_status_name(status), why[0] ? ": " : "", why);
@@ -268,7 +265,7 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
     epd_ops_ctx_t *octx = step->ops_ctx;
     const epd_moe_shape_t *shape = &step->shape;
     uint32_t world = shape->world, me = shape->rank;
-    uint64_t t[EPD_STEP_N_PHASES + 1], counts_begin, counts_ns;
+    uint64_t t[EPD_PHASE_MAX + 1], counts_begin, counts_ns;
     uint64_t n_recv = 0;
     size_t row_bytes = (size_t)shape->hidden * 2;
     epd_status_t status;
@@ -377,8 +374,8 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
     if (timing_p != NULL) {
         epd_step_timing_t tm;
         memset(&tm, 0, sizeof tm);
-        for (int i = 0; i < EPD_STEP_N_PHASES; i++) tm.phase_ns[i] = t[i + 1] - t[i];
-        tm.total_ns = t[EPD_STEP_N_PHASES] - t[0];
+        for (int i = 0; i < EPD_PHASE_MAX; i++) tm.phase_ns[i] = t[i + 1] - t[i];
+        tm.total_ns = t[EPD_PHASE_MAX] - t[0];
         tm.n_tokens = n_tokens;
         tm.records_sent = step->layout.n_send;
         tm.records_sent_off_rank = step->layout.n_send - step->layout.send_counts_host[me];

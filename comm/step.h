@@ -2,8 +2,8 @@
  * record counts while the pack runs -> transport alltoallv of the records for other ranks ->
  * experts on them -> reverse alltoallv of their BF16 partials, while the experts run on this
  * rank's own records (which never pass through the transport) -> combine. It owns the step
- * buffers (ops memory, sized for max_tokens at creation) and times each phase; the engine and the
- * benchmark both drive it. All ranks of comm run each step together. */
+ * buffers (ops memory, sized for max_tokens at creation) and the phases (epd_phase_t), timing
+ * each; the engine and the benchmark both drive it. All ranks of comm run each step together. */
 #ifndef EPD_COMM_STEP_H
 #define EPD_COMM_STEP_H
 
@@ -15,15 +15,26 @@
 #include "common/status.h"
 #include "gpu/ops.h"
 
-/* Phases in the order they run; the same order as epd_phase_t (daemon/engine.h). */
-#define EPD_STEP_N_PHASES 6
+/* The step's phases, in the order they run. */
+typedef enum {
+    EPD_PHASE_LAYOUT_PACK = 0, /* layout + quantize/pack */
+    EPD_PHASE_COUNTS,          /* MPI_Alltoall of record counts */
+    EPD_PHASE_DISPATCH,        /* alltoallv of records */
+    EPD_PHASE_EXPERTS,
+    EPD_PHASE_COMBINE,         /* reverse alltoallv of partials */
+    EPD_PHASE_REDUCE,          /* final combine into y */
+    EPD_PHASE_MAX
+} epd_phase_t;
+
+/* The phases' names for stats, metrics and the benchmark: "pack", "counts", ... (comm/phase.c). */
+extern const char *const epd_phase_names[EPD_PHASE_MAX];
 
 typedef struct epd_step_timing {
-    /* pack, counts, dispatch, experts, combine, reduce. The count exchange overlaps the pack
-     * (pack is the rest of their time). With device ops, experts are those on other ranks'
-     * records and combine includes the experts on this rank's own records, which run beside it;
-     * host ops run all experts in the experts phase. */
-    uint64_t phase_ns[EPD_STEP_N_PHASES];
+    /* Per epd_phase_t. The count exchange overlaps the pack (pack is the rest of their time).
+     * With device ops, experts are those on other ranks' records and combine includes the
+     * experts on this rank's own records, which run beside it; host ops run all experts in the
+     * experts phase. */
+    uint64_t phase_ns[EPD_PHASE_MAX];
     uint64_t total_ns;
     uint32_t n_tokens;
     uint32_t records_sent;          /* dispatch records this rank sent, itself included */

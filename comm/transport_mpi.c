@@ -47,7 +47,26 @@ epd_status_t epd_mpi_counts_to_int(const uint64_t *counts, const uint64_t *displ
     return EPD_OK;
 }
 
-const char *epd_transport_mpi_last_error(const epd_transport_ctx_t *ctx)
+/* Host buffers always; device buffers when MPI is handed them directly. */
+static bool mpi_can_use(const epd_transport_job_t *job, char why[EPD_ERR_LEN])
+{
+    char grounds[EPD_ERR_LEN];
+
+    if (!job->device_memory) {
+        snprintf(why, EPD_ERR_LEN, "mpi: host buffers (CPU backend%s)",
+                 job->requested == EPD_TRANSPORT_AUTO ? "; dispatch.transport = auto" : "");
+        return true;
+    }
+    if (epd_mpi_cuda_direct(job, grounds)) {
+        snprintf(why, EPD_ERR_LEN, "mpi: MPI_Alltoallv directly on device buffers (%.80s)",
+                 grounds);
+        return true;
+    }
+    snprintf(why, EPD_ERR_LEN, "mpi: no MPI_Alltoallv directly on device buffers (%.80s)", grounds);
+    return false;
+}
+
+static const char *mpi_last_error(const epd_transport_ctx_t *ctx)
 {
     return ctx == NULL ? "" : ctx->err;
 }
@@ -170,7 +189,12 @@ out:
 
 const epd_transport_t epd_transport_mpi = {
     .name = "mpi",
+    .kind = EPD_TRANSPORT_MPI,
+    .mpi_on_ops_memory = true,
+    .raw_baseline = NULL,
+    .can_use = mpi_can_use,
     .init = mpi_init,
     .fini = mpi_fini,
     .alltoallv = mpi_alltoallv,
+    .last_error = mpi_last_error,
 };

@@ -1,6 +1,7 @@
 /* The `mpi` transport (DESIGN.md section 7): MPI_Alltoallv directly on the step's buffers (host
  * memory, or device memory where MPI is CUDA-aware), counts in items of an MPI contiguous datatype
- * of item_bytes so that a step's byte counts never overflow an int. */
+ * of item_bytes so that a step's byte counts never overflow an int. It serves host ops always and
+ * device ops when epd_mpi_cuda_direct says MPI takes their buffers. */
 #ifndef EPD_COMM_TRANSPORT_MPI_H
 #define EPD_COMM_TRANSPORT_MPI_H
 
@@ -17,8 +18,5 @@ extern const epd_transport_t epd_transport_mpi;
  * in an int (the caller should use a larger item). */
 epd_status_t epd_mpi_counts_to_int(const uint64_t *counts, const uint64_t *displs, int n,
                                    int *counts_out, int *displs_out, char err[EPD_ERR_LEN]);
-
-/* The message of the last failure of an mpi transport context ("" when none). */
-const char *epd_transport_mpi_last_error(const epd_transport_ctx_t *ctx);
 
 #endif

@@ -1,18 +1,42 @@
-/* The `nccl` transport: a thin epd_transport_t over gpu/nccl.h (communicator per transport
+/* The `nccl` transport: a thin epd_transport_t over comm/nccl_boot.h (communicator per transport
  * context, alltoallv that returns complete). */
 #include "comm/transport_nccl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "gpu/nccl.h"
+#include "comm/nccl_boot.h"
 
 struct epd_transport_ctx {
     epd_nccl_t *nccl;
     char err[EPD_ERR_LEN];
 };
 
-const char *epd_transport_nccl_last_error(const epd_transport_ctx_t *ctx)
+/* Device buffers only (NCCL cannot move host memory). */
+static bool nccl_can_use(const epd_transport_job_t *job, char why[EPD_ERR_LEN])
+{
+    char grounds[EPD_ERR_LEN];
+
+    if (!job->device_memory) {
+        snprintf(why, EPD_ERR_LEN,
+                 "dispatch.transport = nccl needs GPU buffers, but this rank runs the CPU backend; "
+                 "use auto or mpi, or device.backend = cuda");
+        return false;
+    }
+    if (job->requested != EPD_TRANSPORT_AUTO) {
+        snprintf(why, EPD_ERR_LEN,
+                 "nccl: grouped ncclSend/ncclRecv on device buffers (dispatch.transport = nccl)");
+        return true;
+    }
+    bool direct = epd_mpi_cuda_direct(job, grounds);
+    snprintf(why, EPD_ERR_LEN,
+             "nccl: grouped ncclSend/ncclRecv on device buffers (dispatch.transport = auto, "
+             "MPI %s: %.80s)",
+             direct ? "CUDA-aware" : "not CUDA-aware", grounds);
+    return true;
+}
+
+static const char *nccl_last_error(const epd_transport_ctx_t *ctx)
 {
     return ctx == NULL ? "" : ctx->err;
 }
@@ -72,7 +96,12 @@ static epd_status_t nccl_alltoallv(epd_transport_ctx_t *ctx, const void *send,
 
 const epd_transport_t epd_transport_nccl = {
     .name = "nccl",
+    .kind = EPD_TRANSPORT_NCCL,
+    .mpi_on_ops_memory = false,
+    .raw_baseline = "NCCL grouped ncclSend/ncclRecv on the device buffers",
+    .can_use = nccl_can_use,
     .init = nccl_init,
     .fini = nccl_fini,
     .alltoallv = nccl_alltoallv,
+    .last_error = nccl_last_error,
 };

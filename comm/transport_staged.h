@@ -11,11 +11,9 @@
 #define EPD_STAGED_CHUNK_ENV "EPD_TEST_STAGED_CHUNK"
 #define EPD_STAGED_CHUNK_MAX (1u << 30)
 
-/* Needs ops with stream-independent async copies and events (alloc_host, event_*, copy_*_async);
- * init refuses ops without them. init is collective over comm (it duplicates it). */
+/* Serves device memory (the registry tries it after direct mpi and nccl). Needs ops with
+ * stream-independent async copies and events (alloc_host, event_*, copy_*_async); init refuses
+ * ops without them. init is collective over comm (it duplicates it). */
 extern const epd_transport_t epd_transport_mpi_staged;
-
-/* The message of the last failure of a staged transport context ("" when none). */
-const char *epd_transport_staged_last_error(const epd_transport_ctx_t *ctx);
 
 #endif

@@ -35,7 +35,8 @@ typedef struct bench_ctx {
     int rank, world, local_size;
     epd_rank_backend_t backend;
     epd_transport_ctx_t *raw_ctx; /* plain MPI_Alltoallv for the baseline */
-    bool raw_nccl;                /* the baseline is the nccl transport's own grouped send/recv */
+    bool raw_self;                /* the baseline is the transport's own alltoallv (raw_baseline) */
+    bool raw_on_step_buffers;     /* the baseline runs on the step's own buffers */
     const char *raw_kind;         /* what the baseline is, for the header and --json */
     bool json;
     uint32_t iters;
@@ -114,9 +115,10 @@ static void make_inputs(const epd_moe_shape_t *shape, uint32_t n, uint64_t seed,
 }
 
 /* The raw baseline: the same per-peer counts and item sizes exchanged with nothing else around
- * them. With nccl, NCCL's grouped send/recv on the step's device buffers; otherwise a plain
- * MPI_Alltoallv on the step's own buffers when MPI may touch them (host ops, or the direct mpi
- * transport), else on pinned host buffers of the same size. Returns its time in ns. */
+ * them. The transport's own alltoallv when it is itself the raw library exchange (nccl: NCCL's
+ * grouped send/recv on the step's device buffers); otherwise a plain MPI_Alltoallv on the step's
+ * own buffers when MPI may touch them (host ops, or a transport that hands MPI the ops buffers),
+ * else on pinned host buffers of the same size. Returns its time in ns. */
 static uint64_t raw_alltoallv(bench_ctx_t *b, const void *send, const uint64_t *send_counts,
                               const uint64_t *send_displs, void *recv, const uint64_t *recv_counts,
                               const uint64_t *recv_displs, size_t item)
@@ -126,16 +128,18 @@ static uint64_t raw_alltoallv(bench_ctx_t *b, const void *send, const uint64_t *
 
     MPI_Barrier(MPI_COMM_WORLD);
     t0 = epd_now_ns();
-    if (b->raw_nccl) {
-        status = b->backend.transport->alltoallv(b->backend.transport_ctx, send, send_counts,
-                                                 send_displs, recv, recv_counts, recv_displs, item);
-        if (status != EPD_OK) bench_fail(b, "raw NCCL all-to-all", "transport error");
+    if (b->raw_self) {
+        const epd_transport_t *transport = b->backend.transport;
+        status = transport->alltoallv(b->backend.transport_ctx, send, send_counts, send_displs,
+                                      recv, recv_counts, recv_displs, item);
+        if (status != EPD_OK)
+            bench_fail(b, transport->raw_baseline, transport->last_error(b->backend.transport_ctx));
         return epd_now_ns() - t0;
     }
     status = epd_transport_mpi.alltoallv(b->raw_ctx, send, send_counts, send_displs, recv,
                                          recv_counts, recv_displs, item);
     if (status != EPD_OK)
-        bench_fail(b, "raw MPI_Alltoallv", epd_transport_mpi_last_error(b->raw_ctx));
+        bench_fail(b, "raw MPI_Alltoallv", epd_transport_mpi.last_error(b->raw_ctx));
     return epd_now_ns() - t0;
 }
 
@@ -150,8 +154,6 @@ static void bench_one(bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t dtype, b
     epd_moe_shape_t shape = epd_moe_shape_from_config(cfg, (uint32_t)b->world, (uint32_t)b->rank);
     shape.dtype = dtype; /* the bench runs both dtypes */
     size_t x_bytes = (size_t)tokens * shape.hidden * 2, k_bytes = (size_t)tokens * shape.topk * 4;
-    bool raw_on_step_buffers =
-        ops == &epd_ops_host || strcmp(b->backend.transport->name, "mpi") == 0 || b->raw_nccl;
     epd_step_t *step = NULL;
     uint16_t *x = NULL;
     int32_t *ids = NULL;
@@ -169,7 +171,7 @@ static void bench_one(bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t dtype, b
     size_t need = epd_step_memory_bytes(&shape, tokens);
     need = need > SIZE_MAX - x_bytes - 2 * k_bytes ? SIZE_MAX : need + x_bytes + 2 * k_bytes;
     uint64_t avail = mem_available();
-    if (ops == &epd_ops_host && avail > 0 &&
+    if (!ops->device_memory && avail > 0 &&
         (need == SIZE_MAX || (double)need * b->local_size > 0.8 * (double)avail)) {
         snprintf(err, EPD_ERR_LEN,
                  "needs %.2f GiB per rank x %d ranks on this node, only %.2f GiB available",
@@ -193,7 +195,7 @@ static void bench_one(bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t dtype, b
     epd_step_exchange_t ex;
     if (ok) {
         epd_step_last_exchange(step, &ex);
-        if (!raw_on_step_buffers) {
+        if (!b->raw_on_step_buffers) {
             raw_send = ops->alloc_host(octx, ex.send_capacity * ex.record_bytes);
             raw_recv = ops->alloc_host(octx, ex.recv_capacity * ex.record_bytes);
             raw_part = ops->alloc_host(octx, ex.recv_capacity * ex.partial_bytes);
@@ -273,7 +275,7 @@ static void bench_one(bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t dtype, b
     }
 
 out:
-    if (!raw_on_step_buffers) {
+    if (!b->raw_on_step_buffers) {
         if (raw_send != NULL) ops->free_host(octx, raw_send);
         if (raw_recv != NULL) ops->free_host(octx, raw_recv);
         if (raw_part != NULL) ops->free_host(octx, raw_part);
@@ -486,11 +488,12 @@ int epd_bench_run(const epd_args_t *args)
     if (epd_transport_mpi.init(MPI_COMM_WORLD, b.backend.ops, b.backend.ops_ctx, &b.raw_ctx, err) !=
         EPD_OK)
         bench_fail(&b, "raw MPI baseline", err);
-    b.raw_nccl = strcmp(b.backend.transport->name, "nccl") == 0;
-    b.raw_kind = b.raw_nccl ? "NCCL grouped ncclSend/ncclRecv on the device buffers"
-                 : b.backend.ops == &epd_ops_host || strcmp(b.backend.transport->name, "mpi") == 0
-                     ? "a plain MPI_Alltoallv on the step's buffers"
-                     : "a plain MPI_Alltoallv on pinned host buffers";
+    b.raw_self = b.backend.transport->raw_baseline != NULL;
+    b.raw_on_step_buffers = b.raw_self || !b.backend.ops->device_memory ||
+                            b.backend.transport->mpi_on_ops_memory;
+    b.raw_kind = b.raw_self               ? b.backend.transport->raw_baseline
+                 : b.raw_on_step_buffers ? "a plain MPI_Alltoallv on the step's buffers"
+                                         : "a plain MPI_Alltoallv on pinned host buffers";
 
     if (b.rank == 0) print_header(&b);
     for (size_t i = 0; i < n_sizes; i++) {

@@ -21,11 +21,6 @@
 #include "daemon/engine.h"
 #include "daemon/log.h"
 
-_Static_assert(EPD_PHASE_MAX == EPD_STEP_N_PHASES, "the step's phases are the engine's phases");
-
-const char *const epd_phase_names[EPD_PHASE_MAX] = {"pack",    "counts",  "dispatch",
-                                                    "experts", "combine", "reduce"};
-
 /* Fastest agreement poll; it doubles while every rank is idle, up to dispatch.idle_backoff_us. */
 #define POLL_FAST_US 20u
 

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "comm/step.h"
 #include "comm/transport.h"
 #include "common/status.h"
 #include "config/config.h"
@@ -42,19 +43,6 @@ typedef struct epd_result {
     struct epd_result *next;
 } epd_result_t;
 
-/* Step phase times, in the order the step runs them. */
-typedef enum {
-    EPD_PHASE_LAYOUT_PACK = 0, /* layout + quantize/pack */
-    EPD_PHASE_COUNTS,          /* MPI_Alltoall of record counts */
-    EPD_PHASE_DISPATCH,        /* alltoallv of records */
-    EPD_PHASE_EXPERTS,
-    EPD_PHASE_COMBINE,         /* reverse alltoallv of partials */
-    EPD_PHASE_REDUCE,          /* final combine into y */
-    EPD_PHASE_MAX
-} epd_phase_t;
-
-extern const char *const epd_phase_names[EPD_PHASE_MAX]; /* "pack", "counts", ... */
-
 typedef struct epd_engine_stats {
     uint64_t steps;
     uint64_t tokens;                  /* tokens of this rank stepped */
@@ -64,7 +52,7 @@ typedef struct epd_engine_stats {
     uint64_t bytes_sent[2];           /* dispatch bytes sent off this rank, [EPD_WIRE_FP8], [EPD_WIRE_BF16] */
     uint64_t bytes_combined;          /* combine bytes sent */
     uint64_t records_sent;
-    uint64_t phase_ns[EPD_PHASE_MAX]; /* totals */
+    uint64_t phase_ns[EPD_PHASE_MAX]; /* totals per epd_phase_t (comm/step.h) */
     uint64_t last_step_ns;
     bool shutting_down;
 } epd_engine_stats_t;

@@ -33,4 +33,4 @@ BINS += $(foreach c,$(DAEMON_TEST_CLIENTS),$(BUILD)/tests/$(c))
 UNIT_TESTS += log notify stats
 test_log_SRCS = daemon/log.c
 test_notify_SRCS = daemon/notify.c
-test_stats_SRCS = daemon/stats.c $(COMMON_SRCS) $(CONFIG_SRCS)
+test_stats_SRCS = daemon/stats.c comm/phase.c $(COMMON_SRCS) $(CONFIG_SRCS)

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "comm/step.h"
+
 #ifndef EPD_VERSION
 #define EPD_VERSION "unknown"
 #endif

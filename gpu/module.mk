@@ -23,10 +23,10 @@ $(BUILD)/kbench: $(BUILD)/obj/tests/gpu/kbench.cu.o $(QUANT_GPU_OBJS)
 	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) -lstdc++
 endif
 
-# CUDA device ops, device selection and the NCCL glue (select.c and nccl.c include CUDA headers).
+# CUDA device ops and device selection (select.c includes CUDA headers).
 GPU_CU_SRCS += gpu/ops_cuda.cu
-GPU_SRCS += gpu/select.c $(if $(filter 1,$(NCCL)),gpu/nccl.c)
-$(BUILD)/obj/gpu/select.o $(BUILD)/obj/gpu/nccl.o: CFLAGS += -I$(CUDA_HOME)/include
+GPU_SRCS += gpu/select.c
+$(BUILD)/obj/gpu/select.o: CFLAGS += -I$(CUDA_HOME)/include
 UNIT_TESTS += gpu_select
 test_gpu_select_SRCS += gpu/select.c
 # test_ops_cuda: CUDA ops against the host ops, byte for byte; daemon_gpu.sh: 2 ranks on 2 GPUs

@@ -326,6 +326,11 @@ static epd_status_t failing_alltoallv(epd_transport_ctx_t *ctx, const void *send
     return EPD_ERR_MPI;
 }
 
+static const char *failing_last_error(const epd_transport_ctx_t *ctx)
+{
+    return "failing transport: down on purpose";
+}
+
 static double cpu_seconds(void)
 {
     struct rusage ru;
@@ -345,7 +350,11 @@ static void run_failure(epd_ops_ctx_t *octx)
     epd_config_t cfg;
     run_t run;
     uint64_t seed = 777 + (uint64_t)rank;
-    epd_transport_t failing = {.name = "failing", .alltoallv = failing_alltoallv};
+    epd_transport_t failing = {
+        .name = "failing",
+        .alltoallv = failing_alltoallv,
+        .last_error = failing_last_error,
+    };
     struct timespec t0, t1;
     struct timeval idle = {0, 400000};
     char err[EPD_ERR_LEN] = "";
@@ -377,6 +386,8 @@ static void run_failure(epd_ops_ctx_t *octx)
     CHECK(epd_engine_stopped(run.engine), "the engine did not stop after the failed step");
     CHECK(epd_engine_failed(run.engine, err), "epd_engine_failed is false after a failed step");
     CHECK(strstr(err, "failing") != NULL, "failure message '%s' does not name the transport", err);
+    CHECK(strstr(err, "down on purpose") != NULL,
+          "failure message '%s' lacks the transport's own sentence", err);
     CHECK(run.tried_after_failure, "no submit was tried after the failed step");
     CHECK(run.n_answered == run.n_exp && run.n_errors == run.n_exp,
           "%d answered, %d errors, %d accepted", run.n_answered, run.n_errors, run.n_exp);

@@ -62,7 +62,7 @@ static long run_trial(epd_transport_ctx_t *ctx, uint64_t trial, int me, int worl
     epd_status_t status = epd_transport_mpi_staged.alltoallv(ctx, send, sc, sd, recv, rc, rd, item);
     if (status != EPD_OK) {
         fprintf(stderr, "rank %d trial %" PRIu64 ": alltoallv failed: %s (%s)\n", me, trial,
-                epd_status_name(status), epd_transport_staged_last_error(ctx));
+                epd_status_name(status), epd_transport_mpi_staged.last_error(ctx));
         bad++;
     }
     for (int p = 0; p < world && status == EPD_OK; p++) {

@@ -13,10 +13,6 @@
 
 #include "daemon/stats.h"
 
-/* The engine (not linked here) defines the phase names. */
-const char *const epd_phase_names[EPD_PHASE_MAX] = {"pack", "counts", "dispatch",
-                                                    "experts", "combine", "reduce"};
-
 static epd_engine_stats_t engine;
 static epd_server_stats_t server;
 

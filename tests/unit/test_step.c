@@ -1,6 +1,7 @@
 /* Unit tests of comm/: the collective step at world = 1 (MPI singleton: no mpirun needed) against
- * epd_moe_reference, the mpi transport's 64-bit count conversion and datatype items, and the
- * transport selection. Multi-rank steps are tests/integration/step_np.sh. */
+ * epd_moe_reference, a failing transport's own sentence in the step's error, and the mpi
+ * transport's 64-bit count conversion, datatype items and last error. The transport choice is
+ * tests/unit/test_select_cuda.c; multi-rank steps are tests/integration/step_np.sh. */
 #include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,7 +18,6 @@
 #include <sanitizer/lsan_interface.h>
 #endif
 
-#include "comm/select.h"
 #include "comm/step.h"
 #include "comm/transport_mpi.h"
 #include "common/rng.h"
@@ -122,7 +122,7 @@ static void test_step__world1_batches__equal_reference(void **state)
                 assert_int_equal(tm.dispatch_bytes, (uint64_t)tm.records_sent * rec.size);
                 assert_int_equal(tm.combine_bytes, (uint64_t)tm.records_recv * s.hidden * 2);
                 uint64_t sum = 0;
-                for (int p = 0; p < EPD_STEP_N_PHASES; p++) sum += tm.phase_ns[p];
+                for (int p = 0; p < EPD_PHASE_MAX; p++) sum += tm.phase_ns[p];
                 assert_true(sum <= tm.total_ns);
             }
             epd_step_exchange_t ex;
@@ -240,35 +240,52 @@ static void test_step__alltoallv_large_items__bytes_beyond_int_counts(void **sta
                      EPD_ERR_INVALID_ARG);
     assert_int_equal(epd_transport_mpi.alltoallv(f->tctx, send, too_many, dsp, recv, cnt, dsp, 16),
                      EPD_ERR_INVALID_ARG);
-    assert_non_null(strstr(epd_transport_mpi_last_error(f->tctx), "do not fit"));
+    assert_non_null(strstr(epd_transport_mpi.last_error(f->tctx), "do not fit"));
+    /* a call that succeeds clears it */
+    assert_int_equal(epd_transport_mpi.alltoallv(f->tctx, send, cnt, dsp, recv, cnt, dsp, item),
+                     EPD_OK);
+    assert_string_equal(epd_transport_mpi.last_error(f->tctx), "");
     free(send);
     free(recv);
 }
 
-static void test_step__select_host_ops__mpi_or_clear_error(void **state)
+/* A transport whose alltoallv fails with a sentence of its own. */
+static epd_status_t broken_alltoallv(epd_transport_ctx_t *ctx, const void *send,
+                                     const uint64_t *send_counts, const uint64_t *send_displs,
+                                     void *recv, const uint64_t *recv_counts,
+                                     const uint64_t *recv_displs, size_t item_bytes)
 {
-    epd_config_t cfg;
-    epd_transport_choice_t choice;
-    char err[EPD_ERR_LEN] = "";
-    epd_ops_t fake = epd_ops_host;
+    return EPD_ERR_MPI;
+}
 
-    memset(&cfg, 0, sizeof cfg);
-    cfg.dispatch.transport = EPD_TRANSPORT_AUTO;
-    assert_int_equal(epd_transport_select(&cfg, &epd_ops_host, &choice, err), EPD_OK);
-    assert_ptr_equal(choice.transport, &epd_transport_mpi);
-    assert_non_null(strstr(choice.reason, "mpi: host buffers"));
-    cfg.dispatch.transport = EPD_TRANSPORT_MPI;
-    assert_int_equal(epd_transport_select(&cfg, &epd_ops_host, &choice, err), EPD_OK);
-    assert_ptr_equal(choice.transport, &epd_transport_mpi);
-    cfg.dispatch.transport = EPD_TRANSPORT_NCCL;
-    assert_int_equal(epd_transport_select(&cfg, &epd_ops_host, &choice, err), EPD_ERR_CONFIG);
-    assert_non_null(strstr(err, "dispatch.transport = nccl"));
-    assert_null(choice.transport);
-    /* device ops other than the host's without the CUDA selection linked in */
-    fake.name = "fake";
-    cfg.dispatch.transport = EPD_TRANSPORT_AUTO;
-    assert_int_equal(epd_transport_select(&cfg, &fake, &choice, err), EPD_ERR_CONFIG);
-    assert_non_null(strstr(err, "fake"));
+static const char *broken_last_error(const epd_transport_ctx_t *ctx)
+{
+    return "broken transport: the link is down on purpose";
+}
+
+static void test_step__transport_fails__its_own_sentence_in_err(void **state)
+{
+    fixture_t *f = *state;
+    const epd_transport_t broken = {
+        .name = "broken",
+        .kind = EPD_TRANSPORT_MPI,
+        .alltoallv = broken_alltoallv,
+        .last_error = broken_last_error,
+    };
+    epd_moe_shape_t s = world1_shape(EPD_WIRE_FP8, EPD_EXPERTS_SCALE);
+    epd_step_t *step = NULL;
+    char err[EPD_ERR_LEN] = "";
+
+    assert_int_equal(epd_step_create(&s, 4, &epd_ops_host, f->ops_ctx, &broken, NULL,
+                                     MPI_COMM_WORLD, &step, err),
+                     EPD_OK);
+    const epd_step_io_t *io = epd_step_io(step);
+    fill_batch(&s, io, 4, 9);
+    assert_int_equal(epd_step_run(step, 4, io->x, io->topk_ids, io->topk_weights, io->y, NULL, err),
+                     EPD_ERR_MPI);
+    assert_non_null(strstr(err, "dispatch alltoallv (broken transport) failed"));
+    assert_non_null(strstr(err, "the link is down on purpose"));
+    epd_step_destroy(step);
 }
 
 int main(int argc, char **argv)
@@ -280,7 +297,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_step__memory_bytes__counts_every_buffer),
         cmocka_unit_test(test_step__counts_to_int__fit_and_overflow),
         cmocka_unit_test(test_step__alltoallv_large_items__bytes_beyond_int_counts),
-        cmocka_unit_test(test_step__select_host_ops__mpi_or_clear_error),
+        cmocka_unit_test(test_step__transport_fails__its_own_sentence_in_err),
     };
     int provided, rc;
 

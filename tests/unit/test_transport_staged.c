@@ -1,7 +1,8 @@
 /* Unit tests of comm/transport_staged.c at world = 1 (MPI singleton): init refuses ops without
  * async hooks and a bad EPD_TEST_STAGED_CHUNK, the self block is copied with its displacements,
- * and bad counts are refused with a message. Multi-rank chunking is tests/integration/
- * transport_staged.sh. Runs on the host ops, whose async copies complete at once. */
+ * bad counts are refused with a message, and can_use serves device memory only. Multi-rank
+ * chunking is tests/integration/transport_staged.sh. Runs on the host ops, whose async copies
+ * complete at once. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -90,7 +91,7 @@ static void test_transport_staged__self_block__copied_at_its_displacements(void 
     unsetenv(EPD_STAGED_CHUNK_ENV);
     assert_int_equal(epd_transport_mpi_staged.alltoallv(ctx, send, sc, sd, recv, rc, rd, item), EPD_OK);
     assert_memory_equal(recv, want, sizeof recv);
-    assert_string_equal(epd_transport_staged_last_error(ctx), "");
+    assert_string_equal(epd_transport_mpi_staged.last_error(ctx), "");
 
     /* nothing to move at all: fine, and the buffers may be NULL */
     sc[0] = rc[0] = 0;
@@ -109,22 +110,42 @@ static void test_transport_staged__bad_counts__refused_with_message(void **state
                      EPD_OK);
     assert_int_equal(epd_transport_mpi_staged.alltoallv(ctx, buf, sc, sd, buf, rc, rd, 8),
                      EPD_ERR_INVALID_ARG);
-    assert_non_null(strstr(epd_transport_staged_last_error(ctx), "sends itself 16 bytes but expects 24"));
+    assert_non_null(strstr(epd_transport_mpi_staged.last_error(ctx),
+                           "sends itself 16 bytes but expects 24"));
 
     sc[0] = rc[0] = UINT64_MAX / 4;
     assert_int_equal(epd_transport_mpi_staged.alltoallv(ctx, buf, sc, sd, buf, rc, rd, 8),
                      EPD_ERR_INVALID_ARG);
-    assert_non_null(strstr(epd_transport_staged_last_error(ctx), "overflows"));
+    assert_non_null(strstr(epd_transport_mpi_staged.last_error(ctx), "overflows"));
 
     sc[0] = rc[0] = 1;
     assert_int_equal(epd_transport_mpi_staged.alltoallv(ctx, buf, sc, sd, buf, rc, rd, 0),
                      EPD_ERR_INVALID_ARG);
     assert_int_equal(epd_transport_mpi_staged.alltoallv(ctx, NULL, sc, sd, buf, rc, rd, 8),
                      EPD_ERR_INVALID_ARG);
-    assert_non_null(strstr(epd_transport_staged_last_error(ctx), "NULL send buffer"));
+    assert_non_null(strstr(epd_transport_mpi_staged.last_error(ctx), "NULL send buffer"));
     assert_int_equal(epd_transport_mpi_staged.alltoallv(ctx, buf, NULL, sd, buf, rc, rd, 8),
                      EPD_ERR_INVALID_ARG);
     epd_transport_mpi_staged.fini(ctx);
+}
+
+static void test_transport_staged__can_use__device_memory_only_with_its_cost(void **state)
+{
+    epd_transport_job_t job = {
+        .requested = EPD_TRANSPORT_MPI,
+        .mpi_cuda_aware = EPD_TRISTATE_AUTO,
+        .device_memory = false,
+        .mpi_cuda = EPD_MPI_CUDA_NO,
+    };
+    char why[EPD_ERR_LEN] = "";
+
+    assert_false(epd_transport_mpi_staged.can_use(&job, why));
+    assert_non_null(strstr(why, "host memory, nothing to stage"));
+    job.device_memory = true;
+    assert_true(epd_transport_mpi_staged.can_use(&job, why));
+    assert_non_null(strstr(why, "mpi-staged (MPIX_Query_cuda_support() = 0)"));
+    assert_non_null(strstr(why, "~100x slower than direct on NVLink"));
+    assert_string_equal(epd_transport_mpi_staged.last_error(NULL), "");
 }
 
 int main(int argc, char **argv)
@@ -134,6 +155,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_transport_staged__bad_chunk_variable__config_error),
         cmocka_unit_test(test_transport_staged__self_block__copied_at_its_displacements),
         cmocka_unit_test(test_transport_staged__bad_counts__refused_with_message),
+        cmocka_unit_test(test_transport_staged__can_use__device_memory_only_with_its_cost),
     };
     int provided, rc;
 

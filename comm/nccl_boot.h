@@ -1,8 +1,8 @@
 /* Plain-C glue around NCCL for comm/transport_nccl.c (DESIGN.md section 7): a communicator
  * bootstrapped over MPI and the grouped ncclSend/ncclRecv alltoallv on a stream of its own. Built
- * only with NCCL=1 (EPD_HAVE_NCCL); nothing outside gpu/ sees an NCCL or CUDA header. */
-#ifndef EPD_GPU_NCCL_H
-#define EPD_GPU_NCCL_H
+ * only with NCCL=1 (EPD_HAVE_NCCL); this header shows no NCCL or CUDA type to its callers. */
+#ifndef EPD_COMM_NCCL_BOOT_H
+#define EPD_COMM_NCCL_BOOT_H
 
 #include <mpi.h>
 #include <stddef.h>

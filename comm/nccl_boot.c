@@ -1,7 +1,8 @@
-/* NCCL glue (gpu/nccl.h): communicator bootstrap over MPI, the grouped send/recv alltoallv on
- * a stream of its own, teardown. The only file of epd that includes nccl.h. */
+/* NCCL glue (comm/nccl_boot.h): communicator bootstrap over MPI, the grouped send/recv
+ * alltoallv on a stream of its own, teardown. The only file of epd that includes nccl.h, and the
+ * only one outside gpu/ that includes a CUDA header (NCCL's API takes a cudaStream_t). */
+#include "comm/nccl_boot.h"
 #include "common/mpi_error.h"
-#include "gpu/nccl.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
