@@ -1,6 +1,6 @@
 # comm/: transports (comm/transport.h), their registry and selection, the collective step and its
 # phases.
-COMM_SRCS += comm/transport.c comm/transport_mpi.c comm/step.c comm/phase.c comm/select.c
+COMM_SRCS += comm/transport.c comm/transport_mpi.c comm/step.c comm/phase.c comm/registry.c
 
 # The step at world = 1 (MPI singleton), the mpi transport's count conversion and datatype items.
 UNIT_TESTS += step
@@ -29,14 +29,13 @@ BINS += $(BUILD)/tests/engine_check
 # world 1; staged_check runs 3 ranks (transport_staged.sh).
 COMM_SRCS += comm/transport_staged.c $(if $(filter 1,$(NCCL)),comm/transport_nccl.c comm/nccl_boot.c)
 $(BUILD)/obj/comm/nccl_boot.o: CFLAGS += -I$(CUDA_HOME)/include
-UNIT_TESTS += transport_staged select_cuda
+UNIT_TESTS += transport_staged registry
 test_transport_staged_SRCS += comm/transport.c comm/transport_staged.c gpu/ops_host.c \
                               gpu/quant_host.c common/status.c common/parse.c
 # The registry walk over the real transports' can_use, nccl included in every build (the test
 # stands in for the NCCL glue, which the choice never calls).
-test_select_cuda_SRCS += comm/select.c comm/transport.c comm/transport_mpi.c \
-                         comm/transport_staged.c comm/transport_nccl.c common/status.c \
-                         common/parse.c
+test_registry_SRCS += comm/registry.c comm/transport.c comm/transport_mpi.c \
+                      comm/transport_staged.c comm/transport_nccl.c common/status.c common/parse.c
 STAGED_CHECK_SRCS += tests/integration/staged_check.c comm/transport.c comm/transport_staged.c \
                      gpu/ops_host.c gpu/quant_host.c common/status.c common/parse.c
 $(BUILD)/tests/staged_check: $(patsubst %.c,$(BUILD)/obj/%.o,$(STAGED_CHECK_SRCS))

@@ -2,7 +2,8 @@
  * on ops memory, and the job each transport is asked about. `mpi` (direct on device buffers when
  * MPI is CUDA-aware, pinned-host staging otherwise) and `nccl` (grouped ncclSend/ncclRecv). The
  * count exchange is not a transport's job: the step engine does it with MPI_Alltoall before
- * calling alltoallv. The registry `auto` walks is comm/select.h. */
+ * calling alltoallv. A new transport is one epd_transport_t in its own comm/transport_<name>.c and
+ * one entry in epd_transports[] (comm/registry.c), the registry `auto` walks. */
 #ifndef EPD_COMM_TRANSPORT_H
 #define EPD_COMM_TRANSPORT_H
 

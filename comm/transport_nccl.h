@@ -1,6 +1,6 @@
 /* The `nccl` transport (DESIGN.md section 7): the alltoallv as grouped ncclSend/ncclRecv on the
  * ops stream, its communicator bootstrapped over MPI. Linked only with NCCL=1 (EPD_HAVE_NCCL),
- * where the registry (comm/select.c) lists it; the NCCL calls themselves live in
+ * where the registry (comm/registry.c) lists it; the NCCL calls themselves live in
  * comm/nccl_boot.c, so this transport's own file includes no CUDA or NCCL header. */
 #ifndef EPD_COMM_TRANSPORT_NCCL_H
 #define EPD_COMM_TRANSPORT_NCCL_H

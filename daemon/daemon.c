@@ -15,7 +15,7 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 
-#include "comm/select.h"
+#include "comm/registry.h"
 #include "common/mpi_error.h"
 #include "daemon/engine.h"
 #include "daemon/log.h"

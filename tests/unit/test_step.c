@@ -1,7 +1,7 @@
 /* Unit tests of comm/: the collective step at world = 1 (MPI singleton: no mpirun needed) against
  * epd_moe_reference, a failing transport's own sentence in the step's error, and the mpi
  * transport's 64-bit count conversion, datatype items and last error. The transport choice is
- * tests/unit/test_select_cuda.c; multi-rank steps are tests/integration/step_np.sh. */
+ * tests/unit/test_registry.c; multi-rank steps are tests/integration/step_np.sh. */
 #include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,7 +1,7 @@
 /* The transport registry (the one place that knows which transports this build has) and the walk
  * that picks one for a rank's job: the settings are checked against what MPI says, then each
  * entry of the requested family is asked in turn. */
-#include "comm/select.h"
+#include "comm/registry.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -2,8 +2,8 @@
  * says itself whether it can serve the rank's job; `auto` takes the first that can, an explicit
  * dispatch.transport the first of its family. Log-free: it returns the choice and one sentence
  * saying why, which the caller logs. */
-#ifndef EPD_COMM_SELECT_H
-#define EPD_COMM_SELECT_H
+#ifndef EPD_COMM_REGISTRY_H
+#define EPD_COMM_REGISTRY_H
 
 #include "comm/transport.h"
 #include "common/status.h"

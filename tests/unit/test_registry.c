@@ -1,4 +1,4 @@
-/* Unit tests of the transport choice (comm/select.c): the registry walked over the real
+/* Unit tests of the transport choice (comm/registry.c): the registry walked over the real
  * transports' can_use for every combination of dispatch.transport, dispatch.mpi_cuda_aware, the
  * MPI's answer, the ops' memory and whether nccl is registered; the staged path's explanation,
  * the start-up errors, the registry's order and what each entry says about itself. The choice
@@ -18,7 +18,7 @@
 #endif
 
 #include "comm/nccl_boot.h"
-#include "comm/select.h"
+#include "comm/registry.h"
 #include "comm/transport_mpi.h"
 #include "comm/transport_nccl.h"
 #include "comm/transport_staged.h"
@@ -90,7 +90,7 @@ static void refuse(const epd_transport_t *const *registry, const epd_transport_j
     assert_true(err[0] != '\0');
 }
 
-static void test_select_cuda__cuda_aware_mpi__direct_for_auto_and_mpi(void **state)
+static void test_registry__cuda_aware_mpi__direct_for_auto_and_mpi(void **state)
 {
     char reason[EPD_ERR_LEN];
 
@@ -109,7 +109,7 @@ static void test_select_cuda__cuda_aware_mpi__direct_for_auto_and_mpi(void **sta
     assert_non_null(strstr(reason, "dispatch.mpi_cuda_aware = true"));
 }
 
-static void test_select_cuda__not_cuda_aware_auto__nccl_when_built_else_staged(void **state)
+static void test_registry__not_cuda_aware_auto__nccl_when_built_else_staged(void **state)
 {
     char reason[EPD_ERR_LEN];
 
@@ -134,7 +134,7 @@ static void test_select_cuda__not_cuda_aware_auto__nccl_when_built_else_staged(v
     assert_non_null(strstr(reason, "no MPIX_Query_cuda_support"));
 }
 
-static void test_select_cuda__mpi_not_cuda_aware__staged_with_explanation(void **state)
+static void test_registry__mpi_not_cuda_aware__staged_with_explanation(void **state)
 {
     char reason[EPD_ERR_LEN];
 
@@ -149,7 +149,7 @@ static void test_select_cuda__mpi_not_cuda_aware__staged_with_explanation(void *
     assert_non_null(strstr(reason, "mpi-staged (dispatch.mpi_cuda_aware = false)"));
 }
 
-static void test_select_cuda__nccl_asked__nccl_or_error_when_not_built(void **state)
+static void test_registry__nccl_asked__nccl_or_error_when_not_built(void **state)
 {
     epd_transport_job_t job = job_of(EPD_TRANSPORT_NCCL, EPD_TRISTATE_AUTO, EPD_MPI_CUDA_YES, true);
     char reason[EPD_ERR_LEN], err[EPD_ERR_LEN];
@@ -171,7 +171,7 @@ static void test_select_cuda__nccl_asked__nccl_or_error_when_not_built(void **st
     assert_non_null(strstr(err, "this rank runs the CPU backend"));
 }
 
-static void test_select_cuda__cuda_aware_forced_on_plain_mpi__config_error(void **state)
+static void test_registry__cuda_aware_forced_on_plain_mpi__config_error(void **state)
 {
     char err[EPD_ERR_LEN];
 
@@ -184,7 +184,7 @@ static void test_select_cuda__cuda_aware_forced_on_plain_mpi__config_error(void 
     }
 }
 
-static void test_select_cuda__host_memory__mpi_on_host_buffers(void **state)
+static void test_registry__host_memory__mpi_on_host_buffers(void **state)
 {
     epd_transport_job_t job = job_of(EPD_TRANSPORT_AUTO, EPD_TRISTATE_AUTO, EPD_MPI_CUDA_NO, false);
     epd_transport_choice_t c;
@@ -203,7 +203,7 @@ static void test_select_cuda__host_memory__mpi_on_host_buffers(void **state)
     assert_ptr_equal(c.transport, &epd_transport_mpi);
 }
 
-static void test_select_cuda__can_use__says_why_not(void **state)
+static void test_registry__can_use__says_why_not(void **state)
 {
     epd_transport_job_t job = job_of(EPD_TRANSPORT_MPI, EPD_TRISTATE_AUTO, EPD_MPI_CUDA_NO, true);
     char why[EPD_ERR_LEN] = "";
@@ -218,7 +218,7 @@ static void test_select_cuda__can_use__says_why_not(void **state)
     assert_non_null(strstr(why, "nothing to stage"));
 }
 
-static void test_select_cuda__nothing_serves__last_why_not_or_missing_family(void **state)
+static void test_registry__nothing_serves__last_why_not_or_missing_family(void **state)
 {
     epd_transport_job_t job = job_of(EPD_TRANSPORT_AUTO, EPD_TRISTATE_AUTO, EPD_MPI_CUDA_NO, false);
     char err[EPD_ERR_LEN];
@@ -231,7 +231,7 @@ static void test_select_cuda__nothing_serves__last_why_not_or_missing_family(voi
     assert_string_equal(err, "dispatch.transport = mpi: this build has no such transport");
 }
 
-static void test_select_cuda__unknown_values__errors(void **state)
+static void test_registry__unknown_values__errors(void **state)
 {
     epd_transport_job_t job = job_of((epd_transport_kind_t)9, EPD_TRISTATE_AUTO, EPD_MPI_CUDA_YES,
                                      true);
@@ -247,7 +247,7 @@ static void test_select_cuda__unknown_values__errors(void **state)
     assert_non_null(strstr(err, "dispatch.mpi_cuda_aware: unknown value 9"));
 }
 
-static void test_select_cuda__registry__auto_order_and_complete_entries(void **state)
+static void test_registry__registry__auto_order_and_complete_entries(void **state)
 {
     size_t n = 0;
 
@@ -274,7 +274,7 @@ static void test_select_cuda__registry__auto_order_and_complete_entries(void **s
     assert_non_null(strstr(epd_transport_nccl.raw_baseline, "ncclSend/ncclRecv"));
 }
 
-static void test_select_cuda__select_from_config__host_mpi_device_an_mpi_transport(void **state)
+static void test_registry__select_from_config__host_mpi_device_an_mpi_transport(void **state)
 {
     const epd_ops_t host = {.name = "host", .device_memory = false};
     const epd_ops_t device = {.name = "device", .device_memory = true};
@@ -300,17 +300,17 @@ static void test_select_cuda__select_from_config__host_mpi_device_an_mpi_transpo
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_select_cuda__cuda_aware_mpi__direct_for_auto_and_mpi),
-        cmocka_unit_test(test_select_cuda__not_cuda_aware_auto__nccl_when_built_else_staged),
-        cmocka_unit_test(test_select_cuda__mpi_not_cuda_aware__staged_with_explanation),
-        cmocka_unit_test(test_select_cuda__nccl_asked__nccl_or_error_when_not_built),
-        cmocka_unit_test(test_select_cuda__cuda_aware_forced_on_plain_mpi__config_error),
-        cmocka_unit_test(test_select_cuda__host_memory__mpi_on_host_buffers),
-        cmocka_unit_test(test_select_cuda__can_use__says_why_not),
-        cmocka_unit_test(test_select_cuda__nothing_serves__last_why_not_or_missing_family),
-        cmocka_unit_test(test_select_cuda__unknown_values__errors),
-        cmocka_unit_test(test_select_cuda__registry__auto_order_and_complete_entries),
-        cmocka_unit_test(test_select_cuda__select_from_config__host_mpi_device_an_mpi_transport),
+        cmocka_unit_test(test_registry__cuda_aware_mpi__direct_for_auto_and_mpi),
+        cmocka_unit_test(test_registry__not_cuda_aware_auto__nccl_when_built_else_staged),
+        cmocka_unit_test(test_registry__mpi_not_cuda_aware__staged_with_explanation),
+        cmocka_unit_test(test_registry__nccl_asked__nccl_or_error_when_not_built),
+        cmocka_unit_test(test_registry__cuda_aware_forced_on_plain_mpi__config_error),
+        cmocka_unit_test(test_registry__host_memory__mpi_on_host_buffers),
+        cmocka_unit_test(test_registry__can_use__says_why_not),
+        cmocka_unit_test(test_registry__nothing_serves__last_why_not_or_missing_family),
+        cmocka_unit_test(test_registry__unknown_values__errors),
+        cmocka_unit_test(test_registry__registry__auto_order_and_complete_entries),
+        cmocka_unit_test(test_registry__select_from_config__host_mpi_device_an_mpi_transport),
     };
     int provided, rc;
 
