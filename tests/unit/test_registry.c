@@ -13,15 +13,12 @@
 #include <cmocka.h>
 #include <mpi.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/lsan_interface.h>
-#endif
-
 #include "comm/nccl_boot.h"
 #include "comm/registry.h"
 #include "comm/transport_mpi.h"
 #include "comm/transport_nccl.h"
 #include "comm/transport_staged.h"
+#include "tests/unit/mpi_main.h"
 
 epd_status_t epd_nccl_create(MPI_Comm comm, void *stream, epd_nccl_t **nccl_p,
                              char err[EPD_ERR_LEN])
@@ -297,7 +294,7 @@ static void test_registry__select_from_config__host_mpi_device_an_mpi_transport(
     assert_null(c.transport);
 }
 
-int main(int argc, char **argv)
+static int run_group(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_registry__cuda_aware_mpi__direct_for_auto_and_mpi),
@@ -312,20 +309,11 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_registry__registry__auto_order_and_complete_entries),
         cmocka_unit_test(test_registry__select_from_config__host_mpi_device_an_mpi_transport),
     };
-    int provided, rc;
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
 
+int main(int argc, char **argv)
+{
     /* epd_transport_select asks MPI about device buffers: an MPI singleton */
-#if defined(__SANITIZE_ADDRESS__)
-    __lsan_disable();
-#endif
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
-#if defined(__SANITIZE_ADDRESS__)
-    __lsan_enable();
-#endif
-    rc = cmocka_run_group_tests(tests, NULL, NULL);
-#if defined(__SANITIZE_ADDRESS__)
-    __lsan_do_leak_check();
-#endif
-    MPI_Finalize();
-    return rc;
+    return epd_test_mpi_main(argc, argv, run_group);
 }

@@ -14,15 +14,12 @@
 #include <cmocka.h>
 #include <mpi.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/lsan_interface.h>
-#endif
-
 #include "comm/step.h"
 #include "comm/transport_mpi.h"
 #include "common/rng.h"
 #include "gpu/fp8.h"
 #include "gpu/ops.h"
+#include "tests/unit/mpi_main.h"
 
 static epd_moe_shape_t world1_shape(epd_wire_dtype_t dtype, epd_expert_kind_t kind)
 {
@@ -288,7 +285,7 @@ static void test_step__transport_fails__its_own_sentence_in_err(void **state)
     epd_step_destroy(step);
 }
 
-int main(int argc, char **argv)
+static int run_group(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_step__world1_batches__equal_reference),
@@ -299,21 +296,10 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_step__alltoallv_large_items__bytes_beyond_int_counts),
         cmocka_unit_test(test_step__transport_fails__its_own_sentence_in_err),
     };
-    int provided, rc;
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
 
-#if defined(__SANITIZE_ADDRESS__)
-    /* Open MPI keeps (and at finalize, unloads with) allocations LeakSanitizer cannot attribute:
-     * ignore what MPI_Init allocates, and check for leaks before MPI_Finalize. */
-    __lsan_disable();
-#endif
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
-#if defined(__SANITIZE_ADDRESS__)
-    __lsan_enable();
-#endif
-    rc = cmocka_run_group_tests(tests, setup, teardown);
-#if defined(__SANITIZE_ADDRESS__)
-    __lsan_do_leak_check();
-#endif
-    MPI_Finalize();
-    return rc;
+int main(int argc, char **argv)
+{
+    return epd_test_mpi_main(argc, argv, run_group);
 }

@@ -14,12 +14,9 @@
 #include <cmocka.h>
 #include <mpi.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/lsan_interface.h>
-#endif
-
 #include "comm/transport_staged.h"
 #include "gpu/ops.h"
+#include "tests/unit/mpi_main.h"
 
 static epd_ops_ctx_t *ops_ctx;
 
@@ -148,7 +145,7 @@ static void test_transport_staged__can_use__device_memory_only_with_its_cost(voi
     assert_string_equal(epd_transport_mpi_staged.last_error(NULL), "");
 }
 
-int main(int argc, char **argv)
+static int run_group(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_transport_staged__ops_without_hooks__unsupported),
@@ -157,20 +154,10 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_transport_staged__bad_counts__refused_with_message),
         cmocka_unit_test(test_transport_staged__can_use__device_memory_only_with_its_cost),
     };
-    int provided, rc;
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
 
-#if defined(__SANITIZE_ADDRESS__)
-    /* what MPI_Init allocates is Open MPI's; leaks are checked before MPI_Finalize */
-    __lsan_disable();
-#endif
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
-#if defined(__SANITIZE_ADDRESS__)
-    __lsan_enable();
-#endif
-    rc = cmocka_run_group_tests(tests, setup, teardown);
-#if defined(__SANITIZE_ADDRESS__)
-    __lsan_do_leak_check();
-#endif
-    MPI_Finalize();
-    return rc;
+int main(int argc, char **argv)
+{
+    return epd_test_mpi_main(argc, argv, run_group);
 }
