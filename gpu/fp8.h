@@ -1,8 +1,9 @@
 /* FP8 element helpers shared by host C and CUDA device code (DESIGN.md section 3): OCP e4m3fn
- * encode (clamp to [-448, 448], round to nearest even) and decode (bf16 <-> fp32 is
- * common/bf16.h's), and the scale rules (amax floor 1e-4, fp32 and ue8m0 scale formats). Pure bit arithmetic, so
- * host and device give the same bits; the CUDA kernels may use the hardware SATFINITE conversion,
- * which tests/gpu/test_quant.cu checks against epd_e4m3_from_f32 exhaustively. */
+ * encode (clamp to [-448, 448], round to nearest even) and decode, and the scale rules (amax
+ * floor 1e-4, fp32 and ue8m0 scale formats); bf16 <-> fp32 comes from common/bf16.h. Pure bit
+ * arithmetic, so host and device give the same bits; the CUDA kernels may use the hardware
+ * SATFINITE conversion, which tests/gpu/test_quant.cu checks against epd_e4m3_from_f32
+ * exhaustively. */
 #ifndef EPD_GPU_FP8_H
 #define EPD_GPU_FP8_H
 
