@@ -5,7 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+#include "common/clock.h"
 
 struct epd_control {
     const epd_config_t *cfg;
@@ -13,7 +14,7 @@ struct epd_control {
     epd_engine_t *engine;
     int rank;
     int world;
-    struct timespec started;
+    uint64_t started_ns;
     char *config_json; /* the `config` document, rendered once */
 };
 
@@ -27,14 +28,10 @@ typedef struct control_op {
 
 static void control_view(epd_control_t *control, epd_engine_stats_t *es, epd_stats_view_t *view)
 {
-    struct timespec now;
-
-    clock_gettime(CLOCK_MONOTONIC, &now);
     epd_engine_get_stats(control->engine, es);
     view->rank = control->rank;
     view->world = control->world;
-    view->uptime_s = (double)(now.tv_sec - control->started.tv_sec) +
-                     (double)(now.tv_nsec - control->started.tv_nsec) / 1e9;
+    view->uptime_s = (double)(epd_now_ns() - control->started_ns) / 1e9;
     view->dtype = control->cfg->dispatch.dtype;
     view->engine = es;
     view->server = control->stats;
@@ -150,7 +147,7 @@ epd_status_t epd_control_create(const epd_config_t *cfg, int rank, int world,
     control->stats = stats;
     control->rank = rank;
     control->world = world;
-    clock_gettime(CLOCK_MONOTONIC, &control->started);
+    control->started_ns = epd_now_ns();
     for (;;) {
         control->config_json = malloc(cap);
         if (control->config_json == NULL) goto out_free;

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/status.h"
 #include "proto/frame.h"
 
@@ -100,9 +101,7 @@ static const char *errno_text(int err, char *buf, size_t len)
 
 static int64_t now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (int64_t)(epd_now_ns() / 1000000u);
 }
 
 static int64_t deadline_after(int timeout_ms)

@@ -18,6 +18,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/bf16.h"
+#include "common/clock.h"
 #include "common/parse.h"
 #include "common/rng.h"
 #include "proto/epd.h"
@@ -245,9 +246,7 @@ static int parse_args(int argc, char **argv, options_t *o)
 
 static double now_s(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    return (double)epd_now_ns() * 1e-9;
 }
 
 /* Exit status for a libepd failure, with the error printed to stderr. */
