@@ -11,7 +11,8 @@ static inline const char *epd_mpi_error_text(int rc, char text[MPI_MAX_ERROR_STR
 {
     int len = 0;
 
-    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) snprintf(text, MPI_MAX_ERROR_STRING, "code %d", rc);
+    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS)
+        snprintf(text, MPI_MAX_ERROR_STRING, "code %d", rc);
     return text;
 }
 

@@ -92,7 +92,8 @@ static void make_inputs(const epd_moe_shape_t *shape, uint32_t n, uint64_t seed,
                         int32_t *ids, float *w)
 {
     for (size_t i = 0; i < (size_t)n * shape->hidden; i++) {
-        float s = epd_rng_unit_f32(&seed) + epd_rng_unit_f32(&seed) + epd_rng_unit_f32(&seed) + epd_rng_unit_f32(&seed) - 2.0f;
+        float s = epd_rng_unit_f32(&seed) + epd_rng_unit_f32(&seed) + epd_rng_unit_f32(&seed) +
+                  epd_rng_unit_f32(&seed) - 2.0f;
         x[i] = epd_f32_to_bf16(s * 1.7320508f);
     }
     for (uint32_t t = 0; t < n; t++) {
