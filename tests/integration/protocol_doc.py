@@ -4,7 +4,7 @@ doc's example settings): the worked SUBMIT gets exactly the documented RESULT by
 (its first step) and the same y from rank 1; the patched SUBMIT gets exactly the documented ERROR
 and the connection stays; every checked example gets its documented code on the wire, with the
 connection closed after framing codes (the error table's "closed") and open after the others; the
-REPLY documents have the documented fields.
+REPLY documents have the documented fields; the minimal client of section 14 runs as written.
     protocol_doc.py DOC SOCKET0 SOCKET1
 """
 import json
@@ -215,6 +215,16 @@ def main(argv):
         if kind == "reply":
             meta, _ = w.control(sock0, first)
             shape(json.loads(body), meta, first, line)
+
+    # The minimal client runs as written.
+    clients = [(line, body) for line, kind, _, _, body in dirs if kind == "python-client"]
+    if not clients:
+        fail(0, "no python-client example")
+    for line, body in clients:
+        try:
+            exec(compile(body, "%s:%d" % (DOC, line), "exec"), {"SOCKET": sock0})
+        except Exception as e:  # noqa: BLE001 (any failure of the example is the finding)
+            fail(line, "the minimal client fails: %r" % e)
 
     for f in failures:
         print("FAIL " + f)

@@ -486,7 +486,8 @@ static size_t count_kind(const char *kind)
 static void test_protocol_doc__directives__known_and_with_a_body(void **state)
 {
     static const char *const kinds[] = {"frame", "submit", "meta-of", "error-codes",
-                                        "frame-types", "control-ops", "reply"};
+                                        "frame-types", "control-ops", "reply",
+                                        "python-client"};
     (void)state;
     failures = 0;
     for (size_t i = 0; i < n_directives; i++) {
