@@ -492,7 +492,8 @@ static void test_protocol_doc__directives__known_and_with_a_body(void **state)
     failures = 0;
     for (size_t i = 0; i < n_directives; i++) {
         bool known = false;
-        for (size_t k = 0; k < EPD_ARRAY_SIZE(kinds); k++) known |= !strcmp(directives[i].kind, kinds[k]);
+        for (size_t k = 0; k < EPD_ARRAY_SIZE(kinds); k++)
+            known |= strcmp(directives[i].kind, kinds[k]) == 0;
         if (!known) doc_fail(directives[i].line, "unknown check kind '%s'", directives[i].kind);
         if (directives[i].body == NULL)
             doc_fail(directives[i].line, "no fenced block or table follows the check");
