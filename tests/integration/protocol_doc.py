@@ -189,7 +189,7 @@ def main(argv):
             check_answer(line, sock0, hexdump(body), expect, table.get(expect) == "closed",
                          "frame " + first)
             n_checked += 1
-        elif kind == "submit" and "limits" not in args:
+        elif kind == "submit" and "limits" not in args and "layers" not in args:
             spec = args["payload"]
             example = submit[-544:]
             if spec == "example":

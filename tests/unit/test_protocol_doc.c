@@ -285,11 +285,24 @@ fail:
 
 /* ---- limits and expectations ---- */
 
+/* layers=L: a daemon that serves layers 0 .. L-1 (as ffn experts that loaded those would). */
+static bool doc_layer_known(void *arg, uint32_t layer)
+{
+    return layer < *(const uint32_t *)arg;
+}
+
+static uint32_t doc_layers;
+
 static epd_submit_limits_t doc_limits(const directive_t *d)
 {
     epd_submit_limits_t limits = {.hidden = 128, .topk = 2, .num_experts = 8,
                                   .max_tokens = 4096};
     char v[64];
+    if (*arg_value(d, "layers", v, sizeof(v)) != '\0') {
+        doc_layers = (uint32_t)strtoul(v, NULL, 10);
+        limits.layer_known = doc_layer_known;
+        limits.layer_arg = &doc_layers;
+    }
     if (*arg_value(d, "limits", v, sizeof(v)) != '\0' &&
         sscanf(v, "%" SCNu32 ",%" SCNu32 ",%" SCNu32 ",%" SCNu32, &limits.hidden, &limits.topk,
                &limits.num_experts, &limits.max_tokens) != 4)
