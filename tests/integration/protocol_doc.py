@@ -189,13 +189,15 @@ def main(argv):
             check_answer(line, sock0, hexdump(body), expect, table.get(expect) == "closed",
                          "frame " + first)
             n_checked += 1
-        elif kind == "submit" and "limits" not in args and "layers" not in args:
+        elif kind == "submit" and not {"limits", "layers", "regions"} & set(args):
             spec = args["payload"]
             example = submit[-544:]
             if spec == "example":
                 payload = bytearray(example)
             elif spec == "example-x-first":
                 payload = bytearray(example[32:] + example[:32])
+            elif spec == "example-topk":
+                payload = bytearray(example[:32])
             else:
                 payload = bytearray(int(spec.split(":")[1]))
             if "patch" in args:

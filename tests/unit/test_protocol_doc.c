@@ -293,6 +293,44 @@ static bool doc_layer_known(void *arg, uint32_t layer)
 
 static uint32_t doc_layers;
 
+/* regions=ID:BYTES,...: the connection's host regions, each holding the worked example's payload
+ * at offset 0 and zeros after it. */
+#define DOC_MAX_REGIONS 4
+typedef struct {
+    uint32_t id;
+    uint64_t bytes;
+    uint8_t *mem;
+} doc_region_t;
+
+static doc_region_t doc_regions[DOC_MAX_REGIONS];
+static size_t n_doc_regions;
+
+static epd_status_t doc_resolve(void *arg, uint32_t id, uint64_t begin, uint64_t end,
+                                epd_region_span_t *span_p, char err[EPD_ERR_LEN])
+{
+    (void)arg;
+    for (size_t i = 0; i < n_doc_regions; i++) {
+        if (doc_regions[i].id != id) continue;
+        if (end > doc_regions[i].bytes) {
+            snprintf(err, EPD_ERR_LEN, "bytes [%" PRIu64 ", %" PRIu64 ") are past region %u (%"
+                     PRIu64 " bytes)", begin, end, id, doc_regions[i].bytes);
+            return EPD_ERR_BAD_REGION;
+        }
+        span_p->ptr = doc_regions[i].mem + begin;
+        span_p->device = false;
+        span_p->region = &doc_regions[i];
+        return EPD_OK;
+    }
+    snprintf(err, EPD_ERR_LEN, "region %u is not registered on this connection", id);
+    return EPD_ERR_BAD_REGION;
+}
+
+static void doc_regions_free(void)
+{
+    for (size_t i = 0; i < n_doc_regions; i++) free(doc_regions[i].mem);
+    n_doc_regions = 0;
+}
+
 static epd_submit_limits_t doc_limits(const directive_t *d)
 {
     epd_submit_limits_t limits = {.hidden = 128, .topk = 2, .num_experts = 8,
@@ -332,14 +370,17 @@ static doc_frame_t *frame_by_name(const char *name)
 
 /* Decodes bytes and, for a SUBMIT, validates it: the code the daemon's codec gives. */
 static epd_status_t decode_and_validate(const uint8_t *bytes, size_t len,
-                                        const epd_submit_limits_t *limits, epd_frame_t *frame_p,
-                                        epd_submit_view_t *view_p, char err[EPD_ERR_LEN])
+                                        const epd_submit_limits_t *limits,
+                                        const epd_submit_regions_t *regions,
+                                        epd_frame_t *frame_p, epd_submit_view_t *view_p,
+                                        char err[EPD_ERR_LEN])
 {
     memset(frame_p, 0, sizeof(*frame_p));
     memset(view_p, 0, sizeof(*view_p));
     epd_status_t status = epd_frame_decode(bytes, len, DOC_MAX_PAYLOAD, frame_p, err);
     if (status == EPD_OK && frame_p->type == EPD_FRAME_SUBMIT)
-        status = epd_submit_validate(frame_p, limits, view_p, err);
+        status = regions ? epd_submit_validate_regions(frame_p, limits, regions, view_p, err)
+                         : epd_submit_validate(frame_p, limits, view_p, err);
     return status;
 }
 
@@ -546,11 +587,12 @@ static void test_protocol_doc__hex_frames__decode_to_the_documented_code(void **
         epd_submit_limits_t limits = doc_limits(d);
         epd_submit_view_t view;
         epd_status_t status =
-            decode_and_validate(f->bytes, f->len, &limits, &f->frame, &view, err);
+            decode_and_validate(f->bytes, f->len, &limits, NULL, &f->frame, &view, err);
         const char *got = status == EPD_OK ? "ok" : epd_status_name(status);
         if (strcmp(got, expect) != 0) {
             doc_fail(d->line, "frame %s: the codec says %s (%s), the doc says %s", name, got, err,
                      expect);
+            free(view.owned);
             continue;
         }
         if (status != EPD_OK && f->frame.meta != NULL) epd_frame_free(&f->frame);
@@ -568,11 +610,13 @@ static void test_protocol_doc__hex_frames__decode_to_the_documented_code(void **
             else
                 check_encoder(d, encoder, f, &view);
         }
+        free(view.owned);
     }
     assert_int_equal(failures, 0);
 }
 
-/* Builds the payload of a submit example: payload=example | example-x-first | zeros:N, then
+/* Builds the payload of a submit example: payload=example | example-x-first | example-topk |
+ * zeros:N, then
  * patch=OFFSET:HEX. NULL (and a failure) when the spec is wrong. */
 static uint8_t *example_payload(const directive_t *d, size_t *len_p)
 {
@@ -581,7 +625,8 @@ static uint8_t *example_payload(const directive_t *d, size_t *len_p)
     size_t len = 0;
 
     arg_value(d, "payload", spec, sizeof(spec));
-    if (strcmp(spec, "example") == 0 || strcmp(spec, "example-x-first") == 0) {
+    if (strcmp(spec, "example") == 0 || strcmp(spec, "example-x-first") == 0 ||
+        strcmp(spec, "example-topk") == 0) {
         doc_frame_t *f = frame_by_name("submit");
         if (f == NULL || f->frame.payload_len != 544) {
             doc_fail(d->line, "payload=%s needs the worked example's 544-byte SUBMIT", spec);
@@ -592,6 +637,9 @@ static uint8_t *example_payload(const directive_t *d, size_t *len_p)
         assert_non_null(p);
         if (strcmp(spec, "example") == 0) {
             memcpy(p, f->frame.payload, len);
+        } else if (strcmp(spec, "example-topk") == 0) { /* ids and weights only */
+            len = 32;
+            memcpy(p, f->frame.payload, len);
         } else { /* x (bytes 32..544), then ids (0..16), then weights (16..32) */
             memcpy(p, f->frame.payload + 32, 512);
             memcpy(p + 512, f->frame.payload, 32);
@@ -601,7 +649,8 @@ static uint8_t *example_payload(const directive_t *d, size_t *len_p)
         p = calloc(1, len + 1);
         assert_non_null(p);
     } else {
-        doc_fail(d->line, "payload=%s: expected example, example-x-first or zeros:N", spec);
+        doc_fail(d->line, "payload=%s: expected example, example-x-first, example-topk or "
+                 "zeros:N", spec);
         return NULL;
     }
     if (*arg_value(d, "patch", patch, sizeof(patch)) != '\0') {
@@ -620,6 +669,30 @@ static uint8_t *example_payload(const directive_t *d, size_t *len_p)
     }
     *len_p = len;
     return p;
+}
+
+/* regions=ID:BYTES,...: sets up the connection's regions (false: the example has none, as on a
+ * connection that registered nothing). */
+static bool doc_parse_regions(const directive_t *d)
+{
+    char spec[128];
+    doc_frame_t *f = frame_by_name("submit");
+
+    if (*arg_value(d, "regions", spec, sizeof(spec)) == '\0') return false;
+    for (char *tok = strtok(spec, ","); tok != NULL; tok = strtok(NULL, ",")) {
+        char *colon = strchr(tok, ':');
+        if (colon == NULL || n_doc_regions == DOC_MAX_REGIONS || f == NULL) {
+            doc_fail(d->line, "regions=%s: expected ID:BYTES,... (and the worked SUBMIT)", spec);
+            break;
+        }
+        doc_region_t *r = &doc_regions[n_doc_regions++];
+        r->id = (uint32_t)strtoul(tok, NULL, 10);
+        r->bytes = strtoull(colon + 1, NULL, 10);
+        r->mem = calloc(1, r->bytes + 544);
+        assert_non_null(r->mem);
+        memcpy(r->mem, f->frame.payload, r->bytes < 544 ? r->bytes : 544);
+    }
+    return true;
 }
 
 /* Every submit example (a JSON meta and a payload) validates to its documented code. */
@@ -644,12 +717,18 @@ static void test_protocol_doc__submit_examples__validate_to_the_documented_code(
         memcpy(bytes + EPD_FRAME_HEADER_LEN, d->body, meta_len);
         memcpy(bytes + EPD_FRAME_HEADER_LEN + meta_len, payload, payload_len);
         epd_submit_limits_t limits = doc_limits(d);
+        epd_submit_regions_t regions = {.arg = NULL, .resolve = doc_resolve};
+        bool with_regions = doc_parse_regions(d);
         epd_frame_t frame;
         epd_submit_view_t view;
-        epd_status_t status = decode_and_validate(bytes, len, &limits, &frame, &view, err);
+        epd_status_t status = decode_and_validate(bytes, len, &limits,
+                                                  with_regions ? &regions : NULL, &frame, &view,
+                                                  err);
         const char *got = status == EPD_OK ? "ok" : epd_status_name(status);
         if (strcmp(got, expect) != 0)
             doc_fail(d->line, "the codec says %s (%s), the doc says %s", got, err, expect);
+        free(view.owned);
+        doc_regions_free();
         epd_frame_free(&frame);
         free(bytes);
         free(payload);
