@@ -8,6 +8,8 @@ REPLY documents have the documented fields; the minimal client of section 14 run
     protocol_doc.py DOC SOCKET0 SOCKET1
 """
 import json
+import mmap
+import os
 import re
 import socket
 import sys
@@ -98,10 +100,33 @@ def raw_frame(s):
     return head + w.recv_exact(s, meta_len) + w.recv_exact(s, payload_len)
 
 
-def check_answer(line, path, data, expect, closes, what):
-    """Sends data on a fresh connection; the answer must be RESULT for ok, else ERROR expect, and
-    the connection closed exactly when closes."""
+def register_regions(s, spec, content, line):
+    """regions=ID:BYTES,...: registers host regions (memfds holding content at offset 0) on s; the
+    daemon must give them the ids the doc names. Returns the mappings."""
+    maps = []
+    for item in spec.split(","):
+        rid, size = (int(v) for v in item.split(":"))
+        fd = os.memfd_create("epd-doc-region")
+        os.ftruncate(fd, size)
+        m = mmap.mmap(fd, size)
+        m[:len(content)] = content
+        meta = json.dumps({"op": "register", "kind": "host", "bytes": size, "id": rid}).encode()
+        socket.send_fds(s, [w.header(w.CONTROL, len(meta), 0) + meta], [fd])
+        os.close(fd)
+        ftype, reply, _ = w.read_frame(s)
+        want = {"id": rid, "region": rid, "kind": "host", "bytes": size}
+        if ftype != w.REPLY or reply != want or list(reply)[0] != "id":
+            fail(line, "register answered %d %s, the doc expects REPLY %s" % (ftype, reply, want))
+        maps.append(m)
+    return maps
+
+
+def check_answer(line, path, data, expect, closes, what, regions=None, content=b"", check=None):
+    """Sends data on a fresh connection (after registering regions=...); the answer must be
+    RESULT for ok, else ERROR expect, and the connection closed exactly when closes. check(meta,
+    payload, maps) looks further at a RESULT."""
     with connect(path) as s:
+        maps = register_regions(s, regions, content, line) if regions else []
         s.sendall(data)
         try:
             ftype, meta, _ = w.read_frame(s)
@@ -110,8 +135,11 @@ def check_answer(line, path, data, expect, closes, what):
             return
         got = "ok" if ftype == w.RESULT else meta.get("code") if ftype == w.ERROR else ftype
         if got != expect:
-            fail(line, "%s: the daemon answers %s, the doc says %s" % (what, got, expect))
+            fail(line, "%s: the daemon answers %s (%s), the doc says %s" %
+                 (what, got, meta.get("message"), expect))
             return
+        if check is not None and ftype == w.RESULT:
+            check(line, meta, _, maps)
         if closes:
             if not w.is_closed(s):
                 fail(line, "%s: %s should close the connection, it stays open" % (what, expect))
@@ -139,6 +167,55 @@ def shape(doc, code, path, line):
                 shape(doc[k], code[k], path + "." + k, line)
 
 
+def y_in_region(body):
+    """For an example whose y is in a region: a check that the RESULT names it, has no payload,
+    and that the region holds the worked example's y."""
+    y = json.loads(body)["tensors"].get("y")
+    if y is None or "region" not in y:
+        return None
+
+    def check(line, meta, payload, maps):
+        want = {"dtype": "bf16", "shape": y["shape"], "region": y["region"],
+                "offset": y.get("offset", 0)}
+        if meta["tensors"]["y"] != want or payload:
+            fail(line, "RESULT %s (payload %d bytes), the doc says y %s and no payload" %
+                 (meta, len(payload), want))
+        m = maps[y["region"] - 1]
+        rows = bytes(m[want["offset"]:want["offset"] + 512])
+        if rows != RESULT_Y:
+            fail(line, "the region holds other y rows than the worked example's RESULT")
+    return check
+
+
+def regions_lifecycle(sock, submit):
+    """unregister answers at once and echoes the id; the region is gone for later SUBMITs;
+    CONTROL ids are echoed first."""
+    with connect(sock) as s:
+        s.sendall(w.frame(w.CONTROL, {"op": "health", "id": 3}))
+        ftype, meta, _ = w.read_frame(s)
+        if ftype != w.REPLY or list(meta)[:2] != ["id", "status"] or meta["id"] != 3:
+            fail(0, "health with id 3 answered %s" % meta)
+        register_regions(s, "1:4096", submit[-544:], 0)
+        s.sendall(w.frame(w.CONTROL, {"op": "unregister", "region": 1, "id": 5}))
+        ftype, meta, _ = w.read_frame(s)
+        if ftype != w.REPLY or meta != {"id": 5, "region": 1}:
+            fail(0, "unregister answered %d %s" % (ftype, meta))
+        tensors = {"topk_ids": {"dtype": "i32", "shape": [2, 2], "region": 1, "offset": 0},
+                   "topk_weights": {"dtype": "f32", "shape": [2, 2], "region": 1, "offset": 16},
+                   "x": {"dtype": "bf16", "shape": [2, 128], "region": 1, "offset": 32}}
+        s.sendall(w.frame(w.SUBMIT, {"id": 6, "tensors": tensors}))
+        ftype, meta, _ = w.read_frame(s)
+        if ftype != w.ERROR or meta.get("code") != "bad_region":
+            fail(0, "a SUBMIT naming an unregistered region got %s" % meta)
+        s.sendall(w.frame(w.CONTROL, {"op": "register", "kind": "host", "bytes": 4096}))
+        ftype, meta, _ = w.read_frame(s)
+        if ftype != w.ERROR or meta.get("code") != "bad_region":
+            fail(0, "a host register without a descriptor got %s" % meta)
+
+
+RESULT_Y = b""
+
+
 def main(argv):
     global DOC
     DOC, sock0, sock1 = argv[1:4]
@@ -151,6 +228,8 @@ def main(argv):
         return 1
 
     # The worked example, byte for byte: rank 0 serves it in its first step.
+    global RESULT_Y
+    RESULT_Y = frames["result"][2][-512:]
     line, _, submit = frames["submit"]
     with connect(sock0) as s:
         s.sendall(submit)
@@ -189,7 +268,7 @@ def main(argv):
             check_answer(line, sock0, hexdump(body), expect, table.get(expect) == "closed",
                          "frame " + first)
             n_checked += 1
-        elif kind == "submit" and not {"limits", "layers", "regions"} & set(args):
+        elif kind == "submit" and not {"limits", "layers"} & set(args):
             spec = args["payload"]
             example = submit[-544:]
             if spec == "example":
@@ -207,10 +286,12 @@ def main(argv):
             meta = body.encode()
             data = w.header(w.SUBMIT, len(meta), len(payload)) + meta + bytes(payload)
             check_answer(line, sock0, data, expect, table.get(expect) == "closed",
-                         "submit example")
+                         "submit example", args.get("regions"), example, y_in_region(body))
             n_checked += 1
     if n_checked < 10:
         fail(0, "only %d examples were sent" % n_checked)
+
+    regions_lifecycle(sock0, submit)
 
     # The REPLY documents the doc shows have the daemon's fields.
     for line, kind, args, first, body in dirs:

@@ -438,6 +438,23 @@ static void check_encoder(const directive_t *d, const char *encoder, const doc_f
         status = epd_frame_encode_result(fr->id, (uint64_t)step->valuedouble,
                                          (uint32_t)y.shape[0], (uint32_t)y.shape[1],
                                          (const uint16_t *)(const void *)fr->payload, &out, err);
+    } else if (strcmp(encoder, "result-region") == 0 && fr->type == EPD_FRAME_RESULT) {
+        const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(fr->meta, "tensors");
+        const cJSON *y = cJSON_GetObjectItemCaseSensitive(tensors, "y");
+        const cJSON *shape = cJSON_GetObjectItemCaseSensitive(y, "shape");
+        const cJSON *region = cJSON_GetObjectItemCaseSensitive(y, "region");
+        const cJSON *offset = cJSON_GetObjectItemCaseSensitive(y, "offset");
+        const cJSON *step = cJSON_GetObjectItemCaseSensitive(fr->meta, "step");
+        if (fr->id_kind != EPD_FRAME_ID_VALID || cJSON_GetArraySize(shape) != 2 ||
+            !cJSON_IsNumber(region) || !cJSON_IsNumber(offset) || !cJSON_IsNumber(step)) {
+            doc_fail(d->line, "the RESULT needs an id, a step and y with shape, region, offset");
+            return;
+        }
+        status = epd_frame_encode_result_region(
+            fr->id, (uint64_t)step->valuedouble,
+            (uint32_t)cJSON_GetArrayItem(shape, 0)->valuedouble,
+            (uint32_t)cJSON_GetArrayItem(shape, 1)->valuedouble, (uint32_t)region->valuedouble,
+            (uint64_t)offset->valuedouble, &out, err);
     } else if (strcmp(encoder, "error") == 0 && fr->type == EPD_FRAME_ERROR) {
         const cJSON *code = cJSON_GetObjectItemCaseSensitive(fr->meta, "code");
         const cJSON *msg = cJSON_GetObjectItemCaseSensitive(fr->meta, "message");
