@@ -21,6 +21,7 @@ extern "C" {
 
 typedef enum { EPD_TRANSPORT_AUTO = 0, EPD_TRANSPORT_MPI, EPD_TRANSPORT_NCCL } epd_transport_kind_t;
 typedef enum { EPD_TRISTATE_AUTO = 0, EPD_TRISTATE_TRUE, EPD_TRISTATE_FALSE } epd_tristate_t;
+typedef enum { EPD_SWITCH_OFF = 0, EPD_SWITCH_ON } epd_switch_t; /* a true/false setting */
 typedef enum { EPD_LOG_ERROR = 0, EPD_LOG_WARN, EPD_LOG_INFO, EPD_LOG_DEBUG } epd_log_level_t;
 
 typedef struct epd_config {
@@ -50,8 +51,14 @@ typedef struct epd_config {
         uint32_t idle_backoff_us; /* longest wait between agreements while every rank is idle */
     } dispatch;
     struct {
+        epd_combine_dtype_t dtype; /* wire format of the partials sent back */
+    } combine;
+    struct {
         epd_expert_kind_t kind;
     } experts;
+    struct {
+        epd_switch_t quant_error; /* per-step quantization error of what was sent */
+    } telemetry;
     struct {
         epd_backend_t backend;
         int32_t id; /* -1: the local rank */

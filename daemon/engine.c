@@ -473,6 +473,8 @@ epd_moe_shape_t epd_moe_shape_from_config(const epd_config_t *cfg, uint32_t worl
         .scale = cfg->dispatch.scale,
         .scale_format = cfg->dispatch.scale_format,
         .expert_kind = cfg->experts.kind,
+        .combine_dtype = cfg->combine.dtype,
+        .quant_error = cfg->telemetry.quant_error == EPD_SWITCH_ON,
     };
 }
 

@@ -60,7 +60,8 @@ typedef struct epd_engine_stats {
 typedef struct epd_engine epd_engine_t;
 
 /* The MoE shape the configuration gives rank `rank` of `world`: hidden, topk and num_experts
- * from model.*, dtype and scales from dispatch.*, the expert kind from experts.kind. */
+ * from model.*, dtype and scales from dispatch.*, the expert kind from experts.kind, the
+ * combine dtype and the telemetry switch. */
 epd_moe_shape_t epd_moe_shape_from_config(const epd_config_t *cfg, uint32_t world, uint32_t rank);
 
 /* Called on the engine thread whenever results are ready or the engine has stopped; it must only

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Results equal the single-process reference bit for bit at np = 1, 2 and 4, with several
 # concurrent clients per rank: BF16 and FP8 dispatch (group128 and per_token scales, fp32 and
-# ue8m0 scale formats), identity and scale experts, empty top-k slots.
+# ue8m0 scale formats), identity and scale experts, empty top-k slots, BF16 and FP8 combine.
 source "$(dirname "$0")/daemon_lib.bash"
 
 model=(--set model.hidden=256 --set model.num_experts=16 --set model.topk=4
@@ -28,4 +28,10 @@ run_case 4 2 15 --set dispatch.dtype=fp8 --set dispatch.scale=group128 \
     --set dispatch.scale_format=ue8m0 --set experts.kind=identity
 run_case 4 2 16 --set dispatch.dtype=fp8 --set dispatch.scale=per_token \
     --set dispatch.scale_format=fp32 --set experts.kind=scale
-echo "PASS: np 1, 2, 4 equal the reference (bf16, fp8 group128/per_token x fp32/ue8m0, identity/scale)"
+# FP8 partials (combine.dtype fp8): the source rank's sum of dequantized partials
+run_case 2 2 17 --set dispatch.dtype=fp8 --set combine.dtype=fp8 --set experts.kind=scale
+run_case 4 2 18 --set dispatch.dtype=bf16 --set combine.dtype=fp8 --set experts.kind=scale \
+    --set telemetry.quant_error=false
+run_case 4 2 19 --set dispatch.dtype=fp8 --set dispatch.scale=per_token --set combine.dtype=fp8 \
+    --set experts.kind=identity
+echo "PASS: np 1, 2, 4 equal the reference (bf16, fp8 group128/per_token x fp32/ue8m0, identity/scale, bf16 and fp8 combine)"
