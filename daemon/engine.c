@@ -293,6 +293,7 @@ static void *worker_main(void *arg)
             st->records_sent += tm.records_sent_off_rank;
             for (int p = 0; p < EPD_PHASE_MAX; p++) st->phase_ns[p] += tm.phase_ns[p];
             st->last_step_ns = tm.total_ns;
+            epd_quant_stats_add(&st->quant_error, &tm.quant_error);
         } else {
             /* The ranks are out of step now: answer everything accepted, then report the failure
              * (the daemon aborts the job, DESIGN.md section 8). */

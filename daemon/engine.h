@@ -13,6 +13,7 @@
 #include "comm/transport.h"
 #include "common/status.h"
 #include "config/config.h"
+#include "daemon/quant_stats.h"
 #include "gpu/ops.h"
 
 struct event_base;
@@ -55,6 +56,7 @@ typedef struct epd_engine_stats {
     uint64_t phase_ns[EPD_PHASE_MAX]; /* totals per epd_phase_t (comm/step.h) */
     uint64_t last_step_ns;
     bool shutting_down;
+    epd_quant_stats_t quant_error; /* telemetry.quant_error (daemon/quant_stats.h) */
 } epd_engine_stats_t;
 
 typedef struct epd_engine epd_engine_t;
