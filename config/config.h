@@ -151,6 +151,7 @@ typedef enum {
     EPD_ACTION_HELP,          /* --help: usage and the settings table */
     EPD_ACTION_VERSION,       /* --version */
     EPD_ACTION_BENCH,         /* --bench: synthetic steps without sockets (under mpirun) */
+    EPD_ACTION_ACCURACY,      /* --accuracy: each wire format's error on synthetic data (mpirun) */
 } epd_action_t;
 
 typedef struct epd_args {
@@ -164,7 +165,8 @@ typedef struct epd_args {
 } epd_args_t;
 
 /* Parses argv (--config FILE, --set KEY=VALUE repeatable, --print-config, --help, --version,
- * --bench, --json, --bench-tokens LIST, --bench-iters N; both "--opt value" and "--opt=value").
+ * --bench, --accuracy, --json, --bench-tokens LIST, --bench-iters N; both "--opt value" and
+ * "--opt=value").
  * An unknown option or a missing value is EPD_ERR_INVALID_ARG with a sentence in err. Free with
  * epd_args_free. */
 epd_status_t epd_args_parse(int argc, char **argv, epd_args_t *args_p, char err[EPD_ERR_LEN]);
