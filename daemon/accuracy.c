@@ -408,8 +408,8 @@ static void accuracy_size(acc_ctx_t *a)
     a->ref = malloc(rows * sizeof *a->ref);
     a->ids = malloc((size_t)a->tokens * sh->topk * sizeof *a->ids);
     a->w = malloc((size_t)a->tokens * sh->topk * sizeof *a->w);
-    if (dest_s == NULL || static_dest == NULL || a->x == NULL || a->y == NULL || a->ref == NULL || a->ids == NULL ||
-        a->w == NULL)
+    if (dest_s == NULL || static_dest == NULL || a->x == NULL || a->y == NULL || a->ref == NULL ||
+        a->ids == NULL || a->w == NULL)
         acc_fail(a, "inputs", "out of host memory (fewer --bench-tokens?)");
     for (size_t m = 0; m < N_MODES; m++) {
         tally[m].rel = malloc((size_t)a->tokens * a->iters * sizeof *tally[m].rel);

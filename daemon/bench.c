@@ -474,7 +474,8 @@ static void print_telemetry_cost(const bench_ctx_t *b, uint32_t tokens, const be
                                  const bench_result_t *off)
 {
     if (!on->ran || !off->ran) return;
-    double p_on = on->median_us[EPD_PHASE_LAYOUT_PACK], p_off = off->median_us[EPD_PHASE_LAYOUT_PACK];
+    double p_on = on->median_us[EPD_PHASE_LAYOUT_PACK];
+    double p_off = off->median_us[EPD_PHASE_LAYOUT_PACK];
     double s_on = on->median_us[V_STEP], s_off = off->median_us[V_STEP];
     double pack_ratio = p_off > 0 ? p_on / p_off : NAN, step_ratio = s_off > 0 ? s_on / s_off : NAN;
 

@@ -33,7 +33,8 @@ static int print_config(const epd_args_t *args)
     return fflush(stdout) == 0 ? 0 : 1;
 }
 
-/* RUN, BENCH and ACCURACY: all step through MPI with two threads (event loop, engine) taking turns. */
+/* RUN, BENCH and ACCURACY: all step through MPI (the daemon with two threads, event loop and
+ * engine, taking turns). */
 static int run_mpi(int argc, char **argv, const epd_args_t *args)
 {
     int provided = MPI_THREAD_SINGLE;

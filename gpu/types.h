@@ -1,4 +1,5 @@
-/* The value types gpu/ owns: wire and combine dtypes, scale kind and format, expert kind and device backend.
+/* The value types gpu/ owns: wire and combine dtypes, scale kind and format, expert kind and
+ * device backend.
  * config/ stores values of these types (config/config.h includes this header); gpu/ takes them
  * as plain values and never includes config/. */
 #ifndef EPD_GPU_TYPES_H

@@ -155,7 +155,8 @@ static void test_stats__quant_error__per_step_folded_and_documented(void **state
     /* two FP8-dispatch steps (relative RMS 0.03 then 0.01), one of them with FP8 partials
      * (0.02); a step with nothing quantized changes nothing */
     const epd_quant_error_t steps[] = {
-        {.dispatch_err2 = 0.09, .dispatch_ref2 = 100.0, .combine_err2 = 0.04, .combine_ref2 = 100.0},
+        {.dispatch_err2 = 0.09, .dispatch_ref2 = 100.0, .combine_err2 = 0.04,
+         .combine_ref2 = 100.0},
         {.dispatch_err2 = 0.0, .dispatch_ref2 = 0.0, .combine_err2 = 0.0, .combine_ref2 = 0.0},
         {.dispatch_err2 = 0.03, .dispatch_ref2 = 300.0},
     };
