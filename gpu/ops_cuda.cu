@@ -41,6 +41,7 @@ struct epd_ops_ctx {
     cudaEvent_t layout_done; /* the read-back of the last layout landed in layout_host */
     double *qe_dev;  /* [QE_SLOTS][QE_SUMS] telemetry sums since the last quant_error_take */
     double *qe_host; /* pinned mirror */
+    bool qe_queued;  /* combine queued the read-back of qe_dev into qe_host (and its zeroing) */
     char err[EPD_ERR_LEN];
 };
 
@@ -1011,8 +1012,11 @@ static epd_status_t cuda_init(int device_id, epd_ops_ctx_t **ctx_p, char err[EPD
         what = "cudaMallocHost";
         goto err_qe_dev;
     }
-    if ((rc = cudaMemset(ctx->qe_dev, 0, QE_SLOTS * QE_SUMS * sizeof(double))) != cudaSuccess) {
-        what = "cudaMemset";
+    /* on the ops stream, which does not wait for the legacy one */
+    if ((rc = cudaMemsetAsync(ctx->qe_dev, 0, QE_SLOTS * QE_SUMS * sizeof(double), ctx->stream)) !=
+            cudaSuccess ||
+        (rc = cudaStreamSynchronize(ctx->stream)) != cudaSuccess) {
+        what = "zeroing the telemetry sums";
         goto err_qe_host;
     }
     *ctx_p = ctx;
@@ -1321,6 +1325,15 @@ out:
     return status;
 }
 
+/* Queues the copy of the telemetry sums to the pinned mirror and their zeroing, on the stream. */
+static cudaError_t qe_queue_readback(epd_ops_ctx_t *ctx)
+{
+    const size_t bytes = QE_SLOTS * QE_SUMS * sizeof(double);
+    cudaError_t rc = cudaMemcpyAsync(ctx->qe_host, ctx->qe_dev, bytes, cudaMemcpyDeviceToHost,
+                                     ctx->stream);
+    return rc != cudaSuccess ? rc : cudaMemsetAsync(ctx->qe_dev, 0, bytes, ctx->stream);
+}
+
 static epd_status_t cuda_combine(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
                                  const epd_step_layout_t *layout, const void *partials_back,
                                  uint16_t *y)
@@ -1349,23 +1362,31 @@ static epd_status_t cuda_combine(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
                 layout->slot, parts, y, layout->n_tokens, shape->hidden, h16, shape->world, (uint32_t)pl.size);
     }
     CUDA_TRY(ctx, cudaGetLastError(), "combine kernel launch");
+    if (shape->quant_error && !ctx->qe_queued) {
+        /* the step's telemetry comes back with the step: quant_error_take after the step's last
+         * sync then costs no round trip of its own (one read-back pending at a time: what is
+         * summed after it stays on the device for the next take) */
+        CUDA_TRY(ctx, qe_queue_readback(ctx), "telemetry read-back");
+        ctx->qe_queued = true;
+    }
 out:
     return status;
 }
 
-/* Reads the telemetry slots back (in stream order, after the ops queued before), zeroes them,
- * and adds them up. */
+/* The telemetry sums, read back in stream order after the ops queued before (by the last
+ * combine when it ran with shape->quant_error, else here), zeroed, added up over the slots. */
 static epd_status_t cuda_quant_error_take(epd_ops_ctx_t *ctx, epd_quant_error_t *error_p)
 {
     epd_status_t status;
-    const size_t bytes = QE_SLOTS * QE_SUMS * sizeof(double);
     double sums[QE_SUMS] = {0.0, 0.0, 0.0, 0.0};
 
     CHECK_GOTO(enter(ctx), out);
     if (error_p == NULL) return bad_arg(ctx, "quant_error_take without an output");
-    CUDA_TRY(ctx, cudaMemcpyAsync(ctx->qe_host, ctx->qe_dev, bytes, cudaMemcpyDeviceToHost, ctx->stream),
-             "cudaMemcpyAsync of the telemetry");
-    CUDA_TRY(ctx, cudaMemsetAsync(ctx->qe_dev, 0, bytes, ctx->stream), "cudaMemsetAsync of the telemetry");
+    /* sums added after a pending read-back (a later pack or experts) stay on the device, zeroed
+     * only by a later read-back: the next take has them */
+    if (!ctx->qe_queued) CUDA_TRY(ctx, qe_queue_readback(ctx), "telemetry read-back");
+    ctx->qe_queued = false;
+    /* the step has synchronized already: the stream is idle and this returns at once */
     CUDA_TRY(ctx, cudaStreamSynchronize(ctx->stream), "cudaStreamSynchronize after the telemetry");
     for (uint32_t s = 0; s < QE_SLOTS; s++)
         for (uint32_t k = 0; k < QE_SUMS; k++) sums[k] += ctx->qe_host[s * QE_SUMS + k];
