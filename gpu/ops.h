@@ -32,6 +32,8 @@ typedef struct epd_moe_shape {
     /* telemetry.quant_error: pack and the FP8 partials sum their quantization error into the
      * context (quant_error_take); false costs nothing */
     bool quant_error;
+    uint32_t layer;       /* the MoE layer of the step being run (DESIGN.md section 5): set by
+                           * epd_step_set_layer, 0 until then; the experts of that layer run */
 } epd_moe_shape_t;
 
 /* The sharding rule (DESIGN.md section 2 step 3), the one place it is checked: E experts split
