@@ -15,6 +15,7 @@ extern "C" {
 #include "gpu/ops.h"
 }
 #include "gpu/fp8.h"
+#include "gpu/partial_dev.cuh"
 #include "gpu/quant_dev.cuh"
 
 #define LAYOUT_THREADS 256    /* tokens a layout block walks at a time */
@@ -27,8 +28,8 @@ extern "C" {
 #define PACK_MAX_DESTS 1024   /* destination ranks of one token the row pack holds */
 #define EXPERT_TABLE 1024     /* local experts whose factors the experts kernel tabulates */
 #define EXPERT_MAX_K 64       /* top-k slots the experts kernel's mask holds */
-#define QE_SLOTS 64           /* telemetry accumulators, blockIdx % QE_SLOTS: fewer atomics a slot */
-#define QE_SUMS 4             /* dispatch err2, ref2, combine err2, ref2 (epd_quant_error_t) */
+#define QE_SLOTS EPD_QE_SLOTS
+#define QE_SUMS EPD_QE_SUMS
 
 struct epd_ops_ctx {
     int device;
@@ -209,49 +210,6 @@ __device__ __forceinline__ void store_bf16x16(uint16_t *dst, const float *v)
                           f32x2_to_bf16(v[12], v[13]), f32x2_to_bf16(v[14], v[15]));
     reinterpret_cast<uint4 *>(dst)[0] = lo;
     reinterpret_cast<uint4 *>(dst)[1] = hi;
-}
-
-/* Telemetry: sums e2 and r2 of every thread of the block added into sums[0..1] of the block's
- * slot of qe (QE_SLOTS slots of QE_SUMS doubles; quant_error_take adds the slots up). Every
- * thread of the block calls it. */
-__device__ __forceinline__ void qe_block_add(double *qe, uint32_t which, float e2, float r2)
-{
-    __shared__ float s_e[32], s_r[32];
-    for (uint32_t off = 16; off > 0; off >>= 1) {
-        e2 += __shfl_xor_sync(0xffffffffu, e2, off);
-        r2 += __shfl_xor_sync(0xffffffffu, r2, off);
-    }
-    const uint32_t warp = threadIdx.x >> 5, n_warps = (blockDim.x + 31) >> 5;
-    if ((threadIdx.x & 31) == 0) {
-        s_e[warp] = e2;
-        s_r[warp] = r2;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double e = 0.0, r = 0.0;
-        for (uint32_t w = 0; w < n_warps; w++) {
-            e += s_e[w];
-            r += s_r[w];
-        }
-        double *slot = qe + (size_t)(blockIdx.x % QE_SLOTS) * QE_SUMS + which;
-        if (r != 0.0 || e != 0.0) {
-            atomicAdd(slot, e);
-            atomicAdd(slot + 1, r);
-        }
-    }
-}
-
-/* Squared error of 16 codes q with scale s against the values x, and the squared values. */
-__device__ __forceinline__ void qe_chunk(uint4 q, float s, const float *x, float *e2, float *r2)
-{
-    float dq[CHUNK];
-    epd_dev_dequant16(q, s, dq);
-#pragma unroll
-    for (int i = 0; i < CHUNK; i++) {
-        float d = x[i] - dq[i];
-        *e2 += d * d;
-        *r2 += x[i] * x[i];
-    }
 }
 
 /* ---- layout ------------------------------------------------------------------------------- */
@@ -527,7 +485,7 @@ __global__ void __launch_bounds__(PACK_MAX_THREADS) pack_row_kernel(pack_args a,
                     if (a.qe != NULL && n_dst > 0) {
                         float xv[CHUNK], e2 = 0.0f, r2 = 0.0f;
                         bf16x16_to_f32(lo[k], hi[k], xv);
-                        qe_chunk(q, scale, xv, &e2, &r2);
+                        epd_dev_qe_chunk(q, scale, xv, &e2, &r2);
                         qe_e2 += e2 * (float)n_dst;
                         qe_r2 += r2 * (float)n_dst;
                     }
@@ -550,7 +508,7 @@ __global__ void __launch_bounds__(PACK_MAX_THREADS) pack_row_kernel(pack_args a,
         pack_tail(a, t, threadIdx.x, blockDim.x);
         __syncthreads(); /* s_dst is rewritten for the next token */
     }
-    if (FP8 && a.qe != NULL) qe_block_add(a.qe, 0, qe_e2, qe_r2);
+    if (FP8 && a.qe != NULL) epd_dev_qe_block_add(a.qe, 0, qe_e2, qe_r2);
 }
 
 /* FP8 with one scale per token: tpt threads per token (a power of two <= 32, several tokens per
@@ -608,7 +566,7 @@ __global__ void __launch_bounds__(TOKEN_MAX_THREADS) pack_token_kernel(pack_args
             if (n_dst > 0) {
                 float xv[CHUNK], e2 = 0.0f, r2 = 0.0f;
                 bf16x16_to_f32(lo, hi, xv);
-                qe_chunk(q, scale, xv, &e2, &r2);
+                epd_dev_qe_chunk(q, scale, xv, &e2, &r2);
                 qe_e2 += e2 * (float)n_dst;
                 qe_r2 += r2 * (float)n_dst;
             }
@@ -628,7 +586,7 @@ __global__ void __launch_bounds__(TOKEN_MAX_THREADS) pack_token_kernel(pack_args
     /* every thread of the block, with a token or not, takes part in the reduction */
     if (a.qe != NULL) {
         __syncthreads(); /* s_max's last reads are done before qe_block_add's shared memory */
-        qe_block_add(a.qe, 0, qe_e2, qe_r2);
+        epd_dev_qe_block_add(a.qe, 0, qe_e2, qe_r2);
     }
 }
 
@@ -775,41 +733,14 @@ __global__ void __launch_bounds__(FLAT_THREADS) experts_kernel(experts_args a)
     }
 }
 
-/* An FP8 partial's 16 elements c of record j from their fp32 sums acc (combine.dtype fp8): the
- * group's amax over its 8 consecutive lanes (fmaxf ignores NaN as the host's `>` does), the
- * dispatch's scale rule (group128, fp32 scale), q = e4m3(acc * mult); the group's first lane
- * writes the scale, chunk 0's lane the zero padding. Every lane of the warp calls it (the
- * shuffles), active or not; inactive lanes store nothing. Adds the telemetry to e2/r2. */
+/* An FP8 partial's 16 elements c of record j (gpu/partial_dev.cuh), with the telemetry when
+ * a.qe is set. */
 __device__ __forceinline__ void store_fp8_partial16(const experts_args &a, bool active, uint32_t j,
                                                     uint32_t c, const float *acc, float *e2,
                                                     float *r2)
 {
-    float m = 0.0f;
-#pragma unroll
-    for (int i = 0; i < CHUNK; i++) m = fmaxf(m, fabsf(acc[i]));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-    if (!active) return;
-    float scale, mult;
-    epd_quant_scale(m, 0, &scale, &mult);
-    uint4 q;
-    q.x = epd_dev_cvt4(__fmul_rn(acc[0], mult), __fmul_rn(acc[1], mult), __fmul_rn(acc[2], mult),
-                       __fmul_rn(acc[3], mult));
-    q.y = epd_dev_cvt4(__fmul_rn(acc[4], mult), __fmul_rn(acc[5], mult), __fmul_rn(acc[6], mult),
-                       __fmul_rn(acc[7], mult));
-    q.z = epd_dev_cvt4(__fmul_rn(acc[8], mult), __fmul_rn(acc[9], mult), __fmul_rn(acc[10], mult),
-                       __fmul_rn(acc[11], mult));
-    q.w = epd_dev_cvt4(__fmul_rn(acc[12], mult), __fmul_rn(acc[13], mult),
-                       __fmul_rn(acc[14], mult), __fmul_rn(acc[15], mult));
-    uint8_t *part = a.partials + (size_t)j * a.part_size;
-    *reinterpret_cast<uint4 *>(part + (size_t)c * CHUNK) = q;
-    if ((c & 7u) == 0)
-        *reinterpret_cast<float *>(part + a.hidden + 4u * (c >> 3)) = scale;
-    if (c == 0)
-        for (uint32_t b = a.hidden + a.hidden / 32; b < a.part_size; b += 4)
-            *reinterpret_cast<uint32_t *>(part + b) = 0;
-    if (a.qe != NULL) qe_chunk(q, scale, acc, e2, r2);
+    epd_dev_store_fp8_partial16(a.partials + (size_t)j * a.part_size, a.hidden, a.part_size,
+                                active, c, acc, a.qe != NULL, e2, r2);
 }
 
 /* The experts with FP8 partials: the arithmetic of experts_kernel, one chunk of 16 elements a
@@ -873,7 +804,7 @@ __global__ void __launch_bounds__(FLAT_THREADS) experts_fp8_partials_kernel(expe
         }
         store_fp8_partial16(a, active, j, c, acc, &e2, &r2);
     }
-    if (a.qe != NULL) qe_block_add(a.qe, 2, e2, r2);
+    if (a.qe != NULL) epd_dev_qe_block_add(a.qe, 2, e2, r2);
 }
 
 typedef void (*experts_kernel_fn)(experts_args);
