@@ -617,8 +617,9 @@ static void test_ops_host__partial_store_fp8__dispatch_bytes_and_scales(void **s
         e2 += (double)(acc[i] - want) * (acc[i] - want);
         r2 += (double)acc[i] * acc[i];
     }
-    assert_true(fabs(error[0] - e2) <= 1e-12 * r2);
-    assert_true(fabs(error[1] - r2) <= 1e-12 * r2);
+    /* the sums run in fp32 per group of 128 */
+    assert_true(fabs(error[0] - e2) <= 1e-5 * e2);
+    assert_true(fabs(error[1] - r2) <= 1e-5 * r2);
     assert_true(error[0] > 0.0);
 }
 
@@ -709,8 +710,8 @@ static void test_ops_host__quant_error_telemetry__sums_of_what_was_quantized(voi
         record_error(&s, buf, l.n_send, x, &e2, &r2);
         assert_int_equal(ops->quant_error_take(ctx, &qe), EPD_OK);
         assert_true(r2 > 0.0 && e2 > 0.0);
-        assert_true(fabs(qe.dispatch_err2 - e2) <= 1e-9 * e2);
-        assert_true(fabs(qe.dispatch_ref2 - r2) <= 1e-9 * r2);
+        assert_true(fabs(qe.dispatch_err2 - e2) <= 1e-5 * e2);
+        assert_true(fabs(qe.dispatch_ref2 - r2) <= 1e-5 * r2);
         assert_true(qe.combine_ref2 == 0.0);
         /* relative RMS of e4m3 (3 mantissa bits) on these values: a few percent */
         double dispatch_rms = sqrt(qe.dispatch_err2 / qe.dispatch_ref2);
