@@ -23,6 +23,8 @@ struct epd_step {
     size_t recv_capacity;
 
     epd_step_layout_t layout; /* slot in ops memory, counts/offsets on the host */
+    int32_t *slot_host;       /* [max_tokens * W] pinned: the host layout's slots, uploaded */
+    const int32_t *ids_host;  /* the next run's ids on the host (epd_step_set_host_ids), or NULL */
     uint32_t *recv_counts32;  /* [W] from the count exchange */
     uint64_t *send_counts;    /* [W] in records, for the transport */
     uint64_t *send_displs;
@@ -95,6 +97,7 @@ void epd_step_destroy(epd_step_t *step)
                         step->io.topk_ids,   step->io.topk_weights, step->io.y};
     for (size_t i = 0; i < EPD_ARRAY_SIZE(ops_bufs); i++)
         if (ops_bufs[i] != NULL) step->ops->free(step->ops_ctx, ops_bufs[i]);
+    if (step->slot_host != NULL) step->ops->free_host(step->ops_ctx, step->slot_host);
     free(step->layout.send_counts_host);
     free(step->layout.send_offsets_host);
     free(step->recv_counts32);
@@ -192,6 +195,13 @@ epd_status_t epd_step_create(const epd_moe_shape_t *shape, uint32_t max_tokens,
             return EPD_ERR_NO_MEMORY;
         }
     }
+    step->slot_host = ops->alloc_host(ops_ctx, mul_sat(mul_sat(max_tokens, shape->world),
+                                                       sizeof(int32_t)));
+    if (step->slot_host == NULL) {
+        snprintf(err, EPD_ERR_LEN, "step: cannot allocate pinned host memory for the slots");
+        epd_step_destroy(step);
+        return EPD_ERR_NO_MEMORY;
+    }
     *step_p = step;
     return EPD_OK;
 
@@ -204,6 +214,11 @@ no_memory_host:
 const epd_step_io_t *epd_step_io(const epd_step_t *step)
 {
     return &step->io;
+}
+
+void epd_step_set_host_ids(epd_step_t *step, const int32_t *ids_host)
+{
+    step->ids_host = ids_host;
 }
 
 void epd_step_set_layer(epd_step_t *step, uint32_t layer)
@@ -296,12 +311,28 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
      * waits for layout and pack, less the count exchange. */
     t[0] = epd_now_ns();
     step->layout.n_tokens = n_tokens;
-    status = ops->layout(octx, shape, topk_ids, &step->layout);
-    if (status != EPD_OK) return op_failed(step, status, "layout", err);
-    status = ops->pack(octx, shape, x, topk_ids, topk_weights, &step->layout, step->send_buf);
-    if (status != EPD_OK) return op_failed(step, status, "pack", err);
-    status = ops->layout_counts(octx, shape, &step->layout);
-    if (status != EPD_OK) return op_failed(step, status, "layout", err);
+    const int32_t *ids_host = step->ids_host;
+    step->ids_host = NULL; /* for this run only */
+    if (ids_host != NULL && ops->copy_queued != NULL) {
+        /* the ids are on the host already: the layout there, its slots queued to the device
+         * ahead of the pack (no layout kernels, no read-back of the counts) */
+        status = epd_layout_host(shape, n_tokens, ids_host, step->slot_host,
+                                 step->layout.send_counts_host, step->layout.send_offsets_host,
+                                 &step->layout.n_send, err);
+        if (status != EPD_OK) return status;
+        status = ops->copy_queued(octx, step->layout.slot, step->slot_host,
+                                  (size_t)n_tokens * world * sizeof(int32_t));
+        if (status != EPD_OK) return op_failed(step, status, "slot upload", err);
+        status = ops->pack(octx, shape, x, topk_ids, topk_weights, &step->layout, step->send_buf);
+        if (status != EPD_OK) return op_failed(step, status, "pack", err);
+    } else {
+        status = ops->layout(octx, shape, topk_ids, &step->layout);
+        if (status != EPD_OK) return op_failed(step, status, "layout", err);
+        status = ops->pack(octx, shape, x, topk_ids, topk_weights, &step->layout, step->send_buf);
+        if (status != EPD_OK) return op_failed(step, status, "pack", err);
+        status = ops->layout_counts(octx, shape, &step->layout);
+        if (status != EPD_OK) return op_failed(step, status, "layout", err);
+    }
     counts_begin = epd_now_ns();
     rc = MPI_Alltoall(step->layout.send_counts_host, 1, MPI_UINT32_T, step->recv_counts32, 1,
                       MPI_UINT32_T, step->comm);
@@ -310,9 +341,16 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
         return EPD_ERR_MPI;
     }
     counts_ns = epd_now_ns() - counts_begin;
-    /* the transport reads send_buf: pack must be complete first */
-    status = ops->sync(octx);
-    if (status != EPD_OK) return op_failed(step, status, "sync after pack", err);
+    /* the transport reads send_buf: pack must be complete first, unless no record leaves or
+     * reaches this rank (one rank: the experts and the combine follow the pack on the stream) */
+    bool moves = false;
+    for (uint32_t r = 0; r < world; r++)
+        if (r != me && (step->layout.send_counts_host[r] != 0 || step->recv_counts32[r] != 0))
+            moves = true;
+    if (moves || !ops_async(step)) {
+        status = ops->sync(octx);
+        if (status != EPD_OK) return op_failed(step, status, "sync after pack", err);
+    }
     t[2] = epd_now_ns();
     t[1] = t[2] - counts_ns;
     for (uint32_t r = 0; r < world; r++) {
@@ -356,8 +394,10 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
                                  step->send_counts[me], step->partials_back);
     }
     if (status != EPD_OK) return op_failed(step, status, "experts", err);
-    status = ops->sync(octx);
-    if (status != EPD_OK) return op_failed(step, status, "sync after experts", err);
+    if (moves || !ops_async(step)) {
+        status = ops->sync(octx);
+        if (status != EPD_OK) return op_failed(step, status, "sync after experts", err);
+    }
 
     /* 5. the partials go back to their ranks along the reverse of the dispatch while the experts
      * run on this rank's own records, from send_buf straight into their rows of partials_back

@@ -103,6 +103,11 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
                           const int32_t *topk_ids, const float *topk_weights, uint16_t *y,
                           epd_step_timing_t *timing_p, char err[EPD_ERR_LEN]);
 
+/* The next run's top-k ids [n, K] on the host as well (the same values as its ops-memory ids,
+ * unchanged until it returns): the layout is then computed on the host and only its slots go to
+ * the device. For that run only; NULL (the default) computes it with the ops. */
+void epd_step_set_host_ids(epd_step_t *step, const int32_t *ids_host);
+
 /* The layer the next runs serve (shape.layer as the ops see it); 0 until set. Every rank of a
  * step sets the same one (the agreement chose it). */
 void epd_step_set_layer(epd_step_t *step, uint32_t layer);

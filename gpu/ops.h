@@ -61,6 +61,15 @@ typedef struct epd_expert_ops {
     float (*element)(const epd_moe_shape_t *shape, int32_t e, float x);
 } epd_expert_ops_t;
 
+/* The layout of DESIGN.md section 2 step 3 computed on the host from host ids [n, K]: slot
+ * [n * W] (host memory), per-destination counts and offsets and the record total. The ops'
+ * layout op gives the same; the step uses this when the ids are on the host already, sparing the
+ * device a layout and its read-back. EPD_ERR_EXPERT_OUT_OF_RANGE (with err) for an id outside
+ * [-1, E). */
+epd_status_t epd_layout_host(const epd_moe_shape_t *shape, uint32_t n, const int32_t *topk_ids,
+                             int32_t *slot, uint32_t *send_counts, uint32_t *send_offsets,
+                             uint32_t *n_send_p, char err[EPD_ERR_LEN]);
+
 /* The host expert kinds, by kind value and by name; NULL when there is none. */
 const epd_expert_ops_t *epd_expert_ops_find(epd_expert_kind_t kind);
 const epd_expert_ops_t *epd_expert_ops_find_name(const char *name);
@@ -200,6 +209,12 @@ typedef struct epd_ops {
     /* Optional: a sentence about the last failed op of ctx (e.g. the CUDA error string), "" when
      * none; owned by ctx, valid until its next op. For the daemon's abort message. */
     const char *(*last_error)(epd_ops_ctx_t *ctx);
+
+    /* Optional stream-ordered copies (NULL: use copy_to_ops / copy_to_host): queued on the
+     * stream with the ops, any direction (ops memory or host memory on either side), complete at
+     * the next sync. The host side must stay unchanged (upload) or unread (download) until then;
+     * pinned host memory makes them DMA. */
+    epd_status_t (*copy_queued)(epd_ops_ctx_t *ctx, void *dst, const void *src, size_t bytes);
 
     /* Shared regions (DESIGN.md section 4b), optional: NULL where an implementation has none
      * (the host ops: host regions need no page-locking, device ones cannot be opened). Called

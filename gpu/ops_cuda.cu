@@ -1075,6 +1075,18 @@ static epd_status_t cuda_copy_to_host(epd_ops_ctx_t *ctx, void *dst_host, const 
     return cuda_copy(ctx, dst_host, src, bytes, cudaMemcpyDeviceToHost);
 }
 
+static epd_status_t cuda_copy_queued(epd_ops_ctx_t *ctx, void *dst, const void *src, size_t bytes)
+{
+    epd_status_t status;
+
+    CHECK_GOTO(enter(ctx), out);
+    if (bytes > 0)
+        CUDA_TRY(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ctx->stream),
+                 "cudaMemcpyAsync");
+out:
+    return status;
+}
+
 static epd_status_t cuda_sync(epd_ops_ctx_t *ctx)
 {
     epd_status_t status;
@@ -1598,6 +1610,7 @@ extern "C" const epd_ops_t epd_ops_cuda = {
     .copy_to_ops_async = cuda_copy_to_ops_async,
     .copy_ops_to_ops_async = cuda_copy_ops_to_ops_async,
     .last_error = cuda_last_error,
+    .copy_queued = cuda_copy_queued,
     .host_register = cuda_host_register,
     .host_unregister = cuda_host_unregister,
     .ipc_open = cuda_ipc_open,

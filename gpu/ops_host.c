@@ -334,68 +334,88 @@ static epd_status_t host_sync(epd_ops_ctx_t *ctx)
     return EPD_OK;
 }
 
-static epd_status_t host_layout(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
-                                const int32_t *topk_ids, epd_step_layout_t *layout)
+/* Host ops run in order as they are called: the queued copy is done at once. */
+static epd_status_t host_copy_queued(epd_ops_ctx_t *ctx, void *dst, const void *src, size_t bytes)
 {
-    uint32_t world, per_rank, n, k_count;
+    if (bytes > 0) memcpy(dst, src, bytes);
+    return EPD_OK;
+}
+
+epd_status_t epd_layout_host(const epd_moe_shape_t *shape, uint32_t n, const int32_t *topk_ids,
+                             int32_t *slot_all, uint32_t *send_counts, uint32_t *send_offsets,
+                             uint32_t *n_send_p, char err[EPD_ERR_LEN])
+{
+    uint32_t world = shape->world, per_rank = shape->num_experts / world, k_count = shape->topk;
     bool seen[256];
     bool *dest = seen;
+    uint32_t next_stack[256];
+    uint32_t *next = next_stack;
 
-    if (!shape_ok(shape) || layout == NULL || layout->send_counts_host == NULL ||
-        layout->send_offsets_host == NULL ||
-        (layout->n_tokens > 0 && (topk_ids == NULL || layout->slot == NULL)))
-        return BAD_ARGS(ctx, "layout");
-    world = shape->world;
-    per_rank = shape->num_experts / world;
-    n = layout->n_tokens;
-    k_count = shape->topk;
     if (world > EPD_ARRAY_SIZE(seen)) {
         dest = malloc(world * sizeof *dest);
-        if (dest == NULL) return NO_MEMORY(ctx, "layout");
+        next = malloc(world * sizeof *next);
+        if (dest == NULL || next == NULL) {
+            free(dest);
+            free(next);
+            snprintf(err, EPD_ERR_LEN, "layout: out of memory");
+            return EPD_ERR_NO_MEMORY;
+        }
     }
-
     /* first pass: validate ids and count records per destination */
-    memset(layout->send_counts_host, 0, world * sizeof(uint32_t));
+    memset(send_counts, 0, world * sizeof(uint32_t));
     for (uint32_t t = 0; t < n; t++) {
         const int32_t *ids = topk_ids + (size_t)t * k_count;
         memset(dest, 0, world * sizeof *dest);
         for (uint32_t k = 0; k < k_count; k++) {
             if (ids[k] == -1) continue;
             if (ids[k] < -1 || (uint32_t)ids[k] >= shape->num_experts) {
-                OPS_ERR(ctx, "layout: expert id %d of token %u is outside [0, %u)", ids[k], t,
-                        shape->num_experts);
+                snprintf(err, EPD_ERR_LEN, "layout: expert id %d of token %u is outside [0, %u)",
+                         ids[k], t, shape->num_experts);
                 if (dest != seen) free(dest);
+                if (next != next_stack) free(next);
                 return EPD_ERR_EXPERT_OUT_OF_RANGE;
             }
             dest[(uint32_t)ids[k] / per_rank] = true;
         }
-        for (uint32_t r = 0; r < world; r++) layout->send_counts_host[r] += dest[r];
+        for (uint32_t r = 0; r < world; r++) send_counts[r] += dest[r];
     }
     uint32_t total = 0;
     for (uint32_t r = 0; r < world; r++) {
-        layout->send_offsets_host[r] = total;
-        total += layout->send_counts_host[r];
+        send_offsets[r] = total;
+        total += send_counts[r];
     }
-    layout->n_send = total;
+    *n_send_p = total;
 
     /* second pass: record indices, in token order within each destination's group */
-    uint32_t *next = malloc(world * sizeof *next);
-    if (next == NULL) {
-        if (dest != seen) free(dest);
-        return NO_MEMORY(ctx, "layout");
-    }
-    memcpy(next, layout->send_offsets_host, world * sizeof *next);
+    memcpy(next, send_offsets, world * sizeof *next);
     for (uint32_t t = 0; t < n; t++) {
         const int32_t *ids = topk_ids + (size_t)t * k_count;
-        int32_t *slot = layout->slot + (size_t)t * world;
+        int32_t *slot = slot_all + (size_t)t * world;
         memset(dest, 0, world * sizeof *dest);
         for (uint32_t k = 0; k < k_count; k++)
             if (ids[k] != -1) dest[(uint32_t)ids[k] / per_rank] = true;
         for (uint32_t r = 0; r < world; r++) slot[r] = dest[r] ? (int32_t)next[r]++ : -1;
     }
-    free(next);
     if (dest != seen) free(dest);
+    if (next != next_stack) free(next);
     return EPD_OK;
+}
+
+static epd_status_t host_layout(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
+                                const int32_t *topk_ids, epd_step_layout_t *layout)
+{
+    char err[EPD_ERR_LEN];
+
+    if (!shape_ok(shape) || layout == NULL || layout->send_counts_host == NULL ||
+        layout->send_offsets_host == NULL ||
+        (layout->n_tokens > 0 && (topk_ids == NULL || layout->slot == NULL)))
+        return BAD_ARGS(ctx, "layout");
+    epd_status_t status = epd_layout_host(shape, layout->n_tokens, topk_ids, layout->slot,
+                                          layout->send_counts_host, layout->send_offsets_host,
+                                          &layout->n_send, err);
+    if (status == EPD_ERR_EXPERT_OUT_OF_RANGE) OPS_ERR(ctx, "%s", err);
+    if (status == EPD_ERR_NO_MEMORY) return NO_MEMORY(ctx, "layout");
+    return status;
 }
 
 /* The host layout is complete when host_layout returns. */
@@ -697,6 +717,7 @@ const epd_ops_t epd_ops_host = {
     .copy_to_ops_async = host_copy_async,
     .copy_ops_to_ops_async = host_copy_async,
     .last_error = host_last_error,
+    .copy_queued = host_copy_queued,
 };
 
 epd_status_t epd_moe_reference(const epd_moe_shape_t *shape, uint32_t n_tokens, const uint16_t *x,

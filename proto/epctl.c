@@ -657,6 +657,7 @@ static int place_setup(bench_worker_t *w, epd_client_t *c, const batch_t *bt, ui
         int cr = pl->cu.set_device((int)o->cuda_device);
         if (cr == 0) cr = pl->cu.malloc(&pl->dev, bytes);
         if (cr == 0) cr = pl->cu.memcpy(pl->dev, stage, bytes, 1);
+        if (cr == 0) cr = pl->cu.device_synchronize(); /* landed before the first SUBMIT */
         if (cr == 0) cr = pl->cu.ipc_get_mem_handle(handle, pl->dev);
         if (cr != 0) {
             snprintf(w->fatal_msg, sizeof w->fatal_msg, "--data cuda: device %" PRIu64 ": %s",

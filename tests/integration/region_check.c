@@ -225,7 +225,10 @@ static void check_cuda(const char *path, int device, uint64_t seed)
         rc = submit_payload(c, 5000 + (uint64_t)i * 2, &b, y_pay);
         CHECK(rc == EPD_CLIENT_OK, "payload submit: %s", epd_client_last_message(c));
         fill_region(stage, &bl, &b);
+        /* DESIGN.md 4b: the tensors complete before the SUBMIT (a pageable cudaMemcpy may
+         * return before its DMA has landed) */
         cu.memcpy(dev, stage, bl.bytes, 1);
+        cu.device_synchronize();
         epd_client_request_t r = region_request(5001 + (uint64_t)i * 2, region, &bl, &b,
                                                 i % 2 == 1, true);
         rc = epd_client_submit_request(c, &r, NULL, NULL);
@@ -242,6 +245,7 @@ static void check_cuda(const char *path, int device, uint64_t seed)
         layout_t bl = layout_for(b.n);
         uint16_t nan = 0x7fc0;
         cu.memcpy((uint8_t *)dev + bl.x + 2 * 3, &nan, 2, 1);
+        cu.device_synchronize();
         epd_client_request_t r = region_request(6000, region, &bl, &b, false, true);
         rc = epd_client_submit_request(c, &r, NULL, NULL);
         CHECK(rc == EPD_CLIENT_ERR_DAEMON &&
