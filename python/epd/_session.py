@@ -437,8 +437,8 @@ class Session:
     def fail(self, exc):
         """Fails every request in flight with exc; the connection is unusable from now on."""
         if self.failure is None:
-            self.failure = exc if not isinstance(exc, ProtocolError) else ConnectionClosed(
-                "connection closed after a protocol error: %s" % exc.message)
+            self.failure = exc if isinstance(exc, ConnectionClosed) else ConnectionClosed(
+                "the connection is closed after %s" % exc)
         pending = list(self.pending.values())
         self.pending.clear()
         self.controls.clear()
@@ -448,12 +448,10 @@ class Session:
             p._finish(exc=exc)
 
     def on_eof(self, why="the daemon closed the connection"):
-        """The connection ended: every request still in flight fails (with the framing error
-        that explained the close, else ConnectionClosed), and so does every later call."""
-        exc = self.failure if self.failure is not None else ConnectionClosed(why)
-        self.fail(exc)
-        if not isinstance(exc, ConnectionClosed):
-            self.failure = ConnectionClosed("%s (after %s)" % (why, exc))
+        """The connection ended: every request still in flight fails with ConnectionClosed (its
+        message names the error that explained the close, if one came), and so does every
+        later call."""
+        self.fail(self.failure if self.failure is not None else ConnectionClosed(why))
 
 
 def _region_id(meta):
