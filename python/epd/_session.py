@@ -272,7 +272,7 @@ class Session:
             lo, hi = int(arr.min()), int(arr.max())
             if _I32[0] <= lo and hi <= _I32[1]:
                 arr, name = arr.astype(np.int32), "i32"
-        return _Placement(name, arr.shape, data=memoryview(arr).cast("B"))
+        return _Placement(name, arr.shape, data=byte_view(arr))
 
     def plan_submit(self, x, topk_ids, topk_weights, out):
         """The placements of x, topk_ids, topk_weights (and out when it is in a region), and
@@ -335,7 +335,7 @@ class Session:
                 host = tm.host_array(out) if tm is not None else out
                 if not host.flags.c_contiguous or (tm is not None and not out.is_contiguous()):
                     raise InvalidArgument("out must be contiguous")
-                p.out_view = memoryview(host).cast("B")
+                p.out_view = byte_view(host)
         else:
             p.y_torch = torch_module(x) is not None
         head_meta = fr.encode_meta(meta)
@@ -452,6 +452,12 @@ class Session:
         message names the error that explained the close, if one came), and so does every
         later call."""
         self.fail(self.failure if self.failure is not None else ConnectionClosed(why))
+
+
+def byte_view(arr):
+    """A flat writable-if-arr-is memoryview of a contiguous array's bytes (any shape, empty
+    included)."""
+    return memoryview(arr.reshape(-1).view(np.uint8))
 
 
 def _region_id(meta):

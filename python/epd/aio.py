@@ -178,7 +178,7 @@ class AsyncClient:
             if self._sock is None:
                 raise ConnectionClosed("the connection is closed")
             try:
-                first = memoryview(bufs[0]).cast("B")
+                first = memoryview(bufs[0])
                 if fds:
                     first = first[await self._sendmsg_fds(first, fds):]
                 for b in [first] + list(bufs[1:]):

@@ -293,8 +293,8 @@ class Client:
         self._s.check_usable()
         if self._sock is None:
             raise ConnectionClosed("the connection is closed")
-        views = [memoryview(b).cast("B") for b in bufs]
-        views = [v for v in views if len(v)]
+        views = [v if v.ndim == 1 and v.itemsize == 1 else v.cast("B")
+                 for v in map(memoryview, bufs) if v.nbytes]
         anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
         deadline = _deadline(self.timeout)
         while views:
