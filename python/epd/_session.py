@@ -34,6 +34,7 @@ class Pending:
     step is the daemon's step of a RESULT, meta the answer's meta."""
 
     def __init__(self, req_id, kind, op=None):
+        # kind: "submit", "control", or "raw" (a hand-made frame: the answer is (meta, payload))
         self.id = req_id
         self.kind = kind
         self.op = op
@@ -151,6 +152,17 @@ class Session:
         meta["id"] = p.id
         data = fr.encode(fr.CONTROL, meta, payload)
         return self._track(p), data
+
+    def raw(self, data, req_id):
+        """A Pending for a hand-made frame whose meta carries req_id: its answer (RESULT,
+        REPLY, or ERROR raised) is (meta, payload)."""
+        p = Pending(req_id, "raw")
+        if req_id in self.pending:
+            raise InvalidArgument("id %d is already in flight" % req_id)
+        self.pending[req_id] = p
+        if len(data) >= 8 and data[6] == fr.CONTROL and data[7] == 0:
+            self.controls.append(req_id)
+        return p
 
     # ---- regions ---------------------------------------------------------------------------
 
@@ -359,11 +371,15 @@ class Session:
         self.arrivals += 1
         if ftype == fr.RESULT:
             p = self.pending.get(meta.get("id"))
-            if p is None or p.kind != "submit":
+            if p is None or p.kind == "control":
                 raise ProtocolError("RESULT for id %r, which is not a request in flight"
                                     % (meta.get("id"),))
             del self.pending[p.id]
-            self._result(p, meta, payload)
+            if p.kind == "raw":
+                p.arrival, p.meta = self.arrivals, meta
+                p._finish((meta, bytes(payload)))
+            else:
+                self._result(p, meta, payload)
         elif ftype == fr.ERROR:
             exc = error_from_meta(meta)
             p = self.pending.get(exc.id) if exc.id is not None else None
@@ -379,7 +395,7 @@ class Session:
                 self.fail(exc)
         elif ftype == fr.REPLY:
             p = self.pending.get(meta.get("id"))
-            if p is None or p.kind != "control":
+            if p is None or p.kind == "submit":
                 if not self.controls:
                     raise ProtocolError("REPLY with no CONTROL in flight")
                 p = self.pending[self.controls[0]]

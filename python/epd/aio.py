@@ -142,9 +142,16 @@ class AsyncClient:
         await self._send([data])
         await self._await(fut, None)
 
-    async def send_raw(self, data):
-        """Sends bytes as they are (see Client.send_raw)."""
-        await self._send([data])
+    def new_id(self):
+        """A request id no other request of this connection uses (for send_raw)."""
+        return self._s.new_id()
+
+    async def send_raw(self, data, fds=None, id=None):
+        """Sends bytes as they are (see Client.send_raw); with id, returns a Future of the
+        answer's (meta, payload)."""
+        fut = None if id is None else self._future(self._s.raw(data, id))
+        await self._send([data], fds=fds)
+        return fut
 
     # ---- I/O -------------------------------------------------------------------------------
 

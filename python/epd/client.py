@@ -217,11 +217,22 @@ class Client:
 
     # ---- raw frames (tools and tests) ------------------------------------------------------
 
-    def send_raw(self, data):
-        """Sends bytes as they are (a tool's or a test's hand-made frame). What the daemon
-        answers arrives like any answer: an ERROR about no request fails every request in
-        flight and, for a framing error, every later call."""
-        self._send([data])
+    def new_id(self):
+        """A request id no other request of this connection uses (for send_raw)."""
+        return self._s.new_id()
+
+    def send_raw(self, data, fds=None, id=None):
+        """Sends bytes as they are (a tool's or a test's hand-made frame), fds in SCM_RIGHTS
+        with the first bytes. With id (from new_id(), the one in the frame's meta) it returns a
+        Pending whose result is the answer's (meta, payload), or raises its ERROR. An ERROR
+        about no request fails every request in flight and, for a framing error, every later
+        call."""
+        p = None
+        if id is not None:
+            p = self._s.raw(data, id)
+            p._wait = self._wait_for
+        self._send([data], fds=fds)
+        return p
 
     # ---- I/O -------------------------------------------------------------------------------
 
