@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The Python client package (python/epd) against the real daemon: offline tests first (codec,
-# bf16, every code as its exception via a scripted stand-in), then tests/python/test_daemon.py
+# bf16, every code as its exception via a scripted stand-in; the numpy run of the reference the
+# torch example checks against, equal to epd_moe_reference), then tests/python/test_daemon.py
 # on a 2-rank daemon (payload results equal libepd's and the reference, pipelining, errors,
 # CONTROL), then a graceful stop under load (shutting_down, then a clean ConnectionClosed) and a
 # killed job (no hang).
@@ -12,6 +13,7 @@ export EPDPY_REF=$BUILD/tests/py_ref EPDPY_TMP=$TMP
 
 echo "== offline ($PY)"
 timeout 120 "$PY" tests/python/test_offline.py 2>&1 || die "offline tests"
+timeout 120 "$PY" tests/python/test_reference.py 2>&1 || die "the reference port (examples/moe_reference.py)"
 
 opts=(--set model.hidden=256 --set model.num_experts=16 --set model.topk=4
       --set experts.kind=scale --set dispatch.max_tokens_per_request=64

@@ -2,9 +2,13 @@
  * a file, sends it through libepd to the rank at SOCKET, and writes libepd's y and the host
  * reference's y (epd_moe_reference, shaped by the daemon's own config and health replies).
  *   py_ref SOCKET IN OUT
+ *   py_ref - IN OUT WORLD EXPERTS DTYPE SCALE FORMAT KIND   the reference alone, for that shape
+ *          (DTYPE bf16|fp8, SCALE group128|per_token, FORMAT fp32|ue8m0, KIND identity|scale);
+ *          OUT then holds the reference's y twice
  * IN: u32 N, H, K, then x bf16 [N,H], topk_ids i32 [N,K], topk_weights f32 [N,K] (little-endian).
  * OUT: y of libepd bf16 [N,H], then y of the reference bf16 [N,H]. Exit 0 ok, 1 on any failure
  * (the reason on stderr). */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,8 +63,10 @@ int main(int argc, char **argv)
     epd_moe_shape_t shape;
     int rc = 1;
 
-    if (argc != 4) {
-        fprintf(stderr, "usage: py_ref SOCKET IN OUT\n");
+    bool ref_only = argc == 10 && strcmp(argv[1], "-") == 0;
+    if (argc != 4 && !ref_only) {
+        fprintf(stderr, "usage: py_ref SOCKET IN OUT | py_ref - IN OUT WORLD EXPERTS DTYPE SCALE "
+                        "FORMAT KIND\n");
         return 2;
     }
     in = fopen(argv[2], "rb");
@@ -75,6 +81,25 @@ int main(int argc, char **argv)
         return fail("IN is shorter than its header says", NULL);
     fclose(in);
 
+    if (ref_only) {
+        memset(&shape, 0, sizeof shape);
+        shape.hidden = head[1];
+        shape.topk = head[2];
+        shape.world = (uint32_t)strtoul(argv[4], NULL, 10);
+        shape.num_experts = (uint32_t)strtoul(argv[5], NULL, 10);
+        shape.dtype = strcmp(argv[6], "bf16") == 0 ? EPD_WIRE_BF16 : EPD_WIRE_FP8;
+        shape.scale = strcmp(argv[7], "per_token") == 0 ? EPD_SCALE_PER_TOKEN : EPD_SCALE_GROUP128;
+        shape.scale_format = strcmp(argv[8], "ue8m0") == 0 ? EPD_SCALE_FMT_UE8M0 : EPD_SCALE_FMT_FP32;
+        shape.expert_kind = strcmp(argv[9], "identity") == 0 ? EPD_EXPERTS_IDENTITY
+                                                              : EPD_EXPERTS_SCALE;
+        if (epd_moe_reference(&shape, head[0], x, ids, w, ref) != EPD_OK)
+            return fail("epd_moe_reference failed", NULL);
+        out = fopen(argv[3], "wb");
+        if (out == NULL || fwrite(ref, 2, nh, out) != nh || fwrite(ref, 2, nh, out) != nh ||
+            fclose(out) != 0)
+            return fail("cannot write OUT", NULL);
+        return 0;
+    }
     c = epd_client_create();
     if (c == NULL || epd_client_connect(c, argv[1], 10000) != EPD_CLIENT_OK)
         return fail("connect", c);
