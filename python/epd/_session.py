@@ -112,6 +112,7 @@ class DeviceNeed:
 
     def __init__(self, key, meta):
         self.key, self.meta = key, meta
+        self.base = self.nbytes = None
 
 
 class Session:
@@ -120,7 +121,8 @@ class Session:
         self.pending = {}
         self.controls = collections.deque()
         self.host = []                                 # [(HostRegion, region id)]
-        self.device = collections.OrderedDict()        # key -> (region id, base or None)
+        self.device = collections.OrderedDict()        # handle -> (region id, base, bytes)
+        self.stale = []                                # device region ids to unregister
         self.max_device_regions = 32
         self.failure = None
         self.arrivals = 0
@@ -200,18 +202,29 @@ class Session:
 
         def registered(meta):
             rid = _region_id(meta)
-            self.device[need.key] = (rid, need.base)
+            old = self.device.pop(need.key, None)
+            if old is not None:
+                self.stale.append(old[0])  # a smaller region of the same allocation
+            self.device[need.key] = (rid, need.base, need.nbytes)
             return rid
         p.on_result = registered
         return p, data
+
+    def limit_device_regions(self, cfg):
+        """At most half of the daemon's socket.max_regions for device regions (the rest is left
+        to host regions); the least recently used go first."""
+        limit = cfg.get("socket.max_regions")
+        if isinstance(limit, int) and limit > 0:
+            self.max_device_regions = max(1, limit // 2)
 
     def evictions(self):
         """CONTROL unregister frames for the least recently used device regions over the
         limit (the daemon releases each once the requests naming it are answered)."""
         out = []
         while len(self.device) > self.max_device_regions:
-            _, (rid, _) = self.device.popitem(last=False)
-            p, data = self.control("unregister", {"region": rid})
+            self.stale.append(self.device.popitem(last=False)[1][0])
+        while self.stale:
+            p, data = self.control("unregister", {"region": self.stale.pop()})
             p.on_result = lambda meta: None
             out.append((p, data))
         return out
@@ -225,33 +238,19 @@ class Session:
         return None
 
     def _device_place(self, t, tm, needs):
-        handle, storage_offset = tm.ipc_handle(t.untyped_storage())
-        key = handle
-        entry = self.device.get(key)
-        if entry is not None and entry[1] is not None:
-            self.device.move_to_end(key)
-            return _Placement(tm.wire_dtype(t), t.shape, region=entry[0],
-                              offset=t.data_ptr() - entry[1])
-        span = tm.allocation_range(t)
-        storage = t.untyped_storage()
-        if span is not None and storage.data_ptr() - span[0] == storage_offset:
-            base, nbytes, reg_offset = span[0], span[1], 0
-        else:
-            # no driver answer: the storage alone is the region, keyed by its place in the block
-            key = (handle, storage_offset, storage.nbytes())
-            base, nbytes, reg_offset = storage.data_ptr(), storage.nbytes(), storage_offset
-            entry = self.device.get(key)
-            if entry is not None:
-                self.device.move_to_end(key)
-                return _Placement(tm.wire_dtype(t), t.shape, region=entry[0],
-                                  offset=t.data_ptr() - base)
-        for need in needs:
-            if need.key == key:
-                break
-        else:
-            need = DeviceNeed(key, {"kind": "cuda", "handle": base64.b64encode(handle).decode(),
-                                    "offset": reg_offset, "bytes": nbytes})
-            need.base = base
+        """The placement of a CUDA tensor in the registered region of its allocation, or None
+        after adding that allocation to needs."""
+        handle, base, nbytes = tm.device_allocation(t)
+        ptr, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+        entry = self.device.get(handle)
+        if entry is not None and entry[1] == base and end <= base + entry[2]:
+            self.device.move_to_end(handle)
+            return _Placement(tm.wire_dtype(t), t.shape, region=entry[0], offset=ptr - base)
+        if not any(n.key == handle for n in needs):
+            need = DeviceNeed(handle, {"kind": "cuda",
+                                       "handle": base64.b64encode(handle).decode(),
+                                       "offset": 0, "bytes": nbytes})
+            need.base, need.nbytes = base, nbytes
             needs.append(need)
         return None
 

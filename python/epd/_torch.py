@@ -61,12 +61,18 @@ def stream_sync(tensors):
             torch.cuda.current_stream(t.device).synchronize()
 
 
-def ipc_handle(storage):
-    """(the 64 bytes of cudaIpcMemHandle_t, the storage's offset in its cudaMalloc'd block) of
-    a CUDA storage; InvalidArgument for memory torch cannot share that way (expandable
-    segments)."""
+def torch_ipc_handle(storage):
+    """(the 64 bytes of cudaIpcMemHandle_t, the storage's offset in its cudaMalloc'd block) from
+    torch itself (`_share_cuda_()`); InvalidArgument for memory torch cannot share that way
+    (expandable segments). torch counts the share as a consumer's reference; it is given back at
+    once (as a consumer would), else the storage's memory would never return to the caching
+    allocator (torch's "limbo" of shared blocks)."""
     info = storage._share_cuda_()
     handle, offset = info[1], info[3]
+    try:
+        type(storage)._release_ipc_counter_cuda(info[4], info[5])
+    except (AttributeError, RuntimeError, TypeError):
+        pass
     if not isinstance(handle, (bytes, bytearray)):
         raise InvalidArgument("torch gave no CUDA IPC handle for this storage")
     handle = bytes(handle)
@@ -76,41 +82,80 @@ def ipc_handle(storage):
         return handle, int(offset)  # older torch: the bare cudaIpcMemHandle_t
     if len(handle) >= 2 and handle[1:2] == b"e":
         raise InvalidArgument(
-            "this CUDA tensor lives in a torch expandable segment, which has no cudaIpcMemHandle_t: "
-            "epd's device regions need cudaMalloc'd memory (run with "
+            "this CUDA tensor lives in a torch expandable segment, which has no "
+            "cudaIpcMemHandle_t: epd's device regions need cudaMalloc'd memory (run with "
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False)")
     raise InvalidArgument("unknown torch CUDA IPC handle format (%d bytes, prefix %s); epd "
                           "understands 66 bytes starting 02 63 ('c', a cudaMalloc'd block)"
                           % (len(handle), handle[:2].hex(" ")))
 
 
-_libcuda = None
+class _Driver:
+    """The two CUDA driver calls device regions need (libcuda.so.1 through ctypes): the
+    allocation a pointer lies in, and its IPC handle."""
+
+    def __init__(self):
+        lib = ctypes.CDLL("libcuda.so.1")
+        self.get_range = lib.cuMemGetAddressRange_v2
+        self.get_range.argtypes = [ctypes.POINTER(ctypes.c_uint64),
+                                   ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint64]
+        self.get_range.restype = ctypes.c_int
+        self.get_handle = lib.cuIpcGetMemHandle
+        self.get_handle.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
+        self.get_handle.restype = ctypes.c_int
+        self.error_name = lib.cuGetErrorName
+        self.error_name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        self.error_name.restype = ctypes.c_int
+
+    def name(self, rc):
+        s = ctypes.c_char_p()
+        if self.error_name(rc, ctypes.byref(s)) == 0 and s.value:
+            return s.value.decode()
+        return "CUDA error %d" % rc
+
+
+_driver_state = None
 
 
 def _driver():
-    global _libcuda
-    if _libcuda is None:
+    global _driver_state
+    if _driver_state is None:
         try:
-            lib = ctypes.CDLL("libcuda.so.1")
-            fn = lib.cuMemGetAddressRange_v2
-            fn.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t),
-                           ctypes.c_uint64]
-            fn.restype = ctypes.c_int
-            _libcuda = fn
+            _driver_state = _Driver()
         except (OSError, AttributeError):
-            _libcuda = False
-    return _libcuda
+            _driver_state = False
+    return _driver_state
 
 
-def allocation_range(t):
-    """(base pointer, bytes) of the cudaMalloc'd allocation a CUDA tensor lives in (the CUDA
-    driver's cuMemGetAddressRange), or None when the driver cannot say."""
-    fn = _driver()
-    if not fn:
-        return None
-    base, size = ctypes.c_uint64(), ctypes.c_size_t()
-    with torch.cuda.device(t.device):
-        rc = fn(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(t.data_ptr()))
-    if rc != 0:
-        return None
-    return base.value, size.value
+def device_allocation(t):
+    """(the 64-byte cudaIpcMemHandle_t, base pointer, bytes) of the cudaMalloc'd allocation a
+    CUDA tensor lives in. The CUDA driver answers (cuMemGetAddressRange, cuIpcGetMemHandle on
+    the base: the handle torch's `_share_cuda_()` gives after its 2-byte prefix, without torch's
+    cross-process reference counting); without the driver library, torch's handle of the
+    storage is used and the region covers the allocation up to the storage's end."""
+    drv = _driver()
+    if drv:
+        base, size = ctypes.c_uint64(), ctypes.c_size_t()
+        handle = ctypes.create_string_buffer(IPC_HANDLE_LEN)
+        guard = torch.cuda.device(t.device) if t.device.index != torch.cuda.current_device() \
+            else None
+        if guard is not None:
+            guard.__enter__()
+        try:
+            rc = drv.get_range(ctypes.byref(base), ctypes.byref(size), t.data_ptr())
+            if rc == 0:
+                rc = drv.get_handle(handle, base.value)
+                if rc != 0:
+                    raise InvalidArgument(
+                        "cuIpcGetMemHandle failed (%s): this CUDA tensor's memory cannot be "
+                        "shared with the daemon. epd's device regions need cudaMalloc'd memory: "
+                        "torch's expandable segments (PYTORCH_CUDA_ALLOC_CONF="
+                        "expandable_segments:True) and the cudaMallocAsync backend are not"
+                        % drv.name(rc))
+                return handle.raw, base.value, size.value
+        finally:
+            if guard is not None:
+                guard.__exit__(None, None, None)
+    storage = t.untyped_storage()
+    handle, offset = torch_ipc_handle(storage)
+    return handle, storage.data_ptr() - offset, offset + storage.nbytes()

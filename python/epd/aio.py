@@ -74,6 +74,8 @@ class AsyncClient:
             out = tm.empty_like_y(x, x.shape[0], x.shape[1])
         placed, needs = self._s.plan_submit(x, topk_ids, topk_weights, out)
         if needs:
+            if self._config is None:
+                self._s.limit_device_regions(await self.config())
             futs = []
             for need in needs:
                 p, data = self._s.register_device(need)

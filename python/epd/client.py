@@ -203,6 +203,8 @@ class Client:
         p.result(self.timeout)
 
     def _register_devices(self, needs):
+        if self._config is None:
+            self._s.limit_device_regions(self.config())
         pendings = []
         for need in needs:
             p, data = self._s.register_device(need)

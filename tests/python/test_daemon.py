@@ -7,7 +7,6 @@ with errors overtaking results; every code a client can provoke surfaced as its 
 connection kept for request errors and closed for framing errors; CONTROL queries.
 Environment: EPDPY_SOCKETS (colon-separated, rank order), EPDPY_REF, EPDPY_TMP."""
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -267,6 +266,7 @@ class TestErrors(unittest.TestCase):
         self.framing(bytes(head) + good, epd.BadVersion)
         self.framing(fr.encode_header(9, len(good), 0) + good, epd.BadType)
         exc = self.framing(fr.encode(fr.RESULT, {"id": 5, "tensors": {}}), epd.BadType)
+        self.assertEqual(exc.id, 5)
         head = bytearray(fr.encode_header(fr.CONTROL, len(good), 0))
         head[12] = 1
         self.framing(bytes(head) + good, epd.BadHeader)
