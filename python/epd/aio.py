@@ -8,7 +8,7 @@ import socket
 from . import frame as fr
 from ._session import Session, torch_module
 from .client import DEFAULT_SOCKET, connect_unix
-from .errors import ConnectionClosed, ProtocolError, Timeout
+from .errors import ConnectionClosed, ProtocolError, Timeout, UnknownOp
 from .regions import HostRegion
 
 _STAGE = 65536
@@ -120,7 +120,17 @@ class AsyncClient:
         return (await self.control("metrics"))[1].decode()
 
     async def supports_regions(self):
-        return "socket.max_regions" in (self._config or await self.config())
+        """As Client.supports_regions."""
+        region = HostRegion(4096, "epd-probe")
+        try:
+            await self.register(region)
+        except UnknownOp:
+            return False
+        finally:
+            if self._s.host_region_id(region) is not None:
+                await self.unregister(region)
+            region.close()
+        return True
 
     async def register(self, region):
         """Registers a HostRegion with this rank; returns its region id."""

@@ -11,7 +11,7 @@ import time
 
 from . import frame as fr
 from ._session import Session, torch_module
-from .errors import ConnectError, ConnectionClosed, ProtocolError, Timeout
+from .errors import ConnectError, ConnectionClosed, ProtocolError, Timeout, UnknownOp
 from .regions import HostRegion
 
 DEFAULT_SOCKET = "/run/epd/epd-0.sock"
@@ -171,8 +171,19 @@ class Client:
         return self.control("metrics")[1].decode()
 
     def supports_regions(self):
-        """True when the daemon has shared regions (its config has socket.max_regions)."""
-        return "socket.max_regions" in (self._config or self.config())
+        """True when the daemon serves shared regions: a 4 KiB host region is registered and
+        released again; False when the daemon answers register with unknown_op. Any other
+        failure is raised (the daemon has regions, and they do not work)."""
+        region = HostRegion(4096, "epd-probe")
+        try:
+            self.register(region)
+        except UnknownOp:
+            return False
+        finally:
+            if self._s.host_region_id(region) is not None:
+                self.unregister(region)
+            region.close()
+        return True
 
     # ---- regions ---------------------------------------------------------------------------
 

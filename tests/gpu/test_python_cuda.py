@@ -7,7 +7,7 @@ the driver's IPC handle is torch's own; bad values on the device get their codes
 another GPU is bad_region; expandable segments are refused with a clear error; AsyncClient and
 a Group of ranks sharing a GPU.
 Exit 77 (skip, saying why) without torch, without CUDA in torch, or when the daemon does not
-advertise regions. Environment: EPDPY_SOCKETS, EPDPY_DEVICES (the GPU of each rank, e.g. 0:1)."""
+serve regions. Environment: EPDPY_SOCKETS, EPDPY_DEVICES (the GPU of each rank, e.g. 0:1)."""
 import asyncio
 import os
 import subprocess
@@ -175,7 +175,8 @@ class TestDeviceRegions(unittest.TestCase):
 def main():
     with epd.Client(SOCKETS[0], timeout=30) as c:
         if not c.supports_regions():
-            print("SKIP: the daemon does not advertise shared regions (no socket.max_regions)")
+            print("SKIP: the daemon does not serve shared regions yet: it answers CONTROL "
+                  "register with unknown_op")
             return 77
     prog = unittest.main(verbosity=2, exit=False)
     return 0 if prog.result.wasSuccessful() else 1

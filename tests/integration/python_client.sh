@@ -29,6 +29,10 @@ done
 epd_stop
 
 echo "== graceful stop under load, then a killed job"
+# H 2048, one 64-token request per step, room for every window: the queue fills faster than
+# steps empty it, so the drain has steps to run while new SUBMITs arrive
+opts+=(--set model.hidden=2048 --set dispatch.max_tokens_per_step=64
+       --set dispatch.max_queued_tokens=4096)
 epd_start 2 "${opts[@]}"
 EPDPY_SOCKETS="$(sock 0):$(sock 1)" EPDPY_MPIRUN_PID=$EPD_PID timeout 120 \
     "$PY" tests/python/test_shutdown.py stop 2>&1 || die "shutdown test"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Host regions (DESIGN.md 4b) through the Python client on a 2-rank daemon: tests/python/
-# test_regions.py. Skips (exit 77, saying why) only when the daemon does not advertise regions
-# and answers register with unknown_op; a daemon that advertises them must pass every case.
+# test_regions.py. Skips (exit 77, saying why) only while the daemon answers register with
+# unknown_op; a daemon that serves regions must pass every case.
 source "$(dirname "$0")/daemon_lib.bash"
 source tests/python/python_lib.bash
 

@@ -8,6 +8,7 @@ connection kept for request errors and closed for framing errors; CONTROL querie
 Environment: EPDPY_SOCKETS (colon-separated, rank order), EPDPY_REF, EPDPY_TMP."""
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import unittest
@@ -25,11 +26,11 @@ TMP = os.environ.get("EPDPY_TMP", "/tmp")
 H, E, K, MAX_N = 256, 16, 4, 64
 
 
-def make_batch(n, seed, ids_dtype=np.int32, empty_slots=True):
+def make_batch(n, seed, ids_dtype=np.int32, empty_slots=True, hidden=H):
     """x normal(0,1) in bf16 with an outlier, K distinct ids per token (some -1), weights."""
     rng = np.random.default_rng(seed)
-    xf = rng.standard_normal((n, H)).astype(np.float32)
-    xf[rng.integers(0, n), rng.integers(0, H)] = 37.5
+    xf = rng.standard_normal((n, hidden)).astype(np.float32)
+    xf[rng.integers(0, n), rng.integers(0, hidden)] = 37.5
     ids = np.stack([rng.permutation(E)[:K] for _ in range(n)]).astype(ids_dtype)
     if empty_slots:
         ids[rng.random((n, K)) < 0.1] = -1
@@ -45,13 +46,13 @@ def c_side(sock, x, ids, w):
     key = (sock, x.tobytes(), ids.astype(np.int32).tobytes(), w.tobytes())
     if key in _refs:
         return _refs[key]
-    n = x.shape[0]
+    n, hidden = x.shape
     src, dst = os.path.join(TMP, "py_ref.in"), os.path.join(TMP, "py_ref.out")
     with open(src, "wb") as f:
-        f.write(np.array([n, H, K], np.uint32).tobytes() + x.tobytes() +
+        f.write(np.array([n, hidden, K], np.uint32).tobytes() + x.tobytes() +
                 ids.astype(np.int32).tobytes() + w.tobytes())
     subprocess.run([PY_REF, sock, src, dst], check=True, timeout=30)
-    both = np.fromfile(dst, np.uint16).reshape(2, n, H)
+    both = np.fromfile(dst, np.uint16).reshape(2, n, hidden)
     _refs[key] = (both[0], both[1])
     return _refs[key]
 
@@ -212,23 +213,23 @@ class TestErrors(unittest.TestCase):
         self.assertEqual(got, want)
 
     def test_errors__full_queue__is_busy_and_nothing_is_lost(self):
+        # rank 1 stopped: no agreement completes, so rank 0's 512-token queue keeps exactly 8
+        # requests of 64 tokens and answers the other 12 busy at once; resumed, the 8 are served
         x, ids, w = make_batch(MAX_N, 3)
         want = c_side(SOCKETS[0], x, ids, w)[1]
+        with epd.Client(SOCKETS[1], timeout=10) as c1:
+            pid1 = c1.health()["pid"]
         with epd.Client(SOCKETS[0], timeout=30) as c:
-            ps = [c.submit_async(x, ids, w) for _ in range(120)]
-            busy = ok = 0
-            for p in c.as_completed(ps):
-                exc = p.exception()
-                if exc is None:
-                    self.assertTrue((p.result() == want).all())
-                    ok += 1
-                else:
-                    self.assertIsInstance(exc, epd.Busy)
-                    busy += 1
-            self.assertGreater(busy, 0, "120 x 64 tokens pipelined never filled a 512-token queue")
-            self.assertGreater(ok, 0)
+            os.kill(pid1, signal.SIGSTOP)
+            try:
+                ps = [c.submit_async(x, ids, w) for _ in range(20)]
+                busy = [p for p in ps[8:] if isinstance(p.exception(), epd.Busy)]
+            finally:
+                os.kill(pid1, signal.SIGCONT)
+            self.assertEqual(len(busy), 12, [repr(p.exception()) for p in ps[8:]])
+            for p in ps[:8]:
+                self.assertTrue((p.result() == want).all())
             good_client(self, c)
-        print("busy: %d of 120 answered busy, %d results right" % (busy, ok))
 
     def test_errors__too_many_clients__is_busy(self):
         # max_clients is 24 per rank: hold 24 more connections than the test's own
