@@ -11,7 +11,7 @@ source tests/python/python_lib.bash
 [[ -x $BUILD/tests/py_ref ]] || skip "$BUILD/tests/py_ref is not built"
 export EPDPY_REF=$BUILD/tests/py_ref EPDPY_TMP=$TMP
 
-echo "== offline ($PY)"
+echo "== offline ($PY) ($(date +%T))"
 timeout 120 "$PY" tests/python/test_offline.py 2>&1 || die "offline tests"
 timeout 120 "$PY" tests/python/test_reference.py 2>&1 || die "the reference port (examples/moe_reference.py)"
 
@@ -19,7 +19,7 @@ opts=(--set model.hidden=256 --set model.num_experts=16 --set model.topk=4
       --set experts.kind=scale --set dispatch.max_tokens_per_request=64
       --set dispatch.max_tokens_per_step=128 --set dispatch.max_queued_tokens=512
       --set socket.max_frame_bytes=1048576 --set socket.max_clients=24)
-echo "== against a 2-rank daemon"
+echo "== against a 2-rank daemon ($(date +%T))"
 epd_start 2 "${opts[@]}"
 EPDPY_SOCKETS="$(sock 0):$(sock 1)" timeout 240 "$PY" tests/python/test_daemon.py 2>&1 \
     || die "daemon tests"
@@ -28,7 +28,7 @@ for r in 0 1; do
 done
 epd_stop
 
-echo "== graceful stop under load, then a killed job"
+echo "== graceful stop under load, then a killed job ($(date +%T))"
 # H 2048, one 64-token request per step, room for every window: the queue fills faster than
 # steps empty it, so the drain has steps to run while new SUBMITs arrive
 opts+=(--set model.hidden=2048 --set dispatch.max_tokens_per_step=64

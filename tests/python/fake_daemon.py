@@ -78,7 +78,7 @@ class FakeDaemon:
         self.lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.lsock.bind(self.path)
         self.lsock.listen(16)
-        self.lsock.settimeout(0.2)
+        self.lsock.settimeout(0.05)
         self.stopping = False
         self.acceptor = threading.Thread(target=self._accept, daemon=True)
         self.acceptor.start()

@@ -288,7 +288,7 @@ class TestClientFake(unittest.TestCase):
     def test_client__silent_peer__times_out(self):
         def handler(peer):
             peer.read()
-            time.sleep(1.0)
+            time.sleep(0.5)
 
         def body(path):
             x, ids, w = batch(1)
