@@ -116,6 +116,8 @@ class DeviceNeed:
 
 
 class Session:
+    """One connection's protocol state; the clients own the socket and call in."""
+
     def __init__(self):
         self._next_id = 1
         self.pending = {}
@@ -414,7 +416,7 @@ class Session:
 
     def _drop(self, p):
         self.pending.pop(p.id, None)
-        if p.kind == "control":
+        if p.kind != "submit":
             try:
                 self.controls.remove(p.id)
             except ValueError:

@@ -13,7 +13,8 @@ export EPDPY_REF=$BUILD/tests/py_ref EPDPY_TMP=$TMP
 
 echo "== offline ($PY) ($(date +%T))"
 timeout 120 "$PY" tests/python/test_offline.py 2>&1 || die "offline tests"
-timeout 120 "$PY" tests/python/test_reference.py 2>&1 || die "the reference port (examples/moe_reference.py)"
+timeout 120 "$PY" tests/python/test_reference.py 2>&1 ||
+    die "the reference port (examples/moe_reference.py)"
 
 opts=(--set model.hidden=256 --set model.num_experts=16 --set model.topk=4
       --set experts.kind=scale --set dispatch.max_tokens_per_request=64

@@ -89,7 +89,8 @@ int main(int argc, char **argv)
         shape.num_experts = (uint32_t)strtoul(argv[5], NULL, 10);
         shape.dtype = strcmp(argv[6], "bf16") == 0 ? EPD_WIRE_BF16 : EPD_WIRE_FP8;
         shape.scale = strcmp(argv[7], "per_token") == 0 ? EPD_SCALE_PER_TOKEN : EPD_SCALE_GROUP128;
-        shape.scale_format = strcmp(argv[8], "ue8m0") == 0 ? EPD_SCALE_FMT_UE8M0 : EPD_SCALE_FMT_FP32;
+        shape.scale_format =
+            strcmp(argv[8], "ue8m0") == 0 ? EPD_SCALE_FMT_UE8M0 : EPD_SCALE_FMT_FP32;
         shape.expert_kind = strcmp(argv[9], "identity") == 0 ? EPD_EXPERTS_IDENTITY
                                                               : EPD_EXPERTS_SCALE;
         if (epd_moe_reference(&shape, head[0], x, ids, w, ref) != EPD_OK)
