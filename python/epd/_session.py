@@ -326,8 +326,8 @@ class Session:
             at += len(placed[name].data)
         meta = {"id": p.id, "tensors": tensors}
         if layer is not None:
-            if not isinstance(layer, int) or isinstance(layer, bool):
-                raise InvalidArgument("layer must be an integer, got %r" % (layer,))
+            if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < 1 << 31:
+                raise InvalidArgument("layer must be an integer in [0, 2^31), got %r" % (layer,))
             meta["layer"] = layer
         if out is not None:
             tm = torch_module(out)

@@ -145,6 +145,18 @@ class TestPipelining(unittest.TestCase):
         print("pipelining: answers in arrival order", ids_in_order[:12], "...")
 
 
+    def test_pipelining__layers_interleaved__every_result_right(self):
+        batches = [make_batch(4 + i, 600 + i) for i in range(4)]
+        with epd.Client(SOCKETS[1], timeout=30) as c:
+            ps = [(i % 4, c.submit_async(*batches[i % 4], layer=i % 3)) for i in range(24)]
+            for b, p in ps:
+                self.assertTrue((p.result() == c_side(c.path, *batches[b])[1]).all())
+            with self.assertRaises(epd.InvalidArgument):
+                c.submit_async(*batches[0], layer=-1)  # refused before anything is sent
+            self.assertEqual(c.in_flight, 0)
+            good_client(self, c)
+
+
 class TestControl(unittest.TestCase):
     def test_control__health_stats_config_metrics(self):
         with epd.Client(SOCKETS[1], timeout=10) as c:

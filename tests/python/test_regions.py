@@ -6,6 +6,7 @@ bit; pipelined; one region on every rank of a Group; bad regions, unregistered r
 registrations are bad_region; non-finite values in a region are non_finite_input.
 When the daemon does not serve regions (register answered unknown_op), it exits 77 (skip) saying
 so; when it does, every case must pass."""
+import asyncio
 import os
 import sys
 import unittest
@@ -127,6 +128,23 @@ class TestHostRegions(unittest.TestCase):
             req = c.new_id()
             exc = c.send_raw(region_submit(c, req, region_id, good), id=req).exception()
             self.assertIsInstance(exc, epd.BadRegion, "after unregister: %r" % exc)
+
+    def test_host_region__async_client__registers_and_serves(self):
+        x, ids, w = make_batch(6, 77)
+
+        async def main():
+            c = await epd.AsyncClient.connect(SOCKETS[0], timeout=20)
+            try:
+                region = await c.host_region(1 << 16)
+                rx, rids, rw, ry = in_region(region, x, ids.astype(np.int64), w)
+                y = await c.submit(rx, rids, rw, out=ry)
+                await c.unregister(region)
+                return y is ry, ry.copy()
+            finally:
+                await c.close()
+        same, y = asyncio.run(main())
+        self.assertTrue(same)
+        self.assertTrue((y == c_side(SOCKETS[0], x, ids, w)[1]).all())
 
     def test_host_region__non_finite_values__are_non_finite_input(self):
         with epd.Client(SOCKETS[1], timeout=20) as c:
