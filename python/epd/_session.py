@@ -248,12 +248,16 @@ class Session:
         if entry is not None and entry[1] == base and end <= base + entry[2]:
             self.device.move_to_end(handle)
             return _Placement(tm.wire_dtype(t), t.shape, region=entry[0], offset=ptr - base)
-        if not any(n.key == handle for n in needs):
-            need = DeviceNeed(handle, {"kind": "cuda",
-                                       "handle": base64.b64encode(handle).decode(),
-                                       "offset": 0, "bytes": nbytes})
-            need.base, need.nbytes = base, nbytes
-            needs.append(need)
+        if entry is not None and entry[1] == base:
+            nbytes = max(nbytes, entry[2])  # a region that grows (torch's handle: see _torch)
+        for need in needs:
+            if need.key == handle:
+                need.nbytes = need.meta["bytes"] = max(need.nbytes, nbytes)
+                return None
+        need = DeviceNeed(handle, {"kind": "cuda", "handle": base64.b64encode(handle).decode(),
+                                   "offset": 0, "bytes": nbytes})
+        need.base, need.nbytes = base, nbytes
+        needs.append(need)
         return None
 
     # ---- SUBMIT ----------------------------------------------------------------------------

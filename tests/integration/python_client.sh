@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The Python client package (python/epd) against the real daemon: offline tests first (codec,
-# bf16, every code as its exception via a scripted stand-in; the numpy run of the reference the
+# bf16, every code as its exception via a scripted stand-in daemon, the device-region code with a
+# stand-in torch; the numpy run of the reference the
 # torch example checks against, equal to epd_moe_reference), then tests/python/test_daemon.py
 # on a 2-rank daemon (payload results equal libepd's and the reference, pipelining, errors,
 # CONTROL), then a graceful stop under load (shutting_down, then a clean ConnectionClosed) and a
@@ -13,6 +14,7 @@ export EPDPY_REF=$BUILD/tests/py_ref EPDPY_TMP=$TMP
 
 echo "== offline ($PY) ($(date +%T))"
 timeout 120 "$PY" tests/python/test_offline.py 2>&1 || die "offline tests"
+timeout 60 "$PY" tests/python/test_fake_torch.py 2>&1 || die "device-region code (stand-in torch)"
 timeout 120 "$PY" tests/python/test_reference.py 2>&1 ||
     die "the reference port (examples/moe_reference.py)"
 
