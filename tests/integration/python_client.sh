@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# The Python client package (python/epd) against the real daemon: offline tests first (codec,
-# bf16, every code as its exception via a scripted stand-in daemon, the device-region code with a
-# stand-in torch; the numpy run of the reference the
-# torch example checks against, equal to epd_moe_reference), then tests/python/test_daemon.py
-# on a 2-rank daemon (payload results equal libepd's and the reference, pipelining, errors,
-# CONTROL), then a graceful stop under load (shutting_down, then a clean ConnectionClosed) and a
-# killed job (no hang).
+# The Python client package (python/epd) against the real daemon. Offline first: codec, bf16,
+# every code as its exception (a scripted stand-in daemon), the device-region code (a stand-in
+# torch), the numpy run of the reference the torch example checks against (equal to
+# epd_moe_reference). Then tests/python/test_daemon.py on a 2-rank daemon (payload results equal
+# libepd's and the reference, pipelining, errors, CONTROL), a graceful stop under load
+# (shutting_down, then a clean ConnectionClosed) and a killed job (no hang).
 source "$(dirname "$0")/daemon_lib.bash"
 source tests/python/python_lib.bash
 
