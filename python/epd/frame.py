@@ -11,6 +11,7 @@ MAGIC = b"EPD1"
 VERSION = 1
 HEADER_LEN = 24
 MAX_META = 65536
+MAX_PAYLOAD = 1 << 40  # far above any answer; a bigger length is a broken stream, not data
 
 SUBMIT, RESULT, ERROR, CONTROL, REPLY, EXPERTS, EXPERTS_DONE = 1, 2, 3, 4, 5, 6, 7
 TYPE_NAMES = {SUBMIT: "submit", RESULT: "result", ERROR: "error", CONTROL: "control",
@@ -127,6 +128,9 @@ class Receiver:
                 if self._meta_len < 2:
                     raise ProtocolError("frame from the daemon with %d bytes of meta"
                                         % self._meta_len)
+                if self._payload_len > MAX_PAYLOAD:
+                    raise ProtocolError("frame from the daemon with a %d-byte payload"
+                                        % self._payload_len)
                 self._phase, self._have = 1, 0
                 self._buf = memoryview(bytearray(self._meta_len))
                 return None
