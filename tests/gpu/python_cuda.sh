@@ -36,6 +36,21 @@ for wire in "dispatch.dtype=bf16" "dispatch.dtype=fp8"; do
     [[ $devices == 0:0 ]] && group=(--group)
     timeout 300 "$PY" examples/torch_moe.py --socket-pattern "$TMP/epd-%r.sock" --tokens 128 \
         --iters 50 "${group[@]}" 2>&1 || die "examples/torch_moe.py ($wire)"
+    # The issue's yardstick, same run, same request size (128 tokens to rank 0): the example's
+    # device-region call against epctl bench --data cuda (libepd). Printed, never asserted.
+    bench=$("$BUILD/epctl" --socket "$(sock 0)" bench --tokens 128 --requests 500 --data cuda \
+        --cuda-device "${devices%%:*}" 2>&1) || die "epctl bench --data cuda ($wire): $bench"
+    moe=$(timeout 300 "$PY" examples/torch_moe.py --socket "$(sock 0)" --tokens 128 \
+        --iters 500 --no-payload 2>&1) || die "examples/torch_moe.py --socket ($wire): $moe"
+    echo "$bench" | grep -E '^(bench|latency)'
+    echo "$moe" | grep -E '^(check|per call)'
+    "$PY" - "$bench" "$moe" <<'PY'
+import re, sys
+lib = float(re.search(r"latency ms: p50 ([0-9.]+)", sys.argv[1]).group(1))
+py = float(re.search(r"device regions p50 ([0-9.]+) ms", sys.argv[2]).group(1))
+print("same run, 128 tokens: torch_moe (python, device regions) p50 %.3f ms, epctl bench "
+      "--data cuda p50 %.3f ms: %.2fx" % (py, lib, py / lib))
+PY
     epd_stop
 done
 echo "PASS: device regions and the torch MoE example, BF16 and FP8"
