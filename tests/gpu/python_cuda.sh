@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The Python client's device regions with torch CUDA tensors (tests/gpu/test_python_cuda.py) and
-# examples/torch_moe.py, on a 2-rank daemon on 2 GPUs (both ranks on GPU 0 when there is one),
-# BF16 then FP8 dispatch, scale experts, the DeepSeek-V3 shape. Skips visibly without a GPU,
-# without a python3 that has numpy and torch with CUDA, or while the daemon has no regions.
+# examples/torch_moe.py, on a 2-rank daemon on 2 GPUs (both ranks on GPU 0 when there is one):
+# BF16 dispatch, FP8 dispatch, FP8 dispatch and combine; scale experts, the DeepSeek-V3 shape.
+# Skips visibly without a GPU, without a python3 that has numpy and torch with CUDA, or while the
+# daemon has no regions.
 source "$(dirname "$(readlink -f "$0")")/../integration/daemon_lib.bash"
 source tests/python/python_lib.bash
 
@@ -14,14 +15,15 @@ share=() devices=0:1
 ((n_gpus >= 2)) || { share=(--set device.id=0); devices=0:0; }
 
 rc_all=0
-for wire in "dispatch.dtype=bf16" "dispatch.dtype=fp8"; do
+for wire in "--set dispatch.dtype=bf16" "--set dispatch.dtype=fp8" \
+            "--set dispatch.dtype=fp8 --set combine.dtype=fp8"; do
     echo "== $wire"
     EPD_LOG=$TMP/epd.log
     setsid "$MPIRUN" --oversubscribe -np 2 --mca pml ucx --mca pml_ucx_tls any \
         --mca pml_ucx_devices any "$EPD" --set "socket.path=$TMP/epd-%r.sock" \
         --set device.backend=cuda --set model.hidden=7168 --set model.num_experts=256 \
         --set model.topk=8 --set dispatch.max_tokens_per_request=256 --set experts.kind=scale \
-        --set "$wire" "${share[@]}" >"$EPD_LOG" 2>&1 &
+        $wire "${share[@]}" >"$EPD_LOG" 2>&1 &
     EPD_PID=$!
     epd_wait_healthy 2 90 "$wire"
     rc=0
@@ -53,4 +55,4 @@ print("same run, 128 tokens: torch_moe (python, device regions) p50 %.3f ms, epc
 PY
     epd_stop
 done
-echo "PASS: device regions and the torch MoE example, BF16 and FP8"
+echo "PASS: device regions and the torch MoE example, BF16, FP8, FP8 with FP8 combine"

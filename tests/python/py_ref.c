@@ -2,9 +2,9 @@
  * a file, sends it through libepd to the rank at SOCKET, and writes libepd's y and the host
  * reference's y (epd_moe_reference, shaped by the daemon's own config and health replies).
  *   py_ref SOCKET IN OUT
- *   py_ref - IN OUT WORLD EXPERTS DTYPE SCALE FORMAT KIND   the reference alone, for that shape
- *          (DTYPE bf16|fp8, SCALE group128|per_token, FORMAT fp32|ue8m0, KIND identity|scale);
- *          OUT then holds the reference's y twice
+ *   py_ref - IN OUT WORLD EXPERTS DTYPE SCALE FORMAT KIND COMBINE   the reference alone, for
+ *          that shape (DTYPE bf16|fp8, SCALE group128|per_token, FORMAT fp32|ue8m0,
+ *          KIND identity|scale, COMBINE bf16|fp8); OUT then holds the reference's y twice
  * IN: u32 N, H, K, then x bf16 [N,H], topk_ids i32 [N,K], topk_weights f32 [N,K] (little-endian).
  * OUT: y of libepd bf16 [N,H], then y of the reference bf16 [N,H]. Exit 0 ok, 1 on any failure
  * (the reason on stderr). */
@@ -63,10 +63,10 @@ int main(int argc, char **argv)
     epd_moe_shape_t shape;
     int rc = 1;
 
-    bool ref_only = argc == 10 && strcmp(argv[1], "-") == 0;
+    bool ref_only = argc == 11 && strcmp(argv[1], "-") == 0;
     if (argc != 4 && !ref_only) {
         fprintf(stderr, "usage: py_ref SOCKET IN OUT | py_ref - IN OUT WORLD EXPERTS DTYPE SCALE "
-                        "FORMAT KIND\n");
+                        "FORMAT KIND COMBINE\n");
         return 2;
     }
     in = fopen(argv[2], "rb");
@@ -93,6 +93,7 @@ int main(int argc, char **argv)
             strcmp(argv[8], "ue8m0") == 0 ? EPD_SCALE_FMT_UE8M0 : EPD_SCALE_FMT_FP32;
         shape.expert_kind = strcmp(argv[9], "identity") == 0 ? EPD_EXPERTS_IDENTITY
                                                               : EPD_EXPERTS_SCALE;
+        shape.combine_dtype = strcmp(argv[10], "fp8") == 0 ? EPD_COMBINE_FP8 : EPD_COMBINE_BF16;
         if (epd_moe_reference(&shape, head[0], x, ids, w, ref) != EPD_OK)
             return fail("epd_moe_reference failed", NULL);
         out = fopen(argv[3], "wb");
@@ -121,6 +122,8 @@ int main(int argc, char **argv)
                              : EPD_SCALE_FMT_FP32;
     shape.expert_kind = strcmp(str_of(cfg, "experts.kind"), "identity") == 0 ? EPD_EXPERTS_IDENTITY
                                                                              : EPD_EXPERTS_SCALE;
+    shape.combine_dtype = strcmp(str_of(cfg, "combine.dtype"), "fp8") == 0 ? EPD_COMBINE_FP8
+                                                                          : EPD_COMBINE_BF16;
     epd_client_batch_t batch = {.id = 1, .n_tokens = head[0], .hidden = head[1], .topk = head[2],
                                 .x = x, .topk_ids = ids, .topk_weights = w};
     if (epd_client_submit(c, &batch, y, NULL) != EPD_CLIENT_OK) return fail("submit", c);

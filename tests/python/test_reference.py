@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """examples/moe_reference.py (the reference examples/torch_moe.py checks epd against, on the GPU
 in PyTorch) run in numpy equals the C reference, epd_moe_reference, bit for bit: every wire dtype,
-scale kind and format, identity and scale experts, 1, 2 and 4 ranks, on rows that reach FP8's
-subnormals, its saturation, the amax floor, -0, empty slots and all-empty tokens.
+scale kind and format, both combine dtypes, identity and scale experts, 1, 2 and 4 ranks, on rows
+that reach FP8's subnormals, its saturation, the amax floor, -0, empty slots and all-empty tokens.
 Environment: EPDPY_REF (build/tests/py_ref), EPDPY_TMP."""
 import itertools
 import os
@@ -40,12 +40,12 @@ def hard_batch(seed):
     return epd.bf16.from_f32(xf), ids, w
 
 
-def c_reference(x, ids, w, world, dtype, scale, fmt, kind):
+def c_reference(x, ids, w, world, dtype, scale, fmt, kind, combine):
     src, dst = os.path.join(TMP, "ref.in"), os.path.join(TMP, "ref.out")
     with open(src, "wb") as f:
         f.write(np.array([N, H, K], np.uint32).tobytes() + x.tobytes() + ids.tobytes() +
                 w.tobytes())
-    subprocess.run([PY_REF, "-", src, dst, str(world), str(E), dtype, scale, fmt, kind],
+    subprocess.run([PY_REF, "-", src, dst, str(world), str(E), dtype, scale, fmt, kind, combine],
                    check=True, timeout=30)
     return np.fromfile(dst, np.uint16).reshape(2, N, H)[0]
 
@@ -56,7 +56,7 @@ class TestReference(unittest.TestCase):
         cases = 0
         for seed, world, dtype, scale, fmt, kind, combine in itertools.product(
                 (1, 2), (1, 2, 4), ("bf16", "fp8"), ("group128", "per_token"),
-                ("fp32", "ue8m0"), ("identity", "scale"), ("bf16",)):
+                ("fp32", "ue8m0"), ("identity", "scale"), ("bf16", "fp8")):
             if dtype == "bf16" and (scale, fmt) != ("group128", "fp32"):
                 continue
             x, ids, w = hard_batch(seed)
@@ -65,7 +65,7 @@ class TestReference(unittest.TestCase):
                    "combine.dtype": combine}
             for ids_dtype in (np.int32, np.int64):
                 got = moe_reference(xp, x, ids.astype(ids_dtype), w, cfg, world)
-                want = c_reference(x, ids, w, world, dtype, scale, fmt, kind)
+                want = c_reference(x, ids, w, world, dtype, scale, fmt, kind, combine)
                 bad = np.argwhere(got != want)
                 self.assertEqual(len(bad), 0, "%s: first differences at %s: %s vs %s" % (
                     cfg, bad[:3].tolist(), got[tuple(bad[0])] if len(bad) else None,
