@@ -13,6 +13,8 @@ packages=(
     procps psmisc                       # ps, pkill, killall in the integration tests
     systemd                             # systemd-analyze verify of systemd/epd.service
     python3                             # the tests' reference checks and helpers
+    python3-numpy python3-setuptools    # the Python client package (python/) and its tests
+    python3-pip                         # make install of the Python package
 )
 
 if [[ "${1:-}" == "--list" ]]; then
