@@ -72,6 +72,8 @@ struct epd_engine {
     bool step_running; /* from the order until the worker is done */
     bool worker_exit;
     epd_engine_stats_t stats;
+    epd_engine_step_observer_fn observe; /* set before the first step */
+    void *observe_arg;
     uint64_t step_no;
     bool failed;
     char failure[EPD_ERR_LEN];
@@ -198,6 +200,8 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
     CHECK_GOTO(
         epd_step_run(engine->step, n, io->x, io->topk_ids, io->topk_weights, io->y, timing_p, err),
         out_results);
+    /* layer 0 until steps carry a layer */
+    if (engine->observe != NULL) engine->observe(engine->observe_arg, timing_p, 0, ids_stage, n);
 
     /* y back in one copy (complete when copy_to_host returns), then split per request */
     if (n > 0)
@@ -667,6 +671,14 @@ void epd_engine_get_stats(epd_engine_t *engine, epd_engine_stats_t *stats_p)
     stats_p->queued_requests = engine->queued_requests;
     pthread_mutex_unlock(&engine->mu);
     stats_p->shutting_down = atomic_load(&engine->shutting_down);
+}
+
+void epd_engine_set_step_observer(epd_engine_t *engine, epd_engine_step_observer_fn fn, void *arg)
+{
+    pthread_mutex_lock(&engine->mu);
+    engine->observe = fn;
+    engine->observe_arg = arg;
+    pthread_mutex_unlock(&engine->mu);
 }
 
 void epd_engine_destroy(epd_engine_t *engine)

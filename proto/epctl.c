@@ -320,6 +320,149 @@ static int fetch_model(epd_client_t *c, const char *socket, model_t *m)
     return 0;
 }
 
+/* ---- metrics of several sockets, merged into one exposition ---- */
+
+/* One metric family: its HELP and TYPE lines (from the first exposition that has them) and the
+ * samples of every socket, each labelled socket="PATH". */
+typedef struct family {
+    char *name;
+    char *help;
+    char *type;
+    char **samples;
+    size_t n_samples, cap_samples;
+} family_t;
+
+typedef struct exposition {
+    family_t *families;
+    size_t n, cap;
+} exposition_t;
+
+static family_t *family_get(exposition_t *x, const char *name, size_t len)
+{
+    for (size_t i = 0; i < x->n; i++)
+        if (strlen(x->families[i].name) == len && strncmp(x->families[i].name, name, len) == 0)
+            return &x->families[i];
+    if (x->n == x->cap) {
+        size_t cap = x->cap ? x->cap * 2 : 64;
+        family_t *f = realloc(x->families, cap * sizeof(*f));
+        if (f == NULL) return NULL;
+        x->families = f;
+        x->cap = cap;
+    }
+    family_t *f = &x->families[x->n];
+    memset(f, 0, sizeof(*f));
+    f->name = strndup(name, len);
+    if (f->name == NULL) return NULL;
+    x->n++;
+    return f;
+}
+
+static bool family_add_sample(family_t *f, char *line)
+{
+    if (f->n_samples == f->cap_samples) {
+        size_t cap = f->cap_samples ? f->cap_samples * 2 : 16;
+        char **p = realloc(f->samples, cap * sizeof(*p));
+        if (p == NULL) return false;
+        f->samples = p;
+        f->cap_samples = cap;
+    }
+    f->samples[f->n_samples++] = line;
+    return true;
+}
+
+/* The socket path as a label value: backslash, quote and newline escaped. */
+static char *label_value(const char *text)
+{
+    size_t n = strlen(text);
+    char *out = malloc(2 * n + 1), *o = out;
+    if (out == NULL) return NULL;
+    for (const char *p = text; *p; p++) {
+        if (*p == '\\' || *p == '"') *o++ = '\\';
+        if (*p == '\n') {
+            *o++ = '\\';
+            *o++ = 'n';
+            continue;
+        }
+        *o++ = *p;
+    }
+    *o = '\0';
+    return out;
+}
+
+/* Adds one socket's exposition: HELP/TYPE lines name the family the samples after them belong
+ * to; each sample gets socket="PATH" as its first label. False when out of memory. */
+static bool exposition_add(exposition_t *x, const char *text, size_t len, const char *socket)
+{
+    char *value = label_value(socket);
+    family_t *cur = NULL;
+    const char *p = text, *end = text + len;
+    bool ok = value != NULL;
+
+    while (ok && p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        const char *next = nl ? nl + 1 : end;
+        if (n == 0) {
+            p = next;
+            continue;
+        }
+        if (p[0] == '#') {
+            bool help = n > 7 && strncmp(p, "# HELP ", 7) == 0;
+            bool type = n > 7 && strncmp(p, "# TYPE ", 7) == 0;
+            if (help || type) {
+                const char *name = p + 7;
+                size_t nlen = strcspn(name, " \n");
+                cur = family_get(x, name, nlen);
+                if (cur == NULL) {
+                    ok = false;
+                    break;
+                }
+                char **slot = help ? &cur->help : &cur->type;
+                if (*slot == NULL && (*slot = strndup(p, n)) == NULL) ok = false;
+            }
+            p = next;
+            continue;
+        }
+        size_t nlen = strcspn(p, "{ ");
+        if (nlen > n) nlen = n;
+        if (cur == NULL) cur = family_get(x, p, nlen);
+        char *line = NULL;
+        int w;
+        if (nlen < n && p[nlen] == '{')
+            w = asprintf(&line, "%.*s{socket=\"%s\",%.*s", (int)nlen, p, value,
+                         (int)(n - nlen - 1), p + nlen + 1);
+        else
+            w = asprintf(&line, "%.*s{socket=\"%s\"}%.*s", (int)nlen, p, value,
+                         (int)(n - nlen), p + nlen);
+        if (cur == NULL || w < 0 || !family_add_sample(cur, line)) {
+            if (w >= 0) free(line);
+            ok = false;
+        }
+        p = next;
+    }
+    free(value);
+    return ok;
+}
+
+static void exposition_print_free(exposition_t *x, bool print)
+{
+    for (size_t i = 0; i < x->n; i++) {
+        family_t *f = &x->families[i];
+        if (print && f->help) printf("%s\n", f->help);
+        if (print && f->type) printf("%s\n", f->type);
+        for (size_t j = 0; j < f->n_samples; j++) {
+            if (print) printf("%s\n", f->samples[j]);
+            free(f->samples[j]);
+        }
+        free(f->samples);
+        free(f->help);
+        free(f->type);
+        free(f->name);
+    }
+    free(x->families);
+    memset(x, 0, sizeof(*x));
+}
+
 /* ---- control commands ---- */
 
 static void print_value_human(const char *key, const cJSON *v, int indent)
@@ -335,11 +478,34 @@ static void print_value_human(const char *key, const cJSON *v, int indent)
     free(text);
 }
 
+/* A failed socket in the --json document: {"socket", "error": {"code", "message"}}. */
+static void json_add_failure(cJSON *list, const char *sock, epd_client_t *c, int exit_code)
+{
+    cJSON *entry = cJSON_CreateObject(), *error = cJSON_CreateObject();
+    cJSON_AddStringToObject(entry, "socket", sock);
+    cJSON_AddStringToObject(error, "code", c == NULL ? (exit_code == EXIT_CONNECT ? "connect"
+                                                                                 : "client")
+                                                     : epd_client_last_error(c));
+    cJSON_AddStringToObject(error, "message", c == NULL ? "" : epd_client_last_message(c));
+    cJSON_AddItemToObject(entry, "error", error);
+    cJSON_AddItemToArray(list, entry);
+}
+
+/* health, stats, config, metrics on every socket. With --json: one document always,
+ * {"command": C, "sockets": [{"socket": P, "reply": {...}} or {"socket": P, "error": {...}}]}
+ * (metrics entries also carry "text"). metrics of several sockets without --json: one valid
+ * exposition, every sample labelled socket="PATH". */
 static int run_control(const options_t *o)
 {
     int status = 0;
-    cJSON *all = o->json && o->n_sockets > 1 ? cJSON_CreateObject() : NULL;
+    bool metrics = strcmp(o->command, "metrics") == 0;
+    bool merge = metrics && !o->json && o->n_sockets > 1;
+    cJSON *doc = o->json ? cJSON_CreateObject() : NULL;
+    cJSON *list = doc ? cJSON_AddArrayToObject(doc, "sockets") : NULL;
+    exposition_t merged;
 
+    memset(&merged, 0, sizeof(merged));
+    if (doc) cJSON_AddStringToObject(doc, "command", o->command);
     for (int s = 0; s < o->n_sockets; s++) {
         const char *sock = o->sockets[s];
         int exit_code = 0;
@@ -348,38 +514,36 @@ static int run_control(const options_t *o)
         epd_client_t *c = open_client(o, sock, &exit_code);
         if (c == NULL) {
             if (exit_code > status) status = exit_code;
+            if (list) json_add_failure(list, sock, NULL, exit_code);
             continue;
         }
         int rc = epd_client_control(c, o->command, &json, &payload, &len);
         if (rc != EPD_CLIENT_OK) {
             int e = report_failure(c, rc, sock);
             if (e > status) status = e;
+            if (list) json_add_failure(list, sock, c, e);
             epd_client_destroy(c);
             continue;
         }
         cJSON *meta = cJSON_Parse(json);
-        bool metrics = strcmp(o->command, "metrics") == 0;
-        if (o->json) {
-            cJSON *doc = meta;
-            if (metrics) {
-                doc = cJSON_CreateObject();
-                cJSON_AddItemToObject(doc, "reply", meta);
-                cJSON_AddStringToObject(doc, "text", payload ? payload : "");
+        if (list) {
+            cJSON *entry = cJSON_CreateObject();
+            cJSON_AddStringToObject(entry, "socket", sock);
+            cJSON_AddItemToObject(entry, "reply", meta ? meta : cJSON_CreateNull());
+            if (metrics) cJSON_AddStringToObject(entry, "text", payload ? payload : "");
+            cJSON_AddItemToArray(list, entry);
+        } else if (merge) {
+            if (!exposition_add(&merged, payload ? payload : "", len, sock)) {
+                fprintf(stderr, "epctl: out of memory merging the metrics\n");
+                status = EXIT_DAEMON;
             }
-            if (all) {
-                cJSON_AddItemToObject(all, sock, doc);
-            } else {
-                char *text = cJSON_PrintUnformatted(doc);
-                printf("%s\n", text ? text : "null");
-                free(text);
-                cJSON_Delete(doc);
-            }
+            cJSON_Delete(meta);
         } else {
             if (o->n_sockets > 1) printf("== %s ==\n", sock);
             if (metrics) {
                 fwrite(payload, 1, len, stdout);
                 if (len > 0 && payload[len - 1] != '\n') putchar('\n');
-            } else {
+            } else if (meta != NULL) {
                 const cJSON *child;
                 cJSON_ArrayForEach(child, meta) print_value_human(child->string, child, 0);
             }
@@ -389,11 +553,12 @@ static int run_control(const options_t *o)
         epd_client_free(payload);
         epd_client_destroy(c);
     }
-    if (all) {
-        char *text = cJSON_PrintUnformatted(all);
+    if (merge) exposition_print_free(&merged, true);
+    if (doc) {
+        char *text = cJSON_PrintUnformatted(doc);
         printf("%s\n", text ? text : "null");
         free(text);
-        cJSON_Delete(all);
+        cJSON_Delete(doc);
     }
     return status;
 }

@@ -141,6 +141,22 @@ expect 0 "$EPCTL" --socket "$s0" config && contains out "model.hidden = 64" && c
 expect 0 "$EPCTL" --socket "$s0" metrics && contains out "epd_steps_total 5"
 expect 0 "$EPCTL" --socket "$s0" --json metrics && contains out '"text":"# TYPE'
 expect 0 "$EPCTL" --socket "$s0,$s1" --json health && contains out "$s1"
+# --json: one document of one shape, whether one socket, several, or one of them down
+json_shape() { # N_OK N_ERR: the last output is {"command", "sockets": [...]} with that many
+    python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert set(d) == {"command", "sockets"}, d
+ok = [e for e in d["sockets"] if set(e) >= {"socket", "reply"} and "error" not in e]
+bad = [e for e in d["sockets"] if set(e) == {"socket", "error"}]
+assert (len(ok), len(bad)) == (int(sys.argv[2]), int(sys.argv[3])), d
+assert d["command"] != "health" or all(e["reply"]["status"] == "ok" for e in ok), d
+' "$tmp/out" "$1" "$2" || fail "--json document: $(cat "$tmp/out")"
+}
+expect 0 "$EPCTL" --socket "$s0" --json health && json_shape 1 0
+expect 0 "$EPCTL" --socket "$s0,$s1" --json health && json_shape 2 0
+expect 3 "$EPCTL" --socket "$s0,$tmp/missing.sock" --json health && json_shape 1 1
+expect 0 "$EPCTL" --socket "$s0,$s1" --json metrics && json_shape 2 0
 expect 0 "$EPCTL" --socket "$s0" --json submit --tokens 8 --seed 3 --id 42 &&
     contains out '"id":42' && contains out '"tokens":8' && contains out '"step":7'
 # y = x here: the summary depends on the seed only
