@@ -39,6 +39,7 @@ typedef struct bench_ctx {
     bool raw_on_step_buffers;     /* the baseline runs on the step's own buffers */
     const char *raw_kind;         /* what the baseline is, for the header and --json */
     bool json;
+    int json_items;               /* results printed so far in the --json document */
     uint32_t iters;
 } bench_ctx_t;
 
@@ -290,6 +291,19 @@ out:
     free(all_vals);
 }
 
+/* GB/s of bytes moved in us microseconds (0 when nothing was timed). */
+static double gb_per_s(double bytes, double us)
+{
+    return us > 0 ? bytes / (us * 1e3) : 0.0;
+}
+
+/* --json: one document, {"bench": "epd", "results": [one object per size and dtype, and per
+ * size the fp8/bf16 comparison]}; each result on its own line. */
+static void json_item_begin(bench_ctx_t *b)
+{
+    printf("%s\n", b->json_items++ ? "," : "");
+}
+
 /* "1.23 MB"-style text of a byte count. */
 static const char *human_bytes(double v, char *buf, size_t len)
 {
@@ -324,10 +338,12 @@ static void print_header(const bench_ctx_t *b)
            b->raw_kind);
     printf("%7s %-5s %-6s %9s %9s %9s %9s %9s %9s %10s %9s %9s %6s  %s\n", "tokens", "dtype",
            "stat", "pack", "counts", "dispatch", "experts", "combine", "reduce", "step", "raw-disp",
-           "raw-comb", "ratio", "bytes per rank: dispatch (off-rank) / combine (off-rank)");
+           "raw-comb", "ratio",
+           "bytes per rank: dispatch (off-rank, GB/s) / combine (off-rank, GB/s)");
+    printf("%7s GB/s = off-rank bytes / the phase's median time\n", "");
 }
 
-static void print_result(const bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t dtype,
+static void print_result(bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t dtype,
                          const bench_result_t *r, const char *skip)
 {
     const epd_config_t *cfg = b->cfg;
@@ -335,6 +351,7 @@ static void print_result(const bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t
     char b0[32], b1[32], b2[32], b3[32];
 
     if (b->json) {
+        json_item_begin(b);
         printf("{\"bench\":\"step\",\"tokens\":%u,\"dtype\":\"%s\",\"world\":%d,\"hidden\":%u,"
                "\"experts\":%u,\"topk\":%u,\"expert_kind\":\"%s\",\"scale\":\"%s\","
                "\"scale_format\":\"%s\",\"ops\":\"%s\",\"transport\":\"%s\",\"iters\":%u,"
@@ -347,7 +364,7 @@ static void print_result(const bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t
         if (!r->ran) {
             printf(",\"skipped\":\"");
             for (const char *p = skip; *p; p++) printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
-            printf("\"}\n");
+            printf("\"}");
             return;
         }
         printf(",\"phases_us\":{");
@@ -366,9 +383,12 @@ static void print_result(const bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t
         else
             printf(",\"ratio_vs_raw\":%.4f", r->ratio);
         printf(",\"bytes_per_rank\":{\"dispatch\":%.0f,\"dispatch_off_rank\":%.0f,\"combine\":%.0f,"
-               "\"combine_off_rank\":%.0f}}\n",
+               "\"combine_off_rank\":%.0f},\"gb_per_s_per_rank\":{\"dispatch\":%.4f,"
+               "\"combine\":%.4f}}",
                r->bytes[B_DISPATCH], r->bytes[B_DISPATCH_OFF], r->bytes[B_COMBINE],
-               r->bytes[B_COMBINE_OFF]);
+               r->bytes[B_COMBINE_OFF], gb_per_s(r->bytes[B_DISPATCH_OFF],
+                                                 r->median_us[EPD_PHASE_DISPATCH]),
+               gb_per_s(r->bytes[B_COMBINE_OFF], r->median_us[EPD_PHASE_COMBINE]));
         return;
     }
     if (!r->ran) {
@@ -384,10 +404,13 @@ static void print_result(const bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t
         for (int p = 0; p < EPD_PHASE_MAX; p++) printf(" %9.1f", v[p]);
         printf(" %10.1f %9.1f %9.1f", v[V_STEP], v[V_RAW_DISPATCH], v[V_RAW_COMBINE]);
         if (line == 0) {
-            printf(" %6.2f  %s (%s) / %s (%s)", r->ratio, human_bytes(r->bytes[B_DISPATCH], b0, 32),
+            printf(" %6.2f  %s (%s, %.2f GB/s) / %s (%s, %.2f GB/s)", r->ratio,
+                   human_bytes(r->bytes[B_DISPATCH], b0, 32),
                    human_bytes(r->bytes[B_DISPATCH_OFF], b1, 32),
+                   gb_per_s(r->bytes[B_DISPATCH_OFF], r->median_us[EPD_PHASE_DISPATCH]),
                    human_bytes(r->bytes[B_COMBINE], b2, 32),
-                   human_bytes(r->bytes[B_COMBINE_OFF], b3, 32));
+                   human_bytes(r->bytes[B_COMBINE_OFF], b3, 32),
+                   gb_per_s(r->bytes[B_COMBINE_OFF], r->median_us[EPD_PHASE_COMBINE]));
         }
         printf("\n");
     }
@@ -395,7 +418,7 @@ static void print_result(const bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t
 
 /* FP8 against BF16 at one size: communication time (dispatch + combine medians) and bytes (the
  * off-rank ones, or all of them on one rank). */
-static void print_compare(const bench_ctx_t *b, uint32_t tokens, const bench_result_t *fp8,
+static void print_compare(bench_ctx_t *b, uint32_t tokens, const bench_result_t *fp8,
                           const bench_result_t *bf16)
 {
     if (!fp8->ran || !bf16->ran) return;
@@ -422,10 +445,11 @@ static void print_compare(const bench_ctx_t *b, uint32_t tokens, const bench_res
     double step16 = raw16 > 0 ? bf16->median_us[V_STEP] / raw16 : NAN;
 
     if (b->json) {
+        json_item_begin(b);
         printf("{\"bench\":\"compare\",\"tokens\":%u,\"fp8_over_bf16\":{\"comm_time\":%.4f,"
                "\"dispatch_time\":%.4f,\"raw_dispatch_time\":%.4f,"
                "\"bytes\":%.4f,\"dispatch_bytes\":%.4f,\"bytes_kind\":\"%s\"},"
-               "\"step_over_raw\":{\"fp8\":%.4f,\"bf16\":%.4f}}\n",
+               "\"step_over_raw\":{\"fp8\":%.4f,\"bf16\":%.4f}}",
                tokens, time_ratio, dtime_ratio, raw_ratio, bytes_ratio, disp_ratio,
                off ? "off_rank" : "total", step8, step16);
         return;
@@ -497,6 +521,7 @@ int epd_bench_run(const epd_args_t *args)
                                          : "a plain MPI_Alltoallv on pinned host buffers";
 
     if (b.rank == 0) print_header(&b);
+    if (b.rank == 0 && b.json) printf("{\"bench\":\"epd\",\"results\":[");
     for (size_t i = 0; i < n_sizes; i++) {
         bench_result_t res[2];
         char skip[2][EPD_ERR_LEN];
@@ -514,6 +539,7 @@ int epd_bench_run(const epd_args_t *args)
         }
     }
 
+    if (b.rank == 0 && b.json) printf("\n]}\n");
     epd_transport_mpi.fini(b.raw_ctx);
     epd_daemon_backend_close(&b.backend);
     epd_config_state_free(state);

@@ -695,6 +695,11 @@ typedef struct bench_shared {
     atomic_uint_fast64_t done;
     atomic_uint_fast64_t finished; /* workers that returned */
     atomic_bool stop;
+    /* The clock starts once every worker has connected and built its batch: */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t ready;          /* workers set up (or failed to), under mu */
+    bool go;                 /* the clock has started, under mu */
 } bench_shared_t;
 
 typedef struct bench_worker {
@@ -747,6 +752,16 @@ static bool worker_claim(bench_worker_t *w)
 
 static void *worker_run(bench_worker_t *w);
 
+/* Says this worker is set up (or gave up) and waits for the start. */
+static void worker_ready_wait(bench_shared_t *sh)
+{
+    pthread_mutex_lock(&sh->mu);
+    sh->ready++;
+    pthread_cond_broadcast(&sh->cv);
+    while (!sh->go) pthread_cond_wait(&sh->cv, &sh->mu);
+    pthread_mutex_unlock(&sh->mu);
+}
+
 static void *worker_main(void *arg)
 {
     bench_worker_t *w = arg;
@@ -774,9 +789,11 @@ static void *worker_run(bench_worker_t *w)
         w->fatal = EXIT_DAEMON;
         snprintf(w->fatal_msg, sizeof(w->fatal_msg), "out of memory");
         epd_client_destroy(c);
+        worker_ready_wait(sh);
         return NULL;
     }
     int rc = epd_client_connect(c, sock, o->timeout_ms);
+    worker_ready_wait(sh);
     if (rc != EPD_CLIENT_OK) {
         w->fatal = EXIT_CONNECT;
         snprintf(w->fatal_msg, sizeof(w->fatal_msg), "%s", epd_client_last_message(c));
@@ -874,8 +891,8 @@ static int run_bench(const options_t *o)
         fprintf(stderr, "epctl: out of memory\n");
         return EXIT_DAEMON;
     }
-    double t0 = now_s();
-    if (o->duration > 0) sh.deadline = t0 + o->duration;
+    pthread_mutex_init(&sh.mu, NULL);
+    pthread_cond_init(&sh.cv, NULL);
     uint64_t started = 0;
     for (uint64_t i = 0; i < conc; i++) {
         w[i].sh = &sh;
@@ -888,6 +905,14 @@ static int run_bench(const options_t *o)
         }
         started++;
     }
+    /* every worker connected with its batch built: the clock starts now, not before */
+    pthread_mutex_lock(&sh.mu);
+    while (sh.ready < started) pthread_cond_wait(&sh.cv, &sh.mu);
+    double t0 = now_s();
+    if (o->duration > 0) sh.deadline = t0 + o->duration;
+    sh.go = true;
+    pthread_cond_broadcast(&sh.cv);
+    pthread_mutex_unlock(&sh.mu);
     if (tty) {
         /* progress on the terminal only, never into a pipe or file */
         for (;;) {
@@ -928,6 +953,9 @@ static int run_bench(const options_t *o)
     double p99 = lat ? percentile(lat, n_lat, 99) : 0;
     double max = lat && n_lat ? lat[n_lat - 1] : 0;
     double tok_s = wall > 0 ? (double)ok * sh.tokens / wall : 0;
+    /* payload bytes of the answered requests: x, ids and weights out, y back */
+    double bytes_out = (double)ok * sh.tokens * (m.hidden * 2.0 + m.topk * 8.0);
+    double bytes_back = (double)ok * sh.tokens * m.hidden * 2.0;
     double req_s = wall > 0 ? (double)ok / wall : 0;
 
     /* errors by code over all workers */
@@ -958,9 +986,12 @@ static int run_bench(const options_t *o)
                "\"dispatch_dtype\":\"%s\",\"requests_ok\":%" PRIu64 ",\"errors\":%" PRIu64
                ",\"seconds\":%.6f,\"tokens_per_s\":%.3f,\"requests_per_s\":%.3f,"
                "\"latency_ms\":{\"p50\":%.4f,\"p90\":%.4f,\"p99\":%.4f,\"max\":%.4f},"
+               "\"payload_bytes\":{\"sent\":%.0f,\"received\":%.0f},"
+               "\"payload_gb_per_s\":{\"sent\":%.6f,\"received\":%.6f},"
                "\"errors_by_code\":{", o->n_sockets, conc, o->pipeline ? o->pipeline : 1,
                sh.tokens, m.hidden, m.topk, m.num_experts, m.dtype, ok, errors, wall, tok_s,
-               req_s, p50, p90, p99, max);
+               req_s, p50, p90, p99, max, bytes_out, bytes_back,
+               wall > 0 ? bytes_out / wall / 1e9 : 0, wall > 0 ? bytes_back / wall / 1e9 : 0);
         for (int j = 0; j < MAX_CODES && codes[j][0]; j++) {
             printf("%s\"%s\":%" PRIu64, j ? "," : "", codes[j], counts[j]);
         }
@@ -973,6 +1004,9 @@ static int run_bench(const options_t *o)
                m.dtype);
         printf("requests: %" PRIu64 " ok, %" PRIu64 " errors in %.3f s\n", ok, errors, wall);
         printf("throughput: %.0f tokens/s, %.1f requests/s\n", tok_s, req_s);
+        printf("payload: %.3f MB sent (%.3f GB/s), %.3f MB received (%.3f GB/s)\n",
+               bytes_out / 1e6, wall > 0 ? bytes_out / wall / 1e9 : 0, bytes_back / 1e6,
+               wall > 0 ? bytes_back / wall / 1e9 : 0);
         printf("latency ms: p50 %.3f  p90 %.3f  p99 %.3f  max %.3f\n", p50, p90, p99, max);
         for (int j = 0; j < MAX_CODES && codes[j][0]; j++) {
             printf("errors %s: %" PRIu64 "\n", codes[j], counts[j]);
@@ -981,6 +1015,8 @@ static int run_bench(const options_t *o)
     free(lat);
     for (uint64_t i = 0; i < started; i++) free(w[i].lat_ms);
     free(w);
+    pthread_cond_destroy(&sh.cv);
+    pthread_mutex_destroy(&sh.mu);
     return exit_code;
 }
 

@@ -208,6 +208,16 @@ if command -v "$MPIRUN" >/dev/null 2>&1 && [[ -x $BUILD/epd ]]; then
             contains out '"hidden":256' && contains out '"topk":4'
         expect 0 "$EPCTL" --socket "$r0,$r1" --json bench --tokens 16 --requests 40 --concurrency 4 \
             --pipeline 2 && contains out '"requests_ok":40' && contains out '"errors":0'
+        # 200 connections for 1 s: the clock starts once all are connected, so requests count
+        expect 0 "$EPCTL" --socket "$r0,$r1" --json bench --tokens 4 --duration 1 --concurrency 200 &&
+            python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["requests_ok"] > 0 and d["errors"] == 0 and d["seconds"] >= 1.0, d
+assert d["payload_bytes"]["sent"] > 0 and d["payload_gb_per_s"]["received"] > 0, d
+' "$tmp/out" || fail "bench --duration 1 --concurrency 200: $(cat "$tmp/out")"
+        expect 0 "$EPCTL" --socket "$r0" bench --tokens 4 --requests 10 &&
+            contains out "MB sent (.* GB/s), .* MB received (.* GB/s)"
         # a request-level error from the real daemon: exit 1 naming its code
         expect 1 "$EPCTL" --socket "$r0" submit --tokens 5000 && contains err "too_many_tokens"
         expect 0 "$EPCTL" --socket "$r0" metrics && contains out "# TYPE"
