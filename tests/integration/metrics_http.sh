@@ -73,6 +73,10 @@ for r in 0 1; do
     grep -q '^epd_request_latency_seconds_bucket{le="+Inf"}' "$TMP/rank$r.prom" ||
         die "rank $r: no request latency histogram"
 done
+# every family is documented for the operator
+for name in $(awk '$1 == "#" && $2 == "TYPE" { print $3 }' "$TMP/rank0.prom"); do
+    grep -q "^| \`$name\` |" docs/operations.md || die "docs/operations.md does not describe $name"
+done
 # value FILE SERIES: the sample's value (exact series text).
 value() { awk -v s="$2" '$1 == s { print $2 }' "$1"; }
 [[ $(value "$TMP/rank0.prom" epd_request_latency_seconds_count) == 3 ]] ||
