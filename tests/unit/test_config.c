@@ -218,7 +218,7 @@ static void test_config__table__every_row_is_well_formed(void **state)
         epd_setting_format(row, &cfg, text, sizeof text);
         assert_string_equal(text, row->def);
     }
-    assert_int_equal(settings, 22);
+    assert_int_equal(settings, 23);
     assert_int_equal(aliases, 2);
     assert_int_equal(epd_settings_rows(), settings + aliases);
     assert_null(epd_setting_by_name("SGLANG_DEEPEP_BF16_DISPATCH"));
@@ -864,7 +864,7 @@ static void test_config__print__every_setting_in_table_order(void **state)
         lines++;
     }
     assert_int_equal(*p, '\0');
-    assert_int_equal(lines, 22);
+    assert_int_equal(lines, 23);
     assert_non_null(strstr(text, "socket.path = /run/epd/epd-%r.sock  # default\n"));
     assert_non_null(strstr(text, "socket.mode = 0660  # default\n"));
     assert_non_null(strstr(text, "socket.allow_uids =   # default\n"));
@@ -894,7 +894,7 @@ static void test_config__json__valid_and_snprintf_contract(void **state)
     assert_int_equal(strlen(buf), need);
     cJSON *root = cJSON_Parse(buf);
     assert_non_null(root);
-    assert_int_equal(cJSON_GetArraySize(root), 22);
+    assert_int_equal(cJSON_GetArraySize(root), 23);
     assert_string_equal(cJSON_GetObjectItem(root, "socket.path")->valuestring,
                         "/tmp/a \"quoted\"\\path\n");
     assert_string_equal(cJSON_GetObjectItem(root, "socket.mode")->valuestring, "0660");
@@ -1161,9 +1161,21 @@ static void test_config__args__usage_mentions_sigusr1_and_settings(void **state)
     free(text);
 }
 
+static void test_config__metrics_listen__off_or_host_port(void **state)
+{
+    (void)state;
+    expect_set_error("metrics.listen=localhost", "metrics.listen", "HOST:PORT");
+    expect_set_error("metrics.listen=127.0.0.1:0", "metrics.listen", "port");
+    expect_set_error("metrics.listen=::1:9400", "metrics.listen", "[]");
+    char *envp[] = {"EPD_METRICS_LISTEN=0.0.0.0:70000", NULL};
+    expect_env_error(envp, "EPD_METRICS_LISTEN", "65535");
+    expect_yaml_error("metrics:\n  listen: on\n", 2, "metrics.listen", "off or HOST:PORT");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_config__metrics_listen__off_or_host_port),
         cmocka_unit_test(test_config__defaults__match_the_design),
         cmocka_unit_test(test_config__table__every_row_is_well_formed),
         cmocka_unit_test(test_config__no_sources__all_defaults),
