@@ -61,7 +61,10 @@ static const struct {
 } commands[] = {
     {"health", "is the daemon serving? (exit 0 when it answers)",
      "usage: epctl [--socket PATH]... [--json] health\n"
-     "Asks each daemon socket for its health and prints the reply.\n"},
+     "Asks each daemon socket for its health and prints the reply. With --json, for one socket or\n"
+     "many (the same for stats, config and metrics), one document:\n"
+     "  {\"command\": \"health\", \"sockets\": [{\"socket\": PATH, \"reply\": {...}},\n"
+     "                                     {\"socket\": PATH, \"error\": {\"code\", \"message\"}}]}\n"},
     {"stats", "counters: requests, tokens, steps, queue, errors, latencies",
      "usage: epctl [--socket PATH]... [--json] stats\n"
      "Prints the daemon's statistics reply (JSON with --json).\n"},
@@ -70,8 +73,9 @@ static const struct {
      "Prints every setting of the running daemon, one `key = value` a line (JSON with --json).\n"},
     {"metrics", "Prometheus text exposition of the daemon's metrics",
      "usage: epctl [--socket PATH]... [--json] metrics\n"
-     "Prints the daemon's metrics in the Prometheus text format (with --json: a JSON object\n"
-     "{\"reply\": <meta>, \"text\": <exposition>}).\n"},
+     "Prints the daemon's metrics in the Prometheus text format. Several sockets give one valid\n"
+     "exposition: each family once, every sample labelled socket=\"PATH\". With --json the entry\n"
+     "of each socket also has \"text\": the exposition.\n"},
     {"submit", "send one random batch and summarize the output",
      "usage: epctl [--socket PATH] [--json] submit [--tokens N] [--seed S] [--id ID]\n"
      "Reads H, K and E from the daemon's config, sends one batch of N tokens (default 16): x\n"
@@ -84,7 +88,8 @@ static const struct {
      "Opens C connections (one thread each, default 1), spread round-robin over the sockets, and\n"
      "sends R requests of N tokens in total (defaults 128 tokens, 1000 requests), or runs for S\n"
      "seconds when --duration is given (whichever ends first when both are). Each connection keeps\n"
-     "up to D requests in flight (default 1). Reports tokens/s, requests/s, latency p50/p90/p99\n"
+     "up to D requests in flight (default 1). The clock starts once every connection is open with\n"
+     "its batch built. Reports tokens/s, requests/s, latency p50/p90/p99, payload MB and GB/s\n"
      "and errors by code; a progress line is shown when stderr is a terminal.\n"},
 };
 
