@@ -287,38 +287,68 @@ static void hist_write(FILE *f, const char *name, const char *labels, const hist
     }
 }
 
-/* The recorder's histograms and expert counters, read under its lock. */
-static void metrics_recorded(FILE *f, epd_metrics_t *m)
+/* The recorder's histograms and expert counters. They are copied under its lock and formatted
+ * after, so a scrape holds the step thread up for a copy, not for the text. False when out of
+ * memory (f is left as it was). */
+static bool metrics_recorded(FILE *f, epd_metrics_t *m)
 {
     char labels[64];
+    histogram_t latency, duration, phases[EPD_PHASE_MAX], tokens;
+    uint32_t *layer_ids = NULL;
+    uint64_t *counts = NULL, untracked;
+    size_t n_layers, n_experts = m->num_experts;
 
     pthread_mutex_lock(&m->mu);
+    n_layers = m->n_layers;
+    if (n_layers > 0) {
+        layer_ids = malloc(n_layers * sizeof(*layer_ids));
+        counts = malloc(n_layers * n_experts * sizeof(*counts));
+        if (layer_ids == NULL || counts == NULL) {
+            pthread_mutex_unlock(&m->mu);
+            free(layer_ids);
+            free(counts);
+            return false;
+        }
+        for (size_t i = 0; i < n_layers; i++) {
+            layer_ids[i] = m->layers[i].layer;
+            memcpy(counts + i * n_experts, m->layers[i].tokens, n_experts * sizeof(*counts));
+        }
+    }
+    latency = m->request_latency;
+    duration = m->step_duration;
+    memcpy(phases, m->phase_duration, sizeof(phases));
+    tokens = m->step_tokens;
+    untracked = m->untracked_tokens;
+    pthread_mutex_unlock(&m->mu);
+
     metric_head(f, "epd_request_latency_seconds", "histogram",
                 "Time from a SUBMIT frame being read to its result being queued for the client.");
-    hist_write(f, "epd_request_latency_seconds", "", &m->request_latency);
+    hist_write(f, "epd_request_latency_seconds", "", &latency);
     metric_head(f, "epd_step_duration_seconds", "histogram",
                 "Duration of each step this rank took part in.");
-    hist_write(f, "epd_step_duration_seconds", "", &m->step_duration);
+    hist_write(f, "epd_step_duration_seconds", "", &duration);
     metric_head(f, "epd_step_phase_duration_seconds", "histogram",
                 "Duration of each phase of the steps.");
     for (int p = 0; p < EPD_PHASE_MAX; p++) {
         snprintf(labels, sizeof(labels), "phase=\"%s\",", epd_phase_names[p]);
-        hist_write(f, "epd_step_phase_duration_seconds", labels, &m->phase_duration[p]);
+        hist_write(f, "epd_step_phase_duration_seconds", labels, &phases[p]);
     }
     metric_head(f, "epd_step_tokens", "histogram",
                 "Tokens of this rank's requests in each step (0: the rank only took part).");
-    hist_write(f, "epd_step_tokens", "", &m->step_tokens);
+    hist_write(f, "epd_step_tokens", "", &tokens);
     metric_head(f, "epd_expert_routed_tokens_total", "counter",
                 "Tokens this rank's clients routed to each expert (global id), by layer; the sum "
                 "over ranks is the expert's load.");
-    for (size_t i = 0; i < m->n_layers; i++)
-        for (uint32_t e = 0; e < m->num_experts; e++)
-            fprintf(f, "epd_expert_routed_tokens_total{layer=\"%" PRIu32 "\",expert=\"%" PRIu32
-                       "\"} %" PRIu64 "\n", m->layers[i].layer, e, m->layers[i].tokens[e]);
+    for (size_t i = 0; i < n_layers; i++)
+        for (size_t e = 0; e < n_experts; e++)
+            fprintf(f, "epd_expert_routed_tokens_total{layer=\"%" PRIu32 "\",expert=\"%zu\"} %"
+                       PRIu64 "\n", layer_ids[i], e, counts[i * n_experts + e]);
     metric_u64(f, "epd_expert_untracked_tokens_total", "counter",
                "Routed tokens of layers beyond the 1024 tracked per expert (counted only here).",
-               m->untracked_tokens);
-    pthread_mutex_unlock(&m->mu);
+               untracked);
+    free(layer_ids);
+    free(counts);
+    return true;
 }
 
 char *epd_stats_metrics(const epd_stats_view_t *view)
@@ -380,6 +410,10 @@ char *epd_stats_metrics(const epd_stats_view_t *view)
     metric_u64(f, "epd_received_bytes_total", "counter", "Bytes read from clients.", s->bytes_in);
     metric_u64(f, "epd_transmitted_bytes_total", "counter", "Bytes queued to clients.",
                s->bytes_out);
-    if (s->metrics != NULL) metrics_recorded(f, s->metrics);
+    if (s->metrics != NULL && !metrics_recorded(f, s->metrics)) {
+        fclose(f);
+        free(buf);
+        return NULL;
+    }
     return doc_finish(f, &buf);
 }
