@@ -32,15 +32,22 @@ epd_start 2 --set model.hidden=256 --set model.num_experts=16 --set model.topk=4
 grep -q "metrics on http://127.0.0.1:$port/metrics" "$EPD_LOG" || die "rank 0 did not log its URL"
 grep -q "metrics on http://127.0.0.1:$((port + 1))/metrics" "$EPD_LOG" || die "rank 1: no URL"
 
-# Three requests of 5 tokens on rank 0, ids 0..3 for every token (daemon_wire's default).
+# On rank 0: three requests of 5 tokens of layer 0 with ids 0..3 for every token (daemon_wire's
+# default), and two of layer 7 with ids 4..7.
 python3 - "$(sock 0)" <<'PY' || die "submitting the requests failed"
-import sys
+import json, struct, sys
 sys.path.insert(0, "tests/integration")
 import daemon_wire as w
 s = w.connect(sys.argv[1])
 for i in range(3):
     s.sendall(w.submit(100 + i, 5, 256, 4))
-for i in range(3):
+for i in range(2):
+    f = w.submit(200 + i, 5, 256, 4, ids=[4, 5, 6, 7] * 5)
+    mlen = struct.unpack_from("<I", f, 8)[0]
+    meta = json.loads(f[24:24 + mlen])
+    meta["layer"] = 7
+    s.sendall(w.frame(w.SUBMIT, meta, f[24 + mlen:]))
+for i in range(5):
     ftype, meta, _ = w.read_frame(s)
     assert ftype == w.RESULT, meta
 PY
@@ -79,8 +86,8 @@ for name in $(awk '$1 == "#" && $2 == "TYPE" { print $3 }' "$TMP/rank0.prom"); d
 done
 # value FILE SERIES: the sample's value (exact series text).
 value() { awk -v s="$2" '$1 == s { print $2 }' "$1"; }
-[[ $(value "$TMP/rank0.prom" epd_request_latency_seconds_count) == 3 ]] ||
-    die "rank 0: request latency count is not 3"
+[[ $(value "$TMP/rank0.prom" epd_request_latency_seconds_count) == 5 ]] ||
+    die "rank 0: request latency count is not 5"
 [[ $(value "$TMP/rank1.prom" epd_request_latency_seconds_count) == 0 ]] ||
     die "rank 1: request latency count is not 0"
 for e in 0 1 2 3; do
@@ -88,11 +95,18 @@ for e in 0 1 2 3; do
         die "rank 0: expert $e did not count 15 tokens"
 done
 [[ $(value "$TMP/rank0.prom" 'epd_expert_routed_tokens_total{layer="0",expert="4"}') == 0 ]] ||
-    die "rank 0: expert 4 counted tokens it never got"
+    die "rank 0: expert 4 of layer 0 counted tokens it never got"
+for e in 4 5 6 7; do
+    [[ $(value "$TMP/rank0.prom" "epd_expert_routed_tokens_total{layer=\"7\",expert=\"$e\"}") == 10 ]] ||
+        die "rank 0: expert $e of layer 7 did not count 10 tokens"
+done
+[[ $(value "$TMP/rank0.prom" 'epd_expert_routed_tokens_total{layer="7",expert="0"}') == 0 ]] ||
+    die "rank 0: expert 0 of layer 7 counted tokens of layer 0"
+grep -q 'epd_expert_routed_tokens_total{layer="3",' "$TMP/rank0.prom" && die "a layer nobody used"
 steps=$(value "$TMP/rank0.prom" epd_steps_total)
 [[ $(value "$TMP/rank0.prom" epd_step_duration_seconds_count) == "$steps" ]] ||
     die "rank 0: step histogram count differs from epd_steps_total ($steps)"
-[[ $(value "$TMP/rank0.prom" epd_step_tokens_sum) == 15 ]] || die "rank 0: step tokens sum is not 15"
+[[ $(value "$TMP/rank0.prom" epd_step_tokens_sum) == 25 ]] || die "rank 0: step tokens sum is not 25"
 
 head=$(fetch "$port" /other) && [[ $head == 404* ]] || die "GET /other: '$head', expected 404"
 head=$(fetch "$port" /metrics POST) && [[ $head == 501* ]] || die "POST /metrics: '$head', expected 501"
