@@ -125,15 +125,17 @@ epd_stop
 epd_launch 1 "$TMP/bad.log" --set metrics.listen=localhost
 epd_wait_exit 30
 [[ $EPD_RC != 0 ]] && grep -q "metrics.listen" "$TMP/bad.log" || die "metrics.listen=localhost was accepted"
+# a port some other process listens on (chosen by the kernel, so nothing else has it)
 python3 -c "
 import socket, sys, time
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(('127.0.0.1', $port)); s.listen(1); time.sleep(30)" &
+s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1)
+open('$TMP/taken.port', 'w').write(str(s.getsockname()[1])); time.sleep(30)" &
 holder=$!
-sleep 0.5
-epd_launch 1 "$TMP/taken.log" --set metrics.listen=127.0.0.1:$port
+for _ in $(seq 50); do [[ -s $TMP/taken.port ]] && break; sleep 0.1; done
+taken=$(cat "$TMP/taken.port") || die "the port holder did not start"
+epd_launch 1 "$TMP/taken.log" --set metrics.listen=127.0.0.1:$taken
 epd_wait_exit 30
 kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null
-[[ $EPD_RC != 0 ]] && grep -q "metrics.listen: cannot listen on 127.0.0.1 port $port" "$TMP/taken.log" ||
+[[ $EPD_RC != 0 ]] && grep -q "metrics.listen: cannot listen on 127.0.0.1 port $taken" "$TMP/taken.log" ||
     { cat "$TMP/taken.log"; die "a taken port did not stop start-up"; }
 echo "PASS: /metrics on every rank (port + local rank) passes promtool; CONTROL and epctl's merge too"
