@@ -314,6 +314,11 @@ epd_status_t epd_frame_encode_result(uint64_t id, uint64_t step, uint32_t n_toke
 /* ERROR: meta {"id": id or null, "code": epd_status_name(code), "message"}. code must be a wire
  * code (epd_status_is_wire_code), else EPD_ERR_INVALID_ARG. A message longer than the meta bound
  * allows is cut. */
+/* RESULT whose y the daemon wrote into a region: meta names it, the payload is empty. */
+epd_status_t epd_frame_encode_result_region(uint64_t id, uint64_t step, uint32_t n_tokens,
+                                            uint32_t hidden, uint32_t region, uint64_t offset,
+                                            epd_frame_out_t *out_p, char err[EPD_ERR_LEN]);
+
 epd_status_t epd_frame_encode_error(bool has_id, uint64_t id, epd_status_t code,
                                     const char *message, epd_frame_out_t *out_p,
                                     char err[EPD_ERR_LEN]);

@@ -604,6 +604,32 @@ err_meta:
     return status;
 }
 
+epd_status_t epd_frame_encode_result_region(uint64_t id, uint64_t step, uint32_t n_tokens,
+                                            uint32_t hidden, uint32_t region, uint64_t offset,
+                                            epd_frame_out_t *out_p, char err[EPD_ERR_LEN])
+{
+    cJSON *meta, *tensors, *y, *shape;
+    epd_status_t status = EPD_ERR_NO_MEMORY;
+
+    meta = cJSON_CreateObject();
+    if (meta == NULL || add_u64(meta, "id", id) == NULL) goto err_meta;
+    tensors = cJSON_AddObjectToObject(meta, "tensors");
+    y = tensors != NULL ? cJSON_AddObjectToObject(tensors, "y") : NULL;
+    if (y == NULL || cJSON_AddStringToObject(y, "dtype", "bf16") == NULL) goto err_meta;
+    shape = cJSON_AddArrayToObject(y, "shape");
+    if (shape == NULL) goto err_meta;
+    cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)n_tokens));
+    cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)hidden));
+    if (cJSON_GetArraySize(shape) != 2 || add_u64(y, "region", region) == NULL ||
+        add_u64(y, "offset", offset) == NULL || add_u64(meta, "step", step) == NULL)
+        goto err_meta;
+    status = epd_frame_encode_json(EPD_FRAME_RESULT, meta, NULL, 0, out_p, err);
+err_meta:
+    cJSON_Delete(meta);
+    if (status == EPD_ERR_NO_MEMORY) snprintf(err, EPD_ERR_LEN, "cannot build RESULT meta");
+    return status;
+}
+
 epd_status_t epd_frame_encode_error(bool has_id, uint64_t id, epd_status_t code,
                                     const char *message, epd_frame_out_t *out_p,
                                     char err[EPD_ERR_LEN])
