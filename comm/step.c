@@ -33,8 +33,9 @@ struct epd_step {
 
     void *send_buf;
     void *recv_buf;
-    uint16_t *partials;
-    uint16_t *partials_back;
+    epd_partial_layout_t partial; /* one partial of the combine (BF16 or FP8 + scales) */
+    void *partials;
+    void *partials_back;
     epd_step_io_t io;
 };
 
@@ -57,16 +58,18 @@ static void buffer_sizes(const epd_moe_shape_t *shape, uint32_t max_tokens, size
                          size_t *recv_cap_p, size_t sizes[N_BUFS])
 {
     epd_record_layout_t rec;
+    epd_partial_layout_t part;
     size_t fanout = shape->world < shape->topk ? shape->world : shape->topk;
     size_t row = (size_t)shape->hidden * 2;
 
     epd_record_layout(shape, &rec);
+    epd_partial_layout(shape, &part);
     *send_cap_p = mul_sat(max_tokens, fanout);
     *recv_cap_p = mul_sat(max_tokens, shape->world);
     sizes[0] = mul_sat(*send_cap_p, rec.size);
     sizes[1] = mul_sat(*recv_cap_p, rec.size);
-    sizes[2] = mul_sat(*recv_cap_p, row);
-    sizes[3] = mul_sat(*send_cap_p, row);
+    sizes[2] = mul_sat(*recv_cap_p, part.size);
+    sizes[3] = mul_sat(*send_cap_p, part.size);
     sizes[4] = mul_sat(mul_sat(max_tokens, shape->world), sizeof(int32_t));
     sizes[5] = mul_sat(max_tokens, row);
     sizes[6] = mul_sat(mul_sat(max_tokens, shape->topk), sizeof(int32_t));
@@ -150,6 +153,7 @@ epd_status_t epd_step_create(const epd_moe_shape_t *shape, uint32_t max_tokens,
     step->transport_ctx = transport_ctx;
     step->comm = comm;
     epd_record_layout(shape, &step->record);
+    epd_partial_layout(shape, &step->partial);
 
     step->layout.send_counts_host = calloc(shape->world, sizeof(uint32_t));
     step->layout.send_offsets_host = calloc(shape->world, sizeof(uint32_t));
@@ -218,20 +222,20 @@ void epd_step_last_exchange(const epd_step_t *step, epd_step_exchange_t *exchang
     exchange_p->record_bytes = step->record.size;
     exchange_p->partials = step->partials;
     exchange_p->partials_back = step->partials_back;
-    exchange_p->partial_bytes = (size_t)step->shape.hidden * 2;
+    exchange_p->partial_bytes = step->partial.size;
     exchange_p->send_capacity = step->send_capacity;
     exchange_p->recv_capacity = step->recv_capacity;
 }
 
 /* The experts op on records [first, first + count) of records (a record buffer), into the same
- * rows of out (partials, 2H bytes a row). */
+ * rows of out (partials, one epd_partial_layout_t size a row). */
 static epd_status_t run_experts(epd_step_t *step, void *records, uint64_t first, uint64_t count,
-                                uint16_t *out)
+                                void *out)
 {
     if (count == 0) return EPD_OK;
     return step->ops->experts(step->ops_ctx, &step->shape,
                               (uint8_t *)records + first * step->record.size, (uint32_t)count,
-                              out + first * step->shape.hidden);
+                              (uint8_t *)out + first * step->partial.size);
 }
 
 /* Ops that queue work on a device stream return before it runs; host ops have none. */
@@ -272,7 +276,8 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
     uint32_t world = shape->world, me = shape->rank;
     uint64_t t[EPD_PHASE_MAX + 1], counts_begin, counts_ns;
     uint64_t n_recv = 0;
-    size_t row_bytes = (size_t)shape->hidden * 2;
+    size_t row_bytes = step->partial.size;
+    epd_quant_error_t qerr;
     epd_status_t status;
     int rc;
 
@@ -375,6 +380,12 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
     status = ops->sync(octx);
     if (status != EPD_OK) return op_failed(step, status, "sync after combine", err);
     t[6] = epd_now_ns();
+    /* the telemetry sums of this step (pack and experts have finished): a few bytes back */
+    memset(&qerr, 0, sizeof qerr);
+    if (shape->quant_error && ops->quant_error_take != NULL) {
+        status = ops->quant_error_take(octx, &qerr);
+        if (status != EPD_OK) return op_failed(step, status, "quantization error telemetry", err);
+    }
 
     if (timing_p != NULL) {
         epd_step_timing_t tm;
@@ -390,6 +401,7 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
         tm.dispatch_bytes_off_rank = (uint64_t)tm.records_sent_off_rank * step->record.size;
         tm.combine_bytes = (uint64_t)tm.records_recv * row_bytes;
         tm.combine_bytes_off_rank = (uint64_t)tm.records_recv_off_rank * row_bytes;
+        tm.quant_error = qerr;
         *timing_p = tm;
     }
     return EPD_OK;

@@ -381,6 +381,7 @@ static bool step_layer(epd_engine_t *engine, uint32_t layer)
         st->records_sent += tm.records_sent_off_rank;
         for (int p = 0; p < EPD_PHASE_MAX; p++) st->phase_ns[p] += tm.phase_ns[p];
         st->last_step_ns = tm.total_ns;
+        epd_quant_stats_add(&st->quant_error, &tm.quant_error);
     } else {
         /* The ranks are out of step now: answer everything accepted, then report the failure
          * (the daemon aborts the job, DESIGN.md section 8). */
@@ -546,6 +547,8 @@ epd_moe_shape_t epd_moe_shape_from_config(const epd_config_t *cfg, uint32_t worl
         .scale = cfg->dispatch.scale,
         .scale_format = cfg->dispatch.scale_format,
         .expert_kind = cfg->experts.kind,
+        .combine_dtype = cfg->combine.dtype,
+        .quant_error = cfg->telemetry.quant_error == EPD_SWITCH_ON,
     };
 }
 

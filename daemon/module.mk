@@ -2,9 +2,9 @@
 # documents, engine, bench, stats, log, notify),
 # its unit tests, and the C clients of the integration tests (build/tests/<name>).
 DAEMON_SRCS := daemon/main.c daemon/daemon.c daemon/server.c daemon/listener.c daemon/conn.c \
-               daemon/conn_table.c daemon/control.c daemon/stats.c \
-               daemon/log.c daemon/notify.c daemon/engine.c daemon/bench.c daemon/region.c \
-               daemon/http.c
+               daemon/conn_table.c daemon/control.c daemon/stats.c daemon/quant_stats.c \
+               daemon/log.c daemon/notify.c daemon/engine.c daemon/bench.c daemon/accuracy.c \
+               daemon/region.c daemon/http.c
 
 # Other folders' module.mk files are read after this one: their source lists are expanded in the
 # prerequisites a second time, once every list is complete.
@@ -34,4 +34,4 @@ BINS += $(foreach c,$(DAEMON_TEST_CLIENTS),$(BUILD)/tests/$(c))
 UNIT_TESTS += log notify stats
 test_log_SRCS = daemon/log.c
 test_notify_SRCS = daemon/notify.c
-test_stats_SRCS = daemon/stats.c comm/phase.c $(COMMON_SRCS) $(CONFIG_SRCS)
+test_stats_SRCS = daemon/stats.c daemon/quant_stats.c comm/phase.c $(COMMON_SRCS) $(CONFIG_SRCS)

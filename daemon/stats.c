@@ -223,7 +223,9 @@ char *epd_stats_json(const epd_stats_view_t *view)
             e->records_sent, ns_to_s(e->last_step_ns), e->shutting_down ? "true" : "false");
     for (int p = 0; p < EPD_PHASE_MAX; p++)
         fprintf(f, "%s\"%s\":%.9f", p ? "," : "", epd_phase_names[p], ns_to_s(e->phase_ns[p]));
-    fprintf(f, "}},");
+    fprintf(f, "},");
+    epd_quant_stats_json(f, &e->quant_error);
+    fprintf(f, "},");
 
     fprintf(f,
             "\"server\":{\"clients\":%" PRIu64 ",\"clients_total\":%" PRIu64
@@ -373,7 +375,7 @@ char *epd_stats_metrics(const epd_stats_view_t *view)
     fprintf(f, "epd_bytes_sent_total{dtype=\"fp8\"} %" PRIu64 "\n", e->bytes_sent[EPD_WIRE_FP8]);
     fprintf(f, "epd_bytes_sent_total{dtype=\"bf16\"} %" PRIu64 "\n", e->bytes_sent[EPD_WIRE_BF16]);
     metric_u64(f, "epd_bytes_combined_total", "counter",
-               "Combine bytes (BF16 partials) sent off this rank.", e->bytes_combined);
+               "Combine bytes (partials, BF16 or FP8) sent off this rank.", e->bytes_combined);
     metric_u64(f, "epd_records_sent_total", "counter", "Dispatch records sent off this rank.",
                e->records_sent);
     metric_head(f, "epd_step_phase_seconds_total", "counter",
@@ -383,6 +385,7 @@ char *epd_stats_metrics(const epd_stats_view_t *view)
                 ns_to_s(e->phase_ns[p]));
     metric_seconds(f, "epd_last_step_seconds", "Duration of the most recent step.",
                    ns_to_s(e->last_step_ns));
+    epd_quant_stats_metrics(f, &e->quant_error);
     metric_u64(f, "epd_queue_tokens", "gauge", "Tokens queued on this rank, waiting for a step.",
                e->queued_tokens);
     metric_u64(f, "epd_queue_requests", "gauge",

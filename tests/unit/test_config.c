@@ -568,7 +568,7 @@ static void test_config__yaml__unknown_section__error_with_line(void **state)
 {
     (void)state;
     expect_yaml_error("model:\n  topk: 2\nrouter:\n  port: 1\n", 3, "unknown section 'router'",
-                      "socket, model, dispatch, experts, device, log");
+                      "socket, model, dispatch, combine, experts, device, telemetry, log");
     /* a top-level dotted key is no section either */
     expect_yaml_error("model.topk: 2\n", 1, "unknown section 'model.topk'", NULL);
 }

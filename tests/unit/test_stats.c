@@ -1,4 +1,5 @@
 /* Unit tests of daemon/stats: the health and stats JSON documents and the Prometheus text. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -213,6 +214,74 @@ static void test_stats__recorder__histograms_and_expert_counters(void **state)
     epd_metrics_free(m);
 }
 
+static void test_stats__quant_error__per_step_folded_and_documented(void **state)
+{
+    (void)state;
+    epd_stats_view_t view = make_view();
+    /* two FP8-dispatch steps (relative RMS 0.03 then 0.01), one of them with FP8 partials
+     * (0.02); a step with nothing quantized changes nothing */
+    const epd_quant_error_t steps[] = {
+        {.dispatch_err2 = 0.09, .dispatch_ref2 = 100.0, .combine_err2 = 0.04,
+         .combine_ref2 = 100.0},
+        {.dispatch_err2 = 0.0, .dispatch_ref2 = 0.0, .combine_err2 = 0.0, .combine_ref2 = 0.0},
+        {.dispatch_err2 = 0.03, .dispatch_ref2 = 300.0},
+    };
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++)
+        epd_quant_stats_add(&engine.quant_error, &steps[i]);
+    const epd_quant_stats_t *q = &engine.quant_error;
+    assert_int_equal(q->steps[EPD_QUANT_DISPATCH], 2);
+    assert_int_equal(q->steps[EPD_QUANT_COMBINE], 1);
+    assert_true(fabs(q->last[EPD_QUANT_DISPATCH] - 0.01) < 1e-12);
+    assert_true(fabs(q->max[EPD_QUANT_DISPATCH] - 0.03) < 1e-12);
+    assert_true(epd_quant_relative_rms(0.0, 0.0) < 0.0);
+
+    char *text = epd_stats_json(&view);
+    assert_non_null(text);
+    cJSON *doc = cJSON_Parse(text);
+    assert_non_null(doc);
+    cJSON *qe = cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "engine"), "quant_error");
+    cJSON *disp = cJSON_GetObjectItem(qe, "dispatch"), *comb = cJSON_GetObjectItem(qe, "combine");
+    assert_non_null(disp);
+    assert_non_null(comb);
+    assert_int_equal(cJSON_GetObjectItem(disp, "steps")->valueint, 2);
+    assert_true(fabs(cJSON_GetObjectItem(disp, "max")->valuedouble - 0.03) < 1e-6);
+    /* overall: sqrt(0.12 / 400) */
+    assert_true(fabs(cJSON_GetObjectItem(disp, "overall")->valuedouble - sqrt(0.12 / 400.0)) <
+                1e-6);
+    assert_true(fabs(cJSON_GetObjectItem(comb, "last")->valuedouble - 0.02) < 1e-6);
+    cJSON_Delete(doc);
+    free(text);
+
+    /* before any step: steps 0 and the values 0 (numbers always, never NaN or null) */
+    memset(&engine.quant_error, 0, sizeof engine.quant_error);
+    text = epd_stats_json(&view);
+    doc = cJSON_Parse(text);
+    assert_non_null(doc);
+    qe = cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "engine"), "quant_error");
+    const cJSON *comb0 = cJSON_GetObjectItem(qe, "combine");
+    assert_true(cJSON_IsNumber(cJSON_GetObjectItem(comb0, "last")));
+    assert_true(cJSON_GetObjectItem(comb0, "last")->valuedouble == 0.0);
+    assert_true(cJSON_GetObjectItem(comb0, "steps")->valuedouble == 0.0);
+    cJSON_Delete(doc);
+    free(text);
+
+    epd_quant_stats_add(&engine.quant_error, &steps[0]);
+    text = epd_stats_metrics(&view);
+    assert_non_null(text);
+    check_exposition(text);
+    const char *expected[] = {
+        "# TYPE epd_quant_error_relative_rms gauge\n",
+        "epd_quant_error_relative_rms{direction=\"dispatch\"} 0.03\n",
+        "epd_quant_error_relative_rms{direction=\"combine\"} 0.02\n",
+        "epd_quant_error_steps_total{direction=\"combine\"} 1\n",
+        "# TYPE epd_quant_error_squared_sum_total counter\n",
+        "epd_quant_reference_squared_sum_total{direction=\"dispatch\"} 100\n",
+    };
+    for (size_t i = 0; i < sizeof(expected) / sizeof(expected[0]); i++)
+        if (strstr(text, expected[i]) == NULL) fail_msg("missing: %s", expected[i]);
+    free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -220,6 +289,7 @@ int main(void)
         cmocka_unit_test(test_stats__stats__counters_exact_and_nested),
         cmocka_unit_test(test_stats__metrics__prometheus_text),
         cmocka_unit_test(test_stats__recorder__histograms_and_expert_counters),
+        cmocka_unit_test(test_stats__quant_error__per_step_folded_and_documented),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
