@@ -22,7 +22,8 @@ BINS += $(BUILD)/epd
 
 # Integration-test clients: the frame codec, the host reference (epd_moe_reference) and common.
 DAEMON_TEST_CLIENTS := check_client region_check
-EPD_CLIENT_TEST_SRCS = $(COMMON_SRCS) $(PROTO_SRCS) proto/client.c gpu/quant_host.c gpu/ops_host.c
+EPD_CLIENT_TEST_SRCS = $(COMMON_SRCS) $(PROTO_SRCS) proto/client.c proto/cuda_dl.c gpu/quant_host.c \
+                       gpu/ops_host.c
 define daemon_test_client_rule
 $(BUILD)/tests/$(1): $(BUILD)/obj/tests/integration/$(1).o $$$$(call obj,$$$$(EPD_CLIENT_TEST_SRCS))
 	@mkdir -p $$(dir $$@)

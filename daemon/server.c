@@ -267,7 +267,11 @@ epd_status_t epd_server_create(const epd_config_t *cfg, struct event_base *base,
     server->drain_timer = evtimer_new(base, drain_timeout_cb, server);
     if (!server->wake_ev || !server->housekeeping || !server->drain_timer) goto out_free;
     for (size_t i = 0; i < EPD_ARRAY_SIZE(server_signals); i++) {
-        /* Installed now so a stop during start-up is remembered, not fatal. */
+        /* Installed now so a stop during start-up is remembered, not fatal. libevent restores
+         * the disposition it found when the event is freed: ignoring it first means a late copy
+         * of the signal (mpirun forwards one to every rank; a fast drain can end before it
+         * arrives) finds the rank exiting, not killed by the default action. */
+        signal(server_signals[i], SIG_IGN);
         server->signal_ev[i] = evsignal_new(base, server_signals[i], signal_cb, server);
         if (server->signal_ev[i] == NULL || evsignal_add(server->signal_ev[i], NULL) != 0) {
             snprintf(err, EPD_ERR_LEN, "cannot install the handler of signal %d",
