@@ -68,6 +68,9 @@ typedef struct epd_config {
     struct {
         epd_log_level_t level;
     } log;
+    struct {
+        char listen[EPD_CONFIG_STR_LEN]; /* "off", or HOST:PORT (rank with local rank l: PORT + l) */
+    } metrics;
 } epd_config_t;
 
 /* Where a setting's value came from. */

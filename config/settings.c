@@ -41,6 +41,7 @@ static const char *const log_level_names[] = {[EPD_LOG_ERROR] = "error", [EPD_LO
                                               NULL};
 
 static bool check_socket_path(const char *text, char problem[EPD_ERR_LEN]);
+static bool check_metrics_listen(const char *text, char problem[EPD_ERR_LEN]);
 
 #define FIELD(f) offsetof(epd_config_t, f)
 #define U32_MAX_I64 ((int64_t)UINT32_MAX)
@@ -134,6 +135,9 @@ const epd_setting_t epd_settings[] = {
     {.name = "log.level", .env = "EPD_LOG_LEVEL", .type = EPD_SETTING_ENUM, .def = "info",
      .choices = log_level_names, .offset = FIELD(log.level),
      .doc = "least severe message logged"},
+    {.name = "metrics.listen", .env = "EPD_METRICS_LISTEN", .type = EPD_SETTING_STRING,
+     .def = "off", .check = check_metrics_listen, .offset = FIELD(metrics.listen),
+     .doc = "HTTP /metrics for Prometheus: off, or HOST:PORT (local rank l listens on PORT + l)"},
     /* Legacy SGLang/DeepEP variables (environment only). */
     {.name = "SGLANG_DEEPEP_BF16_DISPATCH", .env = "SGLANG_DEEPEP_BF16_DISPATCH",
      .type = EPD_SETTING_ALIAS_BOOL, .target = "dispatch.dtype", .if_true = "bf16",
@@ -243,6 +247,19 @@ static bool check_socket_path(const char *text, char problem[EPD_ERR_LEN])
         }
     }
     return true;
+}
+
+/* metrics.listen: off, or HOST:PORT / [IPV6]:PORT (common/parse.h). */
+static bool check_metrics_listen(const char *text, char problem[EPD_ERR_LEN])
+{
+    char host[EPD_CONFIG_STR_LEN], why[EPD_ERR_LEN];
+    uint16_t port;
+
+    if (strcmp(text, "off") == 0) return true;
+    if (epd_parse_host_port(text, host, sizeof(host), &port, why) == EPD_OK) return true;
+    epd_config_textf(problem, EPD_ERR_LEN, "%.200s; expected off or HOST:PORT, e.g. "
+                     "127.0.0.1:9400", why);
+    return false;
 }
 
 static bool parse_string(const epd_setting_t *row, const char *text, epd_config_t *cfg,
@@ -426,7 +443,9 @@ void epd_setting_allowed(const epd_setting_t *row, char *buf, size_t len)
     switch (row->type) {
     case EPD_SETTING_STRING:
         snprintf(buf, len, "a non-empty string shorter than %d bytes%s", EPD_CONFIG_STR_LEN,
-                 row->check == check_socket_path ? " (with %r, %l, %h, %%)" : "");
+                 row->check == check_socket_path      ? " (with %r, %l, %h, %%)"
+                 : row->check == check_metrics_listen ? " (off, or HOST:PORT)"
+                                                      : "");
         return;
     case EPD_SETTING_MODE:
         snprintf(buf, len, "an octal mode in [0, %04" PRIo64 "]", (uint64_t)row->max);

@@ -41,6 +41,7 @@ typedef struct bench_ctx {
     bool raw_on_step_buffers;     /* the baseline runs on the step's own buffers */
     const char *raw_kind;         /* what the baseline is, for the header and --json */
     bool json;
+    int json_items;               /* results printed so far in the --json document */
     uint32_t iters;
 } bench_ctx_t;
 
@@ -303,6 +304,19 @@ out:
     free(all_vals);
 }
 
+/* GB/s of bytes moved in us microseconds (0 when nothing was timed). */
+static double gb_per_s(double bytes, double us)
+{
+    return us > 0 ? bytes / (us * 1e3) : 0.0;
+}
+
+/* --json: one document, {"bench": "epd", "results": [one object per size and variant, and per
+ * size the comparisons and the telemetry's cost]}; each result on its own line. */
+static void json_item_begin(bench_ctx_t *b)
+{
+    printf("%s\n", b->json_items++ ? "," : "");
+}
+
 /* "1.23 MB"-style text of a byte count. */
 static const char *human_bytes(double v, char *buf, size_t len)
 {
@@ -339,10 +353,11 @@ static void print_header(const bench_ctx_t *b)
     printf("%7s %-5s %-4s %-3s %-6s %9s %9s %9s %9s %9s %9s %10s %9s %9s %6s  %s\n", "tokens",
            "dtype", "comb", "qe", "stat", "pack", "counts", "dispatch", "experts", "combine",
            "reduce", "step", "raw-disp", "raw-comb", "ratio",
-           "bytes per rank: dispatch (off-rank) / combine (off-rank)");
+           "bytes per rank: dispatch (off-rank, GB/s) / combine (off-rank, GB/s)");
+    printf("%7s GB/s = off-rank bytes / the phase's median time\n", "");
 }
 
-static void print_result(const bench_ctx_t *b, uint32_t tokens, const bench_variant_t *variant,
+static void print_result(bench_ctx_t *b, uint32_t tokens, const bench_variant_t *variant,
                          const bench_result_t *r, const char *skip)
 {
     const epd_config_t *cfg = b->cfg;
@@ -352,6 +367,7 @@ static void print_result(const bench_ctx_t *b, uint32_t tokens, const bench_vari
     char b0[32], b1[32], b2[32], b3[32];
 
     if (b->json) {
+        json_item_begin(b);
         printf("{\"bench\":\"step\",\"tokens\":%u,\"dtype\":\"%s\",\"combine_dtype\":\"%s\","
                "\"quant_error\":%s,\"world\":%d,\"hidden\":%u,"
                "\"experts\":%u,\"topk\":%u,\"expert_kind\":\"%s\",\"scale\":\"%s\","
@@ -366,7 +382,7 @@ static void print_result(const bench_ctx_t *b, uint32_t tokens, const bench_vari
         if (!r->ran) {
             printf(",\"skipped\":\"");
             for (const char *p = skip; *p; p++) printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
-            printf("\"}\n");
+            printf("\"}");
             return;
         }
         printf(",\"phases_us\":{");
@@ -385,9 +401,12 @@ static void print_result(const bench_ctx_t *b, uint32_t tokens, const bench_vari
         else
             printf(",\"ratio_vs_raw\":%.4f", r->ratio);
         printf(",\"bytes_per_rank\":{\"dispatch\":%.0f,\"dispatch_off_rank\":%.0f,\"combine\":%.0f,"
-               "\"combine_off_rank\":%.0f}}\n",
+               "\"combine_off_rank\":%.0f},\"gb_per_s_per_rank\":{\"dispatch\":%.4f,"
+               "\"combine\":%.4f}}",
                r->bytes[B_DISPATCH], r->bytes[B_DISPATCH_OFF], r->bytes[B_COMBINE],
-               r->bytes[B_COMBINE_OFF]);
+               r->bytes[B_COMBINE_OFF], gb_per_s(r->bytes[B_DISPATCH_OFF],
+                                                 r->median_us[EPD_PHASE_DISPATCH]),
+               gb_per_s(r->bytes[B_COMBINE_OFF], r->median_us[EPD_PHASE_COMBINE]));
         return;
     }
     if (!r->ran) {
@@ -403,10 +422,13 @@ static void print_result(const bench_ctx_t *b, uint32_t tokens, const bench_vari
         for (int p = 0; p < EPD_PHASE_MAX; p++) printf(" %9.1f", v[p]);
         printf(" %10.1f %9.1f %9.1f", v[V_STEP], v[V_RAW_DISPATCH], v[V_RAW_COMBINE]);
         if (line == 0) {
-            printf(" %6.2f  %s (%s) / %s (%s)", r->ratio, human_bytes(r->bytes[B_DISPATCH], b0, 32),
+            printf(" %6.2f  %s (%s, %.2f GB/s) / %s (%s, %.2f GB/s)", r->ratio,
+                   human_bytes(r->bytes[B_DISPATCH], b0, 32),
                    human_bytes(r->bytes[B_DISPATCH_OFF], b1, 32),
+                   gb_per_s(r->bytes[B_DISPATCH_OFF], r->median_us[EPD_PHASE_DISPATCH]),
                    human_bytes(r->bytes[B_COMBINE], b2, 32),
-                   human_bytes(r->bytes[B_COMBINE_OFF], b3, 32));
+                   human_bytes(r->bytes[B_COMBINE_OFF], b3, 32),
+                   gb_per_s(r->bytes[B_COMBINE_OFF], r->median_us[EPD_PHASE_COMBINE]));
         }
         printf("\n");
     }
@@ -416,7 +438,7 @@ static void print_result(const bench_ctx_t *b, uint32_t tokens, const bench_vari
  * bytes (the off-rank ones, or all of them on one rank). name: "fp8/bf16" (FP8 dispatch, BF16
  * combine) or "fp8+fp8c/bf16" (FP8 dispatch and combine); JSON key fp8_over_bf16 or
  * fp8_fp8_combine_over_bf16. */
-static void print_compare(const bench_ctx_t *b, uint32_t tokens, const char *name,
+static void print_compare(bench_ctx_t *b, uint32_t tokens, const char *name,
                           const char *key, const bench_result_t *fp8, const bench_result_t *bf16)
 {
     if (!fp8->ran || !bf16->ran) return;
@@ -450,11 +472,12 @@ static void print_compare(const bench_ctx_t *b, uint32_t tokens, const char *nam
     double ctime_ratio = ct16 > 0 ? ct8 / ct16 : NAN;
 
     if (b->json) {
+        json_item_begin(b);
         printf("{\"bench\":\"compare\",\"tokens\":%u,\"%s\":{\"comm_time\":%.4f,"
                "\"dispatch_time\":%.4f,\"raw_dispatch_time\":%.4f,\"combine_time\":%.4f,"
                "\"bytes\":%.4f,\"dispatch_bytes\":%.4f,\"combine_bytes\":%.4f,"
                "\"bytes_kind\":\"%s\"},"
-               "\"step_over_raw\":{\"fp8\":%.4f,\"bf16\":%.4f}}\n",
+               "\"step_over_raw\":{\"fp8\":%.4f,\"bf16\":%.4f}}",
                tokens, key, time_ratio, dtime_ratio, raw_ratio, ctime_ratio, bytes_ratio,
                disp_ratio, comb_ratio, off ? "off_rank" : "total", step8, step16);
         return;
@@ -470,7 +493,7 @@ static void print_compare(const bench_ctx_t *b, uint32_t tokens, const char *nam
 
 /* The telemetry's cost at one size: the same FP8 + FP8-combine step with telemetry.quant_error
  * on and off, pack phase and whole step medians. */
-static void print_telemetry_cost(const bench_ctx_t *b, uint32_t tokens, const bench_result_t *on,
+static void print_telemetry_cost(bench_ctx_t *b, uint32_t tokens, const bench_result_t *on,
                                  const bench_result_t *off)
 {
     if (!on->ran || !off->ran) return;
@@ -480,8 +503,9 @@ static void print_telemetry_cost(const bench_ctx_t *b, uint32_t tokens, const be
     double pack_ratio = p_off > 0 ? p_on / p_off : NAN, step_ratio = s_off > 0 ? s_on / s_off : NAN;
 
     if (b->json) {
+        json_item_begin(b);
         printf("{\"bench\":\"telemetry\",\"tokens\":%u,\"quant_error_on_over_off\":"
-               "{\"pack\":%.4f,\"step\":%.4f},\"pack_us\":{\"on\":%.3f,\"off\":%.3f}}\n",
+               "{\"pack\":%.4f,\"step\":%.4f},\"pack_us\":{\"on\":%.3f,\"off\":%.3f}}",
                tokens, pack_ratio, step_ratio, p_on, p_off);
         return;
     }
@@ -558,6 +582,7 @@ int epd_bench_run(const epd_args_t *args)
     };
     enum { N_VARIANTS = EPD_ARRAY_SIZE(variants) };
     if (b.rank == 0) print_header(&b);
+    if (b.rank == 0 && b.json) printf("{\"bench\":\"epd\",\"results\":[");
     for (size_t i = 0; i < n_sizes; i++) {
         bench_result_t res[N_VARIANTS];
         char skip[N_VARIANTS][EPD_ERR_LEN];
@@ -577,6 +602,7 @@ int epd_bench_run(const epd_args_t *args)
         }
     }
 
+    if (b.rank == 0 && b.json) printf("\n]}\n");
     epd_transport_mpi.fini(b.raw_ctx);
     epd_daemon_backend_close(&b.backend);
     epd_config_state_free(state);

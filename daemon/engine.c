@@ -79,6 +79,8 @@ struct epd_engine {
     bool work_arrived; /* a submit since the worker last looked: cut the back-off short */
     bool worker_exit;
     epd_engine_stats_t stats;
+    epd_engine_step_observer_fn observe; /* set before the first step */
+    void *observe_arg;
     uint64_t step_no;
     bool failed;
     char failure[EPD_ERR_LEN];
@@ -240,6 +242,13 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
     epd_step_set_host_ids(engine->step, ids_stage);
     CHECK_GOTO(epd_step_run(engine->step, n, x, io->topk_ids, io->topk_weights, y, timing_p, err),
                out_results);
+    /* a step serves one layer: its requests' (none on a rank that only takes part) */
+    pthread_mutex_lock(&engine->mu);
+    epd_engine_step_observer_fn observe = engine->observe;
+    void *observe_arg = engine->observe_arg;
+    pthread_mutex_unlock(&engine->mu);
+    if (observe != NULL)
+        observe(observe_arg, timing_p, reqs != NULL ? reqs->layer : 0, ids_stage, n);
 
     /* y back, once per request, then one sync (written in place for a lone device request) */
     at = 0;
@@ -733,6 +742,14 @@ void epd_engine_get_stats(epd_engine_t *engine, epd_engine_stats_t *stats_p)
     stats_p->queued_requests = engine->queued_requests;
     pthread_mutex_unlock(&engine->mu);
     stats_p->shutting_down = atomic_load(&engine->shutting_down);
+}
+
+void epd_engine_set_step_observer(epd_engine_t *engine, epd_engine_step_observer_fn fn, void *arg)
+{
+    pthread_mutex_lock(&engine->mu);
+    engine->observe = fn;
+    engine->observe_arg = arg;
+    pthread_mutex_unlock(&engine->mu);
 }
 
 const char *epd_engine_activity(epd_engine_t *engine, uint64_t *since_ns_p)

@@ -118,6 +118,15 @@ bool epd_engine_failed(epd_engine_t *engine, char err[EPD_ERR_LEN]);
 
 void epd_engine_get_stats(epd_engine_t *engine, epd_engine_stats_t *stats_p);
 
+/* Called on the worker thread after each step that succeeded, with its timing, its layer, and the
+ * step's top-k ids on the host ([n_tokens, K], valid only during the call). */
+typedef void (*epd_engine_step_observer_fn)(void *arg, const epd_step_timing_t *timing,
+                                            uint32_t layer, const int32_t *topk_ids,
+                                            uint32_t n_tokens);
+
+/* Sets the step observer (any thread; the steps after it call it; NULL: none). */
+void epd_engine_set_step_observer(epd_engine_t *engine, epd_engine_step_observer_fn fn, void *arg);
+
 /* The device operations the engine runs its steps with (shared regions page-lock and open device
  * memory through them). */
 void epd_engine_ops(epd_engine_t *engine, const epd_ops_t **ops_p, epd_ops_ctx_t **ops_ctx_p);

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# `epd --bench` at 2 CPU ranks on a small shape: one JSON object per line for each tokens count
-# and variant (fp8/bf16 combine, fp8/fp8, bf16/bf16, fp8/fp8 with the telemetry switched) plus
-# the FP8/BF16 comparisons and the telemetry's cost, FP8 dispatch bytes about half of BF16's,
-# FP8 dispatch + FP8 combine at most 0.53 of BF16's, times present and positive; a size that
-# cannot fit in memory is skipped with a reason, not a crash.
+# `epd --bench` at 2 CPU ranks on a small shape: --json is one document whose results hold an
+# object for each tokens count and variant (fp8/bf16 combine, fp8/fp8, bf16/bf16, fp8/fp8 with the
+# telemetry switched) plus the FP8/BF16 comparisons and the telemetry's cost, FP8 dispatch bytes
+# about half of BF16's, FP8 dispatch + FP8 combine at most 0.53 of BF16's, times and GB/s present
+# and positive; a size that cannot fit in memory is skipped with a reason, not a crash.
 set -u
 BUILD=${BUILD:-build}
 MPIRUN=${MPIRUN:-mpirun}
@@ -29,7 +29,9 @@ run --json --set model.hidden=512 --set model.num_experts=16 --set model.topk=4 
 cat "$out"
 python3 - "$out" <<'PY' || exit 1
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+doc = json.load(open(sys.argv[1]))   # one document, not one per line
+assert doc["bench"] == "epd", doc
+rows = doc["results"]
 steps = [r for r in rows if r["bench"] == "step"]
 cmps = [r for r in rows if r["bench"] == "compare"]
 tele = [r for r in rows if r["bench"] == "telemetry"]
@@ -46,6 +48,8 @@ for r in steps:
     b = r["bytes_per_rank"]
     assert 0 < b["dispatch_off_rank"] < b["dispatch"] and 0 < b["combine_off_rank"] < b["combine"], r
     assert r["ratio_vs_raw"] > 0, r
+    g = r["gb_per_s_per_rank"]
+    assert g["dispatch"] > 0 and g["combine"] > 0, r
 for c in cmps:
     if "fp8_over_bf16" in c:
         r = c["fp8_over_bf16"]
@@ -65,4 +69,6 @@ cat "$out"
 [[ $rc -eq 0 ]] || { echo "FAIL: the oversize run exited $rc"; exit 1; }
 grep -q "65536 fp8   bf16 on  skipped: needs" "$out" || { echo "FAIL: no skip line for the oversize size"; exit 1; }
 grep -q "2 fp8/bf16" "$out" || { echo "FAIL: the next size did not run"; exit 1; }
+grep -Eq "^ +2 fp8 +bf16 +o[nf]+ +median .* \([0-9.]+ [kMG]?B, [0-9.]+ GB/s\) / .* GB/s\)$" "$out" ||
+    { echo "FAIL: no GB/s beside the byte counts"; exit 1; }
 echo "bench oversize: ok"

@@ -13,7 +13,7 @@ telemetry() {
     "$BUILD/epctl" --socket "$(sock 0)" --json stats | python3 -c '
 import json, sys
 want = sys.argv[1:]
-qe = json.load(sys.stdin)["engine"]["quant_error"]
+qe = json.load(sys.stdin)["sockets"][0]["reply"]["engine"]["quant_error"]  # epctl --json: one document
 for d in ("dispatch", "combine"):
     v = qe[d]
     if d in want:

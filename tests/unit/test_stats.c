@@ -95,12 +95,12 @@ static void test_stats__stats__counters_exact_and_nested(void **state)
 static void check_exposition(const char *text)
 {
     char *copy = strdup(text);
-    char typed[64][64];
+    char typed[128][64];
     int n_typed = 0;
     for (char *line = strtok(copy, "\n"); line != NULL; line = strtok(NULL, "\n")) {
         if (strncmp(line, "# HELP ", 7) == 0) continue;
         if (strncmp(line, "# TYPE ", 7) == 0) {
-            assert_true(n_typed < 64);
+            assert_true(n_typed < 128);
             sscanf(line + 7, "%63s", typed[n_typed++]);
             continue;
         }
@@ -110,7 +110,14 @@ static void check_exposition(const char *text)
         memcpy(name, line, len);
         name[len] = '\0';
         bool found = false;
-        for (int i = 0; i < n_typed; i++) found = found || strcmp(typed[i], name) == 0;
+        for (int i = 0; i < n_typed; i++) {
+            size_t n = strlen(typed[i]);
+            /* a histogram's samples are NAME_bucket, NAME_sum and NAME_count */
+            found = found || strcmp(typed[i], name) == 0 ||
+                    (strncmp(typed[i], name, n) == 0 &&
+                     (strcmp(name + n, "_bucket") == 0 || strcmp(name + n, "_sum") == 0 ||
+                      strcmp(name + n, "_count") == 0));
+        }
         if (!found) fail_msg("sample '%s' has no TYPE line", line);
     }
     free(copy);
@@ -146,6 +153,65 @@ static void test_stats__metrics__prometheus_text(void **state)
     assert_null(strstr(text, "code=\"no_memory\""));
     assert_int_equal(text[strlen(text) - 1], '\n');
     free(text);
+}
+
+static void test_stats__recorder__histograms_and_expert_counters(void **state)
+{
+    (void)state;
+    epd_stats_view_t view = make_view();
+    epd_metrics_t *m = epd_metrics_create(8, 2);
+    assert_non_null(m);
+    server.metrics = m;
+    epd_metrics_observe_request(m, 2000000);           /* 2 ms */
+    epd_metrics_observe_request(m, 20000000000ull);    /* 20 s: only +Inf */
+    epd_step_timing_t tm = {.total_ns = 1000000, .n_tokens = 3};
+    tm.phase_ns[EPD_PHASE_DISPATCH] = 30000;           /* 30 us */
+    const int32_t ids[] = {0, 1, 3, -1, 0, 7};
+    epd_metrics_observe_step(m, &tm, 5, ids, 3);
+    epd_step_timing_t idle = {.total_ns = 100000};
+    epd_metrics_observe_step(m, &idle, 2, NULL, 0);     /* took part with nothing */
+    epd_metrics_observe_step(m, &tm, 1, ids, 1);        /* another layer, first token only */
+
+    char *text = epd_stats_metrics(&view);
+    assert_non_null(text);
+    check_exposition(text);
+    const char *expected[] = {
+        "# TYPE epd_request_latency_seconds histogram\n",
+        "epd_request_latency_seconds_bucket{le=\"0.001\"} 0\n",
+        "epd_request_latency_seconds_bucket{le=\"0.0025\"} 1\n",
+        "epd_request_latency_seconds_bucket{le=\"10\"} 1\n",
+        "epd_request_latency_seconds_bucket{le=\"+Inf\"} 2\n",
+        "epd_request_latency_seconds_sum 20.002\n",
+        "epd_request_latency_seconds_count 2\n",
+        "epd_step_duration_seconds_bucket{le=\"0.0001\"} 1\n",
+        "epd_step_duration_seconds_bucket{le=\"0.001\"} 3\n",
+        "epd_step_duration_seconds_count 3\n",
+        "epd_step_phase_duration_seconds_bucket{phase=\"dispatch\",le=\"2.5e-05\"} 1\n",
+        "epd_step_phase_duration_seconds_bucket{phase=\"dispatch\",le=\"5e-05\"} 3\n",
+        "epd_step_phase_duration_seconds_count{phase=\"dispatch\"} 3\n",
+        "epd_step_phase_duration_seconds_sum{phase=\"reduce\"} 0\n",
+        "epd_step_tokens_bucket{le=\"0\"} 1\n",
+        "epd_step_tokens_bucket{le=\"1\"} 2\n",
+        "epd_step_tokens_bucket{le=\"2\"} 2\n",
+        "epd_step_tokens_bucket{le=\"4\"} 3\n",
+        "epd_step_tokens_sum 4\n",
+        "# TYPE epd_expert_routed_tokens_total counter\n",
+        "epd_expert_routed_tokens_total{layer=\"5\",expert=\"0\"} 2\n",
+        "epd_expert_routed_tokens_total{layer=\"5\",expert=\"1\"} 1\n",
+        "epd_expert_routed_tokens_total{layer=\"5\",expert=\"2\"} 0\n",
+        "epd_expert_routed_tokens_total{layer=\"5\",expert=\"7\"} 1\n",
+        "epd_expert_routed_tokens_total{layer=\"1\",expert=\"0\"} 1\n",
+        "epd_expert_untracked_tokens_total 0\n",
+    };
+    for (size_t i = 0; i < sizeof(expected) / sizeof(expected[0]); i++)
+        if (strstr(text, expected[i]) == NULL) fail_msg("missing: %s", expected[i]);
+    /* layers in order, a layer without tokens has no series, empty slots are not counted */
+    assert_true(strstr(text, "layer=\"1\"") < strstr(text, "layer=\"5\""));
+    assert_null(strstr(text, "layer=\"2\""));
+    assert_null(strstr(text, "expert=\"8\""));
+    free(text);
+    server.metrics = NULL;
+    epd_metrics_free(m);
 }
 
 static void test_stats__quant_error__per_step_folded_and_documented(void **state)
@@ -222,6 +288,7 @@ int main(void)
         cmocka_unit_test(test_stats__health__valid_json_with_identity),
         cmocka_unit_test(test_stats__stats__counters_exact_and_nested),
         cmocka_unit_test(test_stats__metrics__prometheus_text),
+        cmocka_unit_test(test_stats__recorder__histograms_and_expert_counters),
         cmocka_unit_test(test_stats__quant_error__per_step_folded_and_documented),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
