@@ -376,9 +376,12 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
     memcpy(step->xrecv_counts, step->recv_counts, world * sizeof *step->xrecv_counts);
     step->xsend_counts[me] = 0;
     step->xrecv_counts[me] = 0;
-    status = step->transport->alltoallv(step->transport_ctx, step->send_buf, step->xsend_counts,
-                                        step->send_displs, step->recv_buf, step->xrecv_counts,
-                                        step->recv_displs, step->record.size);
+    /* one rank has no peer: nothing to exchange (a transport call would only cost its launch) */
+    status = world == 1 ? EPD_OK
+                        : step->transport->alltoallv(step->transport_ctx, step->send_buf,
+                                                     step->xsend_counts, step->send_displs,
+                                                     step->recv_buf, step->xrecv_counts,
+                                                     step->recv_displs, step->record.size);
     if (status != EPD_OK) return transport_failed(step, status, "dispatch", err);
 
     /* 4. experts on the records from other ranks: the blocks before and after this rank's own */
@@ -408,9 +411,11 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
                              step->partials_back);
         if (status != EPD_OK) return op_failed(step, status, "experts", err);
     }
-    status = step->transport->alltoallv(step->transport_ctx, step->partials, step->xrecv_counts,
-                                        step->recv_displs, step->partials_back,
-                                        step->xsend_counts, step->send_displs, row_bytes);
+    status = world == 1 ? EPD_OK
+                        : step->transport->alltoallv(step->transport_ctx, step->partials,
+                                                     step->xrecv_counts, step->recv_displs,
+                                                     step->partials_back, step->xsend_counts,
+                                                     step->send_displs, row_bytes);
     if (status != EPD_OK) return transport_failed(step, status, "combine", err);
 
     /* 6. combine into y */

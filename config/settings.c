@@ -129,7 +129,7 @@ const epd_setting_t epd_settings[] = {
      .min = -1, .max = 1023, .offset = FIELD(device.id),
      .doc = "CUDA device of this rank; -1: the local rank"},
     {.name = "telemetry.quant_error", .env = "EPD_TELEMETRY_QUANT_ERROR",
-     .type = EPD_SETTING_ENUM, .def = "true", .choices = switch_names, .bool_choices = true,
+     .type = EPD_SETTING_ENUM, .def = "false", .choices = switch_names, .bool_choices = true,
      .offset = FIELD(telemetry.quant_error),
      .doc = "measure each step's FP8 quantization error (dispatch and FP8 combine) for stats"},
     {.name = "log.level", .env = "EPD_LOG_LEVEL", .type = EPD_SETTING_ENUM, .def = "info",

@@ -261,26 +261,18 @@ static epd_status_t hook_resolve(void *arg, uint32_t id, uint64_t begin, uint64_
     return EPD_ERR_BAD_REGION;
 }
 
-static epd_status_t hook_device_read(void *arg, void *dst, const void *src, size_t bytes,
-                                     char err[EPD_ERR_LEN])
+static epd_status_t hook_device_fetch(void *arg, const void *ids, size_t ids_bytes, void *ids_dst,
+                                      const void *w, size_t w_bytes, void *w_dst,
+                                      const uint16_t *x, uint64_t x_n, int64_t *x_bad_p,
+                                      char err[EPD_ERR_LEN])
 {
     epd_region_table_t *table = arg;
     char why[EPD_ERR_LEN] = "";
 
-    if (table->ops->ingest_read(table->ops_ctx, dst, src, bytes, why) == EPD_OK) return EPD_OK;
-    snprintf(err, EPD_ERR_LEN, "reading a device tensor failed: %.200s", why);
-    return EPD_ERR_BAD_REGION;
-}
-
-static epd_status_t hook_find_non_finite(void *arg, const uint16_t *x, uint64_t n, int64_t *first_p,
-                                         char err[EPD_ERR_LEN])
-{
-    epd_region_table_t *table = arg;
-    char why[EPD_ERR_LEN] = "";
-
-    if (table->ops->ingest_find_non_finite(table->ops_ctx, x, n, first_p, why) == EPD_OK)
+    if (table->ops->ingest_fetch(table->ops_ctx, ids, ids_bytes, ids_dst, w, w_bytes, w_dst, x,
+                                 x_n, x_bad_p, why) == EPD_OK)
         return EPD_OK;
-    snprintf(err, EPD_ERR_LEN, "checking x on the device failed: %.200s", why);
+    snprintf(err, EPD_ERR_LEN, "reading device tensors failed: %.200s", why);
     return EPD_ERR_BAD_REGION;
 }
 
@@ -289,8 +281,6 @@ void epd_region_submit_hooks(epd_region_table_t *table, epd_submit_regions_t *ho
     *hooks_p = (epd_submit_regions_t){
         .arg = table,
         .resolve = hook_resolve,
-        .device_read = table->ops->ingest_read != NULL ? hook_device_read : NULL,
-        .device_find_non_finite =
-            table->ops->ingest_find_non_finite != NULL ? hook_find_non_finite : NULL,
+        .device_fetch = table->ops->ingest_fetch != NULL ? hook_device_fetch : NULL,
     };
 }

@@ -228,12 +228,12 @@ typedef struct epd_ops {
     epd_status_t (*ipc_open)(epd_ops_ctx_t *ctx, const uint8_t handle[64], void **base_p,
                              uint64_t *size_p, char err[EPD_ERR_LEN]);
     void (*ipc_close)(epd_ops_ctx_t *ctx, void *base);
-    /* Ingest of device tensors (loop thread, on a queue of its own, synchronous): read device
-     * bytes to the host; find the first bf16 of x[n] that is Inf or NaN (-1: none). */
-    epd_status_t (*ingest_read)(epd_ops_ctx_t *ctx, void *dst_host, const void *src, size_t bytes,
-                                char err[EPD_ERR_LEN]);
-    epd_status_t (*ingest_find_non_finite)(epd_ops_ctx_t *ctx, const uint16_t *x, uint64_t n,
-                                           int64_t *first_p, char err[EPD_ERR_LEN]);
+    /* Ingest of device tensors (loop thread, on a queue of its own, one round trip): copies
+     * a_bytes at a and b_bytes at b (device memory; NULL: skipped) to a_dst and b_dst (host), and
+     * when x is not NULL finds the first bf16 of x[x_n] that is Inf or NaN (*x_bad_p; -1: none). */
+    epd_status_t (*ingest_fetch)(epd_ops_ctx_t *ctx, const void *a, size_t a_bytes, void *a_dst,
+                                 const void *b, size_t b_bytes, void *b_dst, const uint16_t *x,
+                                 uint64_t x_n, int64_t *x_bad_p, char err[EPD_ERR_LEN]);
 } epd_ops_t;
 
 extern const epd_ops_t epd_ops_host;

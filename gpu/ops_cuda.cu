@@ -49,6 +49,8 @@ struct epd_ops_ctx {
     cudaStream_t ingest;
     unsigned long long *ingest_dev;  /* first non-finite index found */
     unsigned long long *ingest_host; /* pinned mirror */
+    uint8_t *ingest_stage;           /* pinned staging of ids and weights read back */
+    size_t ingest_stage_bytes;
 };
 
 struct epd_ops_event {
@@ -993,6 +995,7 @@ static void cuda_fini(epd_ops_ctx_t *ctx)
             cudaStreamSynchronize(ctx->ingest);
             cudaFree(ctx->ingest_dev);
             cudaFreeHost(ctx->ingest_host);
+            if (ctx->ingest_stage != NULL) cudaFreeHost(ctx->ingest_stage);
             cudaStreamDestroy(ctx->ingest);
         }
         cudaFreeHost(ctx->qe_host);
@@ -1537,16 +1540,6 @@ static epd_status_t ingest_setup(epd_ops_ctx_t *ctx, char err[EPD_ERR_LEN])
     return EPD_OK;
 }
 
-static epd_status_t cuda_ingest_read(epd_ops_ctx_t *ctx, void *dst_host, const void *src,
-                                     size_t bytes, char err[EPD_ERR_LEN])
-{
-    epd_status_t status = ingest_setup(ctx, err);
-    if (status != EPD_OK) return status;
-    cudaError_t rc = cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, ctx->ingest);
-    if (rc == cudaSuccess) rc = cudaStreamSynchronize(ctx->ingest);
-    return rc == cudaSuccess ? EPD_OK : region_fail(err, rc, "reading a device tensor");
-}
-
 /* *first = min over i of the index of a bf16 of x[n] whose exponent is all ones. */
 __global__ void find_non_finite_kernel(const uint16_t *__restrict__ x, uint64_t n,
                                        unsigned long long *first)
@@ -1560,26 +1553,60 @@ __global__ void find_non_finite_kernel(const uint16_t *__restrict__ x, uint64_t 
     }
 }
 
-static epd_status_t cuda_ingest_find_non_finite(epd_ops_ctx_t *ctx, const uint16_t *x, uint64_t n,
-                                                int64_t *first_p, char err[EPD_ERR_LEN])
+/* Grows the pinned staging of the ingest to at least bytes. */
+static epd_status_t ingest_stage(epd_ops_ctx_t *ctx, size_t bytes, char err[EPD_ERR_LEN])
+{
+    if (bytes <= ctx->ingest_stage_bytes) return EPD_OK;
+    size_t cap = ctx->ingest_stage_bytes ? ctx->ingest_stage_bytes : 4096;
+    while (cap < bytes) cap *= 2;
+    void *p = NULL;
+    cudaError_t rc = cudaMallocHost(&p, cap);
+    if (rc != cudaSuccess) return region_fail(err, rc, "cudaMallocHost for the ingest");
+    if (ctx->ingest_stage != NULL) cudaFreeHost(ctx->ingest_stage);
+    ctx->ingest_stage = (uint8_t *)p;
+    ctx->ingest_stage_bytes = cap;
+    return EPD_OK;
+}
+
+static epd_status_t cuda_ingest_fetch(epd_ops_ctx_t *ctx, const void *a, size_t a_bytes,
+                                      void *a_dst, const void *b, size_t b_bytes, void *b_dst,
+                                      const uint16_t *x, uint64_t x_n, int64_t *x_bad_p,
+                                      char err[EPD_ERR_LEN])
 {
     epd_status_t status = ingest_setup(ctx, err);
     if (status != EPD_OK) return status;
-    uint64_t blocks = (n + FLAT_THREADS - 1) / FLAT_THREADS;
-    if (blocks > 1024) blocks = 1024;
-    if (blocks == 0) blocks = 1;
-    cudaError_t rc = cudaMemsetAsync(ctx->ingest_dev, 0xff, sizeof *ctx->ingest_dev, ctx->ingest);
-    if (rc == cudaSuccess) {
-        find_non_finite_kernel<<<(unsigned)blocks, FLAT_THREADS, 0, ctx->ingest>>>(x, n,
-                                                                                  ctx->ingest_dev);
-        rc = cudaGetLastError();
+    size_t a_at = 0, b_at = (a_bytes + 15) & ~(size_t)15;
+    if (a == NULL) a_bytes = 0;
+    if (b == NULL) b_bytes = 0;
+    status = ingest_stage(ctx, b_at + b_bytes, err);
+    if (status != EPD_OK) return status;
+    cudaError_t rc = cudaSuccess;
+    if (a_bytes > 0)
+        rc = cudaMemcpyAsync(ctx->ingest_stage + a_at, a, a_bytes, cudaMemcpyDeviceToHost,
+                             ctx->ingest);
+    if (rc == cudaSuccess && b_bytes > 0)
+        rc = cudaMemcpyAsync(ctx->ingest_stage + b_at, b, b_bytes, cudaMemcpyDeviceToHost,
+                             ctx->ingest);
+    if (rc == cudaSuccess && x != NULL) {
+        uint64_t blocks = (x_n + FLAT_THREADS - 1) / FLAT_THREADS;
+        if (blocks > 1024) blocks = 1024;
+        if (blocks == 0) blocks = 1;
+        rc = cudaMemsetAsync(ctx->ingest_dev, 0xff, sizeof *ctx->ingest_dev, ctx->ingest);
+        if (rc == cudaSuccess) {
+            find_non_finite_kernel<<<(unsigned)blocks, FLAT_THREADS, 0, ctx->ingest>>>(
+                x, x_n, ctx->ingest_dev);
+            rc = cudaGetLastError();
+        }
+        if (rc == cudaSuccess)
+            rc = cudaMemcpyAsync(ctx->ingest_host, ctx->ingest_dev, sizeof *ctx->ingest_dev,
+                                 cudaMemcpyDeviceToHost, ctx->ingest);
     }
-    if (rc == cudaSuccess)
-        rc = cudaMemcpyAsync(ctx->ingest_host, ctx->ingest_dev, sizeof *ctx->ingest_dev,
-                             cudaMemcpyDeviceToHost, ctx->ingest);
     if (rc == cudaSuccess) rc = cudaStreamSynchronize(ctx->ingest);
-    if (rc != cudaSuccess) return region_fail(err, rc, "checking a device tensor");
-    *first_p = *ctx->ingest_host == ~0ull ? -1 : (int64_t)*ctx->ingest_host;
+    if (rc != cudaSuccess) return region_fail(err, rc, "reading device tensors");
+    if (a_bytes > 0) memcpy(a_dst, ctx->ingest_stage + a_at, a_bytes);
+    if (b_bytes > 0) memcpy(b_dst, ctx->ingest_stage + b_at, b_bytes);
+    if (x != NULL && x_bad_p != NULL)
+        *x_bad_p = *ctx->ingest_host == ~0ull ? -1 : (int64_t)*ctx->ingest_host;
     return EPD_OK;
 }
 
@@ -1615,6 +1642,5 @@ extern "C" const epd_ops_t epd_ops_cuda = {
     .host_unregister = cuda_host_unregister,
     .ipc_open = cuda_ipc_open,
     .ipc_close = cuda_ipc_close,
-    .ingest_read = cuda_ingest_read,
-    .ingest_find_non_finite = cuda_ingest_find_non_finite,
+    .ingest_fetch = cuda_ingest_fetch,
 };

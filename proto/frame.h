@@ -211,12 +211,13 @@ typedef struct epd_submit_regions {
      * or released region, out of its bounds). */
     epd_status_t (*resolve)(void *arg, uint32_t id, uint64_t begin, uint64_t end,
                             epd_region_span_t *span_p, char err[EPD_ERR_LEN]);
-    /* Device tensors: copies bytes of device memory to the host (synchronously), and finds the
-     * first bf16 of x[n] that is Inf or NaN (-1: none). NULL where there is no device. */
-    epd_status_t (*device_read)(void *arg, void *dst_host, const void *src, size_t bytes,
-                                char err[EPD_ERR_LEN]);
-    epd_status_t (*device_find_non_finite)(void *arg, const uint16_t *x, uint64_t n,
-                                           int64_t *first_p, char err[EPD_ERR_LEN]);
+    /* Device tensors, in one round trip: copies ids_bytes at ids and w_bytes at w (device
+     * memory; a NULL source is skipped) to ids_dst and w_dst on the host, and, when x is not
+     * NULL, finds the first bf16 of x[x_n] that is Inf or NaN (*x_bad_p, -1: none). NULL where
+     * there is no device. */
+    epd_status_t (*device_fetch)(void *arg, const void *ids, size_t ids_bytes, void *ids_dst,
+                                 const void *w, size_t w_bytes, void *w_dst, const uint16_t *x,
+                                 uint64_t x_n, int64_t *x_bad_p, char err[EPD_ERR_LEN]);
 } epd_submit_regions_t;
 
 /* The tensors of a SUBMIT, in epd_submit_view_t.regions order. */

@@ -322,6 +322,8 @@ epd_status_t epd_submit_validate_regions(const epd_frame_t *frame,
     uint64_t n_slots = n_tokens * limits->topk;
     size_t id_bytes = (size_t)n_slots * epd_dtype_size(t[T_IDS].dtype);
     bool ids64 = t[T_IDS].dtype == EPD_DTYPE_I64;
+    bool x_scanned = false; /* a device x already scanned with the ids and weights */
+    int64_t x_bad = -1;
     size_t owned_bytes = (ids64 || device[T_IDS] ? id_bytes : 0) +
                          (device[T_WEIGHTS] ? (size_t)n_slots * sizeof(float) : 0) +
                          (ids64 ? (size_t)n_slots * sizeof(int32_t) : 0);
@@ -334,23 +336,27 @@ epd_status_t epd_submit_validate_regions(const epd_frame_t *frame,
         }
         view_p->owned = owned;
         if (device[T_IDS] || device[T_WEIGHTS]) {
-            if (regions->device_read == NULL) {
+            if (regions->device_fetch == NULL) {
                 snprintf(err, EPD_ERR_LEN, "device tensors cannot be read on this daemon");
                 return EPD_ERR_BAD_REGION;
             }
-        }
-        if (device[T_IDS]) {
-            status = regions->device_read(regions->arg, at, host[T_IDS], id_bytes, err);
+            /* ids, weights and the scan of a device x in one round trip */
+            uint8_t *ids_at = at, *w_at = at + (device[T_IDS] ? id_bytes : 0);
+            x_scanned = device[T_X];
+            status = regions->device_fetch(
+                regions->arg, device[T_IDS] ? host[T_IDS] : NULL, device[T_IDS] ? id_bytes : 0,
+                ids_at, device[T_WEIGHTS] ? host[T_WEIGHTS] : NULL,
+                device[T_WEIGHTS] ? (size_t)n_slots * sizeof(float) : 0, w_at,
+                device[T_X] ? host[T_X] : NULL, n_tokens * limits->hidden, &x_bad, err);
             if (status != EPD_OK) return status;
-            host[T_IDS] = at;
-            at += id_bytes;
-        }
-        if (device[T_WEIGHTS]) {
-            status = regions->device_read(regions->arg, at, host[T_WEIGHTS],
-                                          (size_t)n_slots * sizeof(float), err);
-            if (status != EPD_OK) return status;
-            host[T_WEIGHTS] = at;
-            at += (size_t)n_slots * sizeof(float);
+            if (device[T_IDS]) {
+                host[T_IDS] = ids_at;
+                at += id_bytes;
+            }
+            if (device[T_WEIGHTS]) {
+                host[T_WEIGHTS] = w_at;
+                at += (size_t)n_slots * sizeof(float);
+            }
         }
         if (ids64) {
             int64_t wide[64];
@@ -398,16 +404,16 @@ epd_status_t epd_submit_validate_regions(const epd_frame_t *frame,
             return EPD_ERR_NON_FINITE_INPUT;
         }
     }
-    int64_t bad = -1;
-    if (view_p->x_device) {
-        if (regions->device_find_non_finite == NULL) {
+    int64_t bad = x_bad;
+    if (view_p->x_device && !x_scanned) {
+        if (regions->device_fetch == NULL) {
             snprintf(err, EPD_ERR_LEN, "device tensors cannot be read on this daemon");
             return EPD_ERR_BAD_REGION;
         }
-        status = regions->device_find_non_finite(regions->arg, view_p->x,
-                                                 n_tokens * limits->hidden, &bad, err);
+        status = regions->device_fetch(regions->arg, NULL, 0, NULL, NULL, 0, NULL, view_p->x,
+                                       n_tokens * limits->hidden, &bad, err);
         if (status != EPD_OK) return status;
-    } else {
+    } else if (!view_p->x_device) {
         bad = find_non_finite(view_p->x, n_tokens * limits->hidden);
     }
     if (bad >= 0) {

@@ -12,7 +12,8 @@ n_gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null ||
     skip "$PY cannot import torch with CUDA (pip install torch)"
 share=() devices=0:1
-((n_gpus >= 2)) || { share=(--set device.id=0); devices=0:0; }
+# one GPU: both ranks on it, staged mpi (NCCL refuses two ranks on one GPU)
+((n_gpus >= 2)) || { share=(--set device.id=0 --set dispatch.transport=mpi --set dispatch.mpi_cuda_aware=false); devices=0:0; }
 
 rc_all=0
 for wire in "--set dispatch.dtype=bf16" "--set dispatch.dtype=fp8" \

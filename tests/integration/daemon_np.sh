@@ -49,11 +49,13 @@ run_case 4 2 16 --set dispatch.dtype=fp8 --set dispatch.scale=per_token \
 # FP8 partials (combine.dtype fp8): the source rank's sum of dequantized partials
 # (and the quantization error telemetry in rank 0's stats)
 TELEMETRY="dispatch combine" run_case 2 2 17 --set dispatch.dtype=fp8 --set combine.dtype=fp8 \
-    --set experts.kind=scale
+    --set experts.kind=scale --set telemetry.quant_error=true
 TELEMETRY="" run_case 4 2 18 --set dispatch.dtype=bf16 --set combine.dtype=fp8 \
     --set experts.kind=scale --set telemetry.quant_error=false
 TELEMETRY="dispatch combine" run_case 4 2 19 --set dispatch.dtype=fp8 \
-    --set dispatch.scale=per_token --set combine.dtype=fp8 --set experts.kind=identity
-TELEMETRY="dispatch" run_case 2 2 20 --set dispatch.dtype=fp8 --set combine.dtype=bf16
+    --set dispatch.scale=per_token --set combine.dtype=fp8 --set experts.kind=identity \
+    --set telemetry.quant_error=true
+TELEMETRY="dispatch" run_case 2 2 20 --set dispatch.dtype=fp8 --set combine.dtype=bf16 \
+    --set telemetry.quant_error=true
 echo "PASS: np 1, 2, 4 equal the reference (bf16, fp8 group128/per_token x fp32/ue8m0," \
     "identity/scale, bf16 and fp8 combine); quant_error telemetry in stats"

@@ -643,35 +643,31 @@ static epd_status_t fake_resolve(void *arg, uint32_t id, uint64_t begin, uint64_
     return EPD_OK;
 }
 
-static epd_status_t fake_device_read(void *arg, void *dst, const void *src, size_t bytes,
-                                     char err[EPD_ERR_LEN])
+/* One round trip: the ids and weights copied, x scanned (counted as one read and one scan). */
+static epd_status_t fake_device_fetch(void *arg, const void *ids, size_t ids_bytes, void *ids_dst,
+                                      const void *w, size_t w_bytes, void *w_dst,
+                                      const uint16_t *x, uint64_t n, int64_t *first_p,
+                                      char err[EPD_ERR_LEN])
 {
     (void)arg;
     (void)err;
-    device_reads++;
-    memcpy(dst, src, bytes);
-    return EPD_OK;
-}
-
-static epd_status_t fake_find_non_finite(void *arg, const uint16_t *x, uint64_t n,
-                                         int64_t *first_p, char err[EPD_ERR_LEN])
-{
-    (void)arg;
-    (void)err;
-    device_scans++;
-    *first_p = -1;
-    for (uint64_t i = 0; i < n; i++)
-        if (!epd_bf16_is_finite(x[i])) {
-            *first_p = (int64_t)i;
-            break;
-        }
+    if (ids != NULL) device_reads++, memcpy(ids_dst, ids, ids_bytes);
+    if (w != NULL) device_reads++, memcpy(w_dst, w, w_bytes);
+    if (x != NULL) {
+        device_scans++;
+        *first_p = -1;
+        for (uint64_t i = 0; i < n; i++)
+            if (!epd_bf16_is_finite(x[i])) {
+                *first_p = (int64_t)i;
+                break;
+            }
+    }
     return EPD_OK;
 }
 
 static const epd_submit_regions_t fake_regions = {
     .resolve = fake_resolve,
-    .device_read = fake_device_read,
-    .device_find_non_finite = fake_find_non_finite,
+    .device_fetch = fake_device_fetch,
 };
 
 static epd_status_t region_submit(const char *tensors, size_t payload_len, epd_submit_view_t *view_p,
@@ -791,7 +787,9 @@ static void test_frame__device_tensors__read_and_checked_like_host_ones(void **s
     assert_int_equal(region_submit(RIDS("i32", 4, 0) "," RW(4, 16) "," RX(4, 32), 0, &view, err), EPD_OK);
     assert_true(view.x_device);
     assert_int_equal(view.topk_ids[2], 3);
-    assert_int_equal(device_scans, 1);
+    /* one round trip per SUBMIT: x is scanned with the ids and weights, also for the refused one */
+    assert_int_equal(device_scans, 2);
+    assert_int_equal(device_reads, 4);
     memset(device_mem + 32, 0, 16);
     ((uint16_t *)(void *)(device_mem + 32))[5] = 0x7fc0; /* NaN at x[1][1] */
     assert_int_equal(region_submit(RIDS("i32", 4, 0) "," RW(4, 16) "," RX(4, 32), 0, NULL, err),
