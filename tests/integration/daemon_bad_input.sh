@@ -23,7 +23,7 @@ epd_start 2 --set model.hidden=256 --set model.num_experts=16 --set model.topk=4
 ) >"$TMP/good.log" 2>&1 &
 good=$!
 
-timeout 120 python3 tests/integration/daemon_bad_input.py "$(sock 0)" 12 || {
+GOOD_PID=$good timeout 120 python3 tests/integration/daemon_bad_input.py "$(sock 0)" 12 || {
     touch "$TMP/matrix-done"
     wait "$good"
     die "bad-input matrix"
