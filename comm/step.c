@@ -224,7 +224,8 @@ static epd_status_t run_experts(epd_step_t *step, void *records, uint64_t first,
                                 uint16_t *out)
 {
     if (count == 0) return EPD_OK;
-    return step->ops->experts(step->ops_ctx, &step->shape,
+    /* layer 0 until the step carries the agreed layer */
+    return step->ops->experts(step->ops_ctx, &step->shape, 0,
                               (uint8_t *)records + first * step->record.size, (uint32_t)count,
                               out + first * step->shape.hidden);
 }

@@ -7,8 +7,14 @@ test_quant_SRCS := gpu/quant_host.c
 
 # host device ops (engine helper)
 GPU_SRCS += gpu/ops_host.c
+# ffn experts: safetensors loading (mmap) and the host arithmetic; test_ffn covers both, and the
+# host ffn experts op against an fp64 computation.
+GPU_SRCS += gpu/ffn.c gpu/safetensors.c
+UNIT_TESTS += ffn
+test_ffn_SRCS := gpu/ffn.c gpu/safetensors.c gpu/ops_host.c gpu/quant_host.c common/status.c \
+                 common/parse.c
 UNIT_TESTS += ops_host
-test_ops_host_SRCS := gpu/ops_host.c gpu/quant_host.c common/status.c common/parse.c
+test_ops_host_SRCS := gpu/ops_host.c gpu/quant_host.c gpu/ffn.c gpu/safetensors.c common/status.c common/parse.c
 
 # FP8 GPU test (exits 77 'SKIP: no GPU' without a device) and the kernel benchmark: CUDA builds only.
 ifeq ($(CUDA),1)
@@ -34,7 +40,7 @@ test_gpu_select_SRCS += gpu/select.c
 ifeq ($(CUDA),1)
 GPU_TESTS += test_ops_cuda daemon_gpu.sh
 OPS_CUDA_TEST_OBJS += $(BUILD)/obj/tests/gpu/test_ops_cuda.cu.o $(BUILD)/obj/gpu/ops_cuda.cu.o \
-                      $(patsubst %.c,$(BUILD)/obj/%.o,gpu/ops_host.c gpu/quant_host.c common/status.c)
+                      $(patsubst %.c,$(BUILD)/obj/%.o,gpu/ops_host.c gpu/quant_host.c gpu/ffn.c gpu/safetensors.c common/status.c)
 $(BUILD)/tests/gpu/test_ops_cuda: $(OPS_CUDA_TEST_OBJS)
 	@mkdir -p $(dir $@)
 	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) -lstdc++

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "gpu/ffn.h"
 #include "gpu/types.h"
 
 /* The shape of one MoE layer as the step sees it. */
@@ -43,8 +44,11 @@ epd_status_t epd_moe_shape_check(const epd_moe_shape_t *shape, char err[EPD_ERR_
  * The host ops and epd_moe_reference both go through it; the CUDA ops keep a twin table of
  * kernels (gpu/ops_cuda.cu) with the same names. A new kind is one entry in each. */
 typedef struct epd_expert_ops {
-    const char *name; /* experts.kind's value: "identity", "scale" */
+    const char *name; /* experts.kind's value: "identity", "scale", "ffn" */
     epd_expert_kind_t kind;
+    /* The kind's experts are weights (epd_ffn_weights_t) given to the ops by experts_load, per
+     * layer; accumulate and element are NULL: the ops run the kind's own arithmetic (gpu/ffn.h). */
+    bool weights;
     /* acc[i] = acc[i] + w * expert_e(x)[i] for i < shape->hidden, in fp32: a multiply, then an
      * add, never fused. x and acc are host memory of hidden floats. */
     void (*accumulate)(const epd_moe_shape_t *shape, int32_t e, float w, const float *x,
@@ -119,10 +123,18 @@ typedef struct epd_ops {
                          const int32_t *topk_ids, const float *topk_weights,
                          const epd_step_layout_t *layout, void *send_buf);
 
-    /* Experts: for each of n_records received records, partial = bf16(sum over ascending k with a
-     * local expert of w_k * expert(x')), fp32 accumulation, no FMA; partials bf16 [n_records, H]. */
-    epd_status_t (*experts)(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, const void *recv_buf,
-                            uint32_t n_records, uint16_t *partials);
+    /* Experts of layer: for each of n_records received records, partial = bf16(sum over ascending
+     * k with a local expert of w_k * expert(x')), fp32 accumulation, no FMA; partials bf16
+     * [n_records, H]. The toy kinds ignore layer; ffn fails with EPD_ERR_INVALID_ARG on a layer
+     * experts_load did not give. */
+    epd_status_t (*experts)(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, uint32_t layer,
+                            const void *recv_buf, uint32_t n_records, uint16_t *partials);
+    /* Gives ctx the ffn weights of this rank's experts (all layers), checked against shape (H,
+     * the rank's expert range). Host ops keep the pointer (the weights stay the caller's and must
+     * outlive ctx's use of them); cuda copies them to the device, where EPD_ERR_NO_MEMORY names
+     * the bytes short. Called once, before the first step. */
+    epd_status_t (*experts_load)(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
+                                 const epd_ffn_weights_t *weights, char err[EPD_ERR_LEN]);
 
     /* Combine: partials_back holds the partial of record slot[t*W+r] at that index; y[t] =
      * bf16(sum over ascending r of partial), zeros for tokens with no destination. */
@@ -160,8 +172,17 @@ extern const epd_ops_t epd_ops_cuda;
 #endif
 
 /* The single-process reference of DESIGN.md section 2 on host memory: what W ranks produce for
- * x [N,H], ids and weights [N,K]. y is bf16 [N,H]. */
+ * x [N,H], ids and weights [N,K]. y is bf16 [N,H]. For the toy kinds only (ffn: the next). */
 epd_status_t epd_moe_reference(const epd_moe_shape_t *shape, uint32_t n_tokens, const uint16_t *x,
                                const int32_t *topk_ids, const float *topk_weights, uint16_t *y);
+
+/* The same for every kind: ffn experts of layer from weights, which hold ALL E experts
+ * (first_expert 0, n_local E) whatever shape->world is; weights NULL for the toy kinds. Each
+ * owner rank's partial uses the ffn host arithmetic (the ops' own: exact equality holds from the
+ * expert outputs onward, DESIGN.md section 2). EPD_ERR_INVALID_ARG for a layer weights lack. */
+epd_status_t epd_moe_reference_layer(const epd_moe_shape_t *shape, const epd_ffn_weights_t *weights,
+                                     uint32_t layer, uint32_t n_tokens, const uint16_t *x,
+                                     const int32_t *topk_ids, const float *topk_weights,
+                                     uint16_t *y);
 
 #endif

@@ -1052,7 +1052,7 @@ out:
     return status;
 }
 
-static epd_status_t cuda_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
+static epd_status_t cuda_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, uint32_t layer,
                                  const void *recv_buf, uint32_t n_records, uint16_t *partials)
 {
     epd_status_t status;

@@ -13,6 +13,7 @@ packages=(
     procps psmisc                       # ps, pkill, killall in the integration tests
     systemd                             # systemd-analyze verify of systemd/epd.service
     python3                             # the tests' reference checks and helpers
+    python3-numpy                       # scripts/make-test-model.py (the ffn test model)
 )
 
 if [[ "${1:-}" == "--list" ]]; then
