@@ -3,7 +3,7 @@
 # its unit tests, and the C clients of the integration tests (build/tests/<name>).
 DAEMON_SRCS := daemon/main.c daemon/daemon.c daemon/server.c daemon/listener.c daemon/conn.c \
                daemon/conn_table.c daemon/control.c daemon/stats.c \
-               daemon/log.c daemon/notify.c daemon/engine.c daemon/bench.c
+               daemon/log.c daemon/notify.c daemon/engine.c daemon/bench.c daemon/experts.c
 
 # Other folders' module.mk files are read after this one: their source lists are expanded in the
 # prerequisites a second time, once every list is complete.
@@ -21,7 +21,8 @@ BINS += $(BUILD)/epd
 
 # Integration-test clients: the frame codec, the host reference (epd_moe_reference) and common.
 DAEMON_TEST_CLIENTS := check_client
-EPD_CLIENT_TEST_SRCS = $(COMMON_SRCS) $(PROTO_SRCS) gpu/quant_host.c gpu/ops_host.c
+EPD_CLIENT_TEST_SRCS = $(COMMON_SRCS) $(PROTO_SRCS) gpu/quant_host.c gpu/ops_host.c gpu/ffn.c \
+                       gpu/safetensors.c
 define daemon_test_client_rule
 $(BUILD)/tests/$(1): $(BUILD)/obj/tests/integration/$(1).o $$$$(call obj,$$$$(EPD_CLIENT_TEST_SRCS))
 	@mkdir -p $$(dir $$@)
