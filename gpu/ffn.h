@@ -12,6 +12,10 @@
 #include "common/status.h"
 #include "gpu/types.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define EPD_FFN_BLOCK 128 /* the 128 x 128 weight blocks of weight_scale_inv */
 
 typedef enum {
@@ -105,5 +109,9 @@ void epd_ffn_expert_host(const epd_ffn_weights_t *weights, const epd_ffn_layer_t
 /* Quantizes n fp32 values (n a multiple of 128) to e4m3 with one fp32 scale per 128, by section
  * 3's rule (amax floor 1e-4, q = e4m3(v * (448 / amax)), s = amax / 448). */
 void epd_ffn_quant_f32_host(const float *v, uint32_t n, uint8_t *q, float *scales);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

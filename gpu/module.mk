@@ -29,8 +29,9 @@ $(BUILD)/kbench: $(BUILD)/obj/tests/gpu/kbench.cu.o $(QUANT_GPU_OBJS)
 	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) -lstdc++
 endif
 
-# CUDA device ops and device selection (select.c includes CUDA headers).
-GPU_CU_SRCS += gpu/ops_cuda.cu
+# CUDA device ops and device selection (select.c includes CUDA headers); the ffn experts' CUDA
+# side (cuBLASLt, hence -lcublasLt in CUDA_LIBS).
+GPU_CU_SRCS += gpu/ops_cuda.cu gpu/ffn_cuda.cu
 GPU_SRCS += gpu/select.c
 $(BUILD)/obj/gpu/select.o: CFLAGS += -I$(CUDA_HOME)/include
 UNIT_TESTS += gpu_select
@@ -40,6 +41,7 @@ test_gpu_select_SRCS += gpu/select.c
 ifeq ($(CUDA),1)
 GPU_TESTS += test_ops_cuda daemon_gpu.sh
 OPS_CUDA_TEST_OBJS += $(BUILD)/obj/tests/gpu/test_ops_cuda.cu.o $(BUILD)/obj/gpu/ops_cuda.cu.o \
+                      $(BUILD)/obj/gpu/ffn_cuda.cu.o \
                       $(patsubst %.c,$(BUILD)/obj/%.o,gpu/ops_host.c gpu/quant_host.c gpu/ffn.c gpu/safetensors.c common/status.c)
 $(BUILD)/tests/gpu/test_ops_cuda: $(OPS_CUDA_TEST_OBJS)
 	@mkdir -p $(dir $@)
@@ -49,4 +51,11 @@ $(BUILD)/tests/gpu/daemon_gpu.sh: tests/gpu/daemon_gpu.sh
 	@mkdir -p $(dir $@)
 	$(call say,GEN)printf '#!/bin/sh\nexec bash tests/gpu/daemon_gpu.sh "$$@"\n' >$@ && chmod 0755 $@
 BINS += $(BUILD)/tests/gpu/test_ops_cuda $(BUILD)/tests/gpu/daemon_gpu.sh
+# test_ffn_cuda: the CUDA ffn experts against the host ones, within DESIGN.md section 9's tolerance.
+GPU_TESTS += test_ffn_cuda
+$(BUILD)/tests/gpu/test_ffn_cuda: $(BUILD)/obj/tests/gpu/test_ffn_cuda.cu.o \
+                                  $(filter-out $(BUILD)/obj/tests/gpu/test_ops_cuda.cu.o,$(OPS_CUDA_TEST_OBJS))
+	@mkdir -p $(dir $@)
+	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) -lstdc++
+BINS += $(BUILD)/tests/gpu/test_ffn_cuda
 endif

@@ -13,6 +13,7 @@
 
 extern "C" {
 #include "gpu/ops.h"
+#include "gpu/ffn_cuda.h"
 }
 #include "gpu/fp8.h"
 #include "gpu/quant_dev.cuh"
@@ -37,6 +38,7 @@ struct epd_ops_ctx {
     uint32_t *layout_host; /* pinned mirror, read back after the layout kernels */
     uint32_t *tile_counts; /* [LAYOUT_MAX_TILES][W] records per layout tile and rank */
     cudaEvent_t layout_done; /* the read-back of the last layout landed in layout_host */
+    epd_ffn_cuda_t *ffn;     /* the ffn experts' device weights (experts_load), or NULL */
     char err[EPD_ERR_LEN];
 };
 
@@ -835,6 +837,7 @@ static void cuda_fini(epd_ops_ctx_t *ctx)
 {
     if (ctx == NULL) return;
     if (cudaSetDevice(ctx->device) == cudaSuccess) {
+        epd_ffn_cuda_destroy(ctx->ffn);
         cudaStreamSynchronize(ctx->stream);
         cudaStreamSynchronize(ctx->down);
         cudaStreamSynchronize(ctx->up);
@@ -1052,6 +1055,35 @@ out:
     return status;
 }
 
+/* The ffn weights to the device, once. */
+static epd_status_t cuda_experts_load(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
+                                      const epd_ffn_weights_t *weights, char err[EPD_ERR_LEN])
+{
+    epd_status_t status;
+    uint32_t per_rank;
+
+    CHECK_GOTO(enter(ctx), out);
+    if (!shape_fits(ctx, shape) || weights == NULL) {
+        snprintf(err, EPD_ERR_LEN, "%s", ctx->err[0] ? ctx->err : "cuda ops: no weights");
+        return EPD_ERR_INVALID_ARG;
+    }
+    per_rank = shape->num_experts / shape->world;
+    if (weights->hidden != shape->hidden || weights->first_expert > shape->rank * per_rank ||
+        weights->first_expert + weights->n_local < (shape->rank + 1) * per_rank) {
+        snprintf(err, EPD_ERR_LEN, "cuda ops: the ffn weights do not hold rank %u's experts",
+                 shape->rank);
+        return EPD_ERR_INVALID_ARG;
+    }
+    if (ctx->ffn != NULL) {
+        snprintf(err, EPD_ERR_LEN, "cuda ops: ffn weights are already loaded");
+        return EPD_ERR_INVALID_ARG;
+    }
+    status = epd_ffn_cuda_create(weights, ctx->stream, &ctx->ffn, err);
+out:
+    if (status != EPD_OK && err != NULL && err[0] == '\0') snprintf(err, EPD_ERR_LEN, "%s", ctx->err);
+    return status;
+}
+
 static epd_status_t cuda_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, uint32_t layer,
                                  const void *recv_buf, uint32_t n_records, uint16_t *partials)
 {
@@ -1063,6 +1095,13 @@ static epd_status_t cuda_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
 
     CHECK_GOTO(enter(ctx), out);
     if (!shape_fits(ctx, shape)) return EPD_ERR_INVALID_ARG;
+    if (epd_expert_ops_find(shape->expert_kind)->weights) {
+        if (ctx->ffn == NULL) return bad_arg(ctx, "experts: ffn weights were not loaded");
+        if (recv_buf == NULL || (n_records > 0 && partials == NULL))
+            return bad_arg(ctx, "experts with a NULL buffer");
+        return epd_ffn_cuda_experts(ctx->ffn, shape, layer, recv_buf, n_records, partials,
+                                    ctx->err);
+    }
     experts = cuda_expert_find(shape->expert_kind);
     if (experts == NULL) return bad_arg(ctx, "experts: an expert kind without CUDA kernels");
     if (n_records == 0) return EPD_OK;
@@ -1232,6 +1271,7 @@ extern "C" const epd_ops_t epd_ops_cuda = {
     .layout_counts = cuda_layout_counts,
     .pack = cuda_pack,
     .experts = cuda_experts,
+    .experts_load = cuda_experts_load,
     .combine = cuda_combine,
     .stream = cuda_stream,
     .event_create = cuda_event_create,

@@ -1,0 +1,45 @@
+/* The ffn experts on a CUDA device (DESIGN.md section 9): this rank's weights in device memory,
+ * the received records grouped by local expert, cuBLASLt GEMMs per expert (gate and up fused in
+ * one [2I, H] GEMM, then down; BF16, or FP8 with the DeepSeek 128x128 weight block scales and
+ * 1x128 activation scales), SwiGLU with the intermediate's rounding or quantization in one kernel,
+ * and the weighted sum of section 2 step 6 into BF16 partials. A plain C header: gpu/ops_cuda.cu
+ * and the benchmark use it, nothing else sees CUDA. */
+#ifndef EPD_GPU_FFN_CUDA_H
+#define EPD_GPU_FFN_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "gpu/ffn.h"
+#include "gpu/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct epd_ffn_cuda epd_ffn_cuda_t;
+
+/* Copies the weights (all their layers) to the current device and prepares cuBLASLt on stream
+ * (a cudaStream_t). EPD_ERR_NO_MEMORY naming the bytes when the device cannot hold them,
+ * EPD_ERR_UNSUPPORTED when cuBLASLt has no GEMM for the format on this device, EPD_ERR_CUDA with
+ * the CUDA or cuBLAS message; err says which. The weights stay the caller's. */
+epd_status_t epd_ffn_cuda_create(const epd_ffn_weights_t *weights, void *stream,
+                                 epd_ffn_cuda_t **ffn_p, char err[EPD_ERR_LEN]);
+void epd_ffn_cuda_destroy(epd_ffn_cuda_t *ffn);
+
+/* The experts op for ffn (gpu/ops.h experts) on device records: partials bf16 [n_records, H].
+ * Queued on the stream; it waits once for the per-expert row counts (a small read-back). */
+epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *ffn, const epd_moe_shape_t *shape,
+                                  uint32_t layer, const void *recv_buf, uint32_t n_records,
+                                  uint16_t *partials, char err[EPD_ERR_LEN]);
+
+/* Device bytes of the weights, and a pointer to one layer's first byte and its size, for the
+ * benchmark's read-bandwidth baseline. */
+uint64_t epd_ffn_cuda_weight_bytes(const epd_ffn_cuda_t *ffn);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
