@@ -202,6 +202,11 @@ const epd_step_io_t *epd_step_io(const epd_step_t *step)
     return &step->io;
 }
 
+void epd_step_set_layer(epd_step_t *step, uint32_t layer)
+{
+    step->shape.layer = layer;
+}
+
 void epd_step_last_exchange(const epd_step_t *step, epd_step_exchange_t *exchange_p)
 {
     exchange_p->send_counts = step->send_counts;
@@ -224,8 +229,7 @@ static epd_status_t run_experts(epd_step_t *step, void *records, uint64_t first,
                                 uint16_t *out)
 {
     if (count == 0) return EPD_OK;
-    /* layer 0 until the step carries the agreed layer */
-    return step->ops->experts(step->ops_ctx, &step->shape, 0,
+    return step->ops->experts(step->ops_ctx, &step->shape, step->shape.layer,
                               (uint8_t *)records + first * step->record.size, (uint32_t)count,
                               out + first * step->shape.hidden);
 }

@@ -32,6 +32,7 @@ typedef struct epd_config {
         uint64_t max_frame_bytes;       /* largest payload_len accepted */
         uint32_t max_clients;           /* connections per rank; more are answered busy */
         uint64_t max_output_bytes;      /* per-connection unsent reply bytes before reads pause */
+        uint32_t max_regions;           /* shared regions per connection */
         uint32_t allow_uids[EPD_CONFIG_MAX_UIDS]; /* empty list: any peer the file mode lets in */
         uint32_t n_allow_uids;
     } socket;
@@ -51,6 +52,7 @@ typedef struct epd_config {
         epd_transport_kind_t transport;
         epd_tristate_t mpi_cuda_aware;
         uint32_t idle_backoff_us; /* longest wait between agreements while every rank is idle */
+        uint32_t hot_ms;          /* back-to-back agreements while work was seen this recently */
     } dispatch;
     struct {
         epd_expert_kind_t kind;

@@ -28,6 +28,8 @@ typedef struct epd_moe_shape {
     epd_scale_kind_t scale;
     epd_scale_fmt_t scale_format;
     epd_expert_kind_t expert_kind;
+    uint32_t layer;       /* the MoE layer of the step being run (DESIGN.md section 5): set by
+                           * epd_step_set_layer, 0 until then; the experts of that layer run */
 } epd_moe_shape_t;
 
 /* The sharding rule (DESIGN.md section 2 step 3), the one place it is checked: E experts split

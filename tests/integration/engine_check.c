@@ -30,7 +30,8 @@
 
 static int rank, world, failures;
 static pthread_t main_thread;
-static atomic_int late_wakes; /* worker wakes that came after the engine had stopped */
+static atomic_int late_wakes; /* worker wakes that came after the loop saw the engine stopped */
+static atomic_bool loop_saw_stopped;
 
 #define CHECK(cond, ...)                                          \
     do {                                                          \
@@ -115,7 +116,7 @@ static void wake_fn(void *arg)
          * touches once the engine has stopped, so no worker wake may come after the stop. */
         struct timespec pause = {0, 50 * 1000000};
         nanosleep(&pause, NULL);
-        if (epd_engine_stopped(run->engine)) atomic_fetch_add(&late_wakes, 1);
+        if (atomic_load(&loop_saw_stopped)) atomic_fetch_add(&late_wakes, 1);
     }
     event_active(run->wake_ev, EV_READ, 0);
 }
@@ -186,7 +187,10 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
         }
     }
     run->saw_shutting_down |= st.shutting_down;
-    if (epd_engine_stopped(run->engine)) event_base_loopbreak(run->base);
+    if (epd_engine_stopped(run->engine)) {
+        atomic_store(&loop_saw_stopped, true);
+        event_base_loopbreak(run->base);
+    }
 }
 
 static void deadline_cb(evutil_socket_t fd, short what, void *arg)
@@ -215,6 +219,7 @@ static void config_for_test(epd_config_t *cfg)
 static void run_init(run_t *run, const epd_config_t *cfg, const epd_transport_t *transport,
                      epd_transport_ctx_t *tctx, epd_ops_ctx_t *octx)
 {
+    atomic_store(&loop_saw_stopped, false);
     char err[EPD_ERR_LEN];
     struct timeval limit = {30, 0};
 
@@ -225,8 +230,7 @@ static void run_init(run_t *run, const epd_config_t *cfg, const epd_transport_t 
     run->deadline = evtimer_new(run->base, deadline_cb, run);
     if (run->base == NULL || run->wake_ev == NULL || run->deadline == NULL) abort();
     evtimer_add(run->deadline, &limit);
-    if (epd_engine_create(cfg, MPI_COMM_WORLD, &epd_ops_host, octx, transport, tctx, run->base,
-                          wake_fn, run, &run->engine, err) != EPD_OK) {
+    if (epd_engine_create(cfg, MPI_COMM_WORLD, &epd_ops_host, octx, transport, tctx, wake_fn, run, &run->engine, err) != EPD_OK) {
         fprintf(stderr, "rank %d: engine: %s\n", rank, err);
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
