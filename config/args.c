@@ -28,6 +28,7 @@ static const opt_t options[] = {
     {"--json", OPT_FLAG},
     {"--bench-tokens", OPT_VALUE},
     {"--bench-iters", OPT_VALUE},
+    {"--bench-weights", OPT_VALUE},
 };
 
 epd_status_t epd_args_parse_token_list(const char *list, uint32_t *tokens, size_t max, size_t *n_p,
@@ -164,6 +165,15 @@ static epd_status_t apply_option(const opt_t *opt, const char *value, epd_args_t
             return EPD_ERR_INVALID_ARG;
         }
         args->bench_iters = (uint32_t)iters;
+    } else if (strcmp(name, "--bench-weights") == 0) {
+        if (strcmp(value, "random") != 0 && strcmp(value, "random-bf16") != 0 &&
+            strcmp(value, "random-fp8") != 0) {
+            epd_config_textf(err, EPD_ERR_LEN,
+                             "--bench-weights: '%.64s' is not one of random|random-bf16|random-fp8",
+                             value);
+            return EPD_ERR_INVALID_ARG;
+        }
+        args->bench_weights = value;
     }
     return EPD_OK;
 }
@@ -200,9 +210,12 @@ epd_status_t epd_args_parse(int argc, char **argv, epd_args_t *args_p, char err[
     } else {
         args_p->action = EPD_ACTION_RUN;
     }
-    if (!bench && !help && !version && (args_p->bench_tokens != NULL || args_p->bench_iters != 0)) {
+    if (!bench && !help && !version &&
+        (args_p->bench_tokens != NULL || args_p->bench_iters != 0 || args_p->bench_weights != NULL)) {
         epd_config_textf(err, EPD_ERR_LEN, "%s only goes with --bench",
-                         args_p->bench_tokens != NULL ? "--bench-tokens" : "--bench-iters");
+                         args_p->bench_tokens != NULL ? "--bench-tokens"
+                         : args_p->bench_iters != 0   ? "--bench-iters"
+                                                      : "--bench-weights");
         status = EPD_ERR_INVALID_ARG;
         goto err_free;
     }
@@ -228,7 +241,7 @@ void epd_args_print_usage(FILE *out, const char *argv0)
         "Usage: mpirun [MPI options] %s [--config FILE] [--set KEY=VALUE]...\n"
         "       %s --print-config [--config FILE] [--set KEY=VALUE]...\n"
         "       mpirun [MPI options] %s --bench [--json] [--bench-tokens LIST] "
-        "[--bench-iters N]\n"
+        "[--bench-iters N] [--bench-weights random|random-bf16|random-fp8]\n"
         "       %s --help | --version\n"
         "\n"
         "epd, the expert-parallel MoE dispatch daemon: every rank of an mpirun job runs it and\n"
@@ -244,6 +257,8 @@ void epd_args_print_usage(FILE *out, const char *argv0)
         "  --json               machine-readable --bench output\n"
         "  --bench-tokens LIST  tokens per rank per step to bench, e.g. 128,512,2048\n"
         "  --bench-iters N      steps per --bench-tokens entry\n"
+        "  --bench-weights W    with experts.kind=ffn: synthetic weights at the configured shape\n"
+        "                       (random: BF16 and FP8 block; else experts.weights is read)\n"
         "  -h, --help           this text\n"
         "  --version            print the version\n"
         "\n"

@@ -161,6 +161,7 @@ typedef struct epd_args {
     bool json;                /* --json: machine-readable bench output */
     const char *bench_tokens; /* --bench-tokens LIST, e.g. "128,512,2048"; NULL: the default list */
     uint32_t bench_iters;     /* --bench-iters N; 0: the default */
+    const char *bench_weights; /* --bench-weights random|random-bf16|random-fp8; NULL: the file */
 } epd_args_t;
 
 /* Parses argv (--config FILE, --set KEY=VALUE repeatable, --print-config, --help, --version,

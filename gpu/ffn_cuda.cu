@@ -733,3 +733,161 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
     CU(cudaGetLastError(), "combine kernel");
     return EPD_OK;
 }
+
+/* ---- benchmark baselines ----------------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Times launch() iters times (after two warm-ups) with events on stream; median in *us_p. */
+template <typename F>
+static epd_status_t time_median(cudaStream_t stream, uint32_t iters, F launch, double *us_p,
+                                char err[EPD_ERR_LEN])
+{
+    cudaEvent_t a, b;
+    double *t = (double *)calloc(iters ? iters : 1, sizeof *t);
+    if (t == NULL) {
+        snprintf(err, EPD_ERR_LEN, "out of memory");
+        return EPD_ERR_NO_MEMORY;
+    }
+    CU(cudaEventCreate(&a), "cudaEventCreate");
+    CU(cudaEventCreate(&b), "cudaEventCreate");
+    for (uint32_t i = 0; i < iters + 2; i++) {
+        CU(cudaEventRecord(a, stream), "cudaEventRecord");
+        epd_status_t st = launch();
+        if (st != EPD_OK) {
+            free(t);
+            return st;
+        }
+        CU(cudaEventRecord(b, stream), "cudaEventRecord");
+        CU(cudaEventSynchronize(b), "cudaEventSynchronize");
+        float ms = 0;
+        CU(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
+        if (i >= 2) t[i - 2] = (double)ms * 1e3;
+    }
+    qsort(t, iters, sizeof *t, cmp_double);
+    *us_p = t[iters / 2];
+    free(t);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return EPD_OK;
+}
+
+extern "C" epd_status_t epd_ffn_cuda_bench_gemm(uint32_t m, uint32_t n, uint32_t k, uint32_t iters,
+                                                double *us_p, char err[EPD_ERR_LEN])
+{
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    void *a = NULL, *b = NULL, *d = NULL, *ws = NULL;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    uint64_t ws_bytes = WORKSPACE_BYTES;
+    const float one = 1.0f, zero = 0.0f;
+    epd_status_t status;
+
+    CU(cudaStreamCreate(&stream), "cudaStreamCreate");
+    a = dalloc((size_t)m * k * 2);
+    b = dalloc((size_t)n * k * 2);
+    d = dalloc((size_t)m * n * 2);
+    ws = dalloc(WORKSPACE_BYTES);
+    if (a == NULL || b == NULL || d == NULL || ws == NULL) {
+        cudaGetLastError();
+        snprintf(err, EPD_ERR_LEN, "dense GEMM baseline: out of device memory");
+        return EPD_ERR_NO_MEMORY;
+    }
+    CU(cudaMemset(a, 0x3c, (size_t)m * k * 2), "cudaMemset");
+    CU(cudaMemset(b, 0x3c, (size_t)n * k * 2), "cudaMemset");
+    LT(cublasLtCreate(&lt), "cublasLtCreate");
+    LT(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+    LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "transa");
+    LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "transb");
+    LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, m, k), "layout");
+    LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, n, k), "layout");
+    LT(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, m, n, m), "layout");
+    LT(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                            &ws_bytes, sizeof ws_bytes), "preference");
+    LT(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &result, &found),
+       "heuristic");
+    if (found == 0) {
+        snprintf(err, EPD_ERR_LEN, "dense GEMM baseline: no BF16 algorithm");
+        return EPD_ERR_UNSUPPORTED;
+    }
+    status = time_median(
+        stream, iters,
+        [&]() -> epd_status_t {
+            return cublasLtMatmul(lt, desc, &one, a, la, b, lb, &zero, d, ld, d, ld, &result.algo,
+                                  ws, WORKSPACE_BYTES, stream) == CUBLAS_STATUS_SUCCESS
+                       ? EPD_OK
+                       : EPD_ERR_CUDA;
+        },
+        us_p, err);
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(desc);
+    cublasLtDestroy(lt);
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(d);
+    cudaFree(ws);
+    cudaStreamDestroy(stream);
+    if (status == EPD_ERR_CUDA && err[0] == '\0')
+        snprintf(err, EPD_ERR_LEN, "dense GEMM baseline: cublasLtMatmul failed");
+    return status;
+}
+
+__global__ void read_kernel(const uint4 *p, size_t n, unsigned *sink)
+{
+    unsigned acc = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint4 v = p[i];
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u) *sink = acc; /* practically never: keeps the loads */
+}
+
+extern "C" epd_status_t epd_ffn_cuda_bench_read(uint64_t bytes, uint32_t iters, double *us_p,
+                                                char err[EPD_ERR_LEN])
+{
+    cudaStream_t stream;
+    int dev = 0, sms = 0;
+    void *buf;
+    unsigned *sink;
+    epd_status_t status;
+    size_t n = (size_t)(bytes / 16);
+
+    CU(cudaGetDevice(&dev), "cudaGetDevice");
+    CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
+    CU(cudaStreamCreate(&stream), "cudaStreamCreate");
+    buf = dalloc(n * 16);
+    sink = (unsigned *)dalloc(sizeof *sink);
+    if (buf == NULL || sink == NULL) {
+        cudaGetLastError();
+        snprintf(err, EPD_ERR_LEN, "read baseline: out of device memory for %llu bytes",
+                 (unsigned long long)bytes);
+        return EPD_ERR_NO_MEMORY;
+    }
+    CU(cudaMemset(buf, 1, n * 16), "cudaMemset");
+    /* 4 blocks of 512 an SM keep enough loads in flight to reach the DRAM bandwidth */
+    status = time_median(
+        stream, iters,
+        [&]() -> epd_status_t {
+            read_kernel<<<(unsigned)sms * 4, 512, 0, stream>>>((const uint4 *)buf, n, sink);
+            return cudaGetLastError() == cudaSuccess ? EPD_OK : EPD_ERR_CUDA;
+        },
+        us_p, err);
+    cudaFree(buf);
+    cudaFree(sink);
+    cudaStreamDestroy(stream);
+    return status;
+}

@@ -34,9 +34,19 @@ epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *ffn, const epd_moe_shape_t *sh
                                   uint32_t layer, const void *recv_buf, uint32_t n_records,
                                   uint16_t *partials, char err[EPD_ERR_LEN]);
 
-/* Device bytes of the weights, and a pointer to one layer's first byte and its size, for the
- * benchmark's read-bandwidth baseline. */
+/* Device bytes of the weights (all layers). */
 uint64_t epd_ffn_cuda_weight_bytes(const epd_ffn_cuda_t *ffn);
+
+/* The benchmark's same-run baselines on the current device (own buffers, own stream), each the
+ * median of iters timed runs after a warm-up, in microseconds:
+ *   gemm: one dense cuBLASLt BF16 GEMM [m, k] x [k, n] (fp32 accumulation, BF16 out);
+ *   read: one pass of a kernel reading `bytes` of device memory (16-byte loads, summed so the
+ *         reads cannot be dropped).
+ * EPD_ERR_CUDA / EPD_ERR_NO_MEMORY with err. */
+epd_status_t epd_ffn_cuda_bench_gemm(uint32_t m, uint32_t n, uint32_t k, uint32_t iters,
+                                     double *us_p, char err[EPD_ERR_LEN]);
+epd_status_t epd_ffn_cuda_bench_read(uint64_t bytes, uint32_t iters, double *us_p,
+                                     char err[EPD_ERR_LEN]);
 
 #ifdef __cplusplus
 }
