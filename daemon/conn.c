@@ -204,6 +204,7 @@ static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
     req->id = view.id;
     req->conn_id = c->id;
     req->n_tokens = view.n_tokens;
+    req->layer = view.layer;
     req->x = view.x;
     req->topk_ids = view.topk_ids;
     req->topk_weights = view.topk_weights;

@@ -182,6 +182,10 @@ typedef struct epd_submit_limits {
     uint32_t topk;        /* K: model.topk */
     uint32_t num_experts; /* E: model.num_experts */
     uint32_t max_tokens;  /* dispatch.max_tokens_per_request */
+    /* Whether the daemon serves `layer` (ffn experts serve the layers they loaded); NULL: every
+     * layer is served (the toy expert kinds). */
+    bool (*layer_known)(void *arg, uint32_t layer);
+    void *layer_arg;
 } epd_submit_limits_t;
 
 /* Views into a validated SUBMIT frame's payload (borrowed: they live as long as frame->payload).
@@ -189,6 +193,7 @@ typedef struct epd_submit_limits {
  * are properly aligned. */
 typedef struct epd_submit_view {
     uint64_t id;
+    uint32_t layer;               /* "layer", 0 when absent */
     uint32_t n_tokens;
     uint32_t hidden;
     uint32_t topk;
@@ -200,7 +205,9 @@ typedef struct epd_submit_view {
 /* Validates a SUBMIT frame completely and fills *view_p. Codes (the first failing check wins;
  * descriptors, then layout, then shapes, then contents):
  *   bad_json            meta schema: "id" missing or not a non-negative integer, "tensors"
- *                       missing or not an object;
+ *                       missing or not an object, "layer" present but not an integer in
+ *                       [0, 2^31);
+ *   unknown_layer       limits->layer_known says the daemon does not serve that layer;
  *   bad_tensor          a tensor missing, unknown name, malformed descriptor, unknown dtype name,
  *                       ndim != 2, offsets out of the payload / misaligned / overlapping, bytes of
  *                       the payload that no tensor describes, N = 0;

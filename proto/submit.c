@@ -192,6 +192,20 @@ epd_status_t epd_submit_validate(const epd_frame_t *frame, const epd_submit_limi
         snprintf(err, EPD_ERR_LEN, "SUBMIT meta has no \"tensors\" object");
         return EPD_ERR_BAD_JSON;
     }
+    const cJSON *layer = cJSON_GetObjectItemCaseSensitive(frame->meta, "layer");
+    if (layer != NULL) {
+        double v = cJSON_IsNumber(layer) ? layer->valuedouble : -1.0;
+        if (!(v >= 0.0 && v <= (double)INT32_MAX && v == (double)(int64_t)v)) {
+            snprintf(err, EPD_ERR_LEN, "SUBMIT \"layer\" must be an integer in [0, 2^31)");
+            return EPD_ERR_BAD_JSON;
+        }
+        view_p->layer = (uint32_t)v;
+        if (limits->layer_known != NULL && !limits->layer_known(limits->layer_arg, view_p->layer)) {
+            snprintf(err, EPD_ERR_LEN, "layer %u is not served by this daemon (experts.layers)",
+                     view_p->layer);
+            return EPD_ERR_UNKNOWN_LAYER;
+        }
+    }
     status = parse_tensors(tensors, frame->payload_len, t, err);
     if (status != EPD_OK) return status;
     status = check_cover(t, frame->payload_len, err);

@@ -78,6 +78,7 @@ static epd_request_t *make_request(uint64_t id, uint32_t n, uint64_t *seed)
 typedef struct expected {
     uint64_t id;
     uint32_t n;
+    uint32_t layer;
     uint16_t *y; /* the reference */
     bool answered;
 } expected_t;
@@ -91,6 +92,7 @@ typedef struct run {
     int n_exp;
     int n_answered, n_errors;
     uint64_t last_step;
+    uint32_t last_layer; /* of last_step */
     bool saw_shutting_down, refused_after_agreement, timed_out, tried_after_failure;
     epd_status_t want_status; /* EPD_OK, or EPD_ERR_INTERNAL for the failing transport */
 } run_t;
@@ -100,6 +102,7 @@ static expected_t *expect(run_t *run, epd_request_t *req)
     expected_t *e = &run->exp[run->n_exp++];
     e->id = req->id;
     e->n = req->n_tokens;
+    e->layer = req->layer;
     e->y = malloc((size_t)req->n_tokens * HIDDEN * 2);
     if (e->y == NULL || epd_moe_reference(&run->shape, req->n_tokens, req->x, req->topk_ids,
                                           req->topk_weights, e->y) != EPD_OK)
@@ -145,7 +148,13 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
                 CHECK(res->step >= 1 && res->step >= run->last_step,
                       "id %llu: step %llu after %llu", (unsigned long long)res->id,
                       (unsigned long long)res->step, (unsigned long long)run->last_step);
+                /* a step serves one layer */
+                CHECK(res->step != run->last_step || e->layer == run->last_layer,
+                      "id %llu of layer %u shares step %llu with layer %u",
+                      (unsigned long long)res->id, e->layer, (unsigned long long)res->step,
+                      run->last_layer);
                 run->last_step = res->step;
+                run->last_layer = e->layer;
             } else {
                 run->n_errors++;
                 CHECK(res->message[0] != '\0', "an error result without a message");
@@ -261,6 +270,7 @@ static uint64_t run_shutdown(epd_ops_ctx_t *octx, epd_transport_ctx_t *tctx)
     run_init(&run, &cfg, &epd_transport_mpi, tctx, octx);
     for (int i = 0; i < 4 && sizes[rank % 2][i] > 0; i++) {
         epd_request_t *req = make_request(id++, sizes[rank % 2][i], &seed);
+        req->layer = (uint32_t)(id % 3) * 7; /* layers 0, 7 and 14 mixed in one queue */
         expect(&run, req);
         s = epd_engine_submit(run.engine, req);
         CHECK(s == EPD_OK, "submit %d gave %s", i, epd_status_name(s));

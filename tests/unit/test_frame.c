@@ -18,7 +18,7 @@
 #define MAX_PAYLOAD (1u << 20)
 
 /* The SUBMIT limits used by the malformed-input cases: H 4, K 2, E 8, at most 16 tokens. */
-static const epd_submit_limits_t limits = {.hidden = 4, .topk = 2, .num_experts = 8,
+static epd_submit_limits_t limits = {.hidden = 4, .topk = 2, .num_experts = 8,
                                            .max_tokens = 16};
 
 /* A flat buffer holding one encoded frame. */
@@ -574,6 +574,46 @@ static void test_frame__submit_valid__passes_and_keeps_minus_one(void **state)
     assert_int_equal(std_submit_data(ids, NULL), EPD_OK);
 }
 
+static bool only_layers_below_3(void *arg, uint32_t layer)
+{
+    (void)arg;
+    return layer < 3;
+}
+
+static void test_frame__submit_layer__optional_integer_unknown_is_unknown_layer(void **state)
+{
+    static const char *const bad[] = {"-1", "1.5", "\"2\"", "null", "true", "[1]", "2147483648"};
+    char meta[1024], err[EPD_ERR_LEN];
+    epd_submit_view_t view;
+    (void)state;
+    snprintf(meta, sizeof(meta), "{\"id\":1,\"tensors\":{" STD_IDS "," STD_W "," STD_X "}}");
+    assert_int_equal(submit_status(meta, std_payload, sizeof(std_payload), &view, err), EPD_OK);
+    assert_int_equal(view.layer, 0); /* absent: layer 0 */
+    snprintf(meta, sizeof(meta),
+             "{\"id\":1,\"layer\":57,\"tensors\":{" STD_IDS "," STD_W "," STD_X "}}");
+    assert_int_equal(submit_status(meta, std_payload, sizeof(std_payload), &view, err), EPD_OK);
+    assert_int_equal(view.layer, 57); /* no layer_known: every layer is served */
+    for (size_t i = 0; i < EPD_ARRAY_SIZE(bad); i++) {
+        snprintf(meta, sizeof(meta),
+                 "{\"id\":1,\"layer\":%s,\"tensors\":{" STD_IDS "," STD_W "," STD_X "}}",
+                 bad[i]);
+        epd_status_t status = submit_status(meta, std_payload, sizeof(std_payload), &view, err);
+        if (status != EPD_ERR_BAD_JSON) fail_msg("layer %s: got %s", bad[i], epd_status_name(status));
+        assert_non_null(strstr(err, "layer"));
+    }
+    limits.layer_known = only_layers_below_3;
+    snprintf(meta, sizeof(meta),
+             "{\"id\":5,\"layer\":2,\"tensors\":{" STD_IDS "," STD_W "," STD_X "}}");
+    assert_int_equal(submit_status(meta, std_payload, sizeof(std_payload), &view, err), EPD_OK);
+    snprintf(meta, sizeof(meta),
+             "{\"id\":5,\"layer\":3,\"tensors\":{" STD_IDS "," STD_W "," STD_X "}}");
+    assert_int_equal(submit_status(meta, std_payload, sizeof(std_payload), &view, err),
+                     EPD_ERR_UNKNOWN_LAYER);
+    assert_true(view.id == 5);
+    assert_non_null(strstr(err, "layer 3"));
+    limits.layer_known = NULL;
+}
+
 /* ---- SUBMIT tensors ---- */
 
 static void test_frame__tensor_missing_or_unknown__is_bad_tensor(void **state)
@@ -945,6 +985,7 @@ int main(void)
         cmocka_unit_test(test_frame__submit_id__missing_or_invalid_is_bad_json),
         cmocka_unit_test(test_frame__submit_tensors__missing_is_bad_json),
         cmocka_unit_test(test_frame__submit_valid__passes_and_keeps_minus_one),
+        cmocka_unit_test(test_frame__submit_layer__optional_integer_unknown_is_unknown_layer),
         cmocka_unit_test(test_frame__tensor_missing_or_unknown__is_bad_tensor),
         cmocka_unit_test(test_frame__unknown_dtype__is_bad_tensor),
         cmocka_unit_test(test_frame__known_other_dtype__is_unsupported_dtype),
