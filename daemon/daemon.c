@@ -297,6 +297,8 @@ static void start_server(daemon_t *d)
     if (epd_config_expand_path(d->cfg->socket.path, d->rank, d->local_rank, host, d->path,
                                sizeof(d->path), err) != EPD_OK)
         start_fail("socket.path: %s", err);
+    /* ffn experts serve the layers they loaded; SUBMITs naming another get unknown_layer */
+    if (d->ffn != NULL) epd_server_set_layer_hook(d->server, epd_experts_layer_known, d->ffn);
     if (epd_server_listen(d->server, d->path, err) != EPD_OK) start_fail("%s", err);
 }
 

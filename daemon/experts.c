@@ -86,3 +86,8 @@ bool epd_experts_layer_served(const epd_ffn_weights_t *weights, int64_t layer)
     if (layer < 0 || layer > UINT32_MAX) return false;
     return weights == NULL || epd_ffn_find_layer(weights, (uint32_t)layer) != NULL;
 }
+
+bool epd_experts_layer_known(void *weights, uint32_t layer)
+{
+    return epd_experts_layer_served(weights, layer);
+}

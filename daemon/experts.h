@@ -24,4 +24,7 @@ epd_status_t epd_experts_open(const epd_config_t *cfg, uint32_t world, uint32_t 
  * NULL), the loaded ones for ffn. */
 bool epd_experts_layer_served(const epd_ffn_weights_t *weights, int64_t layer);
 
+/* The same as a submit-limits hook (proto/frame.h layer_known): arg is the weights. */
+bool epd_experts_layer_known(void *weights, uint32_t layer);
+
 #endif

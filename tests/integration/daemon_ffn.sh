@@ -17,6 +17,24 @@ $py scripts/make-test-model.py "$TMP/fp8" --format fp8 --seed 4 || die "make-tes
 model=(--set model.hidden=256 --set model.num_experts=16 --set model.topk=8
        --set dispatch.max_tokens_per_request=32 --set experts.kind=ffn)
 
+# unknown_layer SOCKET L: a SUBMIT naming layer L is answered unknown_layer, the connection stays.
+unknown_layer() {
+    python3 - "$1" "$2" <<'PY' || die "layer $2: not answered unknown_layer"
+import json, struct, sys
+sys.path.insert(0, "tests/integration")
+import daemon_wire as w
+raw = w.submit(7, 2, 256, 8)
+meta_len, payload_len = struct.unpack("<I", raw[8:12])[0], struct.unpack("<Q", raw[16:24])[0]
+meta = json.loads(raw[24:24 + meta_len])
+meta["layer"] = int(sys.argv[2])
+s = w.connect(sys.argv[1])
+s.sendall(w.frame(w.SUBMIT, meta, raw[24 + meta_len:]))
+kind, reply, _ = w.read_frame(s)
+assert kind == w.ERROR and reply["code"] == "unknown_layer" and reply["id"] == 7, reply
+print("layer", sys.argv[2], "->", reply["code"] + ":", reply["message"])
+PY
+}
+
 # run_case NP WEIGHTS SEED ARGS...: starts the daemon, checks every rank, stops it.
 run_case() {
     local np=$1 weights=$2 seed=$3; shift 3
@@ -27,6 +45,8 @@ run_case() {
     timeout 120 "$CHECK" "${socks[@]}" --clients 2 --requests 6 --max-tokens 24 --window 3 \
         --seed "$seed" --empty-slots --layers 1,2,3 ||
         die "np=$np $weights $*: results differ from the reference"
+    unknown_layer "$(sock 0)" 0 # the dense layer: no experts
+    unknown_layer "$(sock $((np - 1)))" 4
     epd_stop
 }
 
