@@ -211,7 +211,8 @@ epd_status_t epd_args_parse(int argc, char **argv, epd_args_t *args_p, char err[
         args_p->action = EPD_ACTION_RUN;
     }
     if (!bench && !help && !version &&
-        (args_p->bench_tokens != NULL || args_p->bench_iters != 0 || args_p->bench_weights != NULL)) {
+        (args_p->bench_tokens != NULL || args_p->bench_iters != 0 ||
+         args_p->bench_weights != NULL)) {
         epd_config_textf(err, EPD_ERR_LEN, "%s only goes with --bench",
                          args_p->bench_tokens != NULL ? "--bench-tokens"
                          : args_p->bench_iters != 0   ? "--bench-iters"

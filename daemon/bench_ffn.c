@@ -78,7 +78,8 @@ static epd_status_t make_records(const epd_ops_t *ops, epd_ops_ctx_t *ctx,
     lay.slot = ops->alloc(ctx, (size_t)tokens * 4);
     drec = ops->alloc(ctx, (size_t)tokens * rec.size);
     hrec = malloc((size_t)tokens * rec.size);
-    if (dx == NULL || dids == NULL || dw == NULL || lay.slot == NULL || drec == NULL || hrec == NULL)
+    if (dx == NULL || dids == NULL || dw == NULL || lay.slot == NULL || drec == NULL ||
+        hrec == NULL)
         goto out;
     status = ops->copy_to_ops(ctx, dx, x, (size_t)tokens * H * 2);
     if (status == EPD_OK) status = ops->copy_to_ops(ctx, dids, ids, (size_t)tokens * K * 4);
@@ -97,7 +98,8 @@ static epd_status_t make_records(const epd_ops_t *ops, epd_ops_ctx_t *ctx,
     drec = NULL;
     hrec = NULL;
 out:
-    if (status == EPD_ERR_NO_MEMORY) snprintf(err, EPD_ERR_LEN, "out of memory for %u tokens", tokens);
+    if (status == EPD_ERR_NO_MEMORY)
+        snprintf(err, EPD_ERR_LEN, "out of memory for %u tokens", tokens);
     if (dx != NULL) ops->free(ctx, dx);
     if (dids != NULL) ops->free(ctx, dids);
     if (dw != NULL) ops->free(ctx, dw);

@@ -73,6 +73,8 @@ epd_status_t epd_experts_open(const epd_config_t *cfg, uint32_t world, uint32_t 
                  (unsigned long long)w->local_bytes, why);
         goto out;
     }
+    /* the device holds its own copy now */
+    if (ops->device_memory) epd_ffn_drop_host(w);
     *weights_p = w;
     w = NULL;
 out:

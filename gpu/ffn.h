@@ -82,6 +82,11 @@ epd_status_t epd_ffn_random(epd_ffn_format_t format, uint32_t hidden, uint32_t i
 
 void epd_ffn_free(epd_ffn_weights_t *weights);
 
+/* Frees the host copies of the weights and scales (the arrays of every layer become NULL; the
+ * layer numbers, shapes and local_bytes stay), once device ops hold their own copy: a rank of a
+ * large model keeps no second copy in host memory. The host ops cannot use them after this. */
+void epd_ffn_drop_host(epd_ffn_weights_t *weights);
+
 /* The layer, or NULL when it was not loaded. */
 const epd_ffn_layer_t *epd_ffn_find_layer(const epd_ffn_weights_t *weights, uint32_t layer);
 

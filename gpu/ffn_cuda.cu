@@ -26,7 +26,7 @@ extern "C" {
 #include "gpu/ffn_cuda.h"
 #include "gpu/fp8.h"
 
-#define ROW_ALIGN 32                  /* rows of an expert are padded to this (tiles, ld alignment) */
+#define ROW_ALIGN 32                  /* an expert's rows are padded to this (tiles, alignment) */
 #define WORKSPACE_BYTES (32u << 20)   /* cuBLASLt workspace, allocated once */
 #define PLAN_CACHE 64                 /* GEMM plans kept per projection (by padded rows) */
 #define GROUP 128
@@ -494,7 +494,8 @@ extern "C" epd_status_t epd_ffn_cuda_create(const epd_ffn_weights_t *w, void *st
         dev_layer_t *l = &f->layers[i];
         l->layer = src->layer;
         status = upload(&l->gate_up, src->gate_up, gu * es, &f->weight_bytes, err);
-        if (status == EPD_OK) status = upload(&l->down, src->down, gu / 2 * es, &f->weight_bytes, err);
+        if (status == EPD_OK)
+            status = upload(&l->down, src->down, gu / 2 * es, &f->weight_bytes, err);
         if (status == EPD_OK && fp8)
             status = upload((void **)&l->gate_up_scale, src->gate_up_scale, gus * 4,
                             &f->weight_bytes, err);

@@ -14,7 +14,8 @@ UNIT_TESTS += ffn
 test_ffn_SRCS := gpu/ffn.c gpu/safetensors.c gpu/ops_host.c gpu/quant_host.c common/status.c \
                  common/parse.c
 UNIT_TESTS += ops_host
-test_ops_host_SRCS := gpu/ops_host.c gpu/quant_host.c gpu/ffn.c gpu/safetensors.c common/status.c common/parse.c
+test_ops_host_SRCS := gpu/ops_host.c gpu/quant_host.c gpu/ffn.c gpu/safetensors.c common/status.c \
+                      common/parse.c
 
 # FP8 GPU test (exits 77 'SKIP: no GPU' without a device) and the kernel benchmark: CUDA builds only.
 ifeq ($(CUDA),1)
@@ -42,7 +43,8 @@ ifeq ($(CUDA),1)
 GPU_TESTS += test_ops_cuda daemon_gpu.sh
 OPS_CUDA_TEST_OBJS += $(BUILD)/obj/tests/gpu/test_ops_cuda.cu.o $(BUILD)/obj/gpu/ops_cuda.cu.o \
                       $(BUILD)/obj/gpu/ffn_cuda.cu.o \
-                      $(patsubst %.c,$(BUILD)/obj/%.o,gpu/ops_host.c gpu/quant_host.c gpu/ffn.c gpu/safetensors.c common/status.c)
+                      $(patsubst %.c,$(BUILD)/obj/%.o,gpu/ops_host.c gpu/quant_host.c gpu/ffn.c \
+                                                      gpu/safetensors.c common/status.c)
 $(BUILD)/tests/gpu/test_ops_cuda: $(OPS_CUDA_TEST_OBJS)
 	@mkdir -p $(dir $@)
 	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) -lstdc++
@@ -54,8 +56,15 @@ BINS += $(BUILD)/tests/gpu/test_ops_cuda $(BUILD)/tests/gpu/daemon_gpu.sh
 # test_ffn_cuda: the CUDA ffn experts against the host ones, within DESIGN.md section 9's tolerance.
 GPU_TESTS += test_ffn_cuda
 $(BUILD)/tests/gpu/test_ffn_cuda: $(BUILD)/obj/tests/gpu/test_ffn_cuda.cu.o \
-                                  $(filter-out $(BUILD)/obj/tests/gpu/test_ops_cuda.cu.o,$(OPS_CUDA_TEST_OBJS))
+                                  $(filter-out %/test_ops_cuda.cu.o,$(OPS_CUDA_TEST_OBJS))
 	@mkdir -p $(dir $@)
 	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) -lstdc++
 BINS += $(BUILD)/tests/gpu/test_ffn_cuda
+# daemon_ffn_gpu.sh: the ffn daemon on the GPU through the sockets, within the tolerance.
+GPU_TESTS += daemon_ffn_gpu.sh
+$(BUILD)/tests/gpu/daemon_ffn_gpu.sh: tests/gpu/daemon_ffn_gpu.sh
+	@mkdir -p $(dir $@)
+	$(call say,GEN)printf '#!/bin/sh\nexec bash tests/gpu/daemon_ffn_gpu.sh "$$@"\n' >$@ && \
+	    chmod 0755 $@
+BINS += $(BUILD)/tests/gpu/daemon_ffn_gpu.sh
 endif

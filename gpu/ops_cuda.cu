@@ -1062,6 +1062,7 @@ static epd_status_t cuda_experts_load(epd_ops_ctx_t *ctx, const epd_moe_shape_t 
     epd_status_t status;
     uint32_t per_rank;
 
+    err[0] = '\0';
     CHECK_GOTO(enter(ctx), out);
     if (!shape_fits(ctx, shape) || weights == NULL) {
         snprintf(err, EPD_ERR_LEN, "%s", ctx->err[0] ? ctx->err : "cuda ops: no weights");
@@ -1080,7 +1081,7 @@ static epd_status_t cuda_experts_load(epd_ops_ctx_t *ctx, const epd_moe_shape_t 
     }
     status = epd_ffn_cuda_create(weights, ctx->stream, &ctx->ffn, err);
 out:
-    if (status != EPD_OK && err != NULL && err[0] == '\0') snprintf(err, EPD_ERR_LEN, "%s", ctx->err);
+    if (status != EPD_OK && err[0] == '\0') snprintf(err, EPD_ERR_LEN, "%s", ctx->err);
     return status;
 }
 

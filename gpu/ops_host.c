@@ -458,8 +458,8 @@ static void ffn_row_from_payload(const epd_moe_shape_t *shape, const epd_ffn_wei
     if (w->format == EPD_FFN_BF16) {
         for (uint32_t i = 0; i < H; i++) {
             if (fp8_wire) {
-                float sc = shape->scale == EPD_SCALE_PER_TOKEN ? payload_scales[0]
-                                                               : payload_scales[i / EPD_QUANT_GROUP];
+                uint32_t g = shape->scale == EPD_SCALE_PER_TOKEN ? 0 : i / EPD_QUANT_GROUP;
+                float sc = payload_scales[g];
                 s->x[i] = epd_bf16_to_f32(epd_f32_to_bf16(epd_e4m3_to_f32(payload[i]) * sc));
             } else {
                 uint16_t h;

@@ -6,12 +6,14 @@
 #   mpi      tests/gpu/mpi_cuda_aware with the stock MPI and with the CUDA-aware one
 #   daemon   tests/gpu/daemon_gpu.sh: the daemon on 2 GPUs through its sockets, every transport
 #   bench    epd --bench on 2 ranks for each transport (staged mpi, direct mpi, nccl)
+#   ffn      tests/gpu/daemon_ffn_gpu.sh (ffn experts through the sockets, 1 and 2 ranks on GPU 0)
+#            and epd --bench of the ffn experts at E_local 32, H 7168, I 2048
 # Usage: scripts/gpu-suite.sh [STAGE...]   (default: all). Logs go to $OUT (or build/gpu-suite).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu-suite}
 mkdir -p "$out"
-stages=${*:-build unit kbench mpi daemon bench}
+stages=${*:-build unit kbench mpi daemon bench ffn}
 cuda_mpi=/opt/epd-cuda-mpi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mpi_args=(--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any)
@@ -65,6 +67,12 @@ for s in $stages; do
                 --bench-tokens "$tokens" --set device.backend=cuda --set dispatch.transport=mpi \
                 --set dispatch.mpi_cuda_aware=true
         fi
+        ;;
+    ffn)
+        stage daemon-ffn env BUILD=build MPIRUN=mpirun bash tests/gpu/daemon_ffn_gpu.sh
+        stage bench-ffn mpirun -np 1 "${mpi_args[@]}" build/epd --bench --set experts.kind=ffn \
+            --bench-weights random --set model.num_experts=32 --set device.backend=cuda \
+            --bench-tokens "${EPD_FFN_BENCH_TOKENS:-32,128,512,2048}"
         ;;
     *)
         echo "unknown stage $s" >&2

@@ -63,10 +63,11 @@ def fp8_block(w):
     q = np.empty(w.shape, dtype=np.uint8)
     for i in range(br):
         for j in range(bc):
-            blk = w[i * BLOCK:(i + 1) * BLOCK, j * BLOCK:(j + 1) * BLOCK]
+            rows_, cols_ = slice(i * BLOCK, (i + 1) * BLOCK), slice(j * BLOCK, (j + 1) * BLOCK)
+            blk = w[rows_, cols_]
             s = np.float32(max(float(np.abs(blk).max()), 1e-12) / 448.0)
             scale[i, j] = s
-            q[i * BLOCK:(i + 1) * BLOCK, j * BLOCK:(j + 1) * BLOCK] = e4m3_codes(blk / np.float64(s))
+            q[rows_, cols_] = e4m3_codes(blk / np.float64(s))
     return q, scale
 
 
@@ -74,7 +75,8 @@ def write_safetensors(path, tensors):
     """tensors: list of (name, dtype string, shape, bytes)."""
     header, off = {"__metadata__": {"format": "pt"}}, 0
     for name, dtype, shape, data in tensors:
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + len(data)]}
+        header[name] = {"dtype": dtype, "shape": list(shape),
+                        "data_offsets": [off, off + len(data)]}
         off += len(data)
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it

@@ -135,7 +135,9 @@ static void run_case(const ffn_case_t *c, epd_ops_ctx_t *hctx_unused)
                "worst relative L2 %.2e (tolerance %.0e)\n",
                ok ? "PASS" : "FAIL", epd_ffn_format_name(c->format),
                c->dtype == EPD_WIRE_FP8 ? "fp8" : "bf16",
-               c->dtype == EPD_WIRE_FP8 ? (c->scale == EPD_SCALE_PER_TOKEN ? " per_token" : " group128") : "",
+               c->dtype != EPD_WIRE_FP8                ? ""
+               : c->scale == EPD_SCALE_PER_TOKEN ? " per_token"
+                                                 : " group128",
                H, c->inter, c->experts, K, c->rank, c->world, n, worst, tol);
         if (ok)
             passed++;

@@ -39,12 +39,20 @@ PY
 run_case() {
     local np=$1 weights=$2 seed=$3; shift 3
     epd_start "$np" "${model[@]}" --set "experts.weights=$TMP/$weights" "$@"
-    grep -q "ffn experts: 3 layers" "$EPD_LOG" || die "np=$np: the start-up log does not say what was loaded"
+    grep -q "ffn experts: 3 layers" "$EPD_LOG" ||
+        die "np=$np: the start-up log does not say what was loaded"
     local socks=() r
     for ((r = 0; r < np; r++)); do socks+=(--socket "$(sock $r)"); done
-    timeout 120 "$CHECK" "${socks[@]}" --clients 2 --requests 6 --max-tokens 24 --window 3 \
+    timeout 120 "$CHECK" "${socks[@]}" --clients 2 --requests 5 --max-tokens 16 --window 3 \
         --seed "$seed" --empty-slots --layers 1,2,3 ||
         die "np=$np $weights $*: results differ from the reference"
+    # per-layer stats: only layers 1-3 stepped, and they add up to the tokens
+    $WIRE stats "$(sock 0)" | python3 -c '
+import json, sys
+e = json.load(sys.stdin)["engine"]
+lt = e["layer_tokens"]
+assert lt and set(lt) <= {"1", "2", "3"} and sum(lt.values()) == e["tokens"], e' ||
+        die "np=$np: stats engine.layer_tokens is wrong"
     unknown_layer "$(sock 0)" 0 # the dense layer: no experts
     unknown_layer "$(sock $((np - 1)))" 4
     epd_stop
@@ -60,7 +68,8 @@ expect_refusal() {
     local what=$1 needle=$2; shift 2
     epd_launch 2 "$TMP/refused.log" "${model[@]}" "$@"
     epd_wait_exit 30
-    [[ $EPD_RC != 0 && $EPD_RC != 124 ]] || die "$what: the daemon did not refuse to start (rc $EPD_RC)"
+    [[ $EPD_RC != 0 && $EPD_RC != 124 ]] ||
+        die "$what: the daemon did not refuse to start (rc $EPD_RC)"
     grep -q -- "$needle" "$TMP/refused.log" || die "$what: the log does not say '$needle'"
 }
 rm "$TMP/fp8/model-00002-of-00002.safetensors"
@@ -71,4 +80,5 @@ expect_refusal "intermediate" "model.intermediate = 256" --set "experts.weights=
 expect_refusal "unknown layer" "layer 7, which has no experts" --set "experts.weights=$TMP/bf16" \
     --set experts.layers=1,7
 expect_refusal "no weights" "needs experts.weights"
-echo "PASS: ffn experts at np 2 and 4 (bf16 and fp8 block weights, layers 1-3 interleaved) equal the reference; start-up refusals named"
+echo "PASS: ffn experts at np 2 and 4 (bf16 and fp8 block weights, layers 1-3 interleaved)" \
+    "equal the reference; unknown layers and start-up refusals named"

@@ -69,7 +69,8 @@ static void write_st(const char *path, const st_spec_t *t, size_t n, const void 
     size_t used = 0, off = 0;
 
     assert_non_null(header);
-    used += (size_t)snprintf(header + used, (1 << 20) - used, "{\"__metadata__\":{\"format\":\"pt\"}");
+    used += (size_t)snprintf(header + used, (1 << 20) - used,
+                             "{\"__metadata__\":{\"format\":\"pt\"}");
     for (size_t i = 0; i < n; i++) {
         used += (size_t)snprintf(header + used, (1 << 20) - used,
                                  ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t[i].name, t[i].dtype);
@@ -300,7 +301,9 @@ static void write_model(const char *path, uint32_t n_layers, uint32_t n_experts,
                         if (bad_dtype != NULL) t[i].dtype = bad_dtype;
                         if (bad_rows != 0) t[i].shape[0] = bad_rows;
                     }
-                    size_t es = strcmp(t[i].dtype, "F8_E4M3") == 0 ? 1 : strcmp(t[i].dtype, "F32") == 0 ? 4 : 2;
+                    size_t es = strcmp(t[i].dtype, "F8_E4M3") == 0 ? 1
+                                : strcmp(t[i].dtype, "F32") == 0     ? 4
+                                                                     : 2;
                     t[i].bytes = (size_t)t[i].shape[0] * t[i].shape[1] * es;
                     total += t[i].bytes;
                     i++;
@@ -428,14 +431,15 @@ static void seen_input(const epd_moe_shape_t *s, const epd_ffn_weights_t *w, con
         epd_quant_row_host(row, H, s->scale, s->scale_format, q, sc);
     if (w->format == EPD_FFN_BF16) {
         for (uint32_t i = 0; i < H; i++) {
-            float v = s->dtype == EPD_WIRE_FP8
-                          ? epd_e4m3_to_f32(q[i]) * sc[s->scale == EPD_SCALE_PER_TOKEN ? 0 : i / 128]
-                          : epd_bf16_to_f32(row[i]);
+            uint32_t g = s->scale == EPD_SCALE_PER_TOKEN ? 0 : i / 128;
+            float v = s->dtype == EPD_WIRE_FP8 ? epd_e4m3_to_f32(q[i]) * sc[g]
+                                               : epd_bf16_to_f32(row[i]);
             xd[i] = epd_bf16_to_f32(epd_f32_to_bf16(v));
         }
         return;
     }
-    if (s->dtype != EPD_WIRE_FP8) epd_quant_row_host(row, H, EPD_SCALE_GROUP128, EPD_SCALE_FMT_FP32, q, sc);
+    if (s->dtype != EPD_WIRE_FP8)
+        epd_quant_row_host(row, H, EPD_SCALE_GROUP128, EPD_SCALE_FMT_FP32, q, sc);
     for (uint32_t i = 0; i < H; i++) {
         bool one = s->dtype == EPD_WIRE_FP8 && s->scale == EPD_SCALE_PER_TOKEN;
         xd[i] = (double)epd_e4m3_to_f32(q[i]) * (double)sc[one ? 0 : i / 128];
@@ -451,10 +455,12 @@ static double weight(const epd_ffn_weights_t *w, const epd_ffn_layer_t *l, uint3
     size_t base = m == 2 ? (size_t)e * H * I : ((size_t)e * 2 + (size_t)m) * I * H;
     uint32_t cols = m == 2 ? I : H;
     if (w->format == EPD_FFN_BF16)
-        return epd_bf16_to_f32(((const uint16_t *)(m == 2 ? l->down : l->gate_up))[base + (size_t)r * cols + c]);
+        return epd_bf16_to_f32(
+            ((const uint16_t *)(m == 2 ? l->down : l->gate_up))[base + (size_t)r * cols + c]);
     const uint8_t *q = (const uint8_t *)(m == 2 ? l->down : l->gate_up);
-    const float *sc = m == 2 ? l->down_scale + (size_t)e * (H / 128) * (I / 128)
-                             : l->gate_up_scale + ((size_t)e * 2 + (size_t)m) * (I / 128) * (H / 128);
+    size_t blocks = (size_t)(I / 128) * (H / 128);
+    const float *sc = m == 2 ? l->down_scale + (size_t)e * blocks
+                             : l->gate_up_scale + ((size_t)e * 2 + (size_t)m) * blocks;
     return (double)epd_e4m3_to_f32(q[base + (size_t)r * cols + c]) *
            (double)sc[(r / 128) * (cols / 128) + c / 128];
 }
@@ -531,9 +537,9 @@ static void run_world(epd_moe_shape_t s, const epd_ffn_weights_t *w, uint32_t la
     for (uint32_t r = 0; r < s.world; r++) {
         epd_moe_shape_t sr = s;
         sr.rank = r;
-        assert_int_equal(ops->experts(ctx, &sr, layer, records + (size_t)lay.send_offsets_host[r] * rec.size,
-                                      lay.send_counts_host[r],
-                                      partials + (size_t)lay.send_offsets_host[r] * H),
+        size_t first = lay.send_offsets_host[r];
+        assert_int_equal(ops->experts(ctx, &sr, layer, records + first * rec.size,
+                                      lay.send_counts_host[r], partials + first * H),
                          EPD_OK);
     }
     assert_int_equal(ops->combine(ctx, &s, &lay, partials, y), EPD_OK);
@@ -612,7 +618,8 @@ static void test_ffn__host_experts__match_fp64_on_every_world(void **state)
             epd_scale_kind_t scale;
             uint32_t world;
         } cases[] = {{EPD_WIRE_BF16, EPD_SCALE_GROUP128, 1}, {EPD_WIRE_FP8, EPD_SCALE_GROUP128, 8},
-                     {EPD_WIRE_FP8, EPD_SCALE_PER_TOKEN, 2}, {EPD_WIRE_BF16, EPD_SCALE_GROUP128, 8}};
+                     {EPD_WIRE_FP8, EPD_SCALE_PER_TOKEN, 2},
+                     {EPD_WIRE_BF16, EPD_SCALE_GROUP128, 8}};
         for (size_t c = 0; c < EPD_ARRAY_SIZE(cases); c++) {
             epd_moe_shape_t s = {.hidden = H, .topk = K, .num_experts = E, .world = cases[c].world,
                                  .dtype = cases[c].dtype, .scale = cases[c].scale,

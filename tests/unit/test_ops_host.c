@@ -341,8 +341,8 @@ static void test_ops_host__shape_check__experts_not_multiple_of_ranks__message(v
 
 static void test_ops_host__expert_kinds__found_by_kind_and_name(void **state)
 {
-    const epd_expert_kind_t kinds[] = {EPD_EXPERTS_IDENTITY, EPD_EXPERTS_SCALE};
-    const char *const names[] = {"identity", "scale"};
+    const epd_expert_kind_t kinds[] = {EPD_EXPERTS_IDENTITY, EPD_EXPERTS_SCALE, EPD_EXPERTS_FFN};
+    const char *const names[] = {"identity", "scale", "ffn"};
     epd_moe_shape_t s = make_shape(128, 2, 4, 1, EPD_WIRE_BF16, EPD_SCALE_GROUP128,
                                    EPD_SCALE_FMT_FP32, EPD_EXPERTS_SCALE);
     float x[128], acc[128];
@@ -354,7 +354,11 @@ static void test_ops_host__expert_kinds__found_by_kind_and_name(void **state)
         assert_ptr_equal(epd_expert_ops_find_name(names[i]), e);
     }
     assert_null(epd_expert_ops_find((epd_expert_kind_t)99));
-    assert_null(epd_expert_ops_find_name("ffn"));
+    assert_null(epd_expert_ops_find_name("mlp"));
+    /* ffn's experts are weights: no elementwise functions */
+    assert_true(epd_expert_ops_find(EPD_EXPERTS_FFN)->weights);
+    assert_null(epd_expert_ops_find(EPD_EXPERTS_FFN)->accumulate);
+    assert_false(epd_expert_ops_find(EPD_EXPERTS_SCALE)->weights);
     assert_null(epd_expert_ops_find_name(NULL));
 
     /* scale: expert 2 of 4 multiplies by 1.5; accumulate adds w * y to what acc holds */
