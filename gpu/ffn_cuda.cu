@@ -61,6 +61,9 @@ struct epd_ffn_cuda {
     cublasLtMatrixLayout_t wdesc[N_PROJ];
     cublasLtMatmulPreference_t pref;
     gemm_plan_t plans[N_PROJ][PLAN_CACHE];
+    /* GEMM outputs in BF16: where cuBLASLt has no fp32-out GEMM of the format (the intermediate
+     * is then rounded once more, inside section 9's tolerance) */
+    bool d_bf16[N_PROJ];
     uint32_t next_plan[N_PROJ];
 
     /* per-call buffers, grown on demand */
@@ -72,10 +75,10 @@ struct epd_ffn_cuda {
     int32_t *row_src;       /* [cap_rows] */
     void *act;              /* [cap_rows][H] bf16 or e4m3 */
     float *act_scale;       /* [cap_rows * H / 128] */
-    float *gu;              /* [cap_rows * 2I] */
+    void *gu;               /* [cap_rows * 2I] fp32 (or bf16, d_bf16) */
     void *h;                /* [cap_rows][I] bf16 or e4m3 */
     float *h_scale;         /* [cap_rows * I / 128] */
-    float *y_t;             /* [cap_rows * H], N-major per expert */
+    void *y_t;              /* [cap_rows * H] fp32 (or bf16), N-major per expert */
     float *y;               /* [cap_rows][H] */
 };
 
@@ -114,6 +117,12 @@ __device__ static __forceinline__ uint32_t expert_of(const uint32_t *row_base, u
             hi = mid;
     }
     return lo;
+}
+
+/* element i of a GEMM output, fp32 or bf16 */
+__device__ static __forceinline__ float load_d(const void *d, size_t i, bool bf16)
+{
+    return bf16 ? epd_bf16_to_f32(((const uint16_t *)d)[i]) : ((const float *)d)[i];
 }
 
 /* max over the 128 threads of a block (4 warps) */
@@ -219,7 +228,8 @@ __global__ void __launch_bounds__(GROUP) gather_kernel(gather_args a)
 }
 
 struct swiglu_args {
-    const float *gu; /* per expert [2I][mpad] at row_base[e] * 2I */
+    const void *gu; /* per expert [2I][mpad] at row_base[e] * 2I */
+    bool gu_bf16;
     const uint32_t *row_base;
     uint32_t n_local, inter;
     bool fp8;
@@ -238,12 +248,12 @@ __global__ void __launch_bounds__(GROUP) swiglu_kernel(swiglu_args a)
     uint32_t r0 = blockIdx.x * TILE_ROWS, g0 = blockIdx.y * GROUP;
     uint32_t e = expert_of(a.row_base, a.n_local, r0);
     uint32_t m0 = r0 - a.row_base[e], mpad = a.row_base[e + 1] - a.row_base[e];
-    const float *base = a.gu + (size_t)a.row_base[e] * 2 * a.inter;
+    size_t base = (size_t)a.row_base[e] * 2 * a.inter;
 
     for (uint32_t idx = threadIdx.x; idx < GROUP * TILE_ROWS; idx += GROUP) {
         uint32_t ii = idx / TILE_ROWS, mm = idx % TILE_ROWS;
-        tg[ii][mm] = base[(size_t)(g0 + ii) * mpad + m0 + mm];
-        tu[ii][mm] = base[(size_t)(a.inter + g0 + ii) * mpad + m0 + mm];
+        tg[ii][mm] = load_d(a.gu, base + (size_t)(g0 + ii) * mpad + m0 + mm, a.gu_bf16);
+        tu[ii][mm] = load_d(a.gu, base + (size_t)(a.inter + g0 + ii) * mpad + m0 + mm, a.gu_bf16);
     }
     __syncthreads();
     uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -281,16 +291,16 @@ __global__ void __launch_bounds__(GROUP) swiglu_kernel(swiglu_args a)
 }
 
 /* y_t (per expert [H][mpad]) -> y [rows][H], 32 x 32 tiles. */
-__global__ void transpose_kernel(const float *y_t, const uint32_t *row_base, uint32_t n_local,
-                                 uint32_t hidden, float *y)
+__global__ void transpose_kernel(const void *y_t, bool y_bf16, const uint32_t *row_base,
+                                 uint32_t n_local, uint32_t hidden, float *y)
 {
     __shared__ float t[32][33];
     uint32_t r0 = blockIdx.x * 32, h0 = blockIdx.y * 32;
     uint32_t e = expert_of(row_base, n_local, r0);
     uint32_t m0 = r0 - row_base[e], mpad = row_base[e + 1] - row_base[e];
-    const float *base = y_t + (size_t)row_base[e] * hidden;
+    size_t base = (size_t)row_base[e] * hidden;
     for (uint32_t yy = threadIdx.y; yy < 32; yy += blockDim.y)
-        t[yy][threadIdx.x] = base[(size_t)(h0 + yy) * mpad + m0 + threadIdx.x];
+        t[yy][threadIdx.x] = load_d(y_t, base + (size_t)(h0 + yy) * mpad + m0 + threadIdx.x, y_bf16);
     __syncthreads();
     for (uint32_t yy = threadIdx.y; yy < 32; yy += blockDim.y)
         y[(size_t)(r0 + yy) * hidden + h0 + threadIdx.x] = t[threadIdx.x][yy];
@@ -345,16 +355,24 @@ static epd_status_t get_plan(epd_ffn_cuda_t *f, int proj, uint32_t m_pad, gemm_p
     proj_dims(f, proj, &n, &k);
     LT(cublasLtMatrixLayoutCreate(&p->a, fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF, k, m_pad, k),
        "activation layout");
-    LT(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, m_pad, n, m_pad), "output layout");
-    LT(cublasLtMatmulAlgoGetHeuristic(f->lt, f->desc[proj], p->a, f->wdesc[proj], p->d, p->d,
-                                      f->pref, 1, &result, &found),
-       "cublasLtMatmulAlgoGetHeuristic");
-    if (found == 0) {
+    LT(cublasLtMatrixLayoutCreate(&p->d, f->d_bf16[proj] ? CUDA_R_16BF : CUDA_R_32F, m_pad, n,
+                                  m_pad), "output layout");
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(f->lt, f->desc[proj], p->a, f->wdesc[proj],
+                                                       p->d, p->d, f->pref, 1, &result, &found);
+    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) {
+        cublasLtMatrixLayoutDestroy(p->a);
+        cublasLtMatrixLayoutDestroy(p->d);
+        snprintf(err, EPD_ERR_LEN, "ffn experts: cublasLtMatmulAlgoGetHeuristic: cuBLAS status %d",
+                 (int)st);
+        return EPD_ERR_CUDA;
+    }
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || found == 0) {
         cublasLtMatrixLayoutDestroy(p->a);
         cublasLtMatrixLayoutDestroy(p->d);
         snprintf(err, EPD_ERR_LEN,
-                 "ffn experts: cuBLASLt has no %s GEMM for M %u, N %u, K %u on this device",
-                 fp8 ? "FP8 block-scaled" : "BF16", m_pad, n, k);
+                 "ffn experts: cuBLASLt has no %s GEMM (%s out) for M %u, N %u, K %u on this "
+                 "device",
+                 fp8 ? "FP8 block-scaled" : "BF16", f->d_bf16[proj] ? "BF16" : "fp32", m_pad, n, k);
         return EPD_ERR_UNSUPPORTED;
     }
     p->algo = result.algo;
@@ -367,7 +385,7 @@ static epd_status_t get_plan(epd_ffn_cuda_t *f, int proj, uint32_t m_pad, gemm_p
 /* D (fp32, [N][m_pad]) = act rows [row0, row0 + m_pad) of expert e times its weights. */
 static epd_status_t gemm(epd_ffn_cuda_t *f, int proj, const dev_layer_t *l, uint32_t e,
                          uint32_t row0, uint32_t m_pad, const void *act, const float *act_scale,
-                         float *d, char err[EPD_ERR_LEN])
+                         void *d, char err[EPD_ERR_LEN])
 {
     bool fp8 = f->format == EPD_FFN_FP8_BLOCK;
     size_t es = fp8 ? 1 : 2;
@@ -382,7 +400,7 @@ static epd_status_t gemm(epd_ffn_cuda_t *f, int proj, const dev_layer_t *l, uint
     const uint8_t *w = (const uint8_t *)(proj == PROJ_GATE_UP ? l->gate_up : l->down) +
                        (size_t)e * n * k * es;
     const uint8_t *a = (const uint8_t *)act + (size_t)row0 * k * es;
-    float *out = d + (size_t)row0 * n;
+    void *out = (uint8_t *)d + (size_t)row0 * n * (f->d_bf16[proj] ? 2 : 4);
     if (fp8) {
         const float *as = act_scale + (size_t)row0 * (k / GROUP);
         const float *ws = (proj == PROJ_GATE_UP ? l->gate_up_scale : l->down_scale) +
@@ -559,9 +577,13 @@ extern "C" epd_status_t epd_ffn_cuda_create(const epd_ffn_weights_t *w, void *st
                 status = EPD_ERR_CUDA;
                 goto fail;
             }
-            /* a GEMM this device cannot run is a start-up error, not a step's */
+            /* a GEMM this device cannot run is a start-up error, not a step's; fp32 out first */
             gemm_plan_t *plan;
             status = get_plan(f, p, ROW_ALIGN, &plan, err);
+            if (status == EPD_ERR_UNSUPPORTED) {
+                f->d_bf16[p] = true;
+                status = get_plan(f, p, ROW_ALIGN, &plan, err);
+            }
             if (status != EPD_OK) goto fail;
         }
     }
@@ -710,6 +732,7 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
     }
     swiglu_args sa;
     sa.gu = f->gu;
+    sa.gu_bf16 = f->d_bf16[PROJ_GATE_UP];
     sa.row_base = f->row_base_dev;
     sa.n_local = f->n_local;
     sa.inter = f->inter;
@@ -727,7 +750,7 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
         if (status != EPD_OK) return status;
     }
     transpose_kernel<<<dim3(total / 32, f->hidden / 32), dim3(32, 8), 0, f->stream>>>(
-        f->y_t, f->row_base_dev, f->n_local, f->hidden, f->y);
+        f->y_t, f->d_bf16[PROJ_DOWN], f->row_base_dev, f->n_local, f->hidden, f->y);
     CU(cudaGetLastError(), "transpose kernel");
     combine_kernel<<<blocks_for((uint64_t)n_records * f->hidden, 256), 256, 0, f->stream>>>(
         ra, f->pair_row, f->y, f->hidden, partials);
