@@ -59,9 +59,10 @@ struct epd_engine {
     const epd_transport_t *transport;
     epd_transport_ctx_t *transport_ctx;
     epd_step_t *step;
-    /* Pinned host staging for one step (ops->alloc_host): the requests' x, ids and weights are
-     * gathered here and go to the device in one copy each; y comes back into the x part. */
+    /* Pinned host staging for one step (ops->alloc_host): the requests' ids and weights are
+     * gathered here and go to the device in one copy each. */
     uint8_t *stage;
+    epd_ops_event_t *copy_done; /* device-to-device copies of region rows (NULL: host ops) */
 
     epd_engine_wake_fn wake;
     void *wake_arg;
@@ -116,10 +117,20 @@ void epd_result_free(epd_result_t *result)
     free(result);
 }
 
-static void request_free(epd_request_t *req)
+void epd_request_free(epd_request_t *req)
 {
+    if (req == NULL) return;
+    for (size_t i = 0; i < EPD_ARRAY_SIZE(req->regions); i++)
+        if (req->regions[i] != NULL) req->unref(req->regions[i]);
     free(req->storage);
+    free(req->owned);
     free(req);
+}
+
+void epd_engine_ops(epd_engine_t *engine, const epd_ops_t **ops_p, epd_ops_ctx_t **ops_ctx_p)
+{
+    *ops_p = engine->ops;
+    *ops_ctx_p = engine->ops_ctx;
 }
 
 /* ---- the worker ---- */
@@ -148,12 +159,30 @@ static void answer_error(epd_engine_t *engine, epd_request_t *reqs, epd_status_t
             *tail_p = res;
         }
         /* without memory for the answer the job is failing anyway: the daemon aborts */
-        request_free(req);
+        epd_request_free(req);
     }
 }
 
+/* Copies `bytes` from src (ops memory) to dst (ops memory) and waits for it. */
+static epd_status_t copy_ops_to_ops(epd_engine_t *engine, void *dst, const void *src, size_t bytes)
+{
+    const epd_ops_t *ops = engine->ops;
+
+    if (!ops->device_memory || ops->copy_ops_to_ops_async == NULL) {
+        memcpy(dst, src, bytes); /* host ops: ops memory is host memory */
+        return EPD_OK;
+    }
+    epd_status_t status = ops->copy_ops_to_ops_async(engine->ops_ctx, dst, src, bytes,
+                                                     engine->copy_done);
+    if (status == EPD_OK) status = ops->event_wait(engine->ops_ctx, engine->copy_done);
+    return status;
+}
+
 /* Runs one step on the taken requests (n tokens in all) and turns y into results. On failure
- * err says why and the requests are left to the caller. */
+ * err says why and the requests are left to the caller. x goes to the step's input rows once per
+ * request (host memory: payload or host region, pinned or not; a device region: a device copy),
+ * or, for a step of one request in a device region, is read where it is; y likewise comes back
+ * into each result or region once, or is written straight into the region. */
 static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t n,
                              epd_result_t **head_p, epd_result_t **tail_p,
                              epd_step_timing_t *timing_p, char err[EPD_ERR_LEN])
@@ -161,6 +190,7 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
     const epd_ops_t *ops = engine->ops;
     const epd_step_io_t *io = epd_step_io(engine->step);
     uint32_t hidden = engine->shape.hidden, topk = engine->shape.topk;
+    size_t row = (size_t)hidden * 2;
     epd_result_t *head = NULL, *tail = NULL;
     epd_status_t status = EPD_OK;
     size_t at = 0;
@@ -168,8 +198,8 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
     /* the results first: once the step ran, answering must not fail for want of memory */
     for (epd_request_t *req = reqs; req != NULL; req = req->next) {
         epd_result_t *res = calloc(1, sizeof *res);
-        if (res != NULL) res->y = malloc((size_t)req->n_tokens * hidden * 2);
-        if (res == NULL || res->y == NULL) {
+        if (res != NULL && req->y_dst == NULL) res->y = malloc((size_t)req->n_tokens * row);
+        if (res == NULL || (req->y_dst == NULL && res->y == NULL)) {
             epd_result_free(res);
             snprintf(err, EPD_ERR_LEN, "engine: out of memory for the results of a step");
             status = EPD_ERR_NO_MEMORY;
@@ -182,21 +212,31 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
         tail = res;
     }
 
-    /* gathered in pinned memory, then one copy per tensor for the whole step */
+    /* One request whose tensors are in device regions is read and written in place. */
+    bool alone = reqs != NULL && reqs->next == NULL;
+    const uint16_t *x = alone && reqs->x_device ? reqs->x : io->x;
+    uint16_t *y = alone && reqs->y_dst != NULL && reqs->y_device ? reqs->y_dst : io->y;
+
+    /* ids and weights (small, always on the host) gathered in pinned memory, one copy each */
     size_t max_tokens = engine->cfg.dispatch.max_tokens_per_step;
-    uint16_t *x_stage = (uint16_t *)engine->stage;
-    int32_t *ids_stage = (int32_t *)(x_stage + max_tokens * hidden);
+    int32_t *ids_stage = (int32_t *)engine->stage;
     float *w_stage = (float *)(ids_stage + max_tokens * topk);
     for (epd_request_t *req = reqs; req != NULL; req = req->next) {
         size_t rows = req->n_tokens;
-        memcpy(x_stage + at * hidden, req->x, rows * hidden * 2);
         memcpy(ids_stage + at * topk, req->topk_ids, rows * topk * sizeof(int32_t));
         memcpy(w_stage + at * topk, req->topk_weights, rows * topk * sizeof(float));
+        if (x == io->x) {
+            if (req->x_device)
+                CHECK_GOTO(copy_ops_to_ops(engine, io->x + at * hidden, req->x, rows * row),
+                           out_copy);
+            else
+                CHECK_GOTO(ops->copy_to_ops(engine->ops_ctx, io->x + at * hidden, req->x,
+                                            rows * row),
+                           out_copy);
+        }
         at += rows;
     }
     if (n > 0) {
-        CHECK_GOTO(ops->copy_to_ops(engine->ops_ctx, io->x, x_stage, (size_t)n * hidden * 2),
-                   out_copy);
         CHECK_GOTO(ops->copy_to_ops(engine->ops_ctx, io->topk_ids, ids_stage,
                                     (size_t)n * topk * sizeof(int32_t)),
                    out_copy);
@@ -204,18 +244,24 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
                                     (size_t)n * topk * sizeof(float)),
                    out_copy);
     }
-    CHECK_GOTO(
-        epd_step_run(engine->step, n, io->x, io->topk_ids, io->topk_weights, io->y, timing_p, err),
-        out_results);
+    CHECK_GOTO(epd_step_run(engine->step, n, x, io->topk_ids, io->topk_weights, y, timing_p, err),
+               out_results);
 
-    /* y back in one copy (complete when copy_to_host returns), then split per request */
-    if (n > 0)
-        CHECK_GOTO(ops->copy_to_host(engine->ops_ctx, x_stage, io->y, (size_t)n * hidden * 2),
-                   out_copy);
+    /* y back, once per request (complete when the copy returns) */
     at = 0;
     epd_result_t *res = head;
     for (epd_request_t *req = reqs; req != NULL; req = req->next, res = res->next) {
-        memcpy(res->y, x_stage + at * hidden, (size_t)req->n_tokens * hidden * 2);
+        size_t bytes = (size_t)req->n_tokens * row;
+        const uint16_t *src = io->y + at * hidden;
+        if (y != io->y) {
+            /* written in place */
+        } else if (req->y_dst != NULL && req->y_device) {
+            CHECK_GOTO(copy_ops_to_ops(engine, req->y_dst, src, bytes), out_copy);
+        } else {
+            CHECK_GOTO(ops->copy_to_host(engine->ops_ctx, req->y_dst != NULL ? req->y_dst : res->y,
+                                         src, bytes),
+                       out_copy);
+        }
         at += req->n_tokens;
     }
 
@@ -227,6 +273,9 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
         res->n_tokens = req->n_tokens;
         res->status = EPD_OK;
         res->latency_ns = now - req->enqueued_ns;
+        res->y_in_region = req->y_dst != NULL;
+        res->y_region = req->y_region;
+        res->y_offset = req->y_offset;
     }
     *head_p = head;
     *tail_p = tail;
@@ -311,7 +360,7 @@ static bool step_layer(epd_engine_t *engine, uint32_t layer)
         for (epd_result_t *res = head; res != NULL; res = res->next) res->step = engine->step_no;
         for (epd_request_t *req = taken; req != NULL;) {
             epd_request_t *next = req->next;
-            request_free(req);
+            epd_request_free(req);
             req = next;
         }
         epd_engine_stats_t *st = &engine->stats;
@@ -564,8 +613,7 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
                                transport, transport_ctx, engine->comm, &engine->step, err),
                out_free);
     {
-        size_t per_token = (size_t)engine->shape.hidden * 2 +
-                           (size_t)engine->shape.topk * (sizeof(int32_t) + sizeof(float));
+        size_t per_token = (size_t)engine->shape.topk * (sizeof(int32_t) + sizeof(float));
         size_t bytes = (size_t)cfg->dispatch.max_tokens_per_step * per_token;
         engine->stage = ops->alloc_host(ops_ctx, bytes);
         if (engine->stage == NULL) {
@@ -576,6 +624,12 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
             status = EPD_ERR_NO_MEMORY;
             goto out_free;
         }
+    }
+    if (ops->device_memory && ops->event_create != NULL &&
+        ops->event_create(ops_ctx, &engine->copy_done) != EPD_OK) {
+        snprintf(err, EPD_ERR_LEN, "engine: cannot create a %s event", ops->name);
+        status = EPD_ERR_INTERNAL;
+        goto out_free;
     }
     rc = pthread_create(&engine->worker, NULL, worker_main, engine);
     if (rc != 0) {
@@ -708,7 +762,7 @@ void epd_engine_destroy(epd_engine_t *engine)
     }
     while (engine->queue_head != NULL) {
         epd_request_t *next = engine->queue_head->next;
-        request_free(engine->queue_head);
+        epd_request_free(engine->queue_head);
         engine->queue_head = next;
     }
     while (engine->results_head != NULL) {
@@ -718,6 +772,7 @@ void epd_engine_destroy(epd_engine_t *engine)
     }
     epd_step_destroy(engine->step);
     if (engine->stage != NULL) engine->ops->free_host(engine->ops_ctx, engine->stage);
+    if (engine->copy_done != NULL) engine->ops->event_destroy(engine->ops_ctx, engine->copy_done);
     if (engine->comm != MPI_COMM_NULL && worker_left) MPI_Comm_free(&engine->comm);
     pthread_cond_destroy(&engine->cv);
     pthread_mutex_destroy(&engine->mu);

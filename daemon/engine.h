@@ -21,10 +21,20 @@ typedef struct epd_request {
     uint64_t conn_id;      /* the connection it came on (never reused within a run) */
     uint32_t n_tokens;
     uint32_t layer;        /* the MoE layer (SUBMIT "layer", default 0); a step serves one */
-    const uint16_t *x;     /* bf16 [N,H] */
-    const int32_t *topk_ids;     /* [N,K] */
-    const float *topk_weights;   /* [N,K] */
-    void *storage;         /* owns x, ids, weights; released with free() */
+    const uint16_t *x;     /* bf16 [N,H]: host memory, or ops memory when x_device */
+    bool x_device;         /* x is in a device region */
+    const int32_t *topk_ids;     /* [N,K], host */
+    const float *topk_weights;   /* [N,K], host */
+    uint16_t *y_dst;       /* y is written here (a region), not into the result; or NULL */
+    bool y_device;         /* y_dst is ops memory */
+    uint32_t y_region;     /* for the RESULT meta when y_dst is set */
+    uint64_t y_offset;
+    void *storage;         /* owns what x, ids, weights point to in the payload; free()d */
+    void *owned;           /* more host memory behind ids/weights (may be NULL); free()d */
+    /* References on the regions the tensors are in, each dropped with unref when the request is
+     * freed (after its answer is complete, y included). */
+    void *regions[4];
+    void (*unref)(void *region);
     uint64_t enqueued_ns;  /* CLOCK_MONOTONIC when queued */
     struct epd_request *next;
 } epd_request_t;
@@ -34,7 +44,10 @@ typedef struct epd_result {
     uint64_t id;
     uint64_t conn_id;
     uint32_t n_tokens;
-    uint16_t *y;
+    uint16_t *y;           /* NULL when y went into a region (y_region, y_offset) */
+    bool y_in_region;
+    uint32_t y_region;
+    uint64_t y_offset;
     uint64_t step;         /* step number that produced it */
     epd_status_t status;   /* EPD_OK, or the code to send in an ERROR frame */
     char message[EPD_ERR_LEN];
@@ -83,6 +96,9 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
  * caller keeps req and answers the error. */
 epd_status_t epd_engine_submit(epd_engine_t *engine, epd_request_t *req);
 
+/* Frees a request that is not the engine's (refused by submit), dropping its region references. */
+void epd_request_free(epd_request_t *req);
+
 /* Takes every finished result, oldest first (loop thread); the caller frees each with
  * epd_result_free. */
 epd_result_t *epd_engine_take_results(epd_engine_t *engine);
@@ -102,6 +118,10 @@ bool epd_engine_stopped(epd_engine_t *engine);
 bool epd_engine_failed(epd_engine_t *engine, char err[EPD_ERR_LEN]);
 
 void epd_engine_get_stats(epd_engine_t *engine, epd_engine_stats_t *stats_p);
+
+/* The device operations the engine runs its steps with (shared regions page-lock and open device
+ * memory through them). */
+void epd_engine_ops(epd_engine_t *engine, const epd_ops_t **ops_p, epd_ops_ctx_t **ops_ctx_p);
 
 /* What the worker is doing now, and since when (CLOCK_MONOTONIC ns): for health and stall
  * detection. */

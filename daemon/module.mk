@@ -4,7 +4,7 @@
 DAEMON_SRCS := daemon/main.c daemon/daemon.c daemon/server.c daemon/listener.c daemon/conn.c \
                daemon/conn_table.c daemon/control.c daemon/stats.c \
                daemon/log.c daemon/notify.c daemon/engine.c daemon/bench.c daemon/bench_ffn.c \
-               daemon/experts.c
+               daemon/experts.c daemon/region.c
 
 # Other folders' module.mk files are read after this one: their source lists are expanded in the
 # prerequisites a second time, once every list is complete.
