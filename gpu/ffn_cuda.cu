@@ -30,6 +30,7 @@ extern "C" {
 #define WORKSPACE_BYTES (32u << 20)   /* cuBLASLt workspace, allocated once */
 #define PLAN_CACHE 64                 /* GEMM plans kept per projection (by padded rows) */
 #define GROUP 128
+#define HOST_SLOTS 4                  /* experts calls whose host counts may be in flight */
 
 enum { PROJ_GATE_UP = 0, PROJ_DOWN = 1, N_PROJ };
 
@@ -70,7 +71,11 @@ struct epd_ffn_cuda {
     uint32_t cap_pairs, cap_rows;
     uint32_t *counts_dev;   /* [2 n_local]: rows, then the scatter's cursors */
     uint32_t *row_base_dev; /* [n_local + 1] */
-    uint32_t *host;         /* pinned: [n_local] counts read back, [n_local + 1] row bases */
+    /* pinned slots, used in turn: [n_local] rows per expert, [n_local + 1] row bases, copied to
+     * the device by the call that filled them; a slot is refilled once its copy has run */
+    uint32_t *host;         /* [HOST_SLOTS][2 n_local + 1] */
+    cudaEvent_t host_done[HOST_SLOTS];
+    uint32_t next_slot;
     int32_t *pair_row;      /* [cap_pairs] */
     int32_t *row_src;       /* [cap_rows] */
     void *act;              /* [cap_rows][H] bf16 or e4m3 */
@@ -154,8 +159,8 @@ __global__ void count_kernel(rec_args a, uint32_t *counts)
     if (e >= a.lo && e < a.lo + (int32_t)a.n_local) atomicAdd(&counts[e - a.lo], 1u);
 }
 
-__global__ void scatter_kernel(rec_args a, const uint32_t *row_base, uint32_t *cursor,
-                               int32_t *pair_row, int32_t *row_src)
+__global__ void scatter_kernel(rec_args a, const uint32_t *row_base, const uint32_t *rows,
+                               uint32_t *cursor, int32_t *pair_row, int32_t *row_src)
 {
     uint64_t p = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= (uint64_t)a.n_records * a.k_count) return;
@@ -166,7 +171,13 @@ __global__ void scatter_kernel(rec_args a, const uint32_t *row_base, uint32_t *c
         return;
     }
     uint32_t le = (uint32_t)(e - a.lo);
-    uint32_t pos = row_base[le] + atomicAdd(&cursor[le], 1u);
+    uint32_t c = atomicAdd(&cursor[le], 1u);
+    if (c >= rows[le]) {
+        /* counts that disagree with the records (a caller's bug): never write past the rows */
+        pair_row[p] = -1;
+        return;
+    }
+    uint32_t pos = row_base[le] + c;
     pair_row[p] = (int32_t)pos;
     row_src[pos] = (int32_t)j;
 }
@@ -452,6 +463,8 @@ extern "C" void epd_ffn_cuda_destroy(epd_ffn_cuda_t *f)
                     f->act_scale, f->gu, f->h, f->h_scale, f->y_t, f->y};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
     cudaFreeHost(f->host);
+    for (int i = 0; i < HOST_SLOTS; i++)
+        if (f->host_done[i] != NULL) cudaEventDestroy(f->host_done[i]);
     free(f);
 }
 
@@ -535,7 +548,8 @@ extern "C" epd_status_t epd_ffn_cuda_create(const epd_ffn_weights_t *w, void *st
     f->counts_dev = (uint32_t *)dalloc(2 * (size_t)w->n_local * sizeof(uint32_t));
     f->row_base_dev = (uint32_t *)dalloc(((size_t)w->n_local + 1) * sizeof(uint32_t));
     if (f->workspace == NULL || f->counts_dev == NULL || f->row_base_dev == NULL ||
-        cudaMallocHost((void **)&f->host, (2 * (size_t)w->n_local + 1) * sizeof(uint32_t)) !=
+        cudaMallocHost((void **)&f->host,
+                       HOST_SLOTS * (2 * (size_t)w->n_local + 1) * sizeof(uint32_t)) !=
             cudaSuccess) {
         cudaGetLastError();
         snprintf(err, EPD_ERR_LEN, "ffn experts: cannot allocate the %u-byte workspace",
@@ -641,8 +655,8 @@ static uint32_t blocks_for(uint64_t threads, uint32_t per_block)
 
 extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_shape_t *shape,
                                              uint32_t layer, const void *recv_buf,
-                                             uint32_t n_records, uint16_t *partials,
-                                             char err[EPD_ERR_LEN])
+                                             uint32_t n_records, const uint32_t *expert_rows_host,
+                                             uint16_t *partials, char err[EPD_ERR_LEN])
 {
     const dev_layer_t *l = NULL;
     epd_record_layout_t rec;
@@ -680,15 +694,27 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
         return EPD_ERR_INVALID_ARG;
     }
 
-    /* rows per expert, read back: the one wait of the call */
+    /* rows per expert: from the count exchange when the caller has them (and the weights are
+     * exactly this rank's experts), else counted here and read back (a wait) */
+    uint32_t slot = f->next_slot++ % HOST_SLOTS;
+    uint32_t *counts = f->host + (size_t)slot * (2 * (size_t)f->n_local + 1);
+    uint32_t *row_base = counts + f->n_local, total = 0;
+    if (f->host_done[slot] == NULL)
+        CU(cudaEventCreateWithFlags(&f->host_done[slot], cudaEventDisableTiming), "cudaEventCreate");
+    CU(cudaEventSynchronize(f->host_done[slot]), "waiting for a host slot");
     CU(cudaMemsetAsync(f->counts_dev, 0, 2 * (size_t)f->n_local * sizeof(uint32_t), f->stream),
        "cudaMemsetAsync");
-    count_kernel<<<blocks_for(pairs, 256), 256, 0, f->stream>>>(ra, f->counts_dev);
-    CU(cudaGetLastError(), "count kernel");
-    CU(cudaMemcpyAsync(f->host, f->counts_dev, (size_t)f->n_local * sizeof(uint32_t),
-                       cudaMemcpyDeviceToHost, f->stream), "reading the row counts");
-    CU(cudaStreamSynchronize(f->stream), "waiting for the row counts");
-    uint32_t *counts = f->host, *row_base = f->host + f->n_local, total = 0;
+    if (expert_rows_host != NULL && f->n_local == per_rank && f->first == shape->rank * per_rank) {
+        memcpy(counts, expert_rows_host, (size_t)f->n_local * sizeof(uint32_t));
+        CU(cudaMemcpyAsync(f->counts_dev, counts, (size_t)f->n_local * sizeof(uint32_t),
+                           cudaMemcpyHostToDevice, f->stream), "copying the row counts");
+    } else {
+        count_kernel<<<blocks_for(pairs, 256), 256, 0, f->stream>>>(ra, f->counts_dev);
+        CU(cudaGetLastError(), "count kernel");
+        CU(cudaMemcpyAsync(counts, f->counts_dev, (size_t)f->n_local * sizeof(uint32_t),
+                           cudaMemcpyDeviceToHost, f->stream), "reading the row counts");
+        CU(cudaStreamSynchronize(f->stream), "waiting for the row counts");
+    }
     for (uint32_t e = 0; e < f->n_local; e++) {
         row_base[e] = total;
         total += (counts[e] + ROW_ALIGN - 1) / ROW_ALIGN * ROW_ALIGN;
@@ -703,10 +729,11 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
     if (status != EPD_OK) return status;
     CU(cudaMemcpyAsync(f->row_base_dev, row_base, ((size_t)f->n_local + 1) * sizeof(uint32_t),
                        cudaMemcpyHostToDevice, f->stream), "cudaMemcpyAsync");
+    CU(cudaEventRecord(f->host_done[slot], f->stream), "cudaEventRecord");
     CU(cudaMemsetAsync(f->row_src, 0xff, (size_t)total * sizeof(int32_t), f->stream),
        "cudaMemsetAsync");
     scatter_kernel<<<blocks_for(pairs, 256), 256, 0, f->stream>>>(
-        ra, f->row_base_dev, f->counts_dev + f->n_local, f->pair_row, f->row_src);
+        ra, f->row_base_dev, f->counts_dev, f->counts_dev + f->n_local, f->pair_row, f->row_src);
     CU(cudaGetLastError(), "scatter kernel");
 
     gather_args ga;

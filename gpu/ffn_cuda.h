@@ -29,10 +29,12 @@ epd_status_t epd_ffn_cuda_create(const epd_ffn_weights_t *weights, void *stream,
 void epd_ffn_cuda_destroy(epd_ffn_cuda_t *ffn);
 
 /* The experts op for ffn (gpu/ops.h experts) on device records: partials bf16 [n_records, H].
- * Queued on the stream; it waits once for the per-expert row counts (a small read-back). */
+ * Queued on the stream. expert_rows_host: rows per local expert among the records (the count
+ * exchange's); NULL: counted on the device and read back, one wait. */
 epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *ffn, const epd_moe_shape_t *shape,
                                   uint32_t layer, const void *recv_buf, uint32_t n_records,
-                                  uint16_t *partials, char err[EPD_ERR_LEN]);
+                                  const uint32_t *expert_rows_host, uint16_t *partials,
+                                  char err[EPD_ERR_LEN]);
 
 /* Device bytes of the weights (all layers). */
 uint64_t epd_ffn_cuda_weight_bytes(const epd_ffn_cuda_t *ffn);

@@ -84,6 +84,11 @@ typedef struct epd_step_layout {
     uint32_t *send_offsets_host;/* [W] first record of each destination (exclusive prefix sum) */
     uint32_t n_send;            /* total records */
     int32_t *slot;              /* ops memory, [N*W]: record index of (token, rank), or -1 */
+    /* [E] host memory or NULL: tokens naming each expert, i.e. the rows each expert's owner will
+     * run for this rank's records (ids distinct per token); valid with the counts
+     * (layout_counts). They travel with the count exchange, so the experts op knows its rows
+     * per expert without reading them back from the device. */
+    uint32_t *expert_counts_host;
 } epd_step_layout_t;
 
 typedef struct epd_ops_ctx epd_ops_ctx_t;
@@ -128,9 +133,12 @@ typedef struct epd_ops {
     /* Experts of layer: for each of n_records received records, partial = bf16(sum over ascending
      * k with a local expert of w_k * expert(x')), fp32 accumulation, no FMA; partials bf16
      * [n_records, H]. The toy kinds ignore layer; ffn fails with EPD_ERR_INVALID_ARG on a layer
-     * experts_load did not give. */
+     * experts_load did not give. expert_rows_host: [E/W] rows per local expert among these
+     * records (from the count exchange), or NULL: the op counts them itself (cuda then waits for
+     * a read-back). Counts that disagree with the records are EPD_ERR_INTERNAL. */
     epd_status_t (*experts)(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, uint32_t layer,
-                            const void *recv_buf, uint32_t n_records, uint16_t *partials);
+                            const void *recv_buf, uint32_t n_records,
+                            const uint32_t *expert_rows_host, uint16_t *partials);
     /* Gives ctx the ffn weights of this rank's experts (all layers), checked against shape (H,
      * the rank's expert range). Host ops keep the pointer (the weights stay the caller's and must
      * outlive ctx's use of them); cuda copies them to the device, where EPD_ERR_NO_MEMORY names

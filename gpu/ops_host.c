@@ -274,8 +274,10 @@ static epd_status_t host_layout(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape
         if (dest == NULL) return NO_MEMORY(ctx, "layout");
     }
 
-    /* first pass: validate ids and count records per destination */
+    /* first pass: validate ids and count records per destination (and tokens per expert) */
     memset(layout->send_counts_host, 0, world * sizeof(uint32_t));
+    if (layout->expert_counts_host != NULL)
+        memset(layout->expert_counts_host, 0, shape->num_experts * sizeof(uint32_t));
     for (uint32_t t = 0; t < n; t++) {
         const int32_t *ids = topk_ids + (size_t)t * k_count;
         memset(dest, 0, world * sizeof *dest);
@@ -288,6 +290,7 @@ static epd_status_t host_layout(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape
                 return EPD_ERR_EXPERT_OUT_OF_RANGE;
             }
             dest[(uint32_t)ids[k] / per_rank] = true;
+            if (layout->expert_counts_host != NULL) layout->expert_counts_host[ids[k]]++;
         }
         for (uint32_t r = 0; r < world; r++) layout->send_counts_host[r] += dest[r];
     }
@@ -540,8 +543,38 @@ static epd_status_t host_experts_load(epd_ops_ctx_t *ctx, const epd_moe_shape_t 
     return EPD_OK;
 }
 
+/* The rows per local expert the caller says these records hold must be theirs. */
+static epd_status_t check_rows(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
+                               const epd_record_layout_t *rec, const void *recv_buf,
+                               uint32_t n_records, const uint32_t *expert_rows_host)
+{
+    uint32_t per_rank = shape->num_experts / shape->world, lo = shape->rank * per_rank;
+    uint32_t *rows = calloc(per_rank, sizeof *rows);
+
+    if (rows == NULL) return NO_MEMORY(ctx, "experts");
+    for (uint32_t j = 0; j < n_records; j++) {
+        const uint8_t *in = (const uint8_t *)recv_buf + (size_t)j * rec->size;
+        for (uint32_t k = 0; k < shape->topk; k++) {
+            int32_t e;
+            memcpy(&e, in + rec->ids + (size_t)k * sizeof e, sizeof e);
+            if (e >= (int32_t)lo && e < (int32_t)(lo + per_rank)) rows[e - (int32_t)lo]++;
+        }
+    }
+    for (uint32_t e = 0; e < per_rank; e++) {
+        if (rows[e] != expert_rows_host[e]) {
+            OPS_ERR(ctx, "host ops: experts: the counts say %u rows for expert %u, the records "
+                    "hold %u", expert_rows_host[e], lo + e, rows[e]);
+            free(rows);
+            return EPD_ERR_INTERNAL;
+        }
+    }
+    free(rows);
+    return EPD_OK;
+}
+
 static epd_status_t host_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, uint32_t layer,
-                                 const void *recv_buf, uint32_t n_records, uint16_t *partials)
+                                 const void *recv_buf, uint32_t n_records,
+                                 const uint32_t *expert_rows_host, uint16_t *partials)
 {
     epd_record_layout_t rec;
     const epd_expert_ops_t *experts;
@@ -565,6 +598,10 @@ static epd_status_t host_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
     if (n_records == 0) return EPD_OK;
     if (recv_buf == NULL || partials == NULL) return BAD_ARGS(ctx, "experts");
     epd_record_layout(shape, &rec);
+    if (expert_rows_host != NULL) {
+        epd_status_t status = check_rows(ctx, shape, &rec, recv_buf, n_records, expert_rows_host);
+        if (status != EPD_OK) return status;
+    }
     x_in = malloc((size_t)shape->hidden * sizeof *x_in);
     acc = malloc((size_t)shape->hidden * sizeof *acc);
     ids = malloc(shape->topk * sizeof *ids);

@@ -72,6 +72,7 @@ static void run_case(const ffn_case_t *c, epd_ops_ctx_t *hctx_unused)
         lay.send_counts_host = (uint32_t *)calloc(c->world, 4);
         lay.send_offsets_host = (uint32_t *)calloc(c->world, 4);
         lay.slot = (int32_t *)calloc((size_t)N * c->world, 4);
+        lay.expert_counts_host = (uint32_t *)calloc(c->experts, 4);
         for (size_t i = 0; i < (size_t)N * H; i++)
             x[i] = epd_f32_to_bf16((2.0f * epd_rng_unit_f32(&rng) - 1.0f) *
                                    (1.0f + 3.0f * (float)(i / H % 5)));
@@ -107,27 +108,33 @@ static void run_case(const ffn_case_t *c, epd_ops_ctx_t *hctx_unused)
         CUDA_OK(cudaMalloc(&d_rec, (size_t)(n ? n : 1) * rec.size));
         CUDA_OK(cudaMalloc(&d_part, (size_t)(n ? n : 1) * H * 2));
         CUDA_OK(cudaMemcpy(d_rec, mine, (size_t)n * rec.size, cudaMemcpyHostToDevice));
-        if (ok && epd_ops_host.experts(hctx, &s, 1, mine, n, ref) != EPD_OK) ok = false;
-        if (ok && epd_ops_cuda.experts(dctx, &s, 1, d_rec, n, (uint16_t *)d_part) != EPD_OK) {
-            printf("FAIL  cuda experts: %s\n", epd_ops_cuda.last_error(dctx));
-            ok = false;
-        }
-        if (ok && epd_ops_cuda.sync(dctx) != EPD_OK) ok = false;
-        CUDA_OK(cudaMemcpy(got, d_part, (size_t)n * H * 2, cudaMemcpyDeviceToHost));
-        for (uint32_t j = 0; ok && j < n; j++) {
-            double num = 0, den = 0;
-            for (uint32_t i = 0; i < H; i++) {
-                double a = epd_bf16_to_f32(got[(size_t)j * H + i]);
-                double b = epd_bf16_to_f32(ref[(size_t)j * H + i]);
-                num += (a - b) * (a - b);
-                den += b * b;
+        /* the rows per expert as the count exchange brings them (the layout's counts) */
+        const uint32_t *rows = lay.expert_counts_host + (size_t)c->rank * per_rank;
+        if (ok && epd_ops_host.experts(hctx, &s, 1, mine, n, rows, ref) != EPD_OK) ok = false;
+        /* once counting on the device, once with the exchanged counts: the same partials */
+        for (int pass = 0; pass < 2; pass++) {
+            if (ok && epd_ops_cuda.experts(dctx, &s, 1, d_rec, n, pass ? rows : NULL,
+                                           (uint16_t *)d_part) != EPD_OK) {
+                printf("FAIL  cuda experts: %s\n", epd_ops_cuda.last_error(dctx));
+                ok = false;
             }
-            double rel = den > 0 ? sqrt(num / den) : sqrt(num);
-            if (rel > worst) worst = rel;
+            if (ok && epd_ops_cuda.sync(dctx) != EPD_OK) ok = false;
+            CUDA_OK(cudaMemcpy(got, d_part, (size_t)n * H * 2, cudaMemcpyDeviceToHost));
+            for (uint32_t j = 0; ok && j < n; j++) {
+                double num = 0, den = 0;
+                for (uint32_t i = 0; i < H; i++) {
+                    double a = epd_bf16_to_f32(got[(size_t)j * H + i]);
+                    double b = epd_bf16_to_f32(ref[(size_t)j * H + i]);
+                    num += (a - b) * (a - b);
+                    den += b * b;
+                }
+                double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+                if (rel > worst) worst = rel;
+            }
         }
         if (ok && worst > tol) ok = false;
         /* a layer that was not loaded is refused */
-        if (ok && epd_ops_cuda.experts(dctx, &s, 7, d_rec, n, (uint16_t *)d_part) == EPD_OK) {
+        if (ok && epd_ops_cuda.experts(dctx, &s, 7, d_rec, n, NULL, (uint16_t *)d_part) == EPD_OK) {
             printf("FAIL  layer 7 was accepted\n");
             ok = false;
         }
@@ -154,6 +161,7 @@ static void run_case(const ffn_case_t *c, epd_ops_ctx_t *hctx_unused)
         free(lay.send_counts_host);
         free(lay.send_offsets_host);
         free(lay.slot);
+        free(lay.expert_counts_host);
     }
 out:
     if (dctx != NULL) epd_ops_cuda.fini(dctx);

@@ -524,6 +524,7 @@ static void run_world(epd_moe_shape_t s, const epd_ffn_weights_t *w, uint32_t la
     lay.send_counts_host = calloc(s.world, sizeof(uint32_t));
     lay.send_offsets_host = calloc(s.world, sizeof(uint32_t));
     lay.slot = calloc((size_t)n * s.world, sizeof(int32_t));
+    lay.expert_counts_host = calloc(s.num_experts, sizeof(uint32_t));
     uint8_t *records = calloc((size_t)n * s.world, rec.size);
     uint16_t *partials = calloc((size_t)n * s.world * H, 2);
     uint16_t *y = calloc((size_t)n * H, 2), *ref = calloc((size_t)n * H, 2);
@@ -538,8 +539,10 @@ static void run_world(epd_moe_shape_t s, const epd_ffn_weights_t *w, uint32_t la
         epd_moe_shape_t sr = s;
         sr.rank = r;
         size_t first = lay.send_offsets_host[r];
+        /* the rows per expert as the count exchange brings them: the layout's counts */
+        const uint32_t *rows = lay.expert_counts_host + (size_t)r * (s.num_experts / s.world);
         assert_int_equal(ops->experts(ctx, &sr, layer, records + first * rec.size,
-                                      lay.send_counts_host[r], partials + first * H),
+                                      lay.send_counts_host[r], rows, partials + first * H),
                          EPD_OK);
     }
     assert_int_equal(ops->combine(ctx, &s, &lay, partials, y), EPD_OK);
@@ -570,11 +573,22 @@ static void run_world(epd_moe_shape_t s, const epd_ffn_weights_t *w, uint32_t la
                   epd_ffn_format_name(w->format), s.dtype == EPD_WIRE_FP8 ? "fp8" : "bf16",
                   s.world, worst);
     /* a layer that was not loaded is refused */
-    assert_int_equal(ops->experts(ctx, &s, 99, records, 1, partials), EPD_ERR_INVALID_ARG);
+    assert_int_equal(ops->experts(ctx, &s, 99, records, 1, NULL, partials), EPD_ERR_INVALID_ARG);
+    /* counts that disagree with the records are refused */
+    if (lay.send_counts_host[0] > 0) {
+        uint32_t *wrong = calloc(s.num_experts, sizeof(uint32_t));
+        memcpy(wrong, lay.expert_counts_host, s.num_experts / s.world * sizeof(uint32_t));
+        wrong[0]++;
+        assert_int_equal(ops->experts(ctx, &s, layer, records, lay.send_counts_host[0], wrong,
+                                      partials),
+                         EPD_ERR_INTERNAL);
+        free(wrong);
+    }
     ops->fini(ctx);
     free(lay.send_counts_host);
     free(lay.send_offsets_host);
     free(lay.slot);
+    free(lay.expert_counts_host);
     free(records);
     free(partials);
     free(y);
@@ -642,7 +656,7 @@ static void test_ffn__host_experts__without_weights_refused(void **state)
     uint16_t part[128];
 
     assert_int_equal(epd_ops_host.init(-1, &ctx, err), EPD_OK);
-    assert_int_equal(epd_ops_host.experts(ctx, &s, 0, rec, 1, part), EPD_ERR_INVALID_ARG);
+    assert_int_equal(epd_ops_host.experts(ctx, &s, 0, rec, 1, NULL, part), EPD_ERR_INVALID_ARG);
     /* weights of experts [0, 2) cannot serve rank 1 */
     assert_int_equal(epd_ffn_random(EPD_FFN_BF16, 128, 128, 4, 0, 2, 1, 1, &w, err), EPD_OK);
     s.rank = 1;

@@ -134,7 +134,7 @@ static void run_simulated(epd_moe_shape_t shape, const uint32_t *n, uint64_t see
             at += c;
         }
         shape.rank = d;
-        assert_int_equal(ops->experts(ctx, &shape, 0, dr->recv, dr->n_recv, dr->partials), EPD_OK);
+        assert_int_equal(ops->experts(ctx, &shape, 0, dr->recv, dr->n_recv, NULL, dr->partials), EPD_OK);
     }
     /* the reverse alltoallv of partials */
     for (uint32_t d = 0; d < world; d++) {
@@ -490,12 +490,12 @@ static void test_ops_host__bad_arguments__invalid_arg_not_crash(void **state)
     assert_int_equal(epd_moe_reference(&s, 1, NULL, ids, w, y), EPD_ERR_INVALID_ARG);
     assert_int_equal(epd_moe_reference(&s, 0, NULL, NULL, NULL, NULL), EPD_OK);
     assert_int_equal(epd_ops_host.pack(NULL, &s, x, ids, w, &l, NULL), EPD_ERR_INVALID_ARG);
-    assert_int_equal(epd_ops_host.experts(NULL, &s, 0, NULL, 3, y), EPD_ERR_INVALID_ARG);
+    assert_int_equal(epd_ops_host.experts(NULL, &s, 0, NULL, 3, NULL, y), EPD_ERR_INVALID_ARG);
     assert_int_equal(epd_ops_host.combine(NULL, &s, &l, NULL, y), EPD_ERR_INVALID_ARG);
     const int32_t bad[] = {0, 9};
     assert_int_equal(epd_moe_reference(&s, 1, x, bad, w, y), EPD_ERR_EXPERT_OUT_OF_RANGE);
     s.rank = 2;
-    assert_int_equal(epd_ops_host.experts(NULL, &s, 0, x, 0, y), EPD_ERR_INVALID_ARG);
+    assert_int_equal(epd_ops_host.experts(NULL, &s, 0, x, 0, NULL, y), EPD_ERR_INVALID_ARG);
 }
 
 static void test_ops_host__world1_bf16_and_fp8__equals_reference(void **state)
