@@ -128,7 +128,8 @@ static epd_status_t accuracy(const epd_ops_t *ops, epd_ops_ctx_t *ctx, const epd
     CHECK_GOTO(ops->copy_to_host(ctx, got, partials_dev, (size_t)n * H * 2), out);
     CHECK_GOTO(epd_ops_host.init(-1, &hctx, err), out);
     CHECK_GOTO(epd_ops_host.experts_load(hctx, s, w, err), out);
-    CHECK_GOTO(epd_ops_host.experts(hctx, s, w->layers[0].layer, records_host, n, NULL, ref), out);
+    CHECK_GOTO(epd_ops_host.experts(hctx, s, w->layers[0].layer, records_host, n, NULL, ref),
+               out);
     for (uint32_t j = 0; j < n; j++) {
         double num = 0, den = 0;
         for (uint32_t i = 0; i < H; i++) {

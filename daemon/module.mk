@@ -21,9 +21,9 @@ $(BUILD)/epd: $$(call obj,$$(EPD_LINK_SRCS))
 BINS += $(BUILD)/epd
 
 # Integration-test clients: the frame codec, the host reference (epd_moe_reference) and common.
-DAEMON_TEST_CLIENTS := check_client
-EPD_CLIENT_TEST_SRCS = $(COMMON_SRCS) $(PROTO_SRCS) gpu/quant_host.c gpu/ops_host.c gpu/ffn.c \
-                       gpu/safetensors.c
+DAEMON_TEST_CLIENTS := check_client region_check
+EPD_CLIENT_TEST_SRCS = $(COMMON_SRCS) $(PROTO_SRCS) proto/client.c gpu/quant_host.c gpu/ops_host.c \
+                       gpu/ffn.c gpu/safetensors.c
 define daemon_test_client_rule
 $(BUILD)/tests/$(1): $(BUILD)/obj/tests/integration/$(1).o $$$$(call obj,$$$$(EPD_CLIENT_TEST_SRCS))
 	@mkdir -p $$(dir $$@)

@@ -311,7 +311,8 @@ __global__ void transpose_kernel(const void *y_t, bool y_bf16, const uint32_t *r
     uint32_t m0 = r0 - row_base[e], mpad = row_base[e + 1] - row_base[e];
     size_t base = (size_t)row_base[e] * hidden;
     for (uint32_t yy = threadIdx.y; yy < 32; yy += blockDim.y)
-        t[yy][threadIdx.x] = load_d(y_t, base + (size_t)(h0 + yy) * mpad + m0 + threadIdx.x, y_bf16);
+        t[yy][threadIdx.x] =
+            load_d(y_t, base + (size_t)(h0 + yy) * mpad + m0 + threadIdx.x, y_bf16);
     __syncthreads();
     for (uint32_t yy = threadIdx.y; yy < 32; yy += blockDim.y)
         y[(size_t)(r0 + yy) * hidden + h0 + threadIdx.x] = t[threadIdx.x][yy];
@@ -700,7 +701,8 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
     uint32_t *counts = f->host + (size_t)slot * (2 * (size_t)f->n_local + 1);
     uint32_t *row_base = counts + f->n_local, total = 0;
     if (f->host_done[slot] == NULL)
-        CU(cudaEventCreateWithFlags(&f->host_done[slot], cudaEventDisableTiming), "cudaEventCreate");
+        CU(cudaEventCreateWithFlags(&f->host_done[slot], cudaEventDisableTiming),
+           "cudaEventCreate");
     CU(cudaEventSynchronize(f->host_done[slot]), "waiting for a host slot");
     CU(cudaMemsetAsync(f->counts_dev, 0, 2 * (size_t)f->n_local * sizeof(uint32_t), f->stream),
        "cudaMemsetAsync");

@@ -21,6 +21,7 @@
 #include "common/clock.h"
 #include "common/parse.h"
 #include "common/rng.h"
+#include "proto/cuda_dl.h"
 #include "proto/epd.h"
 
 enum { EXIT_DAEMON = 1, EXIT_USAGE = 2, EXIT_CONNECT = 3 };
@@ -44,6 +45,8 @@ typedef struct options {
     uint64_t concurrency;
     uint64_t pipeline;
     double duration;         /* seconds; 0: not given */
+    const char *data;        /* bench: "payload" (default), "host" or "cuda" */
+    uint64_t cuda_device;    /* bench --data cuda: the GPU of the daemon's rank */
 } options_t;
 
 /* The model shape every batch must match, from the daemon's config reply. */
@@ -81,11 +84,16 @@ static const struct {
     {"bench", "load generator: tokens/s, requests/s, latency percentiles",
      "usage: epctl [--socket PATH[,PATH...]]... [--json] bench [--tokens N] [--requests R]\n"
      "             [--concurrency C] [--duration S] [--pipeline D] [--seed S]\n"
+     "             [--data payload|host|cuda] [--cuda-device N]\n"
      "Opens C connections (one thread each, default 1), spread round-robin over the sockets, and\n"
      "sends R requests of N tokens in total (defaults 128 tokens, 1000 requests), or runs for S\n"
      "seconds when --duration is given (whichever ends first when both are). Each connection keeps\n"
      "up to D requests in flight (default 1). Reports tokens/s, requests/s, latency p50/p90/p99\n"
-     "and errors by code; a progress line is shown when stderr is a terminal.\n"},
+     "and errors by code; a progress line is shown when stderr is a terminal.\n"
+     "--data says where the tensors are (DESIGN.md section 4b): payload (in each frame, the\n"
+     "default), host (a shared memfd region per connection, y written into it) or cuda (device\n"
+     "memory on GPU --cuda-device, default 0, shared by CUDA IPC: the daemon's rank must run on\n"
+     "that GPU). The batch is put in place once; each request names it.\n"},
 };
 
 static void usage_main(FILE *out)
@@ -192,7 +200,8 @@ static int parse_args(int argc, char **argv, options_t *o)
                          strcmp(a, "--timeout") == 0 || strcmp(a, "--tokens") == 0 ||
                          strcmp(a, "--seed") == 0 || strcmp(a, "--id") == 0 ||
                          strcmp(a, "--requests") == 0 || strcmp(a, "--concurrency") == 0 ||
-                         strcmp(a, "--duration") == 0 || strcmp(a, "--pipeline") == 0;
+                         strcmp(a, "--duration") == 0 || strcmp(a, "--pipeline") == 0 ||
+                         strcmp(a, "--data") == 0 || strcmp(a, "--cuda-device") == 0;
             if (known) return usage_error("%s needs a value", a);
             return usage_error("unknown option \"%s\"", a);
         }
@@ -216,6 +225,13 @@ static int parse_args(int argc, char **argv, options_t *o)
             if ((rc = parse_number(a, val, 1, MAX_CONCURRENCY, &o->concurrency)) != 0) return rc;
         } else if (strcmp(a, "--pipeline") == 0 && is_bench) {
             if ((rc = parse_number(a, val, 1, MAX_PIPELINE, &o->pipeline)) != 0) return rc;
+        } else if (strcmp(a, "--data") == 0 && is_bench) {
+            if (strcmp(val, "payload") != 0 && strcmp(val, "host") != 0 &&
+                strcmp(val, "cuda") != 0)
+                return usage_error("--data: \"%s\" is not payload, host or cuda", val);
+            o->data = val;
+        } else if (strcmp(a, "--cuda-device") == 0 && is_bench) {
+            if ((rc = parse_number(a, val, 0, 1023, &o->cuda_device)) != 0) return rc;
         } else if (strcmp(a, "--duration") == 0 && is_bench) {
             char err[EPD_ERR_LEN];
             if (epd_parse_double(val, 0.001, 1e7, &o->duration, err) != EPD_OK) {
@@ -590,6 +606,88 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+/* Where a worker's batch sits for --data host|cuda: one slot per request in flight, each holding
+ * x, ids, weights and room for y, filled once. */
+typedef struct bench_place {
+    uint32_t region;
+    uint64_t slot_bytes, x, ids, w, y;
+    void *dev; /* cuda: the device allocation */
+    epd_cuda_dl_t cu;
+} bench_place_t;
+
+static uint64_t up16(uint64_t v)
+{
+    return (v + 15) & ~UINT64_C(15);
+}
+
+/* Registers the worker's region and puts `depth` copies of the batch in it. */
+static int place_setup(bench_worker_t *w, epd_client_t *c, const batch_t *bt, uint64_t depth,
+                       bench_place_t *pl)
+{
+    const options_t *o = w->sh->o;
+    uint64_t n = bt->b.n_tokens, hk = (uint64_t)bt->b.topk;
+    char err[256];
+
+    pl->x = 0;
+    pl->ids = up16(n * bt->b.hidden * 2);
+    pl->w = pl->ids + up16(n * hk * 4);
+    pl->y = pl->w + up16(n * hk * 4);
+    pl->slot_bytes = pl->y + up16(n * bt->b.hidden * 2);
+    uint64_t bytes = pl->slot_bytes * depth;
+    uint8_t *stage = malloc(bytes);
+    if (stage == NULL) return snprintf(w->fatal_msg, sizeof w->fatal_msg, "out of memory"), -1;
+    for (uint64_t s = 0; s < depth; s++) {
+        uint8_t *slot = stage + s * pl->slot_bytes;
+        memcpy(slot + pl->x, bt->x, n * bt->b.hidden * 2);
+        memcpy(slot + pl->ids, bt->ids, n * hk * 4);
+        memcpy(slot + pl->w, bt->w, n * hk * 4);
+    }
+    int rc;
+    if (strcmp(o->data, "host") == 0) {
+        void *mem = NULL;
+        rc = epd_client_register_host(c, bytes, &pl->region, &mem);
+        if (rc == EPD_CLIENT_OK) memcpy(mem, stage, bytes);
+    } else {
+        uint8_t handle[64];
+        if (!epd_cuda_dl_open(&pl->cu, err, sizeof err)) {
+            snprintf(w->fatal_msg, sizeof w->fatal_msg, "--data cuda: %s", err);
+            free(stage);
+            return -1;
+        }
+        int cr = pl->cu.set_device((int)o->cuda_device);
+        if (cr == 0) cr = pl->cu.malloc(&pl->dev, bytes);
+        if (cr == 0) cr = pl->cu.memcpy(pl->dev, stage, bytes, 1);
+        if (cr == 0) cr = pl->cu.ipc_get_mem_handle(handle, pl->dev);
+        if (cr != 0) {
+            snprintf(w->fatal_msg, sizeof w->fatal_msg, "--data cuda: device %" PRIu64 ": %s",
+                     o->cuda_device, pl->cu.error_string(cr));
+            free(stage);
+            return -1;
+        }
+        rc = epd_client_register_cuda(c, handle, 0, bytes, &pl->region);
+    }
+    free(stage);
+    if (rc != EPD_CLIENT_OK) {
+        snprintf(w->fatal_msg, sizeof w->fatal_msg, "registering a %s region: %s (%s)", o->data,
+                 epd_client_last_message(c), epd_client_last_error(c));
+        return -1;
+    }
+    return 0;
+}
+
+static epd_client_request_t place_request(const bench_place_t *pl, const batch_t *bt, uint64_t id,
+                                          uint64_t slot)
+{
+    uint64_t at = slot * pl->slot_bytes;
+    epd_client_request_t r = {.id = id, .n_tokens = bt->b.n_tokens, .hidden = bt->b.hidden,
+                              .topk = bt->b.topk, .layer = -1};
+    r.x = (epd_client_tensor_t){.region = pl->region, .offset = at + pl->x};
+    r.topk_ids = (epd_client_tensor_t){.region = pl->region, .offset = at + pl->ids};
+    r.topk_weights = (epd_client_tensor_t){.region = pl->region, .offset = at + pl->w};
+    r.y = (epd_client_tensor_t){.region = pl->region, .offset = at + pl->y};
+    return r;
+}
+
 static void *worker_run(bench_worker_t *w)
 {
     bench_shared_t *sh = w->sh;
@@ -599,7 +697,12 @@ static void *worker_run(bench_worker_t *w)
     struct {
         uint64_t id;
         double t;
+        uint64_t slot;
     } inflight[MAX_PIPELINE];
+    bool slot_busy[MAX_PIPELINE] = {false};
+    bench_place_t place;
+    bool placed = o->data != NULL && strcmp(o->data, "payload") != 0;
+    memset(&place, 0, sizeof place);
     uint64_t n_inflight = 0, seq = 0;
     batch_t bt;
     epd_client_t *c = epd_client_create();
@@ -617,12 +720,25 @@ static void *worker_run(bench_worker_t *w)
         snprintf(w->fatal_msg, sizeof(w->fatal_msg), "%s", epd_client_last_message(c));
         goto out;
     }
+    if (placed && place_setup(w, c, &bt, depth, &place) != 0) {
+        w->fatal = EXIT_DAEMON;
+        goto out;
+    }
     for (;;) {
         while (n_inflight < depth && worker_claim(w)) {
             bt.b.id = ((uint64_t)w->index << 40) | seq++;
-            rc = epd_client_send(c, &bt.b);
+            uint64_t slot = 0;
+            if (placed) {
+                while (slot_busy[slot]) slot++;
+                epd_client_request_t req = place_request(&place, &bt, bt.b.id, slot);
+                rc = epd_client_send_request(c, &req);
+            } else {
+                rc = epd_client_send(c, &bt.b);
+            }
             if (rc != EPD_CLIENT_OK) goto conn_failed;
+            slot_busy[slot] = placed;
             inflight[n_inflight].id = bt.b.id;
+            inflight[n_inflight].slot = slot;
             inflight[n_inflight].t = now_s();
             n_inflight++;
         }
@@ -640,6 +756,7 @@ static void *worker_run(bench_worker_t *w)
         for (uint64_t i = 0; i < n_inflight; i++) {
             if (inflight[i].id == r.id) {
                 t = inflight[i].t;
+                slot_busy[inflight[i].slot] = false;
                 inflight[i] = inflight[--n_inflight];
                 break;
             }
@@ -666,7 +783,8 @@ conn_failed:
              epd_client_last_error(c));
 out:
     batch_free(&bt);
-    epd_client_destroy(c);
+    epd_client_destroy(c); /* releases the region on the daemon's side */
+    if (place.dev != NULL) place.cu.free(place.dev);
     return NULL;
 }
 
@@ -790,11 +908,13 @@ static int run_bench(const options_t *o)
     if (o->json) {
         printf("{\"sockets\":%d,\"connections\":%" PRIu64 ",\"pipeline\":%" PRIu64
                ",\"tokens_per_request\":%u,\"hidden\":%u,\"topk\":%u,\"num_experts\":%u,"
-               "\"dispatch_dtype\":\"%s\",\"requests_ok\":%" PRIu64 ",\"errors\":%" PRIu64
+               "\"dispatch_dtype\":\"%s\",\"data\":\"%s\",\"requests_ok\":%" PRIu64
+               ",\"errors\":%" PRIu64
                ",\"seconds\":%.6f,\"tokens_per_s\":%.3f,\"requests_per_s\":%.3f,"
                "\"latency_ms\":{\"p50\":%.4f,\"p90\":%.4f,\"p99\":%.4f,\"max\":%.4f},"
                "\"errors_by_code\":{", o->n_sockets, conc, o->pipeline ? o->pipeline : 1,
-               sh.tokens, m.hidden, m.topk, m.num_experts, m.dtype, ok, errors, wall, tok_s,
+               sh.tokens, m.hidden, m.topk, m.num_experts, m.dtype,
+               o->data ? o->data : "payload", ok, errors, wall, tok_s,
                req_s, p50, p90, p99, max);
         for (int j = 0; j < MAX_CODES && codes[j][0]; j++) {
             printf("%s\"%s\":%" PRIu64, j ? "," : "", codes[j], counts[j]);
@@ -802,10 +922,10 @@ static int run_bench(const options_t *o)
         printf("}}\n");
     } else {
         printf("bench: %d socket%s, %" PRIu64 " connection%s, pipeline %" PRIu64
-               ", %u tokens/request, H %u K %u E %u, dispatch %s\n", o->n_sockets,
+               ", %u tokens/request, H %u K %u E %u, dispatch %s, data %s\n", o->n_sockets,
                o->n_sockets > 1 ? "s" : "", conc, conc > 1 ? "s" : "",
                o->pipeline ? o->pipeline : 1, sh.tokens, m.hidden, m.topk, m.num_experts,
-               m.dtype);
+               m.dtype, o->data ? o->data : "payload");
         printf("requests: %" PRIu64 " ok, %" PRIu64 " errors in %.3f s\n", ok, errors, wall);
         printf("throughput: %.0f tokens/s, %.1f requests/s\n", tok_s, req_s);
         printf("latency ms: p50 %.3f  p90 %.3f  p99 %.3f  max %.3f\n", p50, p90, p99, max);

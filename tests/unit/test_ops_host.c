@@ -134,7 +134,8 @@ static void run_simulated(epd_moe_shape_t shape, const uint32_t *n, uint64_t see
             at += c;
         }
         shape.rank = d;
-        assert_int_equal(ops->experts(ctx, &shape, 0, dr->recv, dr->n_recv, NULL, dr->partials), EPD_OK);
+        assert_int_equal(ops->experts(ctx, &shape, 0, dr->recv, dr->n_recv, NULL, dr->partials),
+                         EPD_OK);
     }
     /* the reverse alltoallv of partials */
     for (uint32_t d = 0; d < world; d++) {
