@@ -50,8 +50,8 @@ run_case() {
     $WIRE stats "$(sock 0)" | python3 -c '
 import json, sys
 e = json.load(sys.stdin)["engine"]
-lt = e["layer_tokens"]
-assert lt and set(lt) <= {"1", "2", "3"} and sum(lt.values()) == e["tokens"], e' ||
+lt = {x["layer"]: x["tokens"] for x in e["layer_tokens"]}
+assert lt and set(lt) <= {1, 2, 3} and sum(lt.values()) == e["tokens"], e' ||
         die "np=$np: stats engine.layer_tokens is wrong"
     unknown_layer "$(sock 0)" 0 # the dense layer: no experts
     unknown_layer "$(sock $((np - 1)))" 4
