@@ -4,7 +4,8 @@
  * experts.weights. For each --bench-tokens count: uniform routing, records packed by the ops,
  * the experts op timed (median of --bench-iters, each synchronized); beside it, same run, a dense
  * cuBLASLt BF16 GEMM of the same FLOPs and a device read of the layer's weight bytes; once per
- * format, the accuracy of the device partials against the host reference (fp32, fp64 sums). */
+ * format, the accuracy of the device partials against the host reference (fp32, fp64 sums).
+ * The partials are combine.dtype's (BF16, or FP8 group128), compared after dequantization. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,31 +113,37 @@ out:
     return status;
 }
 
-/* The device partials of the first records against the host experts op on the same records. */
+/* The device partials of the first records against the host experts op on the same records,
+ * both read back to fp32 as combine reads them (epd_partial_add_host). */
 static epd_status_t accuracy(const epd_ops_t *ops, epd_ops_ctx_t *ctx, const epd_moe_shape_t *s,
                              const epd_ffn_weights_t *w, const uint8_t *records_host,
-                             const uint16_t *partials_dev, uint32_t n, double *worst_p,
+                             const void *partials_dev, uint32_t n, double *worst_p,
                              char err[EPD_ERR_LEN])
 {
     epd_ops_ctx_t *hctx = NULL;
+    epd_partial_layout_t pl;
     uint32_t H = s->hidden;
-    uint16_t *ref = malloc((size_t)n * H * 2), *got = malloc((size_t)n * H * 2);
+    epd_partial_layout(s, &pl);
+    uint8_t *ref = malloc((size_t)n * pl.size), *got = malloc((size_t)n * pl.size);
+    float *a = calloc(H, sizeof *a), *b = calloc(H, sizeof *b);
     epd_status_t status = EPD_ERR_NO_MEMORY;
 
     *worst_p = 0;
-    if (ref == NULL || got == NULL) goto out;
-    CHECK_GOTO(ops->copy_to_host(ctx, got, partials_dev, (size_t)n * H * 2), out);
+    if (ref == NULL || got == NULL || a == NULL || b == NULL) goto out;
+    CHECK_GOTO(ops->copy_to_host(ctx, got, partials_dev, (size_t)n * pl.size), out);
     CHECK_GOTO(epd_ops_host.init(-1, &hctx, err), out);
     CHECK_GOTO(epd_ops_host.experts_load(hctx, s, w, err), out);
     CHECK_GOTO(epd_ops_host.experts(hctx, s, w->layers[0].layer, records_host, n, NULL, ref),
                out);
     for (uint32_t j = 0; j < n; j++) {
         double num = 0, den = 0;
+        memset(a, 0, H * sizeof *a);
+        memset(b, 0, H * sizeof *b);
+        epd_partial_add_host(s, got + (size_t)j * pl.size, a);
+        epd_partial_add_host(s, ref + (size_t)j * pl.size, b);
         for (uint32_t i = 0; i < H; i++) {
-            double a = epd_bf16_to_f32(got[(size_t)j * H + i]);
-            double b = epd_bf16_to_f32(ref[(size_t)j * H + i]);
-            num += (a - b) * (a - b);
-            den += b * b;
+            num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+            den += (double)b[i] * b[i];
         }
         double rel = den > 0 ? sqrt(num / den) : sqrt(num);
         if (rel > *worst_p) *worst_p = rel;
@@ -147,6 +154,8 @@ out:
     if (hctx != NULL) epd_ops_host.fini(hctx);
     free(ref);
     free(got);
+    free(a);
+    free(b);
     return status;
 }
 
@@ -157,7 +166,9 @@ static epd_status_t run_one(const epd_ops_t *ops, epd_ops_ctx_t *ctx, const epd_
 {
     void *records = NULL;
     uint8_t *records_host = NULL;
-    uint16_t *partials = ops->alloc(ctx, (size_t)tokens * s->hidden * 2);
+    epd_partial_layout_t pl;
+    epd_partial_layout(s, &pl);
+    void *partials = ops->alloc(ctx, (size_t)tokens * pl.size);
     uint64_t *t = calloc(iters, sizeof *t);
     uint32_t layer = w->layers[0].layer;
     epd_status_t status = EPD_ERR_NO_MEMORY;
@@ -242,12 +253,14 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
     s.scale = cfg->dispatch.scale;
     s.scale_format = cfg->dispatch.scale_format;
     s.expert_kind = EPD_EXPERTS_FFN;
+    s.combine_dtype = cfg->combine.dtype;
 
-    printf("epd bench (ffn experts): %s ops, E_local %u, H %u, I %u, top-%u, dispatch %s, %u "
-           "iterations; each row: the experts op (median), a dense cuBLAS BF16 GEMM of the same "
-           "FLOPs and a device read of one layer's weight bytes, same run\n",
+    printf("epd bench (ffn experts): %s ops, E_local %u, H %u, I %u, top-%u, dispatch %s, "
+           "combine %s, %u iterations; each row: the experts op (median), a dense cuBLAS BF16 "
+           "GEMM of the same FLOPs and a device read of one layer's weight bytes, same run\n",
            ops->name, s.num_experts, s.hidden, inter, s.topk,
-           s.dtype == EPD_WIRE_FP8 ? "fp8" : "bf16", iters);
+           s.dtype == EPD_WIRE_FP8 ? "fp8" : "bf16",
+           s.combine_dtype == EPD_COMBINE_FP8 ? "fp8" : "bf16", iters);
     printf("%-9s %7s %8s %10s %9s %10s %9s %8s %10s %9s %10s\n", "weights", "tokens", "rows/e",
            "experts_us", "TFLOP/s", "dense_us", "TFLOP/s", "vs_dense", "read_us", "read_GB/s",
            "vs_read");

@@ -300,6 +300,7 @@ static void start_server(daemon_t *d)
     /* ffn experts serve the layers they loaded; SUBMITs naming another get unknown_layer */
     if (d->ffn != NULL) epd_server_set_layer_hook(d->server, epd_experts_layer_known, d->ffn);
     if (epd_server_listen(d->server, d->path, err) != EPD_OK) start_fail("%s", err);
+    if (epd_server_metrics_listen(d->server, d->local_rank, err) != EPD_OK) start_fail("%s", err);
 }
 
 int epd_daemon_run(const epd_args_t *args)

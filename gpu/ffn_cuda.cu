@@ -8,7 +8,9 @@
  *   GEMMs   per expert with rows: gate and up as one [2I, H] GEMM, fp32 out;
  *   swiglu  h = silu(g) * u in fp32, rounded to BF16 or quantized group128 (one kernel);
  *   GEMMs   per expert: down, fp32 out;
- *   combine the weighted sum over ascending k (section 2 step 6, multiply then add) into BF16.
+ *   combine the weighted sum over ascending k (section 2 step 6, multiply then add) into the
+ *           partials: BF16, or FP8 group128 with fp32 scales (combine.dtype fp8, the bytes of
+ *           epd_partial_store_host, gpu/partial_dev.cuh).
  * cuBLASLt is column-major: a GEMM computes D[M_pad x N] = A^T B with A the activations
  * ([M_pad][K] row-major, "transposed"), B the weights ([N][K] row-major, DeepSeek's [out, in]) and
  * D stored N-major ([N][M_pad]); the kernels after each GEMM read it in tiles through shared
@@ -25,6 +27,7 @@ extern "C" {
 }
 #include "gpu/ffn_cuda.h"
 #include "gpu/fp8.h"
+#include "gpu/partial_dev.cuh"
 
 #define ROW_ALIGN 32                  /* an expert's rows are padded to this (tiles, alignment) */
 #define WORKSPACE_BYTES (32u << 20)   /* cuBLASLt workspace, allocated once */
@@ -333,6 +336,37 @@ __global__ void combine_kernel(rec_args a, const int32_t *pair_row, const float 
         acc = __fadd_rn(acc, __fmul_rn(w[k], y[(size_t)pos * hidden + i]));
     }
     partials[t] = epd_f32_to_bf16(acc);
+}
+
+/* The same sums stored as FP8 partials (part_size bytes each, epd_partial_layout): one thread
+ * per 16 elements, so that a group of 128 is 8 consecutive lanes of one record (H/16 is a
+ * multiple of 8, blocks are whole warps); every lane reaches the shuffles of the store, active
+ * or not. pair_row NULL: no record has a row here (all sums 0). With qe, the partials' error is
+ * added to the telemetry sums 2 and 3 (gpu/partial_dev.cuh). */
+__global__ void combine_fp8_kernel(rec_args a, const int32_t *pair_row, const float *y,
+                                   uint32_t hidden, uint8_t *partials, uint32_t part_size,
+                                   double *qe)
+{
+    const uint32_t h16 = hidden / 16;
+    const uint64_t t = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const bool active = t < (uint64_t)a.n_records * h16;
+    const uint32_t j = active ? (uint32_t)(t / h16) : 0, c = active ? (uint32_t)(t % h16) : 0;
+    float acc[16], e2 = 0.0f, r2 = 0.0f;
+#pragma unroll
+    for (int v = 0; v < 16; v++) acc[v] = 0.0f;
+    if (active && pair_row != NULL) {
+        const float *w = (const float *)(a.recv + (size_t)j * a.rec_size + a.rec_weights);
+        for (uint32_t k = 0; k < a.k_count; k++) {
+            int32_t pos = pair_row[(size_t)j * a.k_count + k];
+            if (pos < 0) continue;
+            const float *yr = y + (size_t)pos * hidden + (size_t)c * 16;
+#pragma unroll
+            for (int v = 0; v < 16; v++) acc[v] = __fadd_rn(acc[v], __fmul_rn(w[k], yr[v]));
+        }
+    }
+    epd_dev_store_fp8_partial16(partials + (size_t)j * part_size, hidden, part_size, active, c,
+                                acc, qe != NULL, &e2, &r2);
+    if (qe != NULL) epd_dev_qe_block_add(qe, 2, e2, r2);
 }
 
 /* ---- cuBLASLt ---------------------------------------------------------------------------- */
@@ -654,10 +688,38 @@ static uint32_t blocks_for(uint64_t threads, uint32_t per_block)
     return (uint32_t)((threads + per_block - 1) / per_block);
 }
 
+/* The partials of one call, on the stream: BF16 (combine_kernel; no row here: zeros, the BF16
+ * of a zero sum), or with combine.dtype fp8 the FP8 partials of epd_partial_layout
+ * (combine_fp8_kernel, the host's bytes whether or not a row is here). pair_row NULL: no record
+ * has a row here. */
+static epd_status_t queue_partials(epd_ffn_cuda_t *f, const epd_moe_shape_t *shape,
+                                   const rec_args &ra, const int32_t *pair_row, void *partials,
+                                   double *qe, char err[EPD_ERR_LEN])
+{
+    if (shape->combine_dtype == EPD_COMBINE_FP8) {
+        epd_partial_layout_t pl;
+        epd_partial_layout(shape, &pl);
+        combine_fp8_kernel<<<blocks_for((uint64_t)ra.n_records * (f->hidden / 16), 256), 256, 0,
+                             f->stream>>>(ra, pair_row, f->y, f->hidden, (uint8_t *)partials,
+                                          (uint32_t)pl.size, qe);
+        CU(cudaGetLastError(), "combine kernel (FP8 partials)");
+        return EPD_OK;
+    }
+    if (pair_row == NULL) {
+        CU(cudaMemsetAsync(partials, 0, (size_t)ra.n_records * f->hidden * 2, f->stream),
+           "cudaMemsetAsync");
+        return EPD_OK;
+    }
+    combine_kernel<<<blocks_for((uint64_t)ra.n_records * f->hidden, 256), 256, 0, f->stream>>>(
+        ra, pair_row, f->y, f->hidden, (uint16_t *)partials);
+    CU(cudaGetLastError(), "combine kernel");
+    return EPD_OK;
+}
+
 extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_shape_t *shape,
                                              uint32_t layer, const void *recv_buf,
                                              uint32_t n_records, const uint32_t *expert_rows_host,
-                                             uint16_t *partials, char err[EPD_ERR_LEN])
+                                             void *partials, double *qe, char err[EPD_ERR_LEN])
 {
     const dev_layer_t *l = NULL;
     epd_record_layout_t rec;
@@ -722,11 +784,7 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
         total += (counts[e] + ROW_ALIGN - 1) / ROW_ALIGN * ROW_ALIGN;
     }
     row_base[f->n_local] = total;
-    if (total == 0) {
-        CU(cudaMemsetAsync(partials, 0, (size_t)n_records * f->hidden * 2, f->stream),
-           "cudaMemsetAsync");
-        return EPD_OK;
-    }
+    if (total == 0) return queue_partials(f, shape, ra, NULL, partials, qe, err);
     status = reserve(f, (uint32_t)pairs, total, err);
     if (status != EPD_OK) return status;
     CU(cudaMemcpyAsync(f->row_base_dev, row_base, ((size_t)f->n_local + 1) * sizeof(uint32_t),
@@ -781,10 +839,7 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
     transpose_kernel<<<dim3(total / 32, f->hidden / 32), dim3(32, 8), 0, f->stream>>>(
         f->y_t, f->d_bf16[PROJ_DOWN], f->row_base_dev, f->n_local, f->hidden, f->y);
     CU(cudaGetLastError(), "transpose kernel");
-    combine_kernel<<<blocks_for((uint64_t)n_records * f->hidden, 256), 256, 0, f->stream>>>(
-        ra, f->pair_row, f->y, f->hidden, partials);
-    CU(cudaGetLastError(), "combine kernel");
-    return EPD_OK;
+    return queue_partials(f, shape, ra, f->pair_row, partials, qe, err);
 }
 
 /* ---- benchmark baselines ----------------------------------------------------------------- */

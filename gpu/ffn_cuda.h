@@ -2,7 +2,8 @@
  * the received records grouped by local expert, cuBLASLt GEMMs per expert (gate and up fused in
  * one [2I, H] GEMM, then down; BF16, or FP8 with the DeepSeek 128x128 weight block scales and
  * 1x128 activation scales), SwiGLU with the intermediate's rounding or quantization in one kernel,
- * and the weighted sum of section 2 step 6 into BF16 partials. A plain C header: gpu/ops_cuda.cu
+ * and the weighted sum of section 2 step 6 into the partials (BF16, or FP8 with combine.dtype
+ * fp8). A plain C header: gpu/ops_cuda.cu
  * and the benchmark use it, nothing else sees CUDA. */
 #ifndef EPD_GPU_FFN_CUDA_H
 #define EPD_GPU_FFN_CUDA_H
@@ -28,12 +29,16 @@ epd_status_t epd_ffn_cuda_create(const epd_ffn_weights_t *weights, void *stream,
                                  epd_ffn_cuda_t **ffn_p, char err[EPD_ERR_LEN]);
 void epd_ffn_cuda_destroy(epd_ffn_cuda_t *ffn);
 
-/* The experts op for ffn (gpu/ops.h experts) on device records: partials bf16 [n_records, H].
- * Queued on the stream. expert_rows_host: rows per local expert among the records (the count
- * exchange's); NULL: counted on the device and read back, one wait. */
+/* The experts op for ffn (gpu/ops.h experts) on device records: n_records partials of
+ * epd_partial_layout (bf16 [H], or with shape->combine_dtype fp8 e4m3 [H] + group128 fp32
+ * scales, the bytes epd_partial_store_host gives for the same sums). Queued on the stream.
+ * expert_rows_host: rows per local expert among the records (the count exchange's); NULL:
+ * counted on the device and read back, one wait. qe: the device telemetry sums (gpu/
+ * partial_dev.cuh, EPD_QE_SLOTS x EPD_QE_SUMS doubles) the FP8 partials' error is added to, or
+ * NULL. */
 epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *ffn, const epd_moe_shape_t *shape,
                                   uint32_t layer, const void *recv_buf, uint32_t n_records,
-                                  const uint32_t *expert_rows_host, uint16_t *partials,
+                                  const uint32_t *expert_rows_host, void *partials, double *qe,
                                   char err[EPD_ERR_LEN]);
 
 /* Device bytes of the weights (all layers). */

@@ -23,8 +23,9 @@ bool epd_cuda_dl_open(epd_cuda_dl_t *cu, char *err, size_t len)
     *(void **)&cu->memcpy = dlsym(lib, "cudaMemcpy");
     *(void **)&cu->ipc_get_mem_handle = dlsym(lib, "cudaIpcGetMemHandle");
     *(void **)&cu->error_string = dlsym(lib, "cudaGetErrorString");
+    *(void **)&cu->device_synchronize = dlsym(lib, "cudaDeviceSynchronize");
     if (!cu->set_device || !cu->malloc || !cu->free || !cu->memcpy || !cu->ipc_get_mem_handle ||
-        !cu->error_string) {
+        !cu->error_string || !cu->device_synchronize) {
         snprintf(err, len, "the CUDA runtime lacks a call epctl needs");
         dlclose(lib);
         return false;

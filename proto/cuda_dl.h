@@ -12,8 +12,9 @@ typedef struct epd_cuda_dl {
     int (*set_device)(int device);
     int (*malloc)(void **ptr, size_t bytes);
     int (*free)(void *ptr);
-    int (*memcpy)(void *dst, const void *src, size_t bytes, int kind); /* kind 1: host to device */
+    int (*memcpy)(void *dst, const void *src, size_t bytes, int kind); /* 1: to device, 2: to host */
     int (*ipc_get_mem_handle)(void *handle64, void *ptr);
+    int (*device_synchronize)(void); /* a pageable cudaMemcpy may return before its DMA lands */
     const char *(*error_string)(int rc);
 } epd_cuda_dl_t;
 

@@ -64,7 +64,10 @@ static const struct {
 } commands[] = {
     {"health", "is the daemon serving? (exit 0 when it answers)",
      "usage: epctl [--socket PATH]... [--json] health\n"
-     "Asks each daemon socket for its health and prints the reply.\n"},
+     "Asks each daemon socket for its health and prints the reply. With --json, for one socket or\n"
+     "many (the same for stats, config and metrics), one document:\n"
+     "  {\"command\": \"health\", \"sockets\": [{\"socket\": PATH, \"reply\": {...}},\n"
+     "                                     {\"socket\": PATH, \"error\": {\"code\", \"message\"}}]}\n"},
     {"stats", "counters: requests, tokens, steps, queue, errors, latencies",
      "usage: epctl [--socket PATH]... [--json] stats\n"
      "Prints the daemon's statistics reply (JSON with --json).\n"},
@@ -73,8 +76,9 @@ static const struct {
      "Prints every setting of the running daemon, one `key = value` a line (JSON with --json).\n"},
     {"metrics", "Prometheus text exposition of the daemon's metrics",
      "usage: epctl [--socket PATH]... [--json] metrics\n"
-     "Prints the daemon's metrics in the Prometheus text format (with --json: a JSON object\n"
-     "{\"reply\": <meta>, \"text\": <exposition>}).\n"},
+     "Prints the daemon's metrics in the Prometheus text format. Several sockets give one valid\n"
+     "exposition: each family once, every sample labelled socket=\"PATH\". With --json the entry\n"
+     "of each socket also has \"text\": the exposition.\n"},
     {"submit", "send one random batch and summarize the output",
      "usage: epctl [--socket PATH] [--json] submit [--tokens N] [--seed S] [--id ID]\n"
      "Reads H, K and E from the daemon's config, sends one batch of N tokens (default 16): x\n"
@@ -88,8 +92,10 @@ static const struct {
      "Opens C connections (one thread each, default 1), spread round-robin over the sockets, and\n"
      "sends R requests of N tokens in total (defaults 128 tokens, 1000 requests), or runs for S\n"
      "seconds when --duration is given (whichever ends first when both are). Each connection keeps\n"
-     "up to D requests in flight (default 1). Reports tokens/s, requests/s, latency p50/p90/p99\n"
-     "and errors by code; a progress line is shown when stderr is a terminal.\n"
+     "up to D requests in flight (default 1). The clock starts once every connection is open with\n"
+     "its batch built. Reports tokens/s, requests/s, latency p50/p90/p99, the tensor bytes of the\n"
+     "answered requests (x, ids, weights out; y back) with their GB/s, and errors by code; a\n"
+     "progress line is shown when stderr is a terminal.\n"
      "--data says where the tensors are (DESIGN.md section 4b): payload (in each frame, the\n"
      "default), host (a shared memfd region per connection, y written into it) or cuda (device\n"
      "memory on GPU --cuda-device, default 0, shared by CUDA IPC: the daemon's rank must run on\n"
@@ -336,6 +342,149 @@ static int fetch_model(epd_client_t *c, const char *socket, model_t *m)
     return 0;
 }
 
+/* ---- metrics of several sockets, merged into one exposition ---- */
+
+/* One metric family: its HELP and TYPE lines (from the first exposition that has them) and the
+ * samples of every socket, each labelled socket="PATH". */
+typedef struct family {
+    char *name;
+    char *help;
+    char *type;
+    char **samples;
+    size_t n_samples, cap_samples;
+} family_t;
+
+typedef struct exposition {
+    family_t *families;
+    size_t n, cap;
+} exposition_t;
+
+static family_t *family_get(exposition_t *x, const char *name, size_t len)
+{
+    for (size_t i = 0; i < x->n; i++)
+        if (strlen(x->families[i].name) == len && strncmp(x->families[i].name, name, len) == 0)
+            return &x->families[i];
+    if (x->n == x->cap) {
+        size_t cap = x->cap ? x->cap * 2 : 64;
+        family_t *f = realloc(x->families, cap * sizeof(*f));
+        if (f == NULL) return NULL;
+        x->families = f;
+        x->cap = cap;
+    }
+    family_t *f = &x->families[x->n];
+    memset(f, 0, sizeof(*f));
+    f->name = strndup(name, len);
+    if (f->name == NULL) return NULL;
+    x->n++;
+    return f;
+}
+
+static bool family_add_sample(family_t *f, char *line)
+{
+    if (f->n_samples == f->cap_samples) {
+        size_t cap = f->cap_samples ? f->cap_samples * 2 : 16;
+        char **p = realloc(f->samples, cap * sizeof(*p));
+        if (p == NULL) return false;
+        f->samples = p;
+        f->cap_samples = cap;
+    }
+    f->samples[f->n_samples++] = line;
+    return true;
+}
+
+/* The socket path as a label value: backslash, quote and newline escaped. */
+static char *label_value(const char *text)
+{
+    size_t n = strlen(text);
+    char *out = malloc(2 * n + 1), *o = out;
+    if (out == NULL) return NULL;
+    for (const char *p = text; *p; p++) {
+        if (*p == '\\' || *p == '"') *o++ = '\\';
+        if (*p == '\n') {
+            *o++ = '\\';
+            *o++ = 'n';
+            continue;
+        }
+        *o++ = *p;
+    }
+    *o = '\0';
+    return out;
+}
+
+/* Adds one socket's exposition: HELP/TYPE lines name the family the samples after them belong
+ * to; each sample gets socket="PATH" as its first label. False when out of memory. */
+static bool exposition_add(exposition_t *x, const char *text, size_t len, const char *socket)
+{
+    char *value = label_value(socket);
+    family_t *cur = NULL;
+    const char *p = text, *end = text + len;
+    bool ok = value != NULL;
+
+    while (ok && p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        const char *next = nl ? nl + 1 : end;
+        if (n == 0) {
+            p = next;
+            continue;
+        }
+        if (p[0] == '#') {
+            bool help = n > 7 && strncmp(p, "# HELP ", 7) == 0;
+            bool type = n > 7 && strncmp(p, "# TYPE ", 7) == 0;
+            if (help || type) {
+                const char *name = p + 7;
+                size_t nlen = strcspn(name, " \n");
+                cur = family_get(x, name, nlen);
+                if (cur == NULL) {
+                    ok = false;
+                    break;
+                }
+                char **slot = help ? &cur->help : &cur->type;
+                if (*slot == NULL && (*slot = strndup(p, n)) == NULL) ok = false;
+            }
+            p = next;
+            continue;
+        }
+        size_t nlen = strcspn(p, "{ ");
+        if (nlen > n) nlen = n;
+        if (cur == NULL) cur = family_get(x, p, nlen);
+        char *line = NULL;
+        int w;
+        if (nlen < n && p[nlen] == '{')
+            w = asprintf(&line, "%.*s{socket=\"%s\",%.*s", (int)nlen, p, value,
+                         (int)(n - nlen - 1), p + nlen + 1);
+        else
+            w = asprintf(&line, "%.*s{socket=\"%s\"}%.*s", (int)nlen, p, value,
+                         (int)(n - nlen), p + nlen);
+        if (cur == NULL || w < 0 || !family_add_sample(cur, line)) {
+            if (w >= 0) free(line);
+            ok = false;
+        }
+        p = next;
+    }
+    free(value);
+    return ok;
+}
+
+static void exposition_print_free(exposition_t *x, bool print)
+{
+    for (size_t i = 0; i < x->n; i++) {
+        family_t *f = &x->families[i];
+        if (print && f->help) printf("%s\n", f->help);
+        if (print && f->type) printf("%s\n", f->type);
+        for (size_t j = 0; j < f->n_samples; j++) {
+            if (print) printf("%s\n", f->samples[j]);
+            free(f->samples[j]);
+        }
+        free(f->samples);
+        free(f->help);
+        free(f->type);
+        free(f->name);
+    }
+    free(x->families);
+    memset(x, 0, sizeof(*x));
+}
+
 /* ---- control commands ---- */
 
 static void print_value_human(const char *key, const cJSON *v, int indent)
@@ -351,11 +500,34 @@ static void print_value_human(const char *key, const cJSON *v, int indent)
     free(text);
 }
 
+/* A failed socket in the --json document: {"socket", "error": {"code", "message"}}. */
+static void json_add_failure(cJSON *list, const char *sock, epd_client_t *c, int exit_code)
+{
+    cJSON *entry = cJSON_CreateObject(), *error = cJSON_CreateObject();
+    cJSON_AddStringToObject(entry, "socket", sock);
+    cJSON_AddStringToObject(error, "code", c == NULL ? (exit_code == EXIT_CONNECT ? "connect"
+                                                                                 : "client")
+                                                     : epd_client_last_error(c));
+    cJSON_AddStringToObject(error, "message", c == NULL ? "" : epd_client_last_message(c));
+    cJSON_AddItemToObject(entry, "error", error);
+    cJSON_AddItemToArray(list, entry);
+}
+
+/* health, stats, config, metrics on every socket. With --json: one document always,
+ * {"command": C, "sockets": [{"socket": P, "reply": {...}} or {"socket": P, "error": {...}}]}
+ * (metrics entries also carry "text"). metrics of several sockets without --json: one valid
+ * exposition, every sample labelled socket="PATH". */
 static int run_control(const options_t *o)
 {
     int status = 0;
-    cJSON *all = o->json && o->n_sockets > 1 ? cJSON_CreateObject() : NULL;
+    bool metrics = strcmp(o->command, "metrics") == 0;
+    bool merge = metrics && !o->json && o->n_sockets > 1;
+    cJSON *doc = o->json ? cJSON_CreateObject() : NULL;
+    cJSON *list = doc ? cJSON_AddArrayToObject(doc, "sockets") : NULL;
+    exposition_t merged;
 
+    memset(&merged, 0, sizeof(merged));
+    if (doc) cJSON_AddStringToObject(doc, "command", o->command);
     for (int s = 0; s < o->n_sockets; s++) {
         const char *sock = o->sockets[s];
         int exit_code = 0;
@@ -364,38 +536,36 @@ static int run_control(const options_t *o)
         epd_client_t *c = open_client(o, sock, &exit_code);
         if (c == NULL) {
             if (exit_code > status) status = exit_code;
+            if (list) json_add_failure(list, sock, NULL, exit_code);
             continue;
         }
         int rc = epd_client_control(c, o->command, &json, &payload, &len);
         if (rc != EPD_CLIENT_OK) {
             int e = report_failure(c, rc, sock);
             if (e > status) status = e;
+            if (list) json_add_failure(list, sock, c, e);
             epd_client_destroy(c);
             continue;
         }
         cJSON *meta = cJSON_Parse(json);
-        bool metrics = strcmp(o->command, "metrics") == 0;
-        if (o->json) {
-            cJSON *doc = meta;
-            if (metrics) {
-                doc = cJSON_CreateObject();
-                cJSON_AddItemToObject(doc, "reply", meta);
-                cJSON_AddStringToObject(doc, "text", payload ? payload : "");
+        if (list) {
+            cJSON *entry = cJSON_CreateObject();
+            cJSON_AddStringToObject(entry, "socket", sock);
+            cJSON_AddItemToObject(entry, "reply", meta ? meta : cJSON_CreateNull());
+            if (metrics) cJSON_AddStringToObject(entry, "text", payload ? payload : "");
+            cJSON_AddItemToArray(list, entry);
+        } else if (merge) {
+            if (!exposition_add(&merged, payload ? payload : "", len, sock)) {
+                fprintf(stderr, "epctl: out of memory merging the metrics\n");
+                status = EXIT_DAEMON;
             }
-            if (all) {
-                cJSON_AddItemToObject(all, sock, doc);
-            } else {
-                char *text = cJSON_PrintUnformatted(doc);
-                printf("%s\n", text ? text : "null");
-                free(text);
-                cJSON_Delete(doc);
-            }
+            cJSON_Delete(meta);
         } else {
             if (o->n_sockets > 1) printf("== %s ==\n", sock);
             if (metrics) {
                 fwrite(payload, 1, len, stdout);
                 if (len > 0 && payload[len - 1] != '\n') putchar('\n');
-            } else {
+            } else if (meta != NULL) {
                 const cJSON *child;
                 cJSON_ArrayForEach(child, meta) print_value_human(child->string, child, 0);
             }
@@ -405,11 +575,12 @@ static int run_control(const options_t *o)
         epd_client_free(payload);
         epd_client_destroy(c);
     }
-    if (all) {
-        char *text = cJSON_PrintUnformatted(all);
+    if (merge) exposition_print_free(&merged, true);
+    if (doc) {
+        char *text = cJSON_PrintUnformatted(doc);
         printf("%s\n", text ? text : "null");
         free(text);
-        cJSON_Delete(all);
+        cJSON_Delete(doc);
     }
     return status;
 }
@@ -546,6 +717,11 @@ typedef struct bench_shared {
     atomic_uint_fast64_t done;
     atomic_uint_fast64_t finished; /* workers that returned */
     atomic_bool stop;
+    /* The clock starts once every worker has connected and built its batch: */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t ready;          /* workers set up (or failed to), under mu */
+    bool go;                 /* the clock has started, under mu */
 } bench_shared_t;
 
 typedef struct bench_worker {
@@ -597,6 +773,16 @@ static bool worker_claim(bench_worker_t *w)
 }
 
 static void *worker_run(bench_worker_t *w);
+
+/* Says this worker is set up (or gave up) and waits for the start. */
+static void worker_ready_wait(bench_shared_t *sh)
+{
+    pthread_mutex_lock(&sh->mu);
+    sh->ready++;
+    pthread_cond_broadcast(&sh->cv);
+    while (!sh->go) pthread_cond_wait(&sh->cv, &sh->mu);
+    pthread_mutex_unlock(&sh->mu);
+}
 
 static void *worker_main(void *arg)
 {
@@ -657,6 +843,7 @@ static int place_setup(bench_worker_t *w, epd_client_t *c, const batch_t *bt, ui
         int cr = pl->cu.set_device((int)o->cuda_device);
         if (cr == 0) cr = pl->cu.malloc(&pl->dev, bytes);
         if (cr == 0) cr = pl->cu.memcpy(pl->dev, stage, bytes, 1);
+        if (cr == 0) cr = pl->cu.device_synchronize(); /* landed before the first SUBMIT */
         if (cr == 0) cr = pl->cu.ipc_get_mem_handle(handle, pl->dev);
         if (cr != 0) {
             snprintf(w->fatal_msg, sizeof w->fatal_msg, "--data cuda: device %" PRIu64 ": %s",
@@ -712,15 +899,19 @@ static void *worker_run(bench_worker_t *w)
         w->fatal = EXIT_DAEMON;
         snprintf(w->fatal_msg, sizeof(w->fatal_msg), "out of memory");
         epd_client_destroy(c);
+        worker_ready_wait(sh);
         return NULL;
     }
+    /* connected, and the batch in place, before the clock starts */
     int rc = epd_client_connect(c, sock, o->timeout_ms);
+    bool place_failed = rc == EPD_CLIENT_OK && placed && place_setup(w, c, &bt, depth, &place) != 0;
+    worker_ready_wait(sh);
     if (rc != EPD_CLIENT_OK) {
         w->fatal = EXIT_CONNECT;
         snprintf(w->fatal_msg, sizeof(w->fatal_msg), "%s", epd_client_last_message(c));
         goto out;
     }
-    if (placed && place_setup(w, c, &bt, depth, &place) != 0) {
+    if (place_failed) {
         w->fatal = EXIT_DAEMON;
         goto out;
     }
@@ -827,8 +1018,8 @@ static int run_bench(const options_t *o)
         fprintf(stderr, "epctl: out of memory\n");
         return EXIT_DAEMON;
     }
-    double t0 = now_s();
-    if (o->duration > 0) sh.deadline = t0 + o->duration;
+    pthread_mutex_init(&sh.mu, NULL);
+    pthread_cond_init(&sh.cv, NULL);
     uint64_t started = 0;
     for (uint64_t i = 0; i < conc; i++) {
         w[i].sh = &sh;
@@ -841,6 +1032,14 @@ static int run_bench(const options_t *o)
         }
         started++;
     }
+    /* every worker connected with its batch built: the clock starts now, not before */
+    pthread_mutex_lock(&sh.mu);
+    while (sh.ready < started) pthread_cond_wait(&sh.cv, &sh.mu);
+    double t0 = now_s();
+    if (o->duration > 0) sh.deadline = t0 + o->duration;
+    sh.go = true;
+    pthread_cond_broadcast(&sh.cv);
+    pthread_mutex_unlock(&sh.mu);
     if (tty) {
         /* progress on the terminal only, never into a pipe or file */
         for (;;) {
@@ -881,6 +1080,9 @@ static int run_bench(const options_t *o)
     double p99 = lat ? percentile(lat, n_lat, 99) : 0;
     double max = lat && n_lat ? lat[n_lat - 1] : 0;
     double tok_s = wall > 0 ? (double)ok * sh.tokens / wall : 0;
+    /* payload bytes of the answered requests: x, ids and weights out, y back */
+    double bytes_out = (double)ok * sh.tokens * (m.hidden * 2.0 + m.topk * 8.0);
+    double bytes_back = (double)ok * sh.tokens * m.hidden * 2.0;
     double req_s = wall > 0 ? (double)ok / wall : 0;
 
     /* errors by code over all workers */
@@ -912,10 +1114,13 @@ static int run_bench(const options_t *o)
                ",\"errors\":%" PRIu64
                ",\"seconds\":%.6f,\"tokens_per_s\":%.3f,\"requests_per_s\":%.3f,"
                "\"latency_ms\":{\"p50\":%.4f,\"p90\":%.4f,\"p99\":%.4f,\"max\":%.4f},"
+               "\"payload_bytes\":{\"sent\":%.0f,\"received\":%.0f},"
+               "\"payload_gb_per_s\":{\"sent\":%.6f,\"received\":%.6f},"
                "\"errors_by_code\":{", o->n_sockets, conc, o->pipeline ? o->pipeline : 1,
                sh.tokens, m.hidden, m.topk, m.num_experts, m.dtype,
                o->data ? o->data : "payload", ok, errors, wall, tok_s,
-               req_s, p50, p90, p99, max);
+               req_s, p50, p90, p99, max, bytes_out, bytes_back,
+               wall > 0 ? bytes_out / wall / 1e9 : 0, wall > 0 ? bytes_back / wall / 1e9 : 0);
         for (int j = 0; j < MAX_CODES && codes[j][0]; j++) {
             printf("%s\"%s\":%" PRIu64, j ? "," : "", codes[j], counts[j]);
         }
@@ -928,6 +1133,9 @@ static int run_bench(const options_t *o)
                m.dtype, o->data ? o->data : "payload");
         printf("requests: %" PRIu64 " ok, %" PRIu64 " errors in %.3f s\n", ok, errors, wall);
         printf("throughput: %.0f tokens/s, %.1f requests/s\n", tok_s, req_s);
+        printf("payload: %.3f MB sent (%.3f GB/s), %.3f MB received (%.3f GB/s)\n",
+               bytes_out / 1e6, wall > 0 ? bytes_out / wall / 1e9 : 0, bytes_back / 1e6,
+               wall > 0 ? bytes_back / wall / 1e9 : 0);
         printf("latency ms: p50 %.3f  p90 %.3f  p99 %.3f  max %.3f\n", p50, p90, p99, max);
         for (int j = 0; j < MAX_CODES && codes[j][0]; j++) {
             printf("errors %s: %" PRIu64 "\n", codes[j], counts[j]);
@@ -936,6 +1144,8 @@ static int run_bench(const options_t *o)
     free(lat);
     for (uint64_t i = 0; i < started; i++) free(w[i].lat_ms);
     free(w);
+    pthread_cond_destroy(&sh.cv);
+    pthread_mutex_destroy(&sh.mu);
     return exit_code;
 }
 

@@ -238,6 +238,8 @@ static bool describe_target(target_t *t, char err[EPD_ERR_LEN])
         t->shape.expert_kind = strcmp(kind, "identity") == 0 ? EPD_EXPERTS_IDENTITY
                                : strcmp(kind, "ffn") == 0    ? EPD_EXPERTS_FFN
                                                              : EPD_EXPERTS_SCALE;
+        t->shape.combine_dtype = strcmp(json_str(cfg, "combine.dtype"), "fp8") == 0
+                                     ? EPD_COMBINE_FP8 : EPD_COMBINE_BF16;
         if (t->shape.expert_kind == EPD_EXPERTS_FFN && ffn_all == NULL && ok) {
             /* the daemon's own checkpoint, all E experts, the layers it serves */
             uint32_t layers[1024];

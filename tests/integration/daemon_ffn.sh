@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # ffn experts through the real sockets: the model scripts/make-test-model.py writes (H 256, I 128,
 # E 16, three MoE layers after a dense one, BF16 and FP8 block weights, sharded with an index),
-# 2 and 4 CPU ranks, requests of the three layers interleaved on every connection; every result
-# equals the single-process reference bit for bit (same host arithmetic). Then the start-up
+# 2 and 4 CPU ranks, requests of the three layers interleaved on every connection, BF16 and FP8
+# partials (combine.dtype); every result equals the single-process reference bit for bit (same
+# host arithmetic), and FP8 partials feed the combine telemetry. Then the start-up
 # refusals: a missing shard, a wrong model.intermediate, a layer the weights lack.
 source "$(dirname "$0")/daemon_lib.bash"
 
@@ -46,21 +47,27 @@ run_case() {
     timeout 120 "$CHECK" "${socks[@]}" --clients 2 --requests 5 --max-tokens 16 --window 3 \
         --seed "$seed" --empty-slots --layers 1,2,3 ||
         die "np=$np $weights $*: results differ from the reference"
-    # per-layer stats: only layers 1-3 stepped, and they add up to the tokens
+    # per-layer stats: only layers 1-3 stepped, and they add up to the tokens; the combine
+    # telemetry measured steps exactly when the partials are FP8
+    local fp8_combine=0
+    [[ " $* " == *" combine.dtype=fp8 "* ]] && fp8_combine=1
     $WIRE stats "$(sock 0)" | python3 -c '
 import json, sys
 e = json.load(sys.stdin)["engine"]
 lt = {x["layer"]: x["tokens"] for x in e["layer_tokens"]}
-assert lt and set(lt) <= {1, 2, 3} and sum(lt.values()) == e["tokens"], e' ||
-        die "np=$np: stats engine.layer_tokens is wrong"
+assert lt and set(lt) <= {1, 2, 3} and sum(lt.values()) == e["tokens"], e
+c = e["quant_error"]["combine"]
+assert (c["steps"] > 0 and 0 < c["overall"] < 0.1) if sys.argv[1] == "1" else c["steps"] == 0, c
+' "$fp8_combine" ||
+        die "np=$np: stats engine.layer_tokens or quant_error.combine is wrong"
     unknown_layer "$(sock 0)" 0 # the dense layer: no experts
     unknown_layer "$(sock $((np - 1)))" 4
     epd_stop
 }
 
 run_case 2 bf16 21 --set dispatch.dtype=bf16
-run_case 4 bf16 22 --set dispatch.dtype=fp8 --set model.intermediate=128
-run_case 2 fp8 23 --set dispatch.dtype=fp8
+run_case 4 bf16 22 --set dispatch.dtype=fp8 --set model.intermediate=128 --set combine.dtype=fp8
+run_case 2 fp8 23 --set dispatch.dtype=fp8 --set combine.dtype=fp8
 run_case 4 fp8 24 --set dispatch.dtype=bf16 --set experts.layers=1-3
 
 # start-up refusals name the file and tensor, and the daemon exits non-zero
@@ -80,5 +87,5 @@ expect_refusal "intermediate" "model.intermediate = 256" --set "experts.weights=
 expect_refusal "unknown layer" "layer 7, which has no experts" --set "experts.weights=$TMP/bf16" \
     --set experts.layers=1,7
 expect_refusal "no weights" "needs experts.weights"
-echo "PASS: ffn experts at np 2 and 4 (bf16 and fp8 block weights, layers 1-3 interleaved)" \
-    "equal the reference; unknown layers and start-up refusals named"
+echo "PASS: ffn experts at np 2 and 4 (bf16 and fp8 block weights, layers 1-3 interleaved," \
+    "bf16 and fp8 partials) equal the reference; unknown layers and start-up refusals named"

@@ -17,6 +17,7 @@
 
 #include "common/bf16.h"
 #include "common/rng.h"
+#include "proto/cuda_dl.h"
 #include "proto/epd.h"
 
 #define MAX_TOKENS 48
@@ -186,6 +187,101 @@ out:
     epd_client_destroy(bad); /* closes with requests in flight */
 }
 
+/* Device regions (--cuda-device): x, ids and weights in device memory shared by CUDA IPC, y
+ * written there by the daemon, equal to the payload path bit for bit; a freed allocation's handle
+ * is bad_region. */
+static void check_cuda(const char *path, int device, uint64_t seed)
+{
+    static batch_t b;
+    static uint16_t y_pay[MAX_TOKENS * 8192], y_dev[MAX_TOKENS * 8192];
+    static uint8_t stage[MAX_TOKENS * 8192 * 4 + 65536];
+    layout_t l = layout_for(MAX_TOKENS);
+    epd_cuda_dl_t cu;
+    char err[256];
+    uint8_t handle[64];
+    void *dev = NULL;
+    uint32_t region = 0;
+    unsigned equal = 0;
+
+    if (!epd_cuda_dl_open(&cu, err, sizeof err)) {
+        CHECK(false, "--cuda-device: %s", err);
+        return;
+    }
+    epd_client_t *c = epd_client_create();
+    int rc = epd_client_connect(c, path, 10000);
+    CHECK(rc == EPD_CLIENT_OK, "connect %s: %s", path, epd_client_last_message(c));
+    int cr = cu.set_device(device);
+    if (cr == 0) cr = cu.malloc(&dev, l.bytes);
+    if (cr == 0) cr = cu.ipc_get_mem_handle(handle, dev);
+    CHECK(cr == 0, "cuda: %s", cu.error_string(cr));
+    if (rc != EPD_CLIENT_OK || cr != 0) goto out;
+    rc = epd_client_register_cuda(c, handle, 0, l.bytes, &region);
+    CHECK(rc == EPD_CLIENT_OK, "register cuda: %s %s", epd_client_last_error(c),
+          epd_client_last_message(c));
+    if (rc != EPD_CLIENT_OK) goto out;
+    for (int i = 0; i < BATCHES; i++) {
+        make_batch(&b, &seed);
+        layout_t bl = layout_for(b.n);
+        rc = submit_payload(c, 5000 + (uint64_t)i * 2, &b, y_pay);
+        CHECK(rc == EPD_CLIENT_OK, "payload submit: %s", epd_client_last_message(c));
+        fill_region(stage, &bl, &b);
+        /* DESIGN.md 4b: the tensors complete before the SUBMIT (a pageable cudaMemcpy may
+         * return before its DMA has landed) */
+        cu.memcpy(dev, stage, bl.bytes, 1);
+        cu.device_synchronize();
+        epd_client_request_t r = region_request(5001 + (uint64_t)i * 2, region, &bl, &b,
+                                                i % 2 == 1, true);
+        rc = epd_client_submit_request(c, &r, NULL, NULL);
+        CHECK(rc == EPD_CLIENT_OK, "device-region submit: %s %s", epd_client_last_error(c),
+              epd_client_last_message(c));
+        cu.memcpy(y_dev, (uint8_t *)dev + bl.y, (size_t)b.n * H * 2, 2);
+        bool same = rc == EPD_CLIENT_OK && memcmp(y_dev, y_pay, (size_t)b.n * H * 2) == 0;
+        CHECK(same, "batch %d (%u tokens): y in device memory differs from the payload path", i,
+              b.n);
+        equal += same;
+    }
+    /* a non-finite x in device memory is refused like one in the payload */
+    {
+        layout_t bl = layout_for(b.n);
+        uint16_t nan = 0x7fc0;
+        cu.memcpy((uint8_t *)dev + bl.x + 2 * 3, &nan, 2, 1);
+        cu.device_synchronize();
+        epd_client_request_t r = region_request(6000, region, &bl, &b, false, true);
+        rc = epd_client_submit_request(c, &r, NULL, NULL);
+        CHECK(rc == EPD_CLIENT_ERR_DAEMON &&
+                  strcmp(epd_client_last_error(c), "non_finite_input") == 0,
+              "NaN in a device x: %s %s", epd_client_rc_name(rc), epd_client_last_error(c));
+    }
+    /* the handle of an allocation that has been freed */
+    {
+        void *gone = NULL;
+        uint8_t stale[64];
+        cr = cu.malloc(&gone, 1 << 20);
+        if (cr == 0) cr = cu.ipc_get_mem_handle(stale, gone);
+        if (cr == 0) cr = cu.free(gone);
+        CHECK(cr == 0, "cuda: %s", cu.error_string(cr));
+        uint32_t r2 = 0;
+        rc = epd_client_register_cuda(c, stale, 0, 1 << 20, &r2);
+        CHECK(rc == EPD_CLIENT_ERR_DAEMON && strcmp(epd_client_last_error(c), "bad_region") == 0,
+              "a freed allocation's handle: %s %s (%s)", epd_client_rc_name(rc),
+              epd_client_last_error(c), epd_client_last_message(c));
+        /* and past the end of a live one */
+        rc = epd_client_register_cuda(c, handle, 0, l.bytes + (UINT64_C(1) << 30), &r2);
+        CHECK(rc == EPD_CLIENT_ERR_DAEMON && strcmp(epd_client_last_error(c), "bad_region") == 0,
+              "a region past its allocation: %s %s", epd_client_rc_name(rc),
+              epd_client_last_error(c));
+    }
+    /* the daemon still serves this connection */
+    rc = submit_payload(c, 7000, &b, y_pay);
+    CHECK(rc == EPD_CLIENT_OK, "payload after the refusals: %s", epd_client_last_message(c));
+    printf("region_check: %s: %u of %d device-region results equal the payload path bit for bit; "
+           "a NaN in device x, a freed handle and an oversized region refused\n",
+           path, equal, BATCHES);
+out:
+    epd_client_destroy(c);
+    if (dev != NULL) cu.free(dev);
+}
+
 static void check_socket(const char *path, uint64_t seed)
 {
     static batch_t b;
@@ -297,10 +393,10 @@ int main(int argc, char **argv)
     static const struct option longopts[] = {
         {"socket", required_argument, NULL, 's'}, {"hidden", required_argument, NULL, 'H'},
         {"topk", required_argument, NULL, 'K'},   {"experts", required_argument, NULL, 'E'},
-        {NULL, 0, NULL, 0},
+        {"cuda-device", required_argument, NULL, 'c'}, {NULL, 0, NULL, 0},
     };
     const char *sockets[16];
-    int n_sockets = 0, opt;
+    int n_sockets = 0, opt, cuda_device = -1;
 
     while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (opt) {
@@ -310,6 +406,7 @@ int main(int argc, char **argv)
         case 'H': H = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 'K': K = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 'E': E = (uint32_t)strtoul(optarg, NULL, 10); break;
+        case 'c': cuda_device = (int)strtol(optarg, NULL, 10); break;
         default: return 2;
         }
     }
@@ -317,7 +414,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: region_check --hidden H --topk K --experts E --socket PATH...\n");
         return 2;
     }
-    for (int i = 0; i < n_sockets; i++) check_socket(sockets[i], 1234 + (uint64_t)i);
+    for (int i = 0; i < n_sockets; i++) {
+        if (cuda_device >= 0)
+            check_cuda(sockets[i], cuda_device, 4321 + (uint64_t)i);
+        else
+            check_socket(sockets[i], 1234 + (uint64_t)i);
+    }
     if (failures) fprintf(stderr, "region_check: %d failures\n", failures);
     return failures ? 1 : 0;
 }

@@ -507,7 +507,8 @@ static void expected_token(const epd_moe_shape_t *s, const epd_ffn_weights_t *w,
 }
 
 /* Runs layout, pack, the experts of every rank (shape.rank = r on its records) and combine on
- * host memory, as W ranks would, then checks every token against expected_token. */
+ * host memory, as W ranks would, then checks every token against expected_token. The partials
+ * are combine.dtype's (BF16, or FP8 group128: their telemetry is then checked to be fed). */
 static void run_world(epd_moe_shape_t s, const epd_ffn_weights_t *w, uint32_t layer, uint32_t n,
                       const uint16_t *x, const int32_t *ids, const float *kw, double tol)
 {
@@ -515,18 +516,21 @@ static void run_world(epd_moe_shape_t s, const epd_ffn_weights_t *w, uint32_t la
     epd_ops_ctx_t *ctx;
     char err[EPD_ERR_LEN];
     epd_record_layout_t rec;
+    epd_partial_layout_t pl;
     epd_step_layout_t lay = {0};
+    epd_quant_error_t qe;
     uint32_t H = s.hidden;
 
     assert_int_equal(ops->init(-1, &ctx, err), EPD_OK);
     epd_record_layout(&s, &rec);
+    epd_partial_layout(&s, &pl);
     lay.n_tokens = n;
     lay.send_counts_host = calloc(s.world, sizeof(uint32_t));
     lay.send_offsets_host = calloc(s.world, sizeof(uint32_t));
     lay.slot = calloc((size_t)n * s.world, sizeof(int32_t));
     lay.expert_counts_host = calloc(s.num_experts, sizeof(uint32_t));
     uint8_t *records = calloc((size_t)n * s.world, rec.size);
-    uint16_t *partials = calloc((size_t)n * s.world * H, 2);
+    uint8_t *partials = calloc((size_t)n * s.world, pl.size);
     uint16_t *y = calloc((size_t)n * H, 2), *ref = calloc((size_t)n * H, 2);
     double *xd = calloc(H, sizeof *xd), *yd = calloc(H, sizeof *yd);
     assert_non_null(records);
@@ -542,8 +546,17 @@ static void run_world(epd_moe_shape_t s, const epd_ffn_weights_t *w, uint32_t la
         /* the rows per expert as the count exchange brings them: the layout's counts */
         const uint32_t *rows = lay.expert_counts_host + (size_t)r * (s.num_experts / s.world);
         assert_int_equal(ops->experts(ctx, &sr, layer, records + first * rec.size,
-                                      lay.send_counts_host[r], rows, partials + first * H),
+                                      lay.send_counts_host[r], rows,
+                                      partials + first * pl.size),
                          EPD_OK);
+    }
+    /* the quantization telemetry: fed by the FP8 partials (and FP8 records), nothing else */
+    assert_int_equal(ops->quant_error_take(ctx, &qe), EPD_OK);
+    if (s.quant_error && s.combine_dtype == EPD_COMBINE_FP8 && lay.n_send > 0) {
+        assert_true(qe.combine_ref2 > 0 && qe.combine_err2 > 0);
+        assert_true(qe.combine_err2 < 1e-2 * qe.combine_ref2);
+    } else {
+        assert_true(qe.combine_ref2 == 0 && qe.combine_err2 == 0);
     }
     assert_int_equal(ops->combine(ctx, &s, &lay, partials, y), EPD_OK);
     /* the single-process reference gives the same bytes */
@@ -569,9 +582,9 @@ static void run_world(epd_moe_shape_t s, const epd_ffn_weights_t *w, uint32_t la
         if (rel > worst) worst = rel;
         if (rel > tol) fail_msg("token %u: relative L2 error %.3g above %.3g", t, rel, tol);
     }
-    print_message("    %s weights, %s wire, W %u: worst token relative L2 %.2e\n",
+    print_message("    %s weights, %s wire, %s combine, W %u: worst token relative L2 %.2e\n",
                   epd_ffn_format_name(w->format), s.dtype == EPD_WIRE_FP8 ? "fp8" : "bf16",
-                  s.world, worst);
+                  s.combine_dtype == EPD_COMBINE_FP8 ? "fp8" : "bf16", s.world, worst);
     /* a layer that was not loaded is refused */
     assert_int_equal(ops->experts(ctx, &s, 99, records, 1, NULL, partials), EPD_ERR_INVALID_ARG);
     /* counts that disagree with the records are refused */
@@ -625,20 +638,25 @@ static void test_ffn__host_experts__match_fp64_on_every_world(void **state)
         assert_int_equal(epd_ffn_random(f ? EPD_FFN_FP8_BLOCK : EPD_FFN_BF16, H, I, E, 0, E, 2, 7,
                                         &w, err), EPD_OK);
         /* fp32 arithmetic with fp64 sums and BF16 partials and outputs against fp64: far inside
-         * section 9's 1e-2 / 3e-2 */
-        double tol = 6e-3;
+         * section 9's 1e-2 / 3e-2; FP8 partials (e4m3, 3 mantissa bits) add their own error */
         static const struct {
             epd_wire_dtype_t dtype;
             epd_scale_kind_t scale;
             uint32_t world;
-        } cases[] = {{EPD_WIRE_BF16, EPD_SCALE_GROUP128, 1}, {EPD_WIRE_FP8, EPD_SCALE_GROUP128, 8},
-                     {EPD_WIRE_FP8, EPD_SCALE_PER_TOKEN, 2},
-                     {EPD_WIRE_BF16, EPD_SCALE_GROUP128, 8}};
+            epd_combine_dtype_t combine;
+        } cases[] = {{EPD_WIRE_BF16, EPD_SCALE_GROUP128, 1, EPD_COMBINE_BF16},
+                     {EPD_WIRE_FP8, EPD_SCALE_GROUP128, 8, EPD_COMBINE_BF16},
+                     {EPD_WIRE_FP8, EPD_SCALE_PER_TOKEN, 2, EPD_COMBINE_BF16},
+                     {EPD_WIRE_BF16, EPD_SCALE_GROUP128, 8, EPD_COMBINE_BF16},
+                     {EPD_WIRE_FP8, EPD_SCALE_GROUP128, 8, EPD_COMBINE_FP8},
+                     {EPD_WIRE_BF16, EPD_SCALE_GROUP128, 2, EPD_COMBINE_FP8}};
         for (size_t c = 0; c < EPD_ARRAY_SIZE(cases); c++) {
             epd_moe_shape_t s = {.hidden = H, .topk = K, .num_experts = E, .world = cases[c].world,
                                  .dtype = cases[c].dtype, .scale = cases[c].scale,
-                                 .expert_kind = EPD_EXPERTS_FFN};
-            run_world(s, w, 1, N, x, ids, kw, tol);
+                                 .expert_kind = EPD_EXPERTS_FFN,
+                                 .combine_dtype = cases[c].combine, .quant_error = true};
+            run_world(s, w, 1, N, x, ids, kw,
+                      cases[c].combine == EPD_COMBINE_FP8 ? 6e-2 : 6e-3);
         }
         epd_ffn_free(w);
     }
