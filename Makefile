@@ -151,6 +151,7 @@ UNINSTALL_FILES += bin/epd bin/epctl lib/libepd.a lib/libepd.so lib/$(LIBEPD_SON
     include/epd.h lib/pkgconfig/epd.pc
 uninstall:
 	rm -f $(addprefix $(DESTDIR)$(PREFIX)/,$(UNINSTALL_FILES))
+	$(UNINSTALL_EXTRA)
 	-rmdir $(addprefix $(DESTDIR)$(PREFIX)/,$(UNINSTALL_DIRS)) 2>/dev/null
 	@echo "kept $(DESTDIR)$(SYSCONFDIR)/epd/ and $(DESTDIR)$(SYSCONFDIR)/default/epd (remove them by hand)"
 

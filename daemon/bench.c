@@ -253,6 +253,8 @@ static void bench_one(bench_ctx_t *b, uint32_t tokens, const bench_variant_t *va
     for (uint32_t it = 0; it < BENCH_WARMUP + b->iters; it++) {
         epd_step_timing_t tm;
         MPI_Barrier(MPI_COMM_WORLD);
+        /* as the daemon runs its steps: the ids are on the host too, the layout is made there */
+        epd_step_set_host_ids(step, ids);
         if (epd_step_run(step, tokens, io->x, io->topk_ids, io->topk_weights, io->y, &tm, err) !=
             EPD_OK)
             bench_fail(b, "step", err);

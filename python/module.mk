@@ -19,3 +19,5 @@ PIP_INSTALL = $(PYTHON) -m pip install --no-index --no-build-isolation --no-deps
               --target $(DESTDIR)$(PY_SITE)
 PY_NONE = echo "make install: no python3 with numpy: the Python package is not installed" >&2
 INSTALL_EXTRA += $(if $(PYTHON),$(PIP_INSTALL) ./python,$(PY_NONE)) ;
+# what pip --target wrote: the package and its metadata
+UNINSTALL_EXTRA += $(if $(PYTHON),rm -rf $(DESTDIR)$(PY_SITE)/epd $(DESTDIR)$(PY_SITE)/epd-*.dist-info ;)

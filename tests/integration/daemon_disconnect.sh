@@ -11,7 +11,15 @@ epd_start 2 --set model.hidden=256 --set model.num_experts=16 --set model.topk=4
 "$CHECK" --socket "$(sock 0)" --socket "$(sock 1)" --clients 2 --requests 60 --max-tokens 16 \
     --seed 3 >"$TMP/good.log" 2>&1 &
 good=$!
-python3 tests/integration/daemon_clients.py disconnect "$(sock 0)" 40 || die "disconnect client"
+# Rank 1 held (SIGSTOP) while the client sends and leaves: no agreement completes, so its
+# requests are still queued when it goes (steps are faster than a client otherwise).
+pid1=$($WIRE health "$(sock 1)" | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
+kill -STOP "$pid1"
+python3 tests/integration/daemon_clients.py disconnect "$(sock 0)" 40 || {
+    kill -CONT "$pid1"
+    die "disconnect client"
+}
+kill -CONT "$pid1"
 
 # Wait until rank 0 has answered (or discarded) everything it accepted.
 deadline=$((SECONDS + 20))
