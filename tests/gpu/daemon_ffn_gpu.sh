@@ -2,8 +2,9 @@
 # The ffn experts on the GPU through the real sockets: the model scripts/make-test-model.py writes
 # (BF16 and FP8 block weights, three MoE layers interleaved on every connection), one rank, then
 # two ranks sharing GPU 0 (device.id = 0, staged mpi); every token within DESIGN.md section 9's
-# tolerance of the host reference (relative L2 1e-2 BF16, 3e-2 FP8), by build/tests/check_client.
-# Skips visibly without a GPU.
+# tolerance of the host reference (relative L2 1e-2 BF16, 3e-2 FP8), by build/tests/check_client;
+# with FP8 partials (combine.dtype fp8) 3e-2 more: both sides quantize their slightly different
+# sums, and a value at a rounding boundary lands one e4m3 step apart. Skips visibly without a GPU.
 source "$(dirname "$(readlink -f "$0")")/../integration/daemon_lib.bash"
 
 n_gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
@@ -52,5 +53,8 @@ run_case 2 bf16 1e-2 35 --set dispatch.dtype=fp8 --set dispatch.transport=mpi \
     --set dispatch.mpi_cuda_aware=false
 run_case 2 fp8 3e-2 36 --set dispatch.dtype=fp8 --set dispatch.scale=per_token \
     --set dispatch.transport=mpi --set dispatch.mpi_cuda_aware=false
+run_case 1 bf16 4e-2 37 --set dispatch.dtype=fp8 --set combine.dtype=fp8
+run_case 2 fp8 6e-2 38 --set dispatch.dtype=bf16 --set combine.dtype=fp8 \
+    --set dispatch.transport=mpi --set dispatch.mpi_cuda_aware=false
 echo "PASS: ffn experts on the GPU (1 rank, 2 ranks sharing GPU 0; bf16 and fp8 block weights," \
-    "layers 1-3) within the tolerance of the host reference"
+    "bf16 and fp8 partials, layers 1-3) within the tolerance of the host reference"
