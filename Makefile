@@ -53,7 +53,7 @@ DEFS     := -D_GNU_SOURCE $(if $(filter 1,$(CUDA)),-DEPD_HAVE_CUDA=1) $(if $(fil
             -DEPD_VERSION=\"$(VERSION)\"
 BASE_CFLAGS = $(CSTD) $(OPT) -g $(WARN) $(NUMERIC) $(DEFS) -I. $(if $(NCCL_HOME),-I$(NCCL_HOME)/include) -fPIC $(MPI_CFLAGS) $(PKG_CFLAGS) $(CFLAGS)
 SAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-CUDA_LIBS  = $(if $(filter 1,$(CUDA)),-L$(CUDA_HOME)/lib64 -Wl$(comma)-rpath$(comma)$(CUDA_HOME)/lib64 -lcudart \
+CUDA_LIBS  = $(if $(filter 1,$(CUDA)),-L$(CUDA_HOME)/lib64 -Wl$(comma)-rpath$(comma)$(CUDA_HOME)/lib64 -lcudart -lcublasLt \
              $(if $(filter 1,$(NCCL)),$(if $(NCCL_HOME),-L$(NCCL_HOME)/lib -Wl$(comma)-rpath$(comma)$(NCCL_HOME)/lib) -lnccl))
 LDLIBS_ALL = $(PKG_LIBS) $(MPI_LIBS) $(CUDA_LIBS) -lpthread -lm $(LDFLAGS)
 # Hopper: real code for sm_90a plus PTX for later chips; never fast math, never FMA contraction.

@@ -4,12 +4,13 @@ COMM_SRCS += comm/transport.c comm/transport_mpi.c comm/step.c comm/phase.c comm
 
 # The step at world = 1 (MPI singleton), the mpi transport's count conversion and datatype items.
 UNIT_TESTS += step
-test_step_SRCS := comm/transport.c comm/transport_mpi.c comm/step.c gpu/ops_host.c \
-                  gpu/quant_host.c common/status.c common/parse.c
+test_step_SRCS := comm/transport.c comm/transport_mpi.c comm/step.c gpu/ops_host.c gpu/ffn.c \
+                  gpu/safetensors.c gpu/quant_host.c common/status.c common/parse.c
 
 # MPI test programs run by tests/integration/step_np.sh and engine_np.sh under mpirun.
 STEP_CHECK_SRCS := tests/integration/step_check.c comm/transport.c comm/transport_mpi.c \
-                   comm/step.c gpu/ops_host.c gpu/quant_host.c common/status.c common/parse.c
+                   comm/step.c gpu/ops_host.c gpu/quant_host.c gpu/ffn.c gpu/safetensors.c \
+                   common/status.c common/parse.c
 $(BUILD)/tests/step_check: $(call obj,$(STEP_CHECK_SRCS))
 	@mkdir -p $(dir $@)
 	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
@@ -18,7 +19,8 @@ BINS += $(BUILD)/tests/step_check
 # The engine (daemon/engine.c) on a real event loop without sockets, at np = 2.
 ENGINE_CHECK_SRCS := tests/integration/engine_check.c daemon/engine.c daemon/quant_stats.c \
                      daemon/log.c comm/transport.c comm/transport_mpi.c comm/step.c \
-                     gpu/ops_host.c gpu/quant_host.c common/status.c common/parse.c
+                     gpu/ops_host.c gpu/quant_host.c gpu/ffn.c gpu/safetensors.c \
+                     common/status.c common/parse.c
 $(BUILD)/tests/engine_check: $(patsubst %.c,$(BUILD)/obj/%.o,$(ENGINE_CHECK_SRCS))
 	@mkdir -p $(dir $@)
 	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
@@ -30,14 +32,16 @@ BINS += $(BUILD)/tests/engine_check
 COMM_SRCS += comm/transport_staged.c $(if $(filter 1,$(NCCL)),comm/transport_nccl.c comm/nccl_boot.c)
 $(BUILD)/obj/comm/nccl_boot.o: CFLAGS += -I$(CUDA_HOME)/include
 UNIT_TESTS += transport_staged registry
-test_transport_staged_SRCS += comm/transport.c comm/transport_staged.c gpu/ops_host.c \
+test_transport_staged_SRCS += comm/transport.c comm/transport_staged.c gpu/ops_host.c gpu/ffn.c \
+                              gpu/safetensors.c \
                               gpu/quant_host.c common/status.c common/parse.c
 # The registry walk over the real transports' can_use, nccl included in every build (the test
 # stands in for the NCCL glue, which the choice never calls).
 test_registry_SRCS += comm/registry.c comm/transport.c comm/transport_mpi.c \
                       comm/transport_staged.c comm/transport_nccl.c common/status.c common/parse.c
 STAGED_CHECK_SRCS += tests/integration/staged_check.c comm/transport.c comm/transport_staged.c \
-                     gpu/ops_host.c gpu/quant_host.c common/status.c common/parse.c
+                     gpu/ops_host.c gpu/quant_host.c gpu/ffn.c gpu/safetensors.c common/status.c \
+                     common/parse.c
 $(BUILD)/tests/staged_check: $(patsubst %.c,$(BUILD)/obj/%.o,$(STAGED_CHECK_SRCS))
 	@mkdir -p $(dir $@)
 	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL)

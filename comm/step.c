@@ -26,6 +26,11 @@ struct epd_step {
     int32_t *slot_host;       /* [max_tokens * W] pinned: the host layout's slots, uploaded */
     const int32_t *ids_host;  /* the next run's ids on the host (epd_step_set_host_ids), or NULL */
     uint32_t *recv_counts32;  /* [W] from the count exchange */
+    /* The count exchange's blocks, one per peer: [records, rows of each of the peer's E/W
+     * experts] (sent: this rank's records for the peer; received: the peer's for this rank). */
+    uint32_t *xsend_block;    /* [W * (1 + E/W)] */
+    uint32_t *xrecv_block;    /* [W * (1 + E/W)] */
+    uint32_t *expert_rows;    /* [E/W] rows per local expert of the records one experts op gets */
     uint64_t *send_counts;    /* [W] in records, for the transport */
     uint64_t *send_displs;
     uint64_t *recv_counts;
@@ -101,6 +106,10 @@ void epd_step_destroy(epd_step_t *step)
     free(step->layout.send_counts_host);
     free(step->layout.send_offsets_host);
     free(step->recv_counts32);
+    free(step->layout.expert_counts_host);
+    free(step->xsend_block);
+    free(step->xrecv_block);
+    free(step->expert_rows);
     free(step->send_counts);
     free(step->send_displs);
     free(step->recv_counts);
@@ -161,6 +170,16 @@ epd_status_t epd_step_create(const epd_moe_shape_t *shape, uint32_t max_tokens,
     step->layout.send_counts_host = calloc(shape->world, sizeof(uint32_t));
     step->layout.send_offsets_host = calloc(shape->world, sizeof(uint32_t));
     step->recv_counts32 = calloc(shape->world, sizeof(uint32_t));
+    {
+        size_t block = 1 + shape->num_experts / shape->world;
+        step->layout.expert_counts_host = calloc(shape->num_experts, sizeof(uint32_t));
+        step->xsend_block = calloc(shape->world * block, sizeof(uint32_t));
+        step->xrecv_block = calloc(shape->world * block, sizeof(uint32_t));
+        step->expert_rows = calloc(block, sizeof(uint32_t));
+        if (step->layout.expert_counts_host == NULL || step->xsend_block == NULL ||
+            step->xrecv_block == NULL || step->expert_rows == NULL)
+            goto no_memory_host;
+    }
     step->send_counts = calloc(shape->world, sizeof(uint64_t));
     step->send_displs = calloc(shape->world, sizeof(uint64_t));
     step->recv_counts = calloc(shape->world, sizeof(uint64_t));
@@ -243,14 +262,22 @@ void epd_step_last_exchange(const epd_step_t *step, epd_step_exchange_t *exchang
 }
 
 /* The experts op on records [first, first + count) of records (a record buffer), into the same
- * rows of out (partials, one epd_partial_layout_t size a row). */
+ * rows of out (partials, one epd_partial_layout_t size a row); they came from ranks [src_lo,
+ * src_hi), whose blocks of the count exchange give the rows per local expert. */
 static epd_status_t run_experts(epd_step_t *step, void *records, uint64_t first, uint64_t count,
-                                void *out)
+                                uint32_t src_lo, uint32_t src_hi, void *out)
 {
+    uint32_t per_rank = step->shape.num_experts / step->shape.world;
+    size_t block = 1 + per_rank;
+
     if (count == 0) return EPD_OK;
-    return step->ops->experts(step->ops_ctx, &step->shape,
+    for (uint32_t e = 0; e < per_rank; e++) step->expert_rows[e] = 0;
+    for (uint32_t r = src_lo; r < src_hi; r++)
+        for (uint32_t e = 0; e < per_rank; e++)
+            step->expert_rows[e] += step->xrecv_block[r * block + 1 + e];
+    return step->ops->experts(step->ops_ctx, &step->shape, step->shape.layer,
                               (uint8_t *)records + first * step->record.size, (uint32_t)count,
-                              (uint8_t *)out + first * step->partial.size);
+                              step->expert_rows, (uint8_t *)out + first * step->partial.size);
 }
 
 /* Ops that queue work on a device stream return before it runs; host ops have none. */
@@ -318,7 +345,7 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
          * ahead of the pack (no layout kernels, no read-back of the counts) */
         status = epd_layout_host(shape, n_tokens, ids_host, step->slot_host,
                                  step->layout.send_counts_host, step->layout.send_offsets_host,
-                                 &step->layout.n_send, err);
+                                 step->layout.expert_counts_host, &step->layout.n_send, err);
         if (status != EPD_OK) return status;
         status = ops->copy_queued(octx, step->layout.slot, step->slot_host,
                                   (size_t)n_tokens * world * sizeof(int32_t));
@@ -334,11 +361,25 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
         if (status != EPD_OK) return op_failed(step, status, "layout", err);
     }
     counts_begin = epd_now_ns();
-    rc = MPI_Alltoall(step->layout.send_counts_host, 1, MPI_UINT32_T, step->recv_counts32, 1,
-                      MPI_UINT32_T, step->comm);
-    if (rc != MPI_SUCCESS) {
-        snprintf(err, EPD_ERR_LEN, "step: MPI_Alltoall of record counts failed (code %d)", rc);
-        return EPD_ERR_MPI;
+    {
+        /* per peer: its records, then the rows of each of its experts (the experts op of a
+         * weights kind groups its rows per expert without reading counts back) */
+        uint32_t per_rank = shape->num_experts / world;
+        int block = (int)(1 + per_rank);
+        for (uint32_t r = 0; r < world; r++) {
+            uint32_t *b = step->xsend_block + (size_t)r * (size_t)block;
+            b[0] = step->layout.send_counts_host[r];
+            memcpy(b + 1, step->layout.expert_counts_host + (size_t)r * per_rank,
+                   per_rank * sizeof(uint32_t));
+        }
+        rc = MPI_Alltoall(step->xsend_block, block, MPI_UINT32_T, step->xrecv_block, block,
+                          MPI_UINT32_T, step->comm);
+        if (rc != MPI_SUCCESS) {
+            snprintf(err, EPD_ERR_LEN, "step: MPI_Alltoall of record counts failed (code %d)", rc);
+            return EPD_ERR_MPI;
+        }
+        for (uint32_t r = 0; r < world; r++)
+            step->recv_counts32[r] = step->xrecv_block[(size_t)r * (size_t)block];
     }
     counts_ns = epd_now_ns() - counts_begin;
     /* the transport reads send_buf: pack must be complete first, unless no record leaves or
@@ -388,13 +429,14 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
     t[3] = epd_now_ns();
     {
         uint64_t own_first = step->recv_displs[me], after = own_first + step->recv_counts[me];
-        status = run_experts(step, step->recv_buf, 0, own_first, step->partials);
+        status = run_experts(step, step->recv_buf, 0, own_first, 0, me, step->partials);
         if (status == EPD_OK)
-            status = run_experts(step, step->recv_buf, after, n_recv - after, step->partials);
+            status = run_experts(step, step->recv_buf, after, n_recv - after, me + 1, world,
+                                 step->partials);
         /* ops without a stream (host) run synchronously: nothing would overlap the combine */
         if (status == EPD_OK && !ops_async(step))
             status = run_experts(step, step->send_buf, step->send_displs[me],
-                                 step->send_counts[me], step->partials_back);
+                                 step->send_counts[me], me, me + 1, step->partials_back);
     }
     if (status != EPD_OK) return op_failed(step, status, "experts", err);
     if (moves || !ops_async(step)) {
@@ -408,7 +450,7 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
     t[4] = epd_now_ns();
     if (ops_async(step)) {
         status = run_experts(step, step->send_buf, step->send_displs[me], step->send_counts[me],
-                             step->partials_back);
+                             me, me + 1, step->partials_back);
         if (status != EPD_OK) return op_failed(step, status, "experts", err);
     }
     status = world == 1 ? EPD_OK

@@ -75,6 +75,61 @@ epd_status_t epd_parse_double(const char *str, double min, double max, double *o
     return EPD_OK;
 }
 
+epd_status_t epd_parse_u32_list(const char *str, uint32_t max, uint32_t *out, size_t cap,
+                                size_t *n_p, char err[EPD_ERR_LEN])
+{
+    char item[32];
+    size_t n = 0;
+    const char *p = str;
+
+    *n_p = 0;
+    if (str == NULL || *str == '\0') return EPD_OK;
+    for (;;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        uint64_t lo, hi;
+        if (len == 0 || len >= sizeof item) {
+            snprintf(err, EPD_ERR_LEN, "'%.64s' has an empty or overlong item", str);
+            return EPD_ERR_INVALID_ARG;
+        }
+        memcpy(item, p, len);
+        item[len] = '\0';
+        char *dash = strchr(item, '-');
+        if (dash != NULL) *dash = '\0';
+        if (epd_parse_u64(item, 10, 0, max, &lo, err) != EPD_OK ||
+            (dash != NULL && epd_parse_u64(dash + 1, 10, 0, max, &hi, err) != EPD_OK)) {
+            snprintf(err, EPD_ERR_LEN, "'%.64s': '%.31s' is not an integer or range in [0, %u]",
+                     str, p, max);
+            return EPD_ERR_INVALID_ARG;
+        }
+        if (dash == NULL) hi = lo;
+        if (hi < lo) {
+            snprintf(err, EPD_ERR_LEN, "'%.64s': range %.31s runs backwards", str, item);
+            return EPD_ERR_INVALID_ARG;
+        }
+        for (uint64_t v = lo; v <= hi; v++) {
+            size_t at = n;
+            bool dup = false;
+            for (size_t i = 0; i < n; i++) dup = dup || out[i] == v;
+            if (dup) continue;
+            if (n == cap) {
+                snprintf(err, EPD_ERR_LEN, "'%.64s' has more than %zu values", str, cap);
+                return EPD_ERR_INVALID_ARG;
+            }
+            while (at > 0 && out[at - 1] > v) {
+                out[at] = out[at - 1];
+                at--;
+            }
+            out[at] = (uint32_t)v;
+            n++;
+        }
+        if (comma == NULL) break;
+        p = comma + 1;
+    }
+    *n_p = n;
+    return EPD_OK;
+}
+
 epd_status_t epd_parse_bool(const char *str, bool *out_p, char err[EPD_ERR_LEN])
 {
     static const char *const yes[] = {"1", "true", "yes", "on"};

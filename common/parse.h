@@ -22,6 +22,13 @@ epd_status_t epd_parse_i64(const char *str, int64_t min, int64_t max, int64_t *o
 epd_status_t epd_parse_double(const char *str, double min, double max, double *out_p,
                               char err[EPD_ERR_LEN]);
 
+/* A list of integers in [0, max] and ranges "a-b" (a <= b), comma-separated, e.g. "3,5-7":
+ * written ascending and without repeats into out (at most cap values), count in *n_p. An empty
+ * string is an empty list. EPD_ERR_INVALID_ARG with a sentence in err for anything else (junk,
+ * an empty item, a value above max, a descending range, more than cap values). */
+epd_status_t epd_parse_u32_list(const char *str, uint32_t max, uint32_t *out, size_t cap,
+                                size_t *n_p, char err[EPD_ERR_LEN]);
+
 /* 1/0, true/false, yes/no, on/off in any case. */
 epd_status_t epd_parse_bool(const char *str, bool *out_p, char err[EPD_ERR_LEN]);
 

@@ -29,6 +29,7 @@ static const opt_t options[] = {
     {"--json", OPT_FLAG},
     {"--bench-tokens", OPT_VALUE},
     {"--bench-iters", OPT_VALUE},
+    {"--bench-weights", OPT_VALUE},
 };
 
 epd_status_t epd_args_parse_token_list(const char *list, uint32_t *tokens, size_t max, size_t *n_p,
@@ -167,6 +168,15 @@ static epd_status_t apply_option(const opt_t *opt, const char *value, epd_args_t
             return EPD_ERR_INVALID_ARG;
         }
         args->bench_iters = (uint32_t)iters;
+    } else if (strcmp(name, "--bench-weights") == 0) {
+        if (strcmp(value, "random") != 0 && strcmp(value, "random-bf16") != 0 &&
+            strcmp(value, "random-fp8") != 0) {
+            epd_config_textf(err, EPD_ERR_LEN,
+                             "--bench-weights: '%.64s' is not one of random|random-bf16|random-fp8",
+                             value);
+            return EPD_ERR_INVALID_ARG;
+        }
+        args->bench_weights = value;
     }
     return EPD_OK;
 }
@@ -215,6 +225,11 @@ epd_status_t epd_args_parse(int argc, char **argv, epd_args_t *args_p, char err[
         status = EPD_ERR_INVALID_ARG;
         goto err_free;
     }
+    if (!bench && !help && !version && args_p->bench_weights != NULL) {
+        epd_config_textf(err, EPD_ERR_LEN, "--bench-weights only goes with --bench");
+        status = EPD_ERR_INVALID_ARG;
+        goto err_free;
+    }
     return EPD_OK;
 
 err_free:
@@ -237,7 +252,7 @@ void epd_args_print_usage(FILE *out, const char *argv0)
         "Usage: mpirun [MPI options] %s [--config FILE] [--set KEY=VALUE]...\n"
         "       %s --print-config [--config FILE] [--set KEY=VALUE]...\n"
         "       mpirun [MPI options] %s --bench [--json] [--bench-tokens LIST] "
-        "[--bench-iters N]\n"
+        "[--bench-iters N] [--bench-weights random|random-bf16|random-fp8]\n"
         "       mpirun [MPI options] %s --accuracy [--json] [--bench-tokens LIST] "
         "[--bench-iters N]\n"
         "       %s --help | --version\n"
@@ -257,6 +272,8 @@ void epd_args_print_usage(FILE *out, const char *argv0)
         "  --json               machine-readable --bench / --accuracy output\n"
         "  --bench-tokens LIST  tokens per rank per step to bench (--accuracy: default 512)\n"
         "  --bench-iters N      steps per --bench-tokens entry (--accuracy: default 2)\n"
+        "  --bench-weights W    with experts.kind=ffn: synthetic weights at the configured shape\n"
+        "                       (random: BF16 and FP8 block; else experts.weights is read)\n"
         "  -h, --help           this text\n"
         "  --version            print the version\n"
         "\n"

@@ -343,6 +343,20 @@ static epd_status_t check_combinations(const epd_config_state_t *state, char err
                          pairs[i].allowed);
         return EPD_ERR_CONFIG;
     }
+    /* the ffn experts' settings take effect with experts.kind = ffn only */
+    if (cfg->experts.kind != EPD_EXPERTS_FFN) {
+        const char *ffn_only[] = {"experts.weights", "experts.layers", "model.intermediate"};
+        bool set[] = {cfg->experts.weights[0] != '\0', cfg->experts.layers[0] != '\0',
+                      cfg->model.intermediate != 0};
+        for (size_t i = 0; i < EPD_ARRAY_SIZE(ffn_only); i++) {
+            if (!set[i]) continue;
+            describe(state, ffn_only[i], a, sizeof a);
+            describe(state, "experts.kind", b, sizeof b);
+            epd_config_textf(err, EPD_ERR_LEN, "%s is set but %s does not use it; allowed: "
+                             "only with experts.kind = ffn", a, b);
+            return EPD_ERR_CONFIG;
+        }
+    }
     /* a SUBMIT payload: x bf16 [N,H], topk_ids i32 [N,K], topk_weights f32 [N,K] */
     uint64_t n = cfg->dispatch.max_tokens_per_request;
     uint64_t need = n * (2 * (uint64_t)cfg->model.hidden + 8 * (uint64_t)cfg->model.topk);

@@ -18,6 +18,8 @@ extern "C" {
 
 #define EPD_CONFIG_STR_LEN 256
 #define EPD_CONFIG_MAX_UIDS 32
+#define EPD_CONFIG_MAX_LAYERS 1024 /* experts.layers: values in a list */
+#define EPD_CONFIG_MAX_LAYER 4095  /* ... each in [0, EPD_CONFIG_MAX_LAYER] */
 
 typedef enum { EPD_TRANSPORT_AUTO = 0, EPD_TRANSPORT_MPI, EPD_TRANSPORT_NCCL } epd_transport_kind_t;
 typedef enum { EPD_TRISTATE_AUTO = 0, EPD_TRISTATE_TRUE, EPD_TRISTATE_FALSE } epd_tristate_t;
@@ -39,6 +41,7 @@ typedef struct epd_config {
         uint32_t hidden;      /* H, a multiple of 128 */
         uint32_t num_experts; /* E, a multiple of the number of ranks */
         uint32_t topk;        /* K */
+        uint32_t intermediate; /* I of the ffn experts; 0: from the weights */
     } model;
     struct {
         epd_wire_dtype_t dtype;
@@ -57,6 +60,8 @@ typedef struct epd_config {
     } combine;
     struct {
         epd_expert_kind_t kind;
+        char weights[EPD_CONFIG_STR_LEN]; /* ffn: safetensors file or directory; "" none */
+        char layers[EPD_CONFIG_STR_LEN];  /* ffn: layer list (epd_parse_u32_list); "" all */
     } experts;
     struct {
         epd_switch_t quant_error; /* per-step quantization error of what was sent */
@@ -167,6 +172,7 @@ typedef struct epd_args {
     bool json;                /* --json: machine-readable bench output */
     const char *bench_tokens; /* --bench-tokens LIST, e.g. "128,512,2048"; NULL: the default list */
     uint32_t bench_iters;     /* --bench-iters N; 0: the default */
+    const char *bench_weights; /* --bench-weights random|random-bf16|random-fp8; NULL: the file */
 } epd_args_t;
 
 /* Parses argv (--config FILE, --set KEY=VALUE repeatable, --print-config, --help, --version,

@@ -32,7 +32,8 @@ static const char *const tristate_names[] = {[EPD_TRISTATE_AUTO] = "auto",
                                              [EPD_TRISTATE_TRUE] = "true",
                                              [EPD_TRISTATE_FALSE] = "false", NULL};
 static const char *const expert_kind_names[] = {[EPD_EXPERTS_IDENTITY] = "identity",
-                                                [EPD_EXPERTS_SCALE] = "scale", NULL};
+                                                [EPD_EXPERTS_SCALE] = "scale",
+                                                [EPD_EXPERTS_FFN] = "ffn", NULL};
 static const char *const backend_names[] = {[EPD_BACKEND_AUTO] = "auto",
                                             [EPD_BACKEND_CUDA] = "cuda",
                                             [EPD_BACKEND_CPU] = "cpu", NULL};
@@ -41,6 +42,7 @@ static const char *const log_level_names[] = {[EPD_LOG_ERROR] = "error", [EPD_LO
                                               NULL};
 
 static bool check_socket_path(const char *text, char problem[EPD_ERR_LEN]);
+static bool check_layers(const char *text, char problem[EPD_ERR_LEN]);
 static bool check_metrics_listen(const char *text, char problem[EPD_ERR_LEN]);
 
 #define FIELD(f) offsetof(epd_config_t, f)
@@ -80,6 +82,9 @@ const epd_setting_t epd_settings[] = {
     {.name = "model.topk", .env = "EPD_MODEL_TOPK", .type = EPD_SETTING_U32, .def = "8",
      .min = 1, .max = 64, .offset = FIELD(model.topk),
      .doc = "experts per token K (<= num_experts)"},
+    {.name = "model.intermediate", .env = "EPD_MODEL_INTERMEDIATE", .type = EPD_SETTING_U32,
+     .def = "0", .min = 0, .max = 65536, .multiple_of = 128, .offset = FIELD(model.intermediate),
+     .doc = "ffn experts' intermediate size I; 0: from experts.weights (else checked against it)"},
     {.name = "dispatch.dtype", .env = "EPD_DISPATCH_DTYPE", .type = EPD_SETTING_ENUM,
      .def = "fp8", .choices = wire_dtype_names, .offset = FIELD(dispatch.dtype),
      .doc = "wire format of dispatched tokens"},
@@ -121,7 +126,14 @@ const epd_setting_t epd_settings[] = {
      .doc = "wire format of the partials sent back: bf16, or fp8 (e4m3, group128 fp32 scales)"},
     {.name = "experts.kind", .env = "EPD_EXPERTS_KIND", .type = EPD_SETTING_ENUM,
      .def = "scale", .choices = expert_kind_names, .offset = FIELD(experts.kind),
-     .doc = "expert function: identity (y = x) or scale (y = x * (1 + e/E))"},
+     .doc = "expert function: identity (y = x), scale (y = x * (1 + e/E)), or ffn (SwiGLU "
+            "experts from experts.weights)"},
+    {.name = "experts.weights", .env = "EPD_EXPERTS_WEIGHTS", .type = EPD_SETTING_STRING,
+     .def = "", .may_be_empty = true, .offset = FIELD(experts.weights),
+     .doc = "ffn: safetensors file, or directory with model.safetensors.index.json"},
+    {.name = "experts.layers", .env = "EPD_EXPERTS_LAYERS", .type = EPD_SETTING_STRING,
+     .def = "", .may_be_empty = true, .check = check_layers, .offset = FIELD(experts.layers),
+     .doc = "ffn: MoE layers served, e.g. 3-60 or 3,5; empty: every layer the weights have"},
     {.name = "device.backend", .env = "EPD_DEVICE_BACKEND", .type = EPD_SETTING_ENUM,
      .def = "auto", .choices = backend_names, .offset = FIELD(device.backend),
      .doc = "device operations: cuda, cpu, or auto (cuda when a GPU is present)"},
@@ -249,6 +261,15 @@ static bool check_socket_path(const char *text, char problem[EPD_ERR_LEN])
     return true;
 }
 
+/* experts.layers: a list of layer numbers and ranges. */
+static bool check_layers(const char *text, char problem[EPD_ERR_LEN])
+{
+    uint32_t layers[EPD_CONFIG_MAX_LAYERS];
+    size_t n;
+    return epd_parse_u32_list(text, EPD_CONFIG_MAX_LAYER, layers, EPD_CONFIG_MAX_LAYERS, &n,
+                              problem) == EPD_OK;
+}
+
 /* metrics.listen: off, or HOST:PORT / [IPV6]:PORT (common/parse.h). */
 static bool check_metrics_listen(const char *text, char problem[EPD_ERR_LEN])
 {
@@ -266,7 +287,7 @@ static bool parse_string(const epd_setting_t *row, const char *text, epd_config_
                          char problem[EPD_ERR_LEN])
 {
     size_t n = strlen(text);
-    if (n == 0) {
+    if (n == 0 && !row->may_be_empty) {
         epd_config_textf(problem, EPD_ERR_LEN, "the value is empty");
         return false;
     }

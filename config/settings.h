@@ -13,7 +13,7 @@
 #include "config/config.h"
 
 typedef enum {
-    EPD_SETTING_STRING = 0, /* char[EPD_CONFIG_STR_LEN], non-empty */
+    EPD_SETTING_STRING = 0, /* char[EPD_CONFIG_STR_LEN], non-empty unless may_be_empty */
     EPD_SETTING_MODE,       /* uint32_t file mode, written in octal */
     EPD_SETTING_U32,        /* uint32_t in [min, max] */
     EPD_SETTING_U64,        /* uint64_t in [min, max] */
@@ -34,6 +34,7 @@ typedef struct epd_setting {
     bool bool_choices;          /* ENUM: any epd_parse_bool spelling selects "true"/"false" */
     /* STRING: extra check of the value; fills problem and returns false when it is rejected */
     bool (*check)(const char *text, char problem[EPD_ERR_LEN]);
+    bool may_be_empty; /* STRING: "" is a value (it means "not set") */
     const char *doc;
     size_t offset;       /* of the value in epd_config_t */
     size_t count_offset; /* UIDS: of the count in epd_config_t */

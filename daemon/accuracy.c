@@ -515,8 +515,9 @@ int epd_accuracy_run(const epd_args_t *args)
     a.experts = epd_expert_ops_find(a.base.expert_kind);
     if (a.experts == NULL || a.experts->accumulate == NULL) {
         if (a.rank == 0)
-            fprintf(stderr, "epd: experts.kind = %s has no host implementation to compute the "
-                    "fp32 reference with\n",
+            fprintf(stderr, "epd: --accuracy computes its fp32 reference for the elementwise "
+                    "experts (identity, scale), not experts.kind = %s (epd --bench measures "
+                    "ffn's accuracy)\n",
                     epd_config_enum_name("experts.kind", a.cfg->experts.kind));
         goto out_state;
     }

@@ -564,6 +564,15 @@ int epd_bench_run(const epd_args_t *args)
     if (epd_daemon_backend_open(b.cfg, MPI_COMM_WORLD, local_rank, b.local_size, &b.backend, err) !=
         EPD_OK)
         bench_fail(&b, "device and transport", err);
+    if (b.cfg->experts.kind == EPD_EXPERTS_FFN) {
+        /* the experts alone: one rank, no exchange */
+        int rc = b.rank == 0 ? epd_bench_ffn(b.cfg, args, b.backend.ops, b.backend.device_id,
+                                             b.world, sizes, n_sizes, b.iters)
+                            : 0;
+        epd_daemon_backend_close(&b.backend);
+        epd_config_state_free(state);
+        return rc;
+    }
     if (epd_transport_mpi.init(MPI_COMM_WORLD, b.backend.ops, b.backend.ops_ctx, &b.raw_ctx, err) !=
         EPD_OK)
         bench_fail(&b, "raw MPI baseline", err);

@@ -16,8 +16,10 @@
 #include <event2/thread.h>
 
 #include "comm/registry.h"
+#include "common/clock.h"
 #include "common/mpi_error.h"
 #include "daemon/engine.h"
+#include "daemon/experts.h"
 #include "daemon/log.h"
 #include "daemon/notify.h"
 #include "daemon/server.h"
@@ -38,6 +40,7 @@ typedef struct daemon {
     const epd_config_t *cfg;
     epd_rank_backend_t backend;
     bool backend_open;
+    epd_ffn_weights_t *ffn; /* this rank's ffn experts (experts.kind ffn), else NULL */
     struct event_base *base;
     epd_server_t *server;
     epd_engine_t *engine;
@@ -261,6 +264,25 @@ static void start_backend(daemon_t *d)
     }
 }
 
+/* The ffn experts of this rank, loaded before anything listens: a checkpoint that does not fit
+ * the settings stops the start-up naming the file and tensor. */
+static void start_experts(daemon_t *d)
+{
+    char err[EPD_ERR_LEN];
+    uint64_t start = epd_now_ns();
+
+    if (epd_experts_open(d->cfg, (uint32_t)d->world, (uint32_t)d->rank, d->backend.ops,
+                         d->backend.ops_ctx, &d->ffn, err) != EPD_OK)
+        start_fail("%s", err);
+    if (d->ffn != NULL)
+        epd_log_info("ffn experts: %u layers of experts [%u, %u), %s, H %u, I %u: %llu bytes on "
+                     "this rank (%s memory), loaded in %.1f s",
+                     d->ffn->n_layers, d->ffn->first_expert, d->ffn->first_expert + d->ffn->n_local,
+                     epd_ffn_format_name(d->ffn->format), d->ffn->hidden, d->ffn->intermediate,
+                     (unsigned long long)d->ffn->local_bytes, d->backend.ops->name,
+                     (double)(epd_now_ns() - start) / 1e9);
+}
+
 static void start_server(daemon_t *d)
 {
     char err[EPD_ERR_LEN];
@@ -275,6 +297,8 @@ static void start_server(daemon_t *d)
     if (epd_config_expand_path(d->cfg->socket.path, d->rank, d->local_rank, host, d->path,
                                sizeof(d->path), err) != EPD_OK)
         start_fail("socket.path: %s", err);
+    /* ffn experts serve the layers they loaded; SUBMITs naming another get unknown_layer */
+    if (d->ffn != NULL) epd_server_set_layer_hook(d->server, epd_experts_layer_known, d->ffn);
     if (epd_server_listen(d->server, d->path, err) != EPD_OK) start_fail("%s", err);
     if (epd_server_metrics_listen(d->server, d->local_rank, err) != EPD_OK) start_fail("%s", err);
 }
@@ -294,6 +318,7 @@ int epd_daemon_run(const epd_args_t *args)
     start_identity(&d);
     start_config(&d, args);
     start_backend(&d);
+    start_experts(&d);
     start_server(&d);
 
     /* READY means every rank accepts connections (they wait in the backlog until the loop runs). */
@@ -333,6 +358,7 @@ int epd_daemon_run(const epd_args_t *args)
     epd_server_free(d.server);
     epd_engine_destroy(d.engine);
     epd_daemon_backend_close(&d.backend);
+    epd_ffn_free(d.ffn);
     event_base_free(d.base);
     MPI_Comm_free(&d.comm);
     epd_config_state_free(d.state);

@@ -367,6 +367,8 @@ static bool step_layer(epd_engine_t *engine, uint32_t layer)
         epd_engine_stats_t *st = &engine->stats;
         st->steps++;
         st->tokens += n;
+        st->layer_tokens[layer < EPD_ENGINE_STATS_LAYERS ? layer
+                                                         : EPD_ENGINE_STATS_LAYERS - 1] += n;
         st->requests += n_reqs;
         st->bytes_sent[engine->shape.dtype] += tm.dispatch_bytes_off_rank;
         st->bytes_combined += tm.combine_bytes_off_rank;

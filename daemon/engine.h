@@ -56,6 +56,8 @@ typedef struct epd_result {
     struct epd_result *next;
 } epd_result_t;
 
+#define EPD_ENGINE_STATS_LAYERS 64 /* DeepSeek-V3's MoE layers are 3..60 (61: its MTP layer) */
+
 typedef struct epd_engine_stats {
     uint64_t steps;
     uint64_t tokens;                  /* tokens of this rank stepped */
@@ -67,6 +69,8 @@ typedef struct epd_engine_stats {
     uint64_t records_sent;
     uint64_t phase_ns[EPD_PHASE_MAX]; /* totals per epd_phase_t (comm/step.h) */
     uint64_t last_step_ns;
+    /* tokens of this rank stepped per MoE layer; layers above the last slot count in it */
+    uint64_t layer_tokens[EPD_ENGINE_STATS_LAYERS];
     bool shutting_down;
     epd_quant_stats_t quant_error; /* telemetry.quant_error (daemon/quant_stats.h) */
 } epd_engine_stats_t;

@@ -3,8 +3,8 @@
 # its unit tests, and the C clients of the integration tests (build/tests/<name>).
 DAEMON_SRCS := daemon/main.c daemon/daemon.c daemon/server.c daemon/listener.c daemon/conn.c \
                daemon/conn_table.c daemon/control.c daemon/stats.c daemon/quant_stats.c \
-               daemon/log.c daemon/notify.c daemon/engine.c daemon/bench.c daemon/accuracy.c \
-               daemon/region.c daemon/http.c
+               daemon/log.c daemon/notify.c daemon/engine.c daemon/bench.c daemon/bench_ffn.c \
+               daemon/accuracy.c daemon/experts.c daemon/region.c daemon/http.c
 
 # Other folders' module.mk files are read after this one: their source lists are expanded in the
 # prerequisites a second time, once every list is complete.
@@ -23,7 +23,7 @@ BINS += $(BUILD)/epd
 # Integration-test clients: the frame codec, the host reference (epd_moe_reference) and common.
 DAEMON_TEST_CLIENTS := check_client region_check
 EPD_CLIENT_TEST_SRCS = $(COMMON_SRCS) $(PROTO_SRCS) proto/client.c proto/cuda_dl.c gpu/quant_host.c \
-                       gpu/ops_host.c
+                       gpu/ops_host.c gpu/ffn.c gpu/safetensors.c
 define daemon_test_client_rule
 $(BUILD)/tests/$(1): $(BUILD)/obj/tests/integration/$(1).o $$$$(call obj,$$$$(EPD_CLIENT_TEST_SRCS))
 	@mkdir -p $$(dir $$@)

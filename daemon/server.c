@@ -229,6 +229,13 @@ static void signal_cb(evutil_socket_t signum, short what, void *arg)
 
 /* ---- life cycle ---- */
 
+void epd_server_set_layer_hook(epd_server_t *server, bool (*known)(void *arg, uint32_t layer),
+                               void *arg)
+{
+    server->limits.layer_known = known;
+    server->limits.layer_arg = arg;
+}
+
 epd_status_t epd_server_create(const epd_config_t *cfg, struct event_base *base, int rank,
                                int world, epd_server_t **server_p, char err[EPD_ERR_LEN])
 {

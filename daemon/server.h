@@ -5,6 +5,7 @@
 #ifndef EPD_DAEMON_SERVER_H
 #define EPD_DAEMON_SERVER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/status.h"
@@ -34,6 +35,11 @@ void epd_server_wake(void *arg);
 
 /* Attaches the engine (created with epd_server_wake) and starts accepting connections on the
  * socket of epd_server_listen. A signal that came earlier is passed on to the engine now. */
+/* The layers a SUBMIT may name (unknown_layer otherwise): known(arg, layer) is asked for each;
+ * without it every layer is served. Set before epd_server_start. */
+void epd_server_set_layer_hook(epd_server_t *server, bool (*known)(void *arg, uint32_t layer),
+                               void *arg);
+
 epd_status_t epd_server_start(epd_server_t *server, epd_engine_t *engine, char err[EPD_ERR_LEN]);
 
 /* Stops listening, closes every connection and unlinks the socket file. */

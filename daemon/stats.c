@@ -223,7 +223,13 @@ char *epd_stats_json(const epd_stats_view_t *view)
             e->records_sent, ns_to_s(e->last_step_ns), e->shutting_down ? "true" : "false");
     for (int p = 0; p < EPD_PHASE_MAX; p++)
         fprintf(f, "%s\"%s\":%.9f", p ? "," : "", epd_phase_names[p], ns_to_s(e->phase_ns[p]));
-    fprintf(f, "},");
+    /* tokens per layer, the layers that saw any, ascending */
+    fprintf(f, "},\"layer_tokens\":[");
+    for (int l = 0, n = 0; l < EPD_ENGINE_STATS_LAYERS; l++)
+        if (e->layer_tokens[l] != 0)
+            fprintf(f, "%s{\"layer\":%d,\"tokens\":%" PRIu64 "}", n++ ? "," : "", l,
+                    e->layer_tokens[l]);
+    fprintf(f, "],");
     epd_quant_stats_json(f, &e->quant_error);
     fprintf(f, "},");
 

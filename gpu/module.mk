@@ -7,8 +7,15 @@ test_quant_SRCS := gpu/quant_host.c
 
 # host device ops (engine helper)
 GPU_SRCS += gpu/ops_host.c
+# ffn experts: safetensors loading (mmap) and the host arithmetic; test_ffn covers both, and the
+# host ffn experts op against an fp64 computation.
+GPU_SRCS += gpu/ffn.c gpu/safetensors.c
+UNIT_TESTS += ffn
+test_ffn_SRCS := gpu/ffn.c gpu/safetensors.c gpu/ops_host.c gpu/quant_host.c common/status.c \
+                 common/parse.c
 UNIT_TESTS += ops_host
-test_ops_host_SRCS := gpu/ops_host.c gpu/quant_host.c common/status.c common/parse.c
+test_ops_host_SRCS := gpu/ops_host.c gpu/quant_host.c gpu/ffn.c gpu/safetensors.c common/status.c \
+                      common/parse.c
 
 # FP8 GPU test (exits 77 'SKIP: no GPU' without a device) and the kernel benchmark: CUDA builds only.
 ifeq ($(CUDA),1)
@@ -23,8 +30,9 @@ $(BUILD)/kbench: $(BUILD)/obj/tests/gpu/kbench.cu.o $(QUANT_GPU_OBJS)
 	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) -lstdc++
 endif
 
-# CUDA device ops and device selection (select.c includes CUDA headers).
-GPU_CU_SRCS += gpu/ops_cuda.cu
+# CUDA device ops and device selection (select.c includes CUDA headers); the ffn experts' CUDA
+# side (cuBLASLt, hence -lcublasLt in CUDA_LIBS).
+GPU_CU_SRCS += gpu/ops_cuda.cu gpu/ffn_cuda.cu
 GPU_SRCS += gpu/select.c
 $(BUILD)/obj/gpu/select.o: CFLAGS += -I$(CUDA_HOME)/include
 UNIT_TESTS += gpu_select
@@ -34,7 +42,9 @@ test_gpu_select_SRCS += gpu/select.c
 ifeq ($(CUDA),1)
 GPU_TESTS += test_ops_cuda daemon_gpu.sh daemon_regions_gpu.sh
 OPS_CUDA_TEST_OBJS += $(BUILD)/obj/tests/gpu/test_ops_cuda.cu.o $(BUILD)/obj/gpu/ops_cuda.cu.o \
-                      $(patsubst %.c,$(BUILD)/obj/%.o,gpu/ops_host.c gpu/quant_host.c common/status.c)
+                      $(BUILD)/obj/gpu/ffn_cuda.cu.o \
+                      $(patsubst %.c,$(BUILD)/obj/%.o,gpu/ops_host.c gpu/quant_host.c gpu/ffn.c \
+                                                      gpu/safetensors.c common/status.c)
 $(BUILD)/tests/gpu/test_ops_cuda: $(OPS_CUDA_TEST_OBJS)
 	@mkdir -p $(dir $@)
 	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) -lstdc++
@@ -47,4 +57,18 @@ $(BUILD)/tests/gpu/daemon_regions_gpu.sh: tests/gpu/daemon_regions_gpu.sh
 	$(call say,GEN)printf '#!/bin/sh\nexec bash tests/gpu/daemon_regions_gpu.sh "$$@"\n' >$@ && chmod 0755 $@
 BINS += $(BUILD)/tests/gpu/test_ops_cuda $(BUILD)/tests/gpu/daemon_gpu.sh \
         $(BUILD)/tests/gpu/daemon_regions_gpu.sh
+# test_ffn_cuda: the CUDA ffn experts against the host ones, within DESIGN.md section 9's tolerance.
+GPU_TESTS += test_ffn_cuda
+$(BUILD)/tests/gpu/test_ffn_cuda: $(BUILD)/obj/tests/gpu/test_ffn_cuda.cu.o \
+                                  $(filter-out %/test_ops_cuda.cu.o,$(OPS_CUDA_TEST_OBJS))
+	@mkdir -p $(dir $@)
+	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) -lstdc++
+BINS += $(BUILD)/tests/gpu/test_ffn_cuda
+# daemon_ffn_gpu.sh: the ffn daemon on the GPU through the sockets, within the tolerance.
+GPU_TESTS += daemon_ffn_gpu.sh
+$(BUILD)/tests/gpu/daemon_ffn_gpu.sh: tests/gpu/daemon_ffn_gpu.sh
+	@mkdir -p $(dir $@)
+	$(call say,GEN)printf '#!/bin/sh\nexec bash tests/gpu/daemon_ffn_gpu.sh "$$@"\n' >$@ && \
+	    chmod 0755 $@
+BINS += $(BUILD)/tests/gpu/daemon_ffn_gpu.sh
 endif

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "gpu/ffn.h"
 #include "gpu/types.h"
 
 /* The shape of one MoE layer as the step sees it. */
@@ -50,8 +51,11 @@ epd_status_t epd_moe_shape_check(const epd_moe_shape_t *shape, char err[EPD_ERR_
  * The host ops and epd_moe_reference both go through it; the CUDA ops keep a twin table of
  * kernels (gpu/ops_cuda.cu) with the same names. A new kind is one entry in each. */
 typedef struct epd_expert_ops {
-    const char *name; /* experts.kind's value: "identity", "scale" */
+    const char *name; /* experts.kind's value: "identity", "scale", "ffn" */
     epd_expert_kind_t kind;
+    /* The kind's experts are weights (epd_ffn_weights_t) given to the ops by experts_load, per
+     * layer; accumulate and element are NULL: the ops run the kind's own arithmetic (gpu/ffn.h). */
+    bool weights;
     /* acc[i] = acc[i] + w * expert_e(x)[i] for i < shape->hidden, in fp32: a multiply, then an
      * add, never fused. x and acc are host memory of hidden floats. */
     void (*accumulate)(const epd_moe_shape_t *shape, int32_t e, float w, const float *x,
@@ -62,13 +66,14 @@ typedef struct epd_expert_ops {
 } epd_expert_ops_t;
 
 /* The layout of DESIGN.md section 2 step 3 computed on the host from host ids [n, K]: slot
- * [n * W] (host memory), per-destination counts and offsets and the record total. The ops'
- * layout op gives the same; the step uses this when the ids are on the host already, sparing the
- * device a layout and its read-back. EPD_ERR_EXPERT_OUT_OF_RANGE (with err) for an id outside
- * [-1, E). */
+ * [n * W] (host memory), per-destination counts and offsets and the record total, and, when
+ * expert_counts is not NULL, the tokens naming each expert [E] (epd_step_layout_t's
+ * expert_counts_host). The ops' layout op gives the same; the step uses this when the ids are on
+ * the host already, sparing the device a layout and its read-back. EPD_ERR_EXPERT_OUT_OF_RANGE
+ * (with err) for an id outside [-1, E). */
 epd_status_t epd_layout_host(const epd_moe_shape_t *shape, uint32_t n, const int32_t *topk_ids,
                              int32_t *slot, uint32_t *send_counts, uint32_t *send_offsets,
-                             uint32_t *n_send_p, char err[EPD_ERR_LEN]);
+                             uint32_t *expert_counts, uint32_t *n_send_p, char err[EPD_ERR_LEN]);
 
 /* The host expert kinds, by kind value and by name; NULL when there is none. */
 const epd_expert_ops_t *epd_expert_ops_find(epd_expert_kind_t kind);
@@ -126,6 +131,11 @@ typedef struct epd_step_layout {
     uint32_t *send_offsets_host;/* [W] first record of each destination (exclusive prefix sum) */
     uint32_t n_send;            /* total records */
     int32_t *slot;              /* ops memory, [N*W]: record index of (token, rank), or -1 */
+    /* [E] host memory or NULL: tokens naming each expert, i.e. the rows each expert's owner will
+     * run for this rank's records (ids distinct per token); valid with the counts
+     * (layout_counts). They travel with the count exchange, so the experts op knows its rows
+     * per expert without reading them back from the device. */
+    uint32_t *expert_counts_host;
 } epd_step_layout_t;
 
 typedef struct epd_ops_ctx epd_ops_ctx_t;
@@ -169,12 +179,23 @@ typedef struct epd_ops {
                          const int32_t *topk_ids, const float *topk_weights,
                          const epd_step_layout_t *layout, void *send_buf);
 
-    /* Experts: for each of n_records received records, the fp32 sum over ascending k with a
-     * local expert of w_k * expert(x') (no FMA), stored as a partial (epd_partial_layout: bf16,
-     * or FP8 group128 with combine.dtype fp8) at partials + j * partial size. With
-     * shape->quant_error and FP8 partials, their error is added to the context's sums. */
-    epd_status_t (*experts)(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, const void *recv_buf,
-                            uint32_t n_records, void *partials);
+    /* Experts of layer: for each of n_records received records, the fp32 sum over ascending k
+     * with a local expert of w_k * expert(x') (no FMA), stored as a partial (epd_partial_layout:
+     * bf16, or FP8 group128 with combine.dtype fp8) at partials + j * partial size. The toy kinds
+     * ignore layer; ffn fails with EPD_ERR_INVALID_ARG on a layer experts_load did not give.
+     * expert_rows_host: [E/W] rows per local expert among these records (from the count
+     * exchange), or NULL: the op counts them itself (cuda then waits for a read-back). Counts
+     * that disagree with the records are EPD_ERR_INTERNAL. With shape->quant_error and FP8
+     * partials, their error is added to the context's sums (every kind, ffn included). */
+    epd_status_t (*experts)(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, uint32_t layer,
+                            const void *recv_buf, uint32_t n_records,
+                            const uint32_t *expert_rows_host, void *partials);
+    /* Gives ctx the ffn weights of this rank's experts (all layers), checked against shape (H,
+     * the rank's expert range). Host ops keep the pointer (the weights stay the caller's and must
+     * outlive ctx's use of them); cuda copies them to the device, where EPD_ERR_NO_MEMORY names
+     * the bytes short. Called once, before the first step. */
+    epd_status_t (*experts_load)(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
+                                 const epd_ffn_weights_t *weights, char err[EPD_ERR_LEN]);
 
     /* Combine: partials_back holds the partial of record slot[t*W+r] at that index; y[t] =
      * bf16(sum over ascending r of the partial, dequantized to fp32 when FP8), zeros for tokens
@@ -243,8 +264,17 @@ extern const epd_ops_t epd_ops_cuda;
 
 /* The single-process reference of DESIGN.md section 2 on host memory: what W ranks produce for
  * x [N,H], ids and weights [N,K] (FP8 combine included: each owner rank's partial quantized and
- * dequantized). y is bf16 [N,H]. */
+ * dequantized). y is bf16 [N,H]. For the toy kinds only (ffn: the next). */
 epd_status_t epd_moe_reference(const epd_moe_shape_t *shape, uint32_t n_tokens, const uint16_t *x,
                                const int32_t *topk_ids, const float *topk_weights, uint16_t *y);
+
+/* The same for every kind: ffn experts of layer from weights, which hold ALL E experts
+ * (first_expert 0, n_local E) whatever shape->world is; weights NULL for the toy kinds. Each
+ * owner rank's partial uses the ffn host arithmetic (the ops' own: exact equality holds from the
+ * expert outputs onward, DESIGN.md section 2). EPD_ERR_INVALID_ARG for a layer weights lack. */
+epd_status_t epd_moe_reference_layer(const epd_moe_shape_t *shape, const epd_ffn_weights_t *weights,
+                                     uint32_t layer, uint32_t n_tokens, const uint16_t *x,
+                                     const int32_t *topk_ids, const float *topk_weights,
+                                     uint16_t *y);
 
 #endif

@@ -13,6 +13,7 @@
 
 extern "C" {
 #include "gpu/ops.h"
+#include "gpu/ffn_cuda.h"
 }
 #include "gpu/fp8.h"
 #include "gpu/partial_dev.cuh"
@@ -40,6 +41,10 @@ struct epd_ops_ctx {
     uint32_t *layout_host; /* pinned mirror, read back after the layout kernels */
     uint32_t *tile_counts; /* [LAYOUT_MAX_TILES][W] records per layout tile and rank */
     cudaEvent_t layout_done; /* the read-back of the last layout landed in layout_host */
+    epd_ffn_cuda_t *ffn;     /* the ffn experts' device weights (experts_load), or NULL */
+    uint32_t *expert_hist_dev;  /* [expert_hist_cap]: tokens per expert of the last layout */
+    uint32_t *expert_hist_host; /* pinned mirror, read back with the layout counts */
+    uint32_t expert_hist_cap;
     double *qe_dev;  /* [QE_SLOTS][QE_SUMS] telemetry sums since the last quant_error_take */
     double *qe_host; /* pinned mirror */
     bool qe_queued;  /* combine queued the read-back of qe_dev into qe_host (and its zeroing) */
@@ -988,6 +993,9 @@ static void cuda_fini(epd_ops_ctx_t *ctx)
 {
     if (ctx == NULL) return;
     if (cudaSetDevice(ctx->device) == cudaSuccess) {
+        epd_ffn_cuda_destroy(ctx->ffn);
+        cudaFree(ctx->expert_hist_dev);
+        cudaFreeHost(ctx->expert_hist_host);
         cudaStreamSynchronize(ctx->stream);
         cudaStreamSynchronize(ctx->down);
         cudaStreamSynchronize(ctx->up);
@@ -1100,6 +1108,50 @@ out:
     return status;
 }
 
+/* tokens per expert (ids distinct per token; -1 and out-of-range ids are the layout's to refuse) */
+__global__ void expert_hist_kernel(const int32_t *topk_ids, uint64_t n_ids, uint32_t n_experts,
+                                   uint32_t *hist)
+{
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_ids;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        int32_t e = topk_ids[i];
+        if (e >= 0 && (uint32_t)e < n_experts) atomicAdd(&hist[e], 1u);
+    }
+}
+
+/* The expert histogram of a layout that asks for one (expert_counts_host), queued on the stream
+ * before the layout's read-back event. */
+static epd_status_t queue_expert_hist(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
+                                      const int32_t *topk_ids, uint32_t n)
+{
+    uint32_t e = shape->num_experts;
+
+    if (ctx->expert_hist_cap < e) {
+        cudaFree(ctx->expert_hist_dev);
+        cudaFreeHost(ctx->expert_hist_host);
+        ctx->expert_hist_dev = NULL;
+        ctx->expert_hist_host = NULL;
+        ctx->expert_hist_cap = 0;
+        CUDA_TRY(ctx, cudaMalloc(&ctx->expert_hist_dev, e * sizeof(uint32_t)), "cudaMalloc");
+        CUDA_TRY(ctx, cudaMallocHost(&ctx->expert_hist_host, e * sizeof(uint32_t)),
+                 "cudaMallocHost");
+        ctx->expert_hist_cap = e;
+    }
+    CUDA_TRY(ctx, cudaMemsetAsync(ctx->expert_hist_dev, 0, e * sizeof(uint32_t), ctx->stream),
+             "cudaMemsetAsync of the expert counts");
+    if (n > 0) {
+        uint64_t n_ids = (uint64_t)n * shape->topk;
+        uint64_t blocks = (n_ids + 255) / 256;
+        expert_hist_kernel<<<(unsigned)(blocks < 1024 ? blocks : 1024), 256, 0, ctx->stream>>>(
+            topk_ids, n_ids, e, ctx->expert_hist_dev);
+        CUDA_TRY(ctx, cudaGetLastError(), "expert count kernel launch");
+    }
+    CUDA_TRY(ctx, cudaMemcpyAsync(ctx->expert_hist_host, ctx->expert_hist_dev, e * sizeof(uint32_t),
+                                  cudaMemcpyDeviceToHost, ctx->stream),
+             "cudaMemcpyAsync of the expert counts");
+    return EPD_OK;
+}
+
 /* Queues the two layout kernels and the read-back of the counts (layout_done marks it) and
  * returns: cuda_layout_counts waits for the counts, while pack, queued next, already runs. */
 static epd_status_t cuda_layout(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
@@ -1135,6 +1187,8 @@ static epd_status_t cuda_layout(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape
     CUDA_TRY(ctx, cudaMemcpyAsync(ctx->layout_host, ctx->layout_dev, (2 * world + 2) * sizeof(uint32_t),
                                   cudaMemcpyDeviceToHost, ctx->stream),
              "cudaMemcpyAsync of the layout counts");
+    if (layout->expert_counts_host != NULL)
+        CHECK_GOTO(queue_expert_hist(ctx, shape, topk_ids, n), out);
     CUDA_TRY(ctx, cudaEventRecord(ctx->layout_done, ctx->stream), "cudaEventRecord after the layout");
 out:
     return status;
@@ -1160,6 +1214,9 @@ static epd_status_t cuda_layout_counts(epd_ops_ctx_t *ctx, const epd_moe_shape_t
     memcpy(layout->send_counts_host, ctx->layout_host, world * sizeof(uint32_t));
     memcpy(layout->send_offsets_host, ctx->layout_host + world, world * sizeof(uint32_t));
     layout->n_send = ctx->layout_host[2 * world];
+    if (layout->expert_counts_host != NULL)
+        memcpy(layout->expert_counts_host, ctx->expert_hist_host,
+               shape->num_experts * sizeof(uint32_t));
 out:
     return status;
 }
@@ -1227,8 +1284,39 @@ out:
     return status;
 }
 
-static epd_status_t cuda_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
-                                 const void *recv_buf, uint32_t n_records, void *partials)
+/* The ffn weights to the device, once. */
+static epd_status_t cuda_experts_load(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
+                                      const epd_ffn_weights_t *weights, char err[EPD_ERR_LEN])
+{
+    epd_status_t status;
+    uint32_t per_rank;
+
+    err[0] = '\0';
+    CHECK_GOTO(enter(ctx), out);
+    if (!shape_fits(ctx, shape) || weights == NULL) {
+        snprintf(err, EPD_ERR_LEN, "%s", ctx->err[0] ? ctx->err : "cuda ops: no weights");
+        return EPD_ERR_INVALID_ARG;
+    }
+    per_rank = shape->num_experts / shape->world;
+    if (weights->hidden != shape->hidden || weights->first_expert > shape->rank * per_rank ||
+        weights->first_expert + weights->n_local < (shape->rank + 1) * per_rank) {
+        snprintf(err, EPD_ERR_LEN, "cuda ops: the ffn weights do not hold rank %u's experts",
+                 shape->rank);
+        return EPD_ERR_INVALID_ARG;
+    }
+    if (ctx->ffn != NULL) {
+        snprintf(err, EPD_ERR_LEN, "cuda ops: ffn weights are already loaded");
+        return EPD_ERR_INVALID_ARG;
+    }
+    status = epd_ffn_cuda_create(weights, ctx->stream, &ctx->ffn, err);
+out:
+    if (status != EPD_OK && err[0] == '\0') snprintf(err, EPD_ERR_LEN, "%s", ctx->err);
+    return status;
+}
+
+static epd_status_t cuda_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, uint32_t layer,
+                                 const void *recv_buf, uint32_t n_records,
+                                 const uint32_t *expert_rows_host, void *partials)
 {
     epd_status_t status;
     epd_record_layout_t rec;
@@ -1239,6 +1327,16 @@ static epd_status_t cuda_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
 
     CHECK_GOTO(enter(ctx), out);
     if (!shape_fits(ctx, shape)) return EPD_ERR_INVALID_ARG;
+    if (epd_expert_ops_find(shape->expert_kind)->weights) {
+        if (ctx->ffn == NULL) return bad_arg(ctx, "experts: ffn weights were not loaded");
+        if (recv_buf == NULL || (n_records > 0 && partials == NULL))
+            return bad_arg(ctx, "experts with a NULL buffer");
+        if (shape->combine_dtype == EPD_COMBINE_FP8 && !aligned16(partials))
+            return bad_arg(ctx, "experts: FP8 partials must be 16-byte aligned");
+        return epd_ffn_cuda_experts(ctx->ffn, shape, layer, recv_buf, n_records,
+                                    expert_rows_host, partials,
+                                    shape->quant_error ? ctx->qe_dev : NULL, ctx->err);
+    }
     experts = cuda_expert_find(shape->expert_kind);
     if (experts == NULL) return bad_arg(ctx, "experts: an expert kind without CUDA kernels");
     if (n_records == 0) return EPD_OK;
@@ -1626,6 +1724,7 @@ extern "C" const epd_ops_t epd_ops_cuda = {
     .layout_counts = cuda_layout_counts,
     .pack = cuda_pack,
     .experts = cuda_experts,
+    .experts_load = cuda_experts_load,
     .combine = cuda_combine,
     .quant_error_take = cuda_quant_error_take,
     .stream = cuda_stream,

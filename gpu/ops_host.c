@@ -22,6 +22,7 @@
 
 struct epd_ops_ctx {
     int device_id; /* kept for symmetry with the CUDA ops; unused */
+    const epd_ffn_weights_t *ffn; /* the caller's, from experts_load; NULL until then */
     epd_quant_error_t quant_error; /* telemetry sums since the last quant_error_take */
     char err[EPD_ERR_LEN];
 };
@@ -82,6 +83,11 @@ static const epd_expert_ops_t expert_kinds[] = {
         .kind = EPD_EXPERTS_SCALE,
         .accumulate = scale_accumulate,
         .element = scale_element,
+    },
+    {
+        .name = "ffn",
+        .kind = EPD_EXPERTS_FFN,
+        .weights = true,
     },
 };
 
@@ -343,7 +349,7 @@ static epd_status_t host_copy_queued(epd_ops_ctx_t *ctx, void *dst, const void *
 
 epd_status_t epd_layout_host(const epd_moe_shape_t *shape, uint32_t n, const int32_t *topk_ids,
                              int32_t *slot_all, uint32_t *send_counts, uint32_t *send_offsets,
-                             uint32_t *n_send_p, char err[EPD_ERR_LEN])
+                             uint32_t *expert_counts, uint32_t *n_send_p, char err[EPD_ERR_LEN])
 {
     uint32_t world = shape->world, per_rank = shape->num_experts / world, k_count = shape->topk;
     bool seen[256];
@@ -361,8 +367,10 @@ epd_status_t epd_layout_host(const epd_moe_shape_t *shape, uint32_t n, const int
             return EPD_ERR_NO_MEMORY;
         }
     }
-    /* first pass: validate ids and count records per destination */
+
+    /* first pass: validate ids and count records per destination (and tokens per expert) */
     memset(send_counts, 0, world * sizeof(uint32_t));
+    if (expert_counts != NULL) memset(expert_counts, 0, shape->num_experts * sizeof(uint32_t));
     for (uint32_t t = 0; t < n; t++) {
         const int32_t *ids = topk_ids + (size_t)t * k_count;
         memset(dest, 0, world * sizeof *dest);
@@ -376,6 +384,7 @@ epd_status_t epd_layout_host(const epd_moe_shape_t *shape, uint32_t n, const int
                 return EPD_ERR_EXPERT_OUT_OF_RANGE;
             }
             dest[(uint32_t)ids[k] / per_rank] = true;
+            if (expert_counts != NULL) expert_counts[ids[k]]++;
         }
         for (uint32_t r = 0; r < world; r++) send_counts[r] += dest[r];
     }
@@ -412,7 +421,7 @@ static epd_status_t host_layout(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape
         return BAD_ARGS(ctx, "layout");
     epd_status_t status = epd_layout_host(shape, layout->n_tokens, topk_ids, layout->slot,
                                           layout->send_counts_host, layout->send_offsets_host,
-                                          &layout->n_send, err);
+                                          layout->expert_counts_host, &layout->n_send, err);
     if (status == EPD_ERR_EXPERT_OUT_OF_RANGE) OPS_ERR(ctx, "%s", err);
     if (status == EPD_ERR_NO_MEMORY) return NO_MEMORY(ctx, "layout");
     return status;
@@ -537,22 +546,198 @@ static void partial_row(const epd_moe_shape_t *shape, const epd_expert_ops_t *ex
     epd_partial_store_host(shape, acc, partial, error_p);
 }
 
-static epd_status_t host_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
-                                 const void *recv_buf, uint32_t n_records, void *partials)
+/* ---- ffn experts on the host ------------------------------------------------------------ */
+
+/* Scratch of one ffn record: the row as the experts see it and one expert's output. */
+typedef struct ffn_scratch {
+    float *x;      /* [H] BF16 numbers as fp32 (BF16 weights) */
+    uint8_t *q;    /* [H] e4m3 (FP8 weights) */
+    float *scales; /* [H/128] */
+    float *y;      /* [H] */
+    float *work;   /* epd_ffn_scratch_floats */
+} ffn_scratch_t;
+
+static void ffn_scratch_free(ffn_scratch_t *s)
+{
+    free(s->x);
+    free(s->q);
+    free(s->scales);
+    free(s->y);
+    free(s->work);
+}
+
+static bool ffn_scratch_alloc(const epd_ffn_weights_t *w, ffn_scratch_t *s)
+{
+    s->x = malloc((size_t)w->hidden * sizeof *s->x);
+    s->q = malloc(w->hidden);
+    s->scales = malloc((size_t)w->hidden / EPD_QUANT_GROUP * sizeof *s->scales);
+    s->y = malloc((size_t)w->hidden * sizeof *s->y);
+    s->work = malloc(epd_ffn_scratch_floats(w) * sizeof *s->work);
+    if (s->x && s->q && s->scales && s->y && s->work) return true;
+    ffn_scratch_free(s);
+    return false;
+}
+
+/* The row an ffn expert sees (DESIGN.md section 9), from the dispatched payload: with BF16
+ * weights, BF16 values (FP8 payloads dequantized and rounded to BF16); with FP8 weights, e4m3
+ * bytes and group128 scales (a per-token scale repeated over the groups; a BF16 payload quantized
+ * group128 with fp32 scales as dispatch would). payload_q/scales: the FP8 payload, or
+ * payload_bf16 the BF16 one (host memory, any alignment). */
+static void ffn_row_from_payload(const epd_moe_shape_t *shape, const epd_ffn_weights_t *w,
+                                 const uint8_t *payload, const float *payload_scales,
+                                 ffn_scratch_t *s, epd_ffn_row_t *row)
+{
+    uint32_t H = shape->hidden, n_groups = H / EPD_QUANT_GROUP;
+    bool fp8_wire = shape->dtype == EPD_WIRE_FP8;
+
+    memset(row, 0, sizeof *row);
+    if (w->format == EPD_FFN_BF16) {
+        for (uint32_t i = 0; i < H; i++) {
+            if (fp8_wire) {
+                uint32_t g = shape->scale == EPD_SCALE_PER_TOKEN ? 0 : i / EPD_QUANT_GROUP;
+                float sc = payload_scales[g];
+                s->x[i] = epd_bf16_to_f32(epd_f32_to_bf16(epd_e4m3_to_f32(payload[i]) * sc));
+            } else {
+                uint16_t h;
+                memcpy(&h, payload + (size_t)i * 2, 2);
+                s->x[i] = epd_bf16_to_f32(h);
+            }
+        }
+        row->x = s->x;
+        return;
+    }
+    if (fp8_wire) {
+        memcpy(s->q, payload, H);
+        for (uint32_t g = 0; g < n_groups; g++)
+            s->scales[g] = shape->scale == EPD_SCALE_PER_TOKEN ? payload_scales[0]
+                                                               : payload_scales[g];
+    } else {
+        uint16_t *bf = (uint16_t *)s->y; /* y is free until the expert runs: H floats >= H bf16 */
+        memcpy(bf, payload, (size_t)H * 2);
+        epd_quant_row_host(bf, H, EPD_SCALE_GROUP128, EPD_SCALE_FMT_FP32, s->q, s->scales);
+    }
+    row->q = s->q;
+    row->scales = s->scales;
+}
+
+/* One record's ffn partial: acc = 0; for k ascending with a local expert, acc = acc + w_k * y
+ * with y = expert_{e_k}(row); stored by epd_partial_store_host (bf16, or FP8 group128 with
+ * combine.dtype fp8; error_p as there). e - first is the expert's index in w. */
+static void ffn_partial_row(const epd_moe_shape_t *shape, const epd_ffn_weights_t *w,
+                            const epd_ffn_layer_t *layer, uint32_t rank, const epd_ffn_row_t *row,
+                            const int32_t *ids, const float *weights, ffn_scratch_t *s,
+                            float *acc, uint8_t *partial, double *error_p)
+{
+    uint32_t hidden = shape->hidden;
+    uint32_t per_rank = shape->num_experts / shape->world;
+    int32_t lo = (int32_t)(rank * per_rank), hi = (int32_t)((rank + 1) * per_rank);
+
+    for (uint32_t i = 0; i < hidden; i++) acc[i] = 0.0f;
+    for (uint32_t k = 0; k < shape->topk; k++) {
+        int32_t e = ids[k];
+        float wk = weights[k];
+        if (e == -1 || e < lo || e >= hi) continue;
+        epd_ffn_expert_host(w, layer, (uint32_t)e - w->first_expert, row, s->work, s->y);
+        for (uint32_t i = 0; i < hidden; i++) {
+            float wy = wk * s->y[i];
+            acc[i] = acc[i] + wy;
+        }
+    }
+    epd_partial_store_host(shape, acc, partial, error_p);
+}
+
+/* The ffn weights fit shape on rank: same H, the rank's experts all present. */
+static bool ffn_fits(const epd_moe_shape_t *shape, const epd_ffn_weights_t *w, uint32_t rank,
+                     char err[EPD_ERR_LEN])
+{
+    uint32_t per_rank = shape->num_experts / shape->world;
+
+    if (w->hidden != shape->hidden || w->num_experts != shape->num_experts ||
+        w->first_expert > rank * per_rank ||
+        w->first_expert + w->n_local < (rank + 1) * per_rank) {
+        snprintf(err, EPD_ERR_LEN,
+                 "ffn weights (H %u, experts [%u, %u) of %u) do not fit rank %u (H %u, experts "
+                 "[%u, %u) of %u)",
+                 w->hidden, w->first_expert, w->first_expert + w->n_local, w->num_experts, rank,
+                 shape->hidden, rank * per_rank, (rank + 1) * per_rank, shape->num_experts);
+        return false;
+    }
+    return true;
+}
+
+static epd_status_t host_experts_load(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
+                                      const epd_ffn_weights_t *weights, char err[EPD_ERR_LEN])
+{
+    if (ctx == NULL || !shape_ok(shape) || weights == NULL) {
+        snprintf(err, EPD_ERR_LEN, "host ops: experts_load: no context, shape or weights");
+        return EPD_ERR_INVALID_ARG;
+    }
+    if (!ffn_fits(shape, weights, shape->rank, err)) return EPD_ERR_INVALID_ARG;
+    ctx->ffn = weights;
+    return EPD_OK;
+}
+
+/* The rows per local expert the caller says these records hold must be theirs. */
+static epd_status_t check_rows(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
+                               const epd_record_layout_t *rec, const void *recv_buf,
+                               uint32_t n_records, const uint32_t *expert_rows_host)
+{
+    uint32_t per_rank = shape->num_experts / shape->world, lo = shape->rank * per_rank;
+    uint32_t *rows = calloc(per_rank, sizeof *rows);
+
+    if (rows == NULL) return NO_MEMORY(ctx, "experts");
+    for (uint32_t j = 0; j < n_records; j++) {
+        const uint8_t *in = (const uint8_t *)recv_buf + (size_t)j * rec->size;
+        for (uint32_t k = 0; k < shape->topk; k++) {
+            int32_t e;
+            memcpy(&e, in + rec->ids + (size_t)k * sizeof e, sizeof e);
+            if (e >= (int32_t)lo && e < (int32_t)(lo + per_rank)) rows[e - (int32_t)lo]++;
+        }
+    }
+    for (uint32_t e = 0; e < per_rank; e++) {
+        if (rows[e] != expert_rows_host[e]) {
+            OPS_ERR(ctx, "host ops: experts: the counts say %u rows for expert %u, the records "
+                    "hold %u", expert_rows_host[e], lo + e, rows[e]);
+            free(rows);
+            return EPD_ERR_INTERNAL;
+        }
+    }
+    free(rows);
+    return EPD_OK;
+}
+
+static epd_status_t host_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, uint32_t layer,
+                                 const void *recv_buf, uint32_t n_records,
+                                 const uint32_t *expert_rows_host, void *partials)
 {
     epd_record_layout_t rec;
     epd_partial_layout_t pl;
     double error[2] = {0.0, 0.0}, *error_p = NULL;
     const epd_expert_ops_t *experts;
+    const epd_ffn_layer_t *ffn_layer = NULL;
+    ffn_scratch_t fs = {0};
     float *x_in, *acc;
     int32_t *ids;
     float *weights;
 
     if (!shape_ok(shape)) return BAD_ARGS(ctx, "experts");
+    experts = epd_expert_ops_find(shape->expert_kind);
+    if (experts->weights) {
+        if (ctx == NULL || ctx->ffn == NULL)
+            return host_fail(ctx, EPD_ERR_INVALID_ARG, "experts: ffn weights were not loaded");
+        ffn_layer = epd_ffn_find_layer(ctx->ffn, layer);
+        if (ffn_layer == NULL) {
+            OPS_ERR(ctx, "host ops: experts: layer %u was not loaded", layer);
+            return EPD_ERR_INVALID_ARG;
+        }
+    }
     if (n_records == 0) return EPD_OK;
     if (recv_buf == NULL || partials == NULL) return BAD_ARGS(ctx, "experts");
-    experts = epd_expert_ops_find(shape->expert_kind);
     epd_record_layout(shape, &rec);
+    if (expert_rows_host != NULL) {
+        epd_status_t status = check_rows(ctx, shape, &rec, recv_buf, n_records, expert_rows_host);
+        if (status != EPD_OK) return status;
+    }
     epd_partial_layout(shape, &pl);
     if (shape->quant_error && shape->combine_dtype == EPD_COMBINE_FP8 && ctx != NULL)
         error_p = error;
@@ -560,7 +745,8 @@ static epd_status_t host_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
     acc = malloc((size_t)shape->hidden * sizeof *acc);
     ids = malloc(shape->topk * sizeof *ids);
     weights = malloc(shape->topk * sizeof *weights);
-    if (x_in == NULL || acc == NULL || ids == NULL || weights == NULL) {
+    if (x_in == NULL || acc == NULL || ids == NULL || weights == NULL ||
+        (ffn_layer != NULL && !ffn_scratch_alloc(ctx->ffn, &fs))) {
         free(x_in);
         free(acc);
         free(ids);
@@ -570,12 +756,12 @@ static epd_status_t host_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
 
     for (uint32_t j = 0; j < n_records; j++) {
         const uint8_t *in = (const uint8_t *)recv_buf + (size_t)j * rec.size;
+        float scales_buf[EPD_QUANT_GROUP * 4];
+        float *scales = scales_buf;
         /* copied out: the record's fields need not be aligned for their types in general */
         memcpy(ids, in + rec.ids, shape->topk * sizeof *ids);
         memcpy(weights, in + rec.weights, shape->topk * sizeof *weights);
         if (shape->dtype == EPD_WIRE_FP8) {
-            float scales_buf[EPD_QUANT_GROUP * 4];
-            float *scales = scales_buf;
             if (rec.n_scales > EPD_ARRAY_SIZE(scales_buf)) {
                 scales = malloc(rec.n_scales * sizeof *scales);
                 if (scales == NULL) {
@@ -583,21 +769,31 @@ static epd_status_t host_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
                     free(acc);
                     free(ids);
                     free(weights);
+                    ffn_scratch_free(&fs);
                     return NO_MEMORY(ctx, "experts");
                 }
             }
             memcpy(scales, in + rec.scales, rec.n_scales * sizeof *scales);
-            epd_dequant_row_host(in + rec.payload, scales, shape->hidden, shape->scale, x_in);
-            if (scales != scales_buf) free(scales);
-        } else {
-            for (uint32_t i = 0; i < shape->hidden; i++) {
-                uint16_t h;
-                memcpy(&h, in + rec.payload + (size_t)i * 2, 2);
-                x_in[i] = epd_bf16_to_f32(h);
-            }
         }
-        partial_row(shape, experts, shape->rank, x_in, ids, weights, acc,
-                    (uint8_t *)partials + (size_t)j * pl.size, error_p);
+        uint8_t *partial = (uint8_t *)partials + (size_t)j * pl.size;
+        if (ffn_layer != NULL) {
+            epd_ffn_row_t row;
+            ffn_row_from_payload(shape, ctx->ffn, in + rec.payload, scales, &fs, &row);
+            ffn_partial_row(shape, ctx->ffn, ffn_layer, shape->rank, &row, ids, weights, &fs, acc,
+                            partial, error_p);
+        } else {
+            if (shape->dtype == EPD_WIRE_FP8) {
+                epd_dequant_row_host(in + rec.payload, scales, shape->hidden, shape->scale, x_in);
+            } else {
+                for (uint32_t i = 0; i < shape->hidden; i++) {
+                    uint16_t h;
+                    memcpy(&h, in + rec.payload + (size_t)i * 2, 2);
+                    x_in[i] = epd_bf16_to_f32(h);
+                }
+            }
+            partial_row(shape, experts, shape->rank, x_in, ids, weights, acc, partial, error_p);
+        }
+        if (scales != scales_buf) free(scales);
     }
     if (error_p != NULL) {
         ctx->quant_error.combine_err2 += error[0];
@@ -607,6 +803,7 @@ static epd_status_t host_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
     free(acc);
     free(ids);
     free(weights);
+    ffn_scratch_free(&fs);
     return EPD_OK;
 }
 
@@ -706,6 +903,7 @@ const epd_ops_t epd_ops_host = {
     .layout_counts = host_layout_counts,
     .pack = host_pack,
     .experts = host_experts,
+    .experts_load = host_experts_load,
     .combine = host_combine,
     .quant_error_take = host_quant_error_take,
     .stream = host_stream,
@@ -720,6 +918,88 @@ const epd_ops_t epd_ops_host = {
     .copy_queued = host_copy_queued,
 };
 
+/* The ffn case of epd_moe_reference_layer: each owner rank's partial as the ops form it. */
+static epd_status_t ffn_reference(const epd_moe_shape_t *shape, const epd_ffn_weights_t *w,
+                                  uint32_t layer, uint32_t n_tokens, const uint16_t *x,
+                                  const int32_t *topk_ids, const float *topk_weights, uint16_t *y)
+{
+    const epd_ffn_layer_t *l = epd_ffn_find_layer(w, layer);
+    uint32_t hidden = shape->hidden, per_rank = shape->num_experts / shape->world;
+    uint32_t n_scales = shape->scale == EPD_SCALE_PER_TOKEN ? 1 : hidden / EPD_QUANT_GROUP;
+    ffn_scratch_t fs = {0};
+    float *sum = NULL, *acc = NULL, *scales = NULL;
+    uint8_t *q = NULL, *partial = NULL;
+    epd_partial_layout_t pl;
+    epd_status_t status = EPD_ERR_NO_MEMORY;
+
+    if (l == NULL || w->first_expert != 0 || w->n_local != shape->num_experts ||
+        w->hidden != hidden)
+        return EPD_ERR_INVALID_ARG;
+    epd_partial_layout(shape, &pl);
+    sum = malloc((size_t)hidden * sizeof *sum);
+    acc = malloc((size_t)hidden * sizeof *acc);
+    scales = malloc(n_scales * sizeof *scales);
+    q = malloc(hidden);
+    partial = malloc(pl.size);
+    if (sum == NULL || acc == NULL || scales == NULL || q == NULL || partial == NULL ||
+        !ffn_scratch_alloc(w, &fs))
+        goto out;
+    for (uint32_t t = 0; t < n_tokens; t++) {
+        const uint16_t *row_bf16 = x + (size_t)t * hidden;
+        const int32_t *ids = topk_ids + (size_t)t * shape->topk;
+        const float *weights = topk_weights + (size_t)t * shape->topk;
+        epd_ffn_row_t row;
+        for (uint32_t k = 0; k < shape->topk; k++) {
+            if (ids[k] < -1 || (ids[k] >= 0 && (uint32_t)ids[k] >= shape->num_experts)) {
+                status = EPD_ERR_EXPERT_OUT_OF_RANGE;
+                goto out;
+            }
+        }
+        /* what every destination receives */
+        if (shape->dtype == EPD_WIRE_FP8) {
+            epd_quant_row_host(row_bf16, hidden, shape->scale, shape->scale_format, q, scales);
+            ffn_row_from_payload(shape, w, q, scales, &fs, &row);
+        } else {
+            ffn_row_from_payload(shape, w, (const uint8_t *)row_bf16, NULL, &fs, &row);
+        }
+        for (uint32_t i = 0; i < hidden; i++) sum[i] = 0.0f;
+        for (uint32_t r = 0; r < shape->world; r++) {
+            bool owns = false;
+            for (uint32_t k = 0; k < shape->topk; k++)
+                if (ids[k] != -1 && (uint32_t)ids[k] / per_rank == r) owns = true;
+            if (!owns) continue;
+            /* stored as the owner stores it (bf16, or FP8 combine), added as combine adds it */
+            ffn_partial_row(shape, w, l, r, &row, ids, weights, &fs, acc, partial, NULL);
+            epd_partial_add_host(shape, partial, sum);
+        }
+        for (uint32_t i = 0; i < hidden; i++) y[(size_t)t * hidden + i] = epd_f32_to_bf16(sum[i]);
+    }
+    status = EPD_OK;
+out:
+    ffn_scratch_free(&fs);
+    free(sum);
+    free(acc);
+    free(scales);
+    free(q);
+    free(partial);
+    return status;
+}
+
+epd_status_t epd_moe_reference_layer(const epd_moe_shape_t *shape, const epd_ffn_weights_t *weights,
+                                     uint32_t layer, uint32_t n_tokens, const uint16_t *x,
+                                     const int32_t *topk_ids, const float *topk_weights,
+                                     uint16_t *y)
+{
+    if (!shape_ok(shape)) return EPD_ERR_INVALID_ARG;
+    if (!epd_expert_ops_find(shape->expert_kind)->weights)
+        return epd_moe_reference(shape, n_tokens, x, topk_ids, topk_weights, y);
+    if (weights == NULL) return EPD_ERR_INVALID_ARG;
+    if (n_tokens == 0) return EPD_OK;
+    if (x == NULL || topk_ids == NULL || topk_weights == NULL || y == NULL)
+        return EPD_ERR_INVALID_ARG;
+    return ffn_reference(shape, weights, layer, n_tokens, x, topk_ids, topk_weights, y);
+}
+
 epd_status_t epd_moe_reference(const epd_moe_shape_t *shape, uint32_t n_tokens, const uint16_t *x,
                                const int32_t *topk_ids, const float *topk_weights, uint16_t *y)
 {
@@ -732,6 +1012,7 @@ epd_status_t epd_moe_reference(const epd_moe_shape_t *shape, uint32_t n_tokens, 
 
     if (!shape_ok(shape)) return EPD_ERR_INVALID_ARG;
     experts = epd_expert_ops_find(shape->expert_kind);
+    if (experts->weights) return EPD_ERR_INVALID_ARG; /* epd_moe_reference_layer */
     if (n_tokens == 0) return EPD_OK;
     if (x == NULL || topk_ids == NULL || topk_weights == NULL || y == NULL)
         return EPD_ERR_INVALID_ARG;

@@ -10,7 +10,7 @@ typedef enum { EPD_WIRE_FP8 = 0, EPD_WIRE_BF16 } epd_wire_dtype_t;
 typedef enum { EPD_COMBINE_BF16 = 0, EPD_COMBINE_FP8 } epd_combine_dtype_t;
 typedef enum { EPD_SCALE_GROUP128 = 0, EPD_SCALE_PER_TOKEN } epd_scale_kind_t;
 typedef enum { EPD_SCALE_FMT_FP32 = 0, EPD_SCALE_FMT_UE8M0 } epd_scale_fmt_t;
-typedef enum { EPD_EXPERTS_IDENTITY = 0, EPD_EXPERTS_SCALE } epd_expert_kind_t;
+typedef enum { EPD_EXPERTS_IDENTITY = 0, EPD_EXPERTS_SCALE, EPD_EXPERTS_FFN } epd_expert_kind_t;
 typedef enum { EPD_BACKEND_AUTO = 0, EPD_BACKEND_CUDA, EPD_BACKEND_CPU } epd_backend_t;
 
 #endif

@@ -16,7 +16,8 @@ packages=(
     man-db                              # man -l on the man pages
     iproute2                            # ip netns: the two-node test
     python3                             # the tests' reference checks and helpers
-    python3-numpy python3-setuptools    # the Python client package (python/) and its tests
+    python3-numpy python3-setuptools    # the Python client package (python/) and its tests;
+                                        # scripts/make-test-model.py (the ffn test model)
     python3-pip                         # make install of the Python package
 )
 

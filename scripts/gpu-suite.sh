@@ -8,12 +8,14 @@
 #   bench    epd --bench on 2 ranks for each transport (staged mpi, direct mpi, nccl)
 #   accuracy epd --accuracy on 2 ranks (the table of docs/accuracy.md)
 #   python   tests/gpu/python_cuda.sh: the Python client's device regions and examples/torch_moe.py
+#   ffn      tests/gpu/daemon_ffn_gpu.sh (ffn experts through the sockets, 1 and 2 ranks on GPU 0)
+#            and epd --bench of the ffn experts at E_local 32, H 7168, I 2048
 # Usage: scripts/gpu-suite.sh [STAGE...]   (default: all). Logs go to $OUT (or build/gpu-suite).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu-suite}
 mkdir -p "$out"
-stages=${*:-build unit kbench mpi daemon bench accuracy python}
+stages=${*:-build unit kbench mpi daemon bench accuracy python ffn}
 cuda_mpi=/opt/epd-cuda-mpi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mpi_args=(--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any)
@@ -77,6 +79,12 @@ for s in $stages; do
         ;;
     python)
         stage python env BUILD=build MPIRUN=mpirun bash tests/gpu/python_cuda.sh
+        ;;
+    ffn)
+        stage daemon-ffn env BUILD=build MPIRUN=mpirun bash tests/gpu/daemon_ffn_gpu.sh
+        stage bench-ffn mpirun -np 1 "${mpi_args[@]}" build/epd --bench --set experts.kind=ffn \
+            --bench-weights random --set model.num_experts=32 --set device.backend=cuda \
+            --bench-tokens "${EPD_FFN_BENCH_TOKENS:-32,128,512,2048}"
         ;;
     *)
         echo "unknown stage $s" >&2

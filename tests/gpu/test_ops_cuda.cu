@@ -284,7 +284,7 @@ static bool run_case(const epd_moe_shape_t *base, uint32_t n, uint64_t seed, sim
             memcpy(s->recv_h + at, sim[src].send_h + (size_t)sim[src].offs_h[dst] * rec.size, bytes);
             at += bytes;
         }
-        epd_status_t st = h->experts(hctxs[dst], &shape[dst], s->recv_h, s->n_recv, s->part_h);
+        epd_status_t st = h->experts(hctxs[dst], &shape[dst], 0, s->recv_h, s->n_recv, NULL, s->part_h);
         if (st != EPD_OK) return host_failf(dst, "experts: %s", epd_status_name(st));
     });
     if (!ok) return false;
@@ -304,7 +304,7 @@ static bool run_case(const epd_moe_shape_t *base, uint32_t n, uint64_t seed, sim
         /* cudaMemcpy between device buffers returns before the copy is done, on the legacy
          * stream, which the ops' non-blocking stream does not wait for */
         CUDA_OK(cudaDeviceSynchronize());
-        OPS_OK(d, dctx, d->experts(dctx, &shape[dst], s->recv_d, s->n_recv, s->part_d), "experts");
+        OPS_OK(d, dctx, d->experts(dctx, &shape[dst], 0, s->recv_d, s->n_recv, NULL, s->part_d), "experts");
         OPS_OK(d, dctx, d->sync(dctx), "sync after experts");
         char what[64];
         snprintf(what, sizeof what, "rank %u partials", dst);

@@ -3,7 +3,11 @@
  * from the daemon's own `config` and `health` replies. Exit 0 when every answer is right.
  *   check_client --socket PATH [--socket PATH]... [--seed S] [--clients C] [--requests R]
  *                [--max-tokens N] [--window W] [--empty-slots] [--hold-ms MS]
- *                [--expect-clients N] [--retry-busy] [--until-closed] [--quiet]
+ *                [--expect-clients N] [--retry-busy] [--until-closed] [--quiet] [--layers LIST]
+ * --layers LIST: each request names one of these layers (chosen at random, so one connection
+ * interleaves them), e.g. "1,2,3"; with ffn experts the reference loads every expert of the
+ * daemon's experts.weights itself. --tolerance REL: instead of bit for bit, each token's relative
+ * L2 error against the reference must be at most REL (the CUDA ffn experts, DESIGN.md section 9).
  * --expect-clients N: after every client has connected, a control connection checks that the
  * first socket's rank counts at least N clients (concurrency). --hold-ms: every client waits this
  * long after its last request before closing (keeps them concurrent). --retry-busy: a request
@@ -13,6 +17,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -64,7 +69,13 @@ typedef struct options {
     bool retry_busy;
     bool until_closed;
     bool quiet;
+    uint32_t layers[64]; /* --layers; n_layers 0: no "layer" in SUBMIT */
+    size_t n_layers;
+    double tolerance; /* 0: bit for bit */
 } options_t;
+
+/* ffn experts: every expert of every served layer, for the reference (NULL for toy kinds) */
+static epd_ffn_weights_t *ffn_all;
 
 typedef struct worker {
     pthread_t thread;
@@ -223,10 +234,34 @@ static bool describe_target(target_t *t, char err[EPD_ERR_LEN])
                              ? EPD_SCALE_PER_TOKEN : EPD_SCALE_GROUP128;
         t->shape.scale_format = strcmp(json_str(cfg, "dispatch.scale_format"), "ue8m0") == 0
                                     ? EPD_SCALE_FMT_UE8M0 : EPD_SCALE_FMT_FP32;
-        t->shape.expert_kind = strcmp(json_str(cfg, "experts.kind"), "identity") == 0
-                                   ? EPD_EXPERTS_IDENTITY : EPD_EXPERTS_SCALE;
+        const char *kind = json_str(cfg, "experts.kind");
+        t->shape.expert_kind = strcmp(kind, "identity") == 0 ? EPD_EXPERTS_IDENTITY
+                               : strcmp(kind, "ffn") == 0    ? EPD_EXPERTS_FFN
+                                                             : EPD_EXPERTS_SCALE;
         t->shape.combine_dtype = strcmp(json_str(cfg, "combine.dtype"), "fp8") == 0
                                      ? EPD_COMBINE_FP8 : EPD_COMBINE_BF16;
+        if (t->shape.expert_kind == EPD_EXPERTS_FFN && ffn_all == NULL && ok) {
+            /* the daemon's own checkpoint, all E experts, the layers it serves */
+            uint32_t layers[1024];
+            size_t n_layers = 0;
+            uint32_t intermediate = 0;
+            json_u32(cfg, "model.intermediate", &intermediate);
+            epd_ffn_spec_t spec = {.path = json_str(cfg, "experts.weights"), .layers = layers,
+                                   .hidden = t->shape.hidden, .intermediate = intermediate,
+                                   .num_experts = t->shape.num_experts,
+                                   .n_local = t->shape.num_experts};
+            ok = epd_parse_u32_list(json_str(cfg, "experts.layers"), 4095, layers, 1024,
+                                    &n_layers, err) == EPD_OK;
+            spec.n_layers = n_layers;
+            if (ok && epd_ffn_load(&spec, &ffn_all, err) != EPD_OK) {
+                cJSON_Delete(cfg);
+                cJSON_Delete(health);
+                epd_decoder_free(&io->dec);
+                close(fd);
+                free(io);
+                return false;
+            }
+        }
         if (!ok)
             snprintf(err, EPD_ERR_LEN, "%s: config/health replies lack expected keys", t->path);
     }
@@ -241,6 +276,7 @@ static bool describe_target(target_t *t, char err[EPD_ERR_LEN])
 typedef struct request {
     uint64_t id;
     uint32_t n;
+    uint32_t layer;
     uint16_t *x;
     int32_t *ids;
     float *w;
@@ -261,6 +297,7 @@ static bool request_make(request_t *r, uint64_t id, const target_t *t, const opt
     uint32_t max_n = opt->max_tokens < t->max_tokens ? opt->max_tokens : t->max_tokens;
     r->id = id;
     r->n = 1 + (uint32_t)(epd_rng_next(rng) % max_n);
+    r->layer = opt->n_layers > 0 ? opt->layers[epd_rng_next(rng) % opt->n_layers] : 0;
     r->x = malloc((size_t)r->n * s->hidden * sizeof(uint16_t));
     r->ids = malloc((size_t)r->n * s->topk * sizeof(int32_t));
     r->w = malloc((size_t)r->n * s->topk * sizeof(float));
@@ -319,13 +356,33 @@ static void verify(worker_t *w, const request_t *r, const epd_frame_t *frame)
         return;
     }
     uint16_t *ref = malloc(bytes);
-    if (ref == NULL || epd_moe_reference(s, r->n, r->x, r->ids, r->w, ref) != EPD_OK) {
+    if (ref == NULL ||
+        epd_moe_reference_layer(s, ffn_all, r->layer, r->n, r->x, r->ids, r->w, ref) != EPD_OK) {
         fail(w, "request %" PRIu64 ": reference failed", r->id);
         free(ref);
         return;
     }
     const uint16_t *got = (const uint16_t *)(frame->payload + y.begin);
-    if (memcmp(ref, got, bytes) != 0) {
+    if (w->opt->tolerance > 0) {
+        for (uint32_t t = 0; t < r->n; t++) {
+            double num = 0, den = 0;
+            for (uint32_t i = 0; i < s->hidden; i++) {
+                double a = epd_bf16_to_f32(got[(size_t)t * s->hidden + i]);
+                double b = epd_bf16_to_f32(ref[(size_t)t * s->hidden + i]);
+                num += (a - b) * (a - b);
+                den += b * b;
+            }
+            double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+            if (!(rel <= w->opt->tolerance)) {
+                fail(w, "request %" PRIu64 " (N=%u, layer %u): token %u relative L2 error %.3g "
+                     "above %.3g", r->id, r->n, r->layer, t, rel, w->opt->tolerance);
+                free(ref);
+                return;
+            }
+        }
+        w->verified++;
+        w->tokens += r->n;
+    } else if (memcmp(ref, got, bytes) != 0) {
         size_t i = 0;
         while (got[i] == ref[i]) i++;
         fail(w, "request %" PRIu64 " (N=%u): y[%zu][%zu] = 0x%04x, reference 0x%04x", r->id, r->n,
@@ -337,9 +394,59 @@ static void verify(worker_t *w, const request_t *r, const epd_frame_t *frame)
     free(ref);
 }
 
+/* A SUBMIT with "layer" in its meta: ids, weights, x in one payload, as epd_frame_encode_submit
+ * lays them out. */
+static bool encode_submit_layer(const target_t *t, const request_t *r, epd_frame_out_t *out,
+                                uint8_t **payload_p, char err[EPD_ERR_LEN])
+{
+    size_t nk = (size_t)r->n * t->shape.topk * 4, xb = (size_t)r->n * t->shape.hidden * 2;
+    uint8_t *payload = malloc(2 * nk + xb);
+    char meta_text[1024];
+    cJSON *meta;
+    epd_status_t status;
+
+    if (payload == NULL) return false;
+    memcpy(payload, r->ids, nk);
+    memcpy(payload + nk, r->w, nk);
+    memcpy(payload + 2 * nk, r->x, xb);
+    snprintf(meta_text, sizeof meta_text,
+             "{\"layer\":%u,\"tensors\":{"
+             "\"topk_ids\":{\"dtype\":\"i32\",\"shape\":[%u,%u],\"data_offsets\":[0,%zu]},"
+             "\"topk_weights\":{\"dtype\":\"f32\",\"shape\":[%u,%u],\"data_offsets\":[%zu,%zu]},"
+             "\"x\":{\"dtype\":\"bf16\",\"shape\":[%u,%u],\"data_offsets\":[%zu,%zu]}}}",
+             r->layer, r->n, t->shape.topk, nk, r->n, t->shape.topk, nk, 2 * nk, r->n,
+             t->shape.hidden, 2 * nk, 2 * nk + xb);
+    meta = cJSON_Parse(meta_text);
+    /* the id as a raw literal: a double would not hold every u64 */
+    char id_text[24];
+    snprintf(id_text, sizeof id_text, "%" PRIu64, r->id);
+    if (meta != NULL && cJSON_AddRawToObject(meta, "id", id_text) == NULL) {
+        cJSON_Delete(meta);
+        meta = NULL;
+    }
+    status = meta == NULL ? EPD_ERR_NO_MEMORY
+                          : epd_frame_encode_json(EPD_FRAME_SUBMIT, meta, payload, 2 * nk + xb,
+                                                  out, err);
+    cJSON_Delete(meta);
+    if (status != EPD_OK) {
+        free(payload);
+        return false;
+    }
+    *payload_p = payload;
+    return true;
+}
+
 static bool send_request(worker_t *w, int fd, const request_t *r, char err[EPD_ERR_LEN])
 {
     epd_frame_out_t out;
+    if (w->opt->n_layers > 0) {
+        uint8_t *payload = NULL;
+        err[0] = '\0';
+        bool ok = encode_submit_layer(w->target, r, &out, &payload, err) && send_frame(fd, &out);
+        if (!ok && err[0] == '\0') snprintf(err, EPD_ERR_LEN, "send failed: %s", strerror(errno));
+        free(payload);
+        return ok;
+    }
     if (epd_frame_encode_submit(r->id, r->n, w->target->shape.hidden, w->target->shape.topk, r->x,
                                 r->ids, r->w, &out, err) != EPD_OK)
         return false;
@@ -465,7 +572,9 @@ static void usage(void)
 {
     fprintf(stderr, "usage: check_client --socket PATH [--socket PATH]... [--seed S] [--clients C] "
                     "[--requests R] [--max-tokens N] [--window W] [--empty-slots] [--hold-ms MS] "
-                    "[--expect-clients N] [--retry-busy] [--until-closed] [--quiet]\n");
+                    "[--expect-clients N] [--retry-busy] [--until-closed] [--quiet] "
+                    "[--layers LIST] "
+                    "[--tolerance REL]\n");
     exit(2);
 }
 
@@ -490,6 +599,8 @@ int main(int argc, char **argv)
         {"empty-slots", no_argument, NULL, 'e'},    {"hold-ms", required_argument, NULL, 'H'},
         {"expect-clients", required_argument, NULL, 'E'}, {"quiet", no_argument, NULL, 'q'},
         {"retry-busy", no_argument, NULL, 'B'},     {"until-closed", no_argument, NULL, 'U'},
+        {"layers", required_argument, NULL, 'L'},
+        {"tolerance", required_argument, NULL, 'T'},
         {NULL, 0, NULL, 0},
     };
     int c;
@@ -516,6 +627,19 @@ int main(int argc, char **argv)
         case 'q': opt.quiet = true; break;
         case 'B': opt.retry_busy = true; break;
         case 'U': opt.until_closed = true; break;
+        case 'T':
+            if (epd_parse_double(optarg, 1e-9, 1.0, &opt.tolerance, err) != EPD_OK) {
+                fprintf(stderr, "check_client: --tolerance: %s\n", err);
+                exit(2);
+            }
+            break;
+        case 'L':
+            if (epd_parse_u32_list(optarg, 4095, opt.layers, EPD_ARRAY_SIZE(opt.layers),
+                                   &opt.n_layers, err) != EPD_OK || opt.n_layers == 0) {
+                fprintf(stderr, "check_client: --layers: %s\n", err);
+                exit(2);
+            }
+            break;
         default: usage();
         }
     }
@@ -595,13 +719,19 @@ int main(int argc, char **argv)
     }
     const epd_moe_shape_t *s = &targets[0].shape;
     bool bf16 = s->dtype == EPD_WIRE_BF16;
-    printf("check_client: %" PRIu64 " of %zu requests (%" PRIu64 " tokens) equal the reference bit "
-           "for bit; %d sockets x %u clients, world %u, H %u, K %u, E %u, %s%s%s, experts %s\n",
-           verified, n_workers * opt.requests, tokens, opt.n_sockets, opt.clients, s->world,
+    printf("check_client: %" PRIu64 " of %zu requests (%" PRIu64 " tokens) equal the reference %s"
+           "; %d sockets x %u clients, world %u, H %u, K %u, E %u, %s%s%s, experts %s\n",
+           verified, n_workers * opt.requests, tokens,
+           opt.tolerance > 0 ? "within the tolerance" : "bit for bit", opt.n_sockets, opt.clients,
+           s->world,
            s->hidden, s->topk, s->num_experts, bf16 ? "bf16" : "fp8",
            bf16 ? "" : (s->scale == EPD_SCALE_PER_TOKEN ? " per_token" : " group128"),
            bf16 ? "" : (s->scale_format == EPD_SCALE_FMT_UE8M0 ? " ue8m0" : " fp32"),
-           s->expert_kind == EPD_EXPERTS_IDENTITY ? "identity" : "scale");
+           s->expert_kind == EPD_EXPERTS_IDENTITY ? "identity"
+           : s->expert_kind == EPD_EXPERTS_FFN    ? "ffn"
+                                                  : "scale");
+    if (opt.n_layers > 0) printf("check_client: requests spread over %zu layers\n", opt.n_layers);
+    epd_ffn_free(ffn_all);
     if (opt.retry_busy || opt.until_closed)
         printf("check_client: %" PRIu64 " busy answers retried, %" PRIu64
                " answered shutting_down, %" PRIu64 " sent but unanswered when the daemon closed\n",

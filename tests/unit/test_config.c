@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/parse.h"
 #include "config/config.h"
 #include "config/settings.h"
 
@@ -625,7 +626,7 @@ static void test_config__yaml__bad_enum__error_lists_allowed(void **state)
     expect_yaml_error("dispatch:\n  mpi_cuda_aware: sometimes\n", 2, "one of auto|true|false",
                       NULL);
     expect_yaml_error("log:\n  level: trace\n", 2, "one of error|warn|info|debug", NULL);
-    expect_yaml_error("experts:\n  kind: ffn\n", 2, "one of identity|scale", NULL);
+    expect_yaml_error("experts:\n  kind: mlp\n", 2, "one of identity|scale|ffn", NULL);
     expect_yaml_error("device:\n  backend: rocm\n", 2, "one of auto|cuda|cpu", NULL);
     expect_yaml_error("dispatch:\n  scale: group64\n", 2, "one of group128|per_token", NULL);
     expect_yaml_error("dispatch:\n  scale_format: e8m0\n", 2, "one of fp32|ue8m0", NULL);
@@ -840,6 +841,48 @@ static void test_config__cross_field__errors_name_both_keys(void **state)
 }
 
 /* ---- output ---- */
+
+static void test_config__ffn_settings__only_with_ffn_and_checked(void **state)
+{
+    (void)state;
+    epd_config_state_t *st = NULL;
+    warnings_t w;
+    char err[EPD_ERR_LEN];
+
+    char *e1[] = {"EPD_EXPERTS_WEIGHTS=/models/v3", NULL};
+    expect_env_error(e1, "experts.weights = /models/v3 (env EPD_EXPERTS_WEIGHTS)",
+                     "experts.kind = scale (default)");
+    char *e2[] = {"EPD_EXPERTS_LAYERS=3-60", NULL};
+    expect_env_error(e2, "experts.layers = 3-60", "only with experts.kind = ffn");
+    char *e3[] = {"EPD_MODEL_INTERMEDIATE=2048", NULL};
+    expect_env_error(e3, "model.intermediate = 2048", "experts.kind");
+    expect_set_error("experts.layers=3-x", "experts.layers", "3-x");
+    expect_set_error("experts.layers=9-3", "experts.layers", "backwards");
+    expect_set_error("experts.layers=5000", "experts.layers", "4095");
+    expect_set_error("model.intermediate=100", "model.intermediate", "multiple of 128");
+
+    const char *sets[] = {"experts.kind=ffn", "experts.weights=/models/v3",
+                          "experts.layers=3,5-7", "model.intermediate=2048"};
+    load_args_t a = {.sets = sets, .n_sets = 4};
+    if (load(&a, &st, &w, err, NULL) != EPD_OK) fail_msg("%s", err);
+    const epd_config_t *cfg = epd_config_get(st);
+    assert_int_equal(cfg->experts.kind, EPD_EXPERTS_FFN);
+    assert_string_equal(cfg->experts.weights, "/models/v3");
+    assert_string_equal(cfg->experts.layers, "3,5-7");
+    assert_int_equal(cfg->model.intermediate, 2048);
+    epd_config_state_free(st);
+
+    uint32_t layers[8];
+    size_t n;
+    assert_int_equal(epd_parse_u32_list("7,3-5,4", 100, layers, 8, &n, err), EPD_OK);
+    assert_int_equal(n, 4);
+    assert_int_equal(layers[0], 3);
+    assert_int_equal(layers[3], 7);
+    assert_int_equal(epd_parse_u32_list("", 100, layers, 8, &n, err), EPD_OK);
+    assert_int_equal(n, 0);
+    assert_int_equal(epd_parse_u32_list("1,,2", 100, layers, 8, &n, err), EPD_ERR_INVALID_ARG);
+    assert_int_equal(epd_parse_u32_list("0-9", 100, layers, 8, &n, err), EPD_ERR_INVALID_ARG);
+}
 
 static void test_config__print__every_setting_in_table_order(void **state)
 {
@@ -1207,6 +1250,7 @@ int main(void)
         cmocka_unit_test(test_config__mode__octal_with_or_without_zero),
         cmocka_unit_test(test_config__set__errors),
         cmocka_unit_test(test_config__cross_field__errors_name_both_keys),
+        cmocka_unit_test(test_config__ffn_settings__only_with_ffn_and_checked),
         cmocka_unit_test(test_config__print__every_setting_in_table_order),
         cmocka_unit_test(test_config__json__valid_and_snprintf_contract),
         cmocka_unit_test(test_config__fingerprint__changes_with_any_value),

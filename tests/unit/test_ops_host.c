@@ -137,7 +137,8 @@ static void run_simulated(epd_moe_shape_t shape, const uint32_t *n, uint64_t see
             at += c;
         }
         shape.rank = d;
-        assert_int_equal(ops->experts(ctx, &shape, dr->recv, dr->n_recv, dr->partials), EPD_OK);
+        assert_int_equal(ops->experts(ctx, &shape, 0, dr->recv, dr->n_recv, NULL, dr->partials),
+                         EPD_OK);
     }
     /* the reverse alltoallv of partials */
     for (uint32_t d = 0; d < world; d++) {
@@ -277,6 +278,39 @@ static void test_ops_host__layout_hand_made_ids__counts_offsets_slots(void **sta
     assert_memory_equal(slot, want_slot, sizeof want_slot);
 }
 
+/* The step's host layout (epd_layout_host, used when the ids are on the host) gives the ops'
+ * layout and the tokens per expert the count exchange carries; NULL counts are not written. */
+static void test_ops_host__layout_host__expert_counts_as_the_ops_layout(void **state)
+{
+    epd_moe_shape_t s = make_shape(128, 3, 16, 4, EPD_WIRE_BF16, EPD_SCALE_GROUP128,
+                                   EPD_SCALE_FMT_FP32, EPD_EXPERTS_SCALE);
+    const int32_t ids[] = {0, 5, -1, -1, -1, -1, 15, 12, 1, 4, 6, 7, 5, -1, 0};
+    const uint32_t want_experts[16] = {[0] = 2, [1] = 1, [4] = 1, [5] = 2, [6] = 1, [7] = 1,
+                                       [12] = 1, [15] = 1};
+    uint32_t counts[4], offsets[4], experts[16], n_send = 0;
+    uint32_t ops_counts[4], ops_offsets[4], ops_experts[16];
+    int32_t slot[20], ops_slot[20];
+    char err[EPD_ERR_LEN];
+    epd_step_layout_t l = {.n_tokens = 5, .send_counts_host = ops_counts,
+                           .send_offsets_host = ops_offsets, .slot = ops_slot,
+                           .expert_counts_host = ops_experts};
+
+    memset(experts, 0xff, sizeof experts);
+    assert_int_equal(epd_layout_host(&s, 5, ids, slot, counts, offsets, experts, &n_send, err),
+                     EPD_OK);
+    assert_memory_equal(experts, want_experts, sizeof want_experts);
+    assert_int_equal(epd_ops_host.layout(NULL, &s, ids, &l), EPD_OK);
+    assert_int_equal(n_send, l.n_send);
+    assert_memory_equal(counts, ops_counts, sizeof counts);
+    assert_memory_equal(offsets, ops_offsets, sizeof offsets);
+    assert_memory_equal(slot, ops_slot, sizeof slot);
+    assert_memory_equal(experts, ops_experts, sizeof experts);
+    /* without the per-expert counts: the same layout */
+    assert_int_equal(epd_layout_host(&s, 5, ids, slot, counts, offsets, NULL, &n_send, err),
+                     EPD_OK);
+    assert_memory_equal(slot, ops_slot, sizeof slot);
+}
+
 static void test_ops_host__layout_all_empty__no_records(void **state)
 {
     epd_moe_shape_t s = make_shape(128, 2, 4, 2, EPD_WIRE_FP8, EPD_SCALE_GROUP128,
@@ -343,8 +377,8 @@ static void test_ops_host__shape_check__experts_not_multiple_of_ranks__message(v
 
 static void test_ops_host__expert_kinds__found_by_kind_and_name(void **state)
 {
-    const epd_expert_kind_t kinds[] = {EPD_EXPERTS_IDENTITY, EPD_EXPERTS_SCALE};
-    const char *const names[] = {"identity", "scale"};
+    const epd_expert_kind_t kinds[] = {EPD_EXPERTS_IDENTITY, EPD_EXPERTS_SCALE, EPD_EXPERTS_FFN};
+    const char *const names[] = {"identity", "scale", "ffn"};
     epd_moe_shape_t s = make_shape(128, 2, 4, 1, EPD_WIRE_BF16, EPD_SCALE_GROUP128,
                                    EPD_SCALE_FMT_FP32, EPD_EXPERTS_SCALE);
     float x[128], acc[128];
@@ -356,7 +390,11 @@ static void test_ops_host__expert_kinds__found_by_kind_and_name(void **state)
         assert_ptr_equal(epd_expert_ops_find_name(names[i]), e);
     }
     assert_null(epd_expert_ops_find((epd_expert_kind_t)99));
-    assert_null(epd_expert_ops_find_name("ffn"));
+    assert_null(epd_expert_ops_find_name("mlp"));
+    /* ffn's experts are weights: no elementwise functions */
+    assert_true(epd_expert_ops_find(EPD_EXPERTS_FFN)->weights);
+    assert_null(epd_expert_ops_find(EPD_EXPERTS_FFN)->accumulate);
+    assert_false(epd_expert_ops_find(EPD_EXPERTS_SCALE)->weights);
     assert_null(epd_expert_ops_find_name(NULL));
 
     /* scale: expert 2 of 4 multiplies by 1.5; accumulate adds w * y to what acc holds */
@@ -488,12 +526,12 @@ static void test_ops_host__bad_arguments__invalid_arg_not_crash(void **state)
     assert_int_equal(epd_moe_reference(&s, 1, NULL, ids, w, y), EPD_ERR_INVALID_ARG);
     assert_int_equal(epd_moe_reference(&s, 0, NULL, NULL, NULL, NULL), EPD_OK);
     assert_int_equal(epd_ops_host.pack(NULL, &s, x, ids, w, &l, NULL), EPD_ERR_INVALID_ARG);
-    assert_int_equal(epd_ops_host.experts(NULL, &s, NULL, 3, y), EPD_ERR_INVALID_ARG);
+    assert_int_equal(epd_ops_host.experts(NULL, &s, 0, NULL, 3, NULL, y), EPD_ERR_INVALID_ARG);
     assert_int_equal(epd_ops_host.combine(NULL, &s, &l, NULL, y), EPD_ERR_INVALID_ARG);
     const int32_t bad[] = {0, 9};
     assert_int_equal(epd_moe_reference(&s, 1, x, bad, w, y), EPD_ERR_EXPERT_OUT_OF_RANGE);
     s.rank = 2;
-    assert_int_equal(epd_ops_host.experts(NULL, &s, x, 0, y), EPD_ERR_INVALID_ARG);
+    assert_int_equal(epd_ops_host.experts(NULL, &s, 0, x, 0, NULL, y), EPD_ERR_INVALID_ARG);
 }
 
 static void test_ops_host__world1_bf16_and_fp8__equals_reference(void **state)
@@ -700,7 +738,7 @@ static void test_ops_host__quant_error_telemetry__sums_of_what_was_quantized(voi
         /* off: nothing is summed */
         s.quant_error = false;
         assert_int_equal(ops->pack(ctx, &s, x, ids, w, &l, buf), EPD_OK);
-        assert_int_equal(ops->experts(ctx, &s, buf, l.n_send, parts), EPD_OK);
+        assert_int_equal(ops->experts(ctx, &s, 0, buf, l.n_send, NULL, parts), EPD_OK);
         assert_int_equal(ops->quant_error_take(ctx, &qe), EPD_OK);
         assert_true(qe.dispatch_err2 == 0.0 && qe.dispatch_ref2 == 0.0);
         assert_true(qe.combine_err2 == 0.0 && qe.combine_ref2 == 0.0);
@@ -718,7 +756,7 @@ static void test_ops_host__quant_error_telemetry__sums_of_what_was_quantized(voi
         assert_true(dispatch_rms > 0.005 && dispatch_rms < 0.05);
         /* the experts' FP8 partials: rank 0 of 2, some records have no local expert (zeros) */
         s.rank = 0;
-        assert_int_equal(ops->experts(ctx, &s, buf, l.n_send, parts), EPD_OK);
+        assert_int_equal(ops->experts(ctx, &s, 0, buf, l.n_send, NULL, parts), EPD_OK);
         assert_int_equal(ops->quant_error_take(ctx, &qe), EPD_OK);
         assert_true(qe.dispatch_ref2 == 0.0);
         assert_true(qe.combine_ref2 > 0.0 && qe.combine_err2 > 0.0);
@@ -737,7 +775,7 @@ static void test_ops_host__quant_error_telemetry__sums_of_what_was_quantized(voi
     uint8_t *buf = malloc((size_t)N * 2 * rec.size), *parts = malloc((size_t)N * 2 * 512);
     assert_int_equal(ops->layout(ctx, &s, ids, &l), EPD_OK);
     assert_int_equal(ops->pack(ctx, &s, x, ids, w, &l, buf), EPD_OK);
-    assert_int_equal(ops->experts(ctx, &s, buf, l.n_send, parts), EPD_OK);
+    assert_int_equal(ops->experts(ctx, &s, 0, buf, l.n_send, NULL, parts), EPD_OK);
     assert_int_equal(ops->quant_error_take(ctx, &qe), EPD_OK);
     assert_true(qe.dispatch_ref2 == 0.0 && qe.combine_ref2 == 0.0);
     free(buf);
@@ -751,6 +789,7 @@ int main(void)
         cmocka_unit_test(test_ops_host__record_layout_bf16__offsets_and_16_byte_size),
         cmocka_unit_test(test_ops_host__record_layout_fp8__scales_per_kind),
         cmocka_unit_test(test_ops_host__layout_hand_made_ids__counts_offsets_slots),
+        cmocka_unit_test(test_ops_host__layout_host__expert_counts_as_the_ops_layout),
         cmocka_unit_test(test_ops_host__layout_all_empty__no_records),
         cmocka_unit_test(test_ops_host__layout_bad_ids__expert_out_of_range),
         cmocka_unit_test(test_ops_host__shape_check__experts_not_multiple_of_ranks__message),

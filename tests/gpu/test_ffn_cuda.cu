@@ -1,0 +1,234 @@
+/* GPU test of the ffn experts (gpu/ffn_cuda.cu through epd_ops_cuda): records packed by the host
+ * ops, the same records through the CUDA experts op and the host one (the reference: fp32 with
+ * fp64 sums), every record's partial within DESIGN.md section 9's tolerance (relative L2 per
+ * token 1e-2 with BF16 weights, 3e-2 with FP8 block weights). BF16 and FP8 weights, BF16 and FP8
+ * (group128, per_token) dispatch, BF16 and FP8 partials (combine.dtype, compared dequantized,
+ * with the FP8 partials' telemetry against the host's), ranks 0 and 1 of 2, a few rows per
+ * expert up to hundreds (the padding to 32), empty slots, a layer that was not loaded refused.
+ * Prints one line per case and 'N passed, N failed'; exit 77 with 'SKIP: no GPU' without one. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "gpu/ops.h"
+}
+#include "common/rng.h"
+#include "gpu/ffn.h"
+#include "gpu/fp8.h"
+#include "tests/gpu/cuda_check.cuh"
+
+static int passed, failed;
+
+typedef struct ffn_case {
+    epd_ffn_format_t format;
+    epd_wire_dtype_t dtype;
+    epd_scale_kind_t scale;
+    uint32_t hidden, inter, experts, topk, world, rank, tokens;
+    uint32_t hot; /* 0: uniform routing; else every token's slot 0 goes to one expert */
+    epd_combine_dtype_t combine;
+} ffn_case_t;
+
+static void run_case(const ffn_case_t *c, epd_ops_ctx_t *hctx_unused)
+{
+    char err[EPD_ERR_LEN];
+    epd_moe_shape_t s;
+    epd_record_layout_t rec;
+    epd_partial_layout_t pl;
+    epd_quant_error_t hqe, dqe;
+    epd_ffn_weights_t *w = NULL;
+    epd_ops_ctx_t *hctx = NULL, *dctx = NULL;
+    uint32_t H = c->hidden, K = c->topk, N = c->tokens;
+    uint64_t rng = 1234 + c->hidden + c->tokens * 7 + c->rank;
+    /* section 9's tolerance; FP8 partials quantize the two sides' slightly different sums, and
+     * a value near a rounding boundary lands one e4m3 step (1/16 relative) apart: 3e-2 more */
+    double worst = 0, tol = (c->format == EPD_FFN_FP8_BLOCK ? 3e-2 : 1e-2) +
+                            (c->combine == EPD_COMBINE_FP8 ? 3e-2 : 0.0);
+    bool ok = true;
+
+    memset(&s, 0, sizeof s);
+    s.hidden = H;
+    s.topk = K;
+    s.num_experts = c->experts;
+    s.world = c->world;
+    s.rank = c->rank;
+    s.dtype = c->dtype;
+    s.scale = c->scale;
+    s.expert_kind = EPD_EXPERTS_FFN;
+    s.combine_dtype = c->combine;
+    s.quant_error = c->combine == EPD_COMBINE_FP8;
+    epd_record_layout(&s, &rec);
+    epd_partial_layout(&s, &pl);
+    uint32_t per_rank = c->experts / c->world;
+    if (epd_ffn_random(c->format, H, c->inter, c->experts, c->rank * per_rank, per_rank, 2, 99, &w,
+                       err) != EPD_OK ||
+        epd_ops_host.init(-1, &hctx, err) != EPD_OK || epd_ops_cuda.init(0, &dctx, err) != EPD_OK ||
+        epd_ops_host.experts_load(hctx, &s, w, err) != EPD_OK ||
+        epd_ops_cuda.experts_load(dctx, &s, w, err) != EPD_OK) {
+        printf("FAIL  setup: %s\n", err);
+        failed++;
+        goto out;
+    }
+    {
+        uint16_t *x = (uint16_t *)malloc((size_t)N * H * 2);
+        int32_t *ids = (int32_t *)malloc((size_t)N * K * 4);
+        float *kw = (float *)malloc((size_t)N * K * 4);
+        epd_step_layout_t lay;
+        memset(&lay, 0, sizeof lay);
+        lay.n_tokens = N;
+        lay.send_counts_host = (uint32_t *)calloc(c->world, 4);
+        lay.send_offsets_host = (uint32_t *)calloc(c->world, 4);
+        lay.slot = (int32_t *)calloc((size_t)N * c->world, 4);
+        lay.expert_counts_host = (uint32_t *)calloc(c->experts, 4);
+        for (size_t i = 0; i < (size_t)N * H; i++)
+            x[i] = epd_f32_to_bf16((2.0f * epd_rng_unit_f32(&rng) - 1.0f) *
+                                   (1.0f + 3.0f * (float)(i / H % 5)));
+        for (uint32_t t = 0; t < N; t++) {
+            for (uint32_t k = 0; k < K; k++) {
+                int32_t e;
+                bool dup;
+                do {
+                    e = (int32_t)(epd_rng_next(&rng) % c->experts);
+                    if (k == 0 && c->hot) e = (int32_t)(c->rank * per_rank);
+                    dup = false;
+                    for (uint32_t j = 0; j < k; j++) dup = dup || ids[t * K + j] == e;
+                } while (dup);
+                if (k > 0 && epd_rng_next(&rng) % 6 == 0) e = -1;
+                ids[t * K + k] = e;
+                kw[t * K + k] = epd_rng_unit_f32(&rng);
+            }
+        }
+        size_t n_rec = (size_t)N * c->world;
+        uint8_t *records = (uint8_t *)calloc(n_rec, rec.size);
+        if (epd_ops_host.layout(hctx, &s, ids, &lay) != EPD_OK ||
+            epd_ops_host.pack(hctx, &s, x, ids, kw, &lay, records) != EPD_OK) {
+            printf("FAIL  host pack\n");
+            failed++;
+            ok = false;
+        }
+        /* the records this rank receives: its block of the packed ones */
+        uint32_t n = lay.send_counts_host[c->rank];
+        const uint8_t *mine = records + (size_t)lay.send_offsets_host[c->rank] * rec.size;
+        uint8_t *ref = (uint8_t *)malloc((size_t)(n ? n : 1) * pl.size);
+        uint8_t *got = (uint8_t *)malloc((size_t)(n ? n : 1) * pl.size);
+        float *a_f = (float *)malloc((size_t)H * sizeof(float));
+        float *b_f = (float *)malloc((size_t)H * sizeof(float));
+        void *d_rec, *d_part;
+        CUDA_OK(cudaMalloc(&d_rec, (size_t)(n ? n : 1) * rec.size));
+        CUDA_OK(cudaMalloc(&d_part, (size_t)(n ? n : 1) * pl.size));
+        CUDA_OK(cudaMemcpy(d_rec, mine, (size_t)n * rec.size, cudaMemcpyHostToDevice));
+        /* the rows per expert as the count exchange brings them (the layout's counts) */
+        const uint32_t *rows = lay.expert_counts_host + (size_t)c->rank * per_rank;
+        if (ok && epd_ops_host.experts(hctx, &s, 1, mine, n, rows, ref) != EPD_OK) ok = false;
+        if (ok && epd_ops_host.quant_error_take(hctx, &hqe) != EPD_OK) ok = false;
+        /* once counting on the device, once with the exchanged counts: the same partials */
+        for (int pass = 0; pass < 2; pass++) {
+            if (ok && epd_ops_cuda.experts(dctx, &s, 1, d_rec, n, pass ? rows : NULL, d_part) !=
+                          EPD_OK) {
+                printf("FAIL  cuda experts: %s\n", epd_ops_cuda.last_error(dctx));
+                ok = false;
+            }
+            if (ok && epd_ops_cuda.sync(dctx) != EPD_OK) ok = false;
+            CUDA_OK(cudaMemcpy(got, d_part, (size_t)n * pl.size, cudaMemcpyDeviceToHost));
+            for (uint32_t j = 0; ok && j < n; j++) {
+                double num = 0, den = 0;
+                /* both partials read as combine reads them (dequantized when FP8) */
+                memset(a_f, 0, (size_t)H * sizeof(float));
+                memset(b_f, 0, (size_t)H * sizeof(float));
+                epd_partial_add_host(&s, got + (size_t)j * pl.size, a_f);
+                epd_partial_add_host(&s, ref + (size_t)j * pl.size, b_f);
+                for (uint32_t i = 0; i < H; i++) {
+                    double a = a_f[i], b = b_f[i];
+                    num += (a - b) * (a - b);
+                    den += b * b;
+                }
+                double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+                if (rel > worst) worst = rel;
+            }
+        }
+        if (ok && worst > tol) ok = false;
+        /* the FP8 partials' telemetry: the device summed both passes, the host one */
+        if (ok && epd_ops_cuda.quant_error_take(dctx, &dqe) != EPD_OK) ok = false;
+        if (ok && c->combine == EPD_COMBINE_FP8 && n > 0 &&
+            (!(hqe.combine_ref2 > 0) || !(dqe.combine_err2 > 0) ||
+             fabs(dqe.combine_ref2 - 2 * hqe.combine_ref2) > 5e-2 * 2 * hqe.combine_ref2)) {
+            printf("FAIL  FP8 partials' telemetry: device ref2 %.6g err2 %.6g, host ref2 %.6g "
+                   "(x2 expected)\n", dqe.combine_ref2, dqe.combine_err2, hqe.combine_ref2);
+            ok = false;
+        }
+        if (ok && c->combine != EPD_COMBINE_FP8 && (dqe.combine_ref2 != 0 || hqe.combine_ref2 != 0)) {
+            printf("FAIL  BF16 partials fed the combine telemetry\n");
+            ok = false;
+        }
+        /* a layer that was not loaded is refused */
+        if (ok && epd_ops_cuda.experts(dctx, &s, 7, d_rec, n, NULL, d_part) == EPD_OK) {
+            printf("FAIL  layer 7 was accepted\n");
+            ok = false;
+        }
+        printf("%s  ffn %-9s weights, %s%s wire, %s partials, H %u I %u E %u K %u, rank %u of %u, "
+               "%u records: worst relative L2 %.2e (tolerance %.0e)\n",
+               ok ? "PASS" : "FAIL", epd_ffn_format_name(c->format),
+               c->dtype == EPD_WIRE_FP8 ? "fp8" : "bf16",
+               c->dtype != EPD_WIRE_FP8                ? ""
+               : c->scale == EPD_SCALE_PER_TOKEN ? " per_token"
+                                                 : " group128",
+               c->combine == EPD_COMBINE_FP8 ? "fp8" : "bf16", H, c->inter, c->experts, K,
+               c->rank, c->world, n, worst, tol);
+        if (ok)
+            passed++;
+        else
+            failed++;
+        cudaFree(d_rec);
+        cudaFree(d_part);
+        free(ref);
+        free(got);
+        free(a_f);
+        free(b_f);
+        free(records);
+        free(x);
+        free(ids);
+        free(kw);
+        free(lay.send_counts_host);
+        free(lay.send_offsets_host);
+        free(lay.slot);
+        free(lay.expert_counts_host);
+    }
+out:
+    if (dctx != NULL) epd_ops_cuda.fini(dctx);
+    if (hctx != NULL) epd_ops_host.fini(hctx);
+    epd_ffn_free(w);
+    (void)hctx_unused;
+}
+
+int main(void)
+{
+    int n_dev = 0;
+
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        printf("SKIP: no GPU\n");
+        return 77;
+    }
+    static const ffn_case_t cases[] = {
+        {EPD_FFN_BF16, EPD_WIRE_BF16, EPD_SCALE_GROUP128, 256, 128, 16, 8, 1, 0, 40, 0},
+        {EPD_FFN_BF16, EPD_WIRE_FP8, EPD_SCALE_GROUP128, 1024, 512, 16, 8, 2, 1, 300, 1},
+        {EPD_FFN_BF16, EPD_WIRE_FP8, EPD_SCALE_PER_TOKEN, 512, 256, 8, 4, 2, 0, 77, 0},
+        {EPD_FFN_FP8_BLOCK, EPD_WIRE_FP8, EPD_SCALE_GROUP128, 256, 128, 16, 8, 1, 0, 40, 0},
+        {EPD_FFN_FP8_BLOCK, EPD_WIRE_BF16, EPD_SCALE_GROUP128, 1024, 512, 16, 8, 2, 1, 300, 1},
+        {EPD_FFN_FP8_BLOCK, EPD_WIRE_FP8, EPD_SCALE_PER_TOKEN, 512, 256, 8, 4, 2, 0, 77, 0},
+        {EPD_FFN_FP8_BLOCK, EPD_WIRE_FP8, EPD_SCALE_GROUP128, 7168, 2048, 8, 8, 1, 0, 6, 0},
+        {EPD_FFN_BF16, EPD_WIRE_FP8, EPD_SCALE_GROUP128, 7168, 2048, 8, 8, 1, 0, 6, 0},
+        /* FP8 partials (combine.dtype fp8) */
+        {EPD_FFN_BF16, EPD_WIRE_FP8, EPD_SCALE_GROUP128, 1024, 512, 16, 8, 2, 1, 300, 1,
+         EPD_COMBINE_FP8},
+        {EPD_FFN_FP8_BLOCK, EPD_WIRE_BF16, EPD_SCALE_GROUP128, 256, 128, 16, 8, 1, 0, 40, 0,
+         EPD_COMBINE_FP8},
+        {EPD_FFN_FP8_BLOCK, EPD_WIRE_FP8, EPD_SCALE_PER_TOKEN, 512, 256, 8, 4, 2, 0, 77, 0,
+         EPD_COMBINE_FP8},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], NULL);
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
