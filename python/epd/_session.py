@@ -219,6 +219,12 @@ class Session:
         if isinstance(limit, int) and limit > 0:
             self.max_device_regions = max(1, limit // 2)
 
+    def make_room(self, n_new):
+        """Marks the least recently used device regions stale so that n_new registrations fit
+        under the limit (their unregister frames come from evictions())."""
+        while self.device and len(self.device) + n_new > self.max_device_regions:
+            self.stale.append(self.device.popitem(last=False)[1][0])
+
     def evictions(self):
         """CONTROL unregister frames for the least recently used device regions over the
         limit (the daemon releases each once the requests naming it are answered)."""

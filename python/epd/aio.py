@@ -25,6 +25,7 @@ class AsyncClient:
         self._s = Session()
         self._rx = fr.Receiver(self._s.place_payload)
         self._wlock = asyncio.Lock()
+        self._register_lock = asyncio.Lock()
         self._config = None
         self._closing = False
         self._reader = asyncio.get_running_loop().create_task(self._read_loop())
@@ -76,17 +77,22 @@ class AsyncClient:
         if needs:
             if self._config is None:
                 self._s.limit_device_regions(await self.config())
-            futs = []
-            for need in needs:
-                p, data = self._s.register_device(need)
-                futs.append(self._future(p))
-                await self._send([data])
-            for fut in futs:
-                await self._await(fut, None)
-            for p, data in self._s.evictions():
-                self._future(p)
-                await self._send([data])
-            placed, needs = self._s.plan_submit(x, topk_ids, topk_weights, out)
+            # one coroutine registers at a time, after making room: concurrent submits would
+            # otherwise all register before any eviction and pass socket.max_regions
+            async with self._register_lock:
+                placed, needs = self._s.plan_submit(x, topk_ids, topk_weights, out)
+                self._s.make_room(len(needs))
+                for p, data in self._s.evictions():
+                    self._future(p)
+                    await self._send([data])
+                futs = []
+                for need in needs:
+                    p, data = self._s.register_device(need)
+                    futs.append(self._future(p))
+                    await self._send([data])
+                for fut in futs:
+                    await self._await(fut, None)
+                placed, needs = self._s.plan_submit(x, topk_ids, topk_weights, out)
             if needs:
                 raise ProtocolError("device regions registered, yet still unknown")
         cuda = [t for t in (x, topk_ids, topk_weights, out)

@@ -216,6 +216,10 @@ class Client:
     def _register_devices(self, needs):
         if self._config is None:
             self._s.limit_device_regions(self.config())
+        self._s.make_room(len(needs))
+        for p, data in self._s.evictions():
+            p._wait = self._wait_for
+            self._send([data])
         pendings = []
         for need in needs:
             p, data = self._s.register_device(need)
