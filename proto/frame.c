@@ -3,6 +3,7 @@
  * it), the exact uint64 "id" read from the JSON text. Tensor descriptors live in tensor.c, SUBMIT
  * validation and encoders in submit.c. */
 #include "proto/frame.h"
+#include "proto/json_strict.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -318,6 +319,8 @@ static epd_status_t decoder_parse_meta(epd_decoder_t *dec, char err[EPD_ERR_LEN]
                  (uint8_t)text[bad], bad);
         return EPD_ERR_BAD_JSON;
     }
+    /* cJSON is lenient (BOM, leading zeros, escaped NULs): the strict grammar first. */
+    if (epd_json_strict_check(text, len, err) != EPD_OK) return EPD_ERR_BAD_JSON;
     meta = cJSON_ParseWithLengthOpts(text, len + 1, &end, 1);
     if (meta == NULL) {
         size_t at = end != NULL && end >= text ? (size_t)(end - text) : 0;
