@@ -34,3 +34,7 @@ UNIT_TESTS += log notify stats
 test_log_SRCS = daemon/log.c
 test_notify_SRCS = daemon/notify.c
 test_stats_SRCS = daemon/stats.c comm/phase.c $(COMMON_SRCS) $(CONFIG_SRCS)
+
+# One connection on a socketpair with a stub engine (tests/unit/test_conn.c).
+UNIT_TESTS += conn
+test_conn_SRCS = daemon/conn.c daemon/log.c $(PROTO_SRCS) common/status.c common/parse.c

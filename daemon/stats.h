@@ -17,13 +17,17 @@ typedef struct epd_server_stats {
     uint64_t clients_total;           /* accepted since start */
     uint64_t clients_refused;         /* turned away: too many clients, or uid not allowed */
     uint64_t requests_accepted;       /* SUBMITs handed to the engine */
-    uint64_t results_sent;            /* RESULT frames queued to clients */
+    uint64_t results_sent;            /* RESULT frames written to clients (whole) */
     uint64_t results_discarded;       /* results and errors whose client had gone */
     uint64_t errors[EPD_STATUS_MAX];  /* ERROR frames sent, by wire code */
     uint64_t control_requests;        /* CONTROL frames answered */
     uint64_t frames_in;               /* whole frames decoded */
     uint64_t bytes_in;                /* bytes read from clients */
     uint64_t bytes_out;               /* bytes queued to clients */
+    uint64_t buffered_bytes;          /* now: payload bytes reserved by unfinished frames, all
+                                       * connections (socket.max_buffered_bytes) */
+    uint64_t closed_idle;             /* connections closed by socket.idle_timeout_ms */
+    uint64_t closed_frame_timeout;    /* connections closed by socket.frame_timeout_ms */
 } epd_server_stats_t;
 
 /* Everything a document describes, gathered by the caller. */
