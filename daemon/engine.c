@@ -78,6 +78,7 @@ struct epd_engine {
 
     /* loop thread only */
     agree_state_t state;
+    uint64_t state_since_ns; /* when state was entered (epd_engine_waiting) */
     MPI_Request agree_req;
     uint64_t *agree_buf;       /* [0..1] sent, [2..3] received; heap (see epd_engine_destroy) */
     bool agree_after_shutdown; /* the open agreement began after shutting_down was set */
@@ -347,6 +348,7 @@ static void agree_set_state(epd_engine_t *engine, agree_state_t state)
         epd_log_debug("agreement: %s -> %s", agree_state_names[engine->state],
                       agree_state_names[state]);
     engine->state = state;
+    engine->state_since_ns = epd_now_ns();
 }
 
 static void agreement_start(epd_engine_t *engine)
@@ -646,6 +648,22 @@ void epd_engine_request_shutdown(epd_engine_t *engine)
 bool epd_engine_stopped(const epd_engine_t *engine)
 {
     return atomic_load(&((epd_engine_t *)engine)->stopped);
+}
+
+const char *epd_engine_waiting(const epd_engine_t *engine, uint64_t *since_ns_p)
+{
+    *since_ns_p = engine->state_since_ns;
+    switch (engine->state) {
+    case AGREE_OPEN:
+        return "agreement";
+    case AGREE_STEPPING:
+        return "step";
+    case AGREE_WAITING:
+    case AGREE_STOPPED:
+    case AGREE_STATE_MAX:
+    default:
+        return NULL;
+    }
 }
 
 bool epd_engine_failed(epd_engine_t *engine, char err[EPD_ERR_LEN])

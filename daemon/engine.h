@@ -91,6 +91,11 @@ void epd_result_free(epd_result_t *result);
 void epd_engine_request_shutdown(epd_engine_t *engine);
 bool epd_engine_stopped(const epd_engine_t *engine);
 
+/* What this rank waits on the other ranks for now, for the watchdog (daemon/watchdog.h):
+ * "agreement" while an agreement is open, "step" while the worker runs a step, NULL otherwise;
+ * *since_ns_p is when that began (CLOCK_MONOTONIC; a new value at every change). Loop thread. */
+const char *epd_engine_waiting(const epd_engine_t *engine, uint64_t *since_ns_p);
+
 /* True when a step failed (a transport, MPI or device error): the requests it held and every
  * queued one were answered with EPD_ERR_INTERNAL, and the engine stopped. The ranks are out of
  * step then, so the daemon must end the job with MPI_Abort (DESIGN.md section 8) rather than exit

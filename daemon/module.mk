@@ -3,7 +3,7 @@
 # its unit tests, and the C clients of the integration tests (build/tests/<name>).
 DAEMON_SRCS := daemon/main.c daemon/daemon.c daemon/server.c daemon/listener.c daemon/conn.c \
                daemon/conn_table.c daemon/control.c daemon/stats.c \
-               daemon/log.c daemon/notify.c daemon/engine.c daemon/bench.c
+               daemon/log.c daemon/notify.c daemon/engine.c daemon/bench.c daemon/watchdog.c
 
 # Other folders' module.mk files are read after this one: their source lists are expanded in the
 # prerequisites a second time, once every list is complete.

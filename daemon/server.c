@@ -20,6 +20,7 @@
 #include "daemon/log.h"
 #include "daemon/notify.h"
 #include "daemon/stats.h"
+#include "daemon/watchdog.h"
 #include "proto/frame.h"
 
 #define SERVER_DRAIN_TIMEOUT_S 5      /* how long clients get to read their last answers */
@@ -38,6 +39,7 @@ struct epd_server {
     epd_listener_t *listener;
     epd_conn_table_t *conns;
     epd_control_t *control;
+    epd_watchdog_t *watchdog;     /* stalls of the engine's agreements and steps */
     epd_conn_ctx_t conn_ctx;      /* shared by every connection */
     uint64_t next_conn_id;
     uint64_t in_flight;           /* requests on the engine, all connections */
@@ -136,6 +138,8 @@ static void server_stop(epd_server_t *server)
                       server->stats.requests_accepted - server->answered_total);
     epd_listener_free(server->listener);
     server->listener = NULL;
+    epd_watchdog_free(server->watchdog);
+    server->watchdog = NULL;
     if (server->housekeeping != NULL) event_del(server->housekeeping);
 
     epd_conn_table_each(server->conns, epd_conn_shutdown);
@@ -292,6 +296,9 @@ epd_status_t epd_server_start(epd_server_t *server, epd_engine_t *engine, char e
     epd_control_attach(server->control, engine);
     epd_status_t status = epd_listener_start(server->listener, err);
     if (status != EPD_OK) return status;
+    status = epd_watchdog_create(server->cfg, server->base, engine, &server->stats, server->rank,
+                                 &server->watchdog, err);
+    if (status != EPD_OK) return status;
     struct timeval tv = {0, SERVER_HOUSEKEEPING_MS * 1000};
     event_add(server->housekeeping, &tv);
     if (server->signal_pending) {
@@ -307,6 +314,7 @@ void epd_server_free(epd_server_t *server)
     server->stopping = false; /* no loopbreak from here */
     if (server->conns != NULL) epd_conn_table_each(server->conns, epd_conn_abort);
     epd_listener_free(server->listener);
+    epd_watchdog_free(server->watchdog);
     for (size_t i = 0; i < EPD_ARRAY_SIZE(server_signals); i++)
         if (server->signal_ev[i] != NULL) event_free(server->signal_ev[i]);
     if (server->drain_timer != NULL) event_free(server->drain_timer);

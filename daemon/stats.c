@@ -44,8 +44,14 @@ char *epd_stats_health_json(const epd_stats_view_t *view)
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     if (f == NULL) return NULL;
+    const epd_server_stats_t *s = view->server;
+    if (s->stalled_phase != NULL)
+        fprintf(f, "{\"status\":\"stalled\",\"stalled_phase\":\"%s\",\"stalled_ms\":%" PRIu64 ",",
+                s->stalled_phase, s->stalled_ms);
+    else
+        fprintf(f, "{\"status\":\"ok\",");
     fprintf(f,
-            "{\"status\":\"ok\",\"rank\":%d,\"world\":%d,\"pid\":%ld,\"shutting_down\":%s,"
+            "\"rank\":%d,\"world\":%d,\"pid\":%ld,\"shutting_down\":%s,"
             "\"version\":\"%s\",\"uptime_s\":%.3f,\"clients\":%" PRIu64
             ",\"queued_tokens\":%" PRIu64 ",\"queued_requests\":%" PRIu64 ",\"steps\":%" PRIu64 "}",
             view->rank, view->world, (long)getpid(),
@@ -87,10 +93,10 @@ char *epd_stats_json(const epd_stats_view_t *view)
             ",\"results_sent\":%" PRIu64 ",\"results_discarded\":%" PRIu64
             ",\"control_requests\":%" PRIu64 ",\"frames_in\":%" PRIu64 ",\"bytes_in\":%" PRIu64
             ",\"bytes_out\":%" PRIu64 ",\"buffered_bytes\":%" PRIu64 ",\"closed_idle\":%" PRIu64
-            ",\"closed_frame_timeout\":%" PRIu64 ",\"errors\":{",
+            ",\"closed_frame_timeout\":%" PRIu64 ",\"stalls\":%" PRIu64 ",\"errors\":{",
             s->clients, s->clients_total, s->clients_refused, s->requests_accepted, s->results_sent,
             s->results_discarded, s->control_requests, s->frames_in, s->bytes_in, s->bytes_out,
-            s->buffered_bytes, s->closed_idle, s->closed_frame_timeout);
+            s->buffered_bytes, s->closed_idle, s->closed_frame_timeout, s->stalls);
     bool first = true;
     for (int c = 0; c < EPD_STATUS_MAX; c++) {
         if (!epd_status_is_wire_code((epd_status_t)c)) continue;

@@ -28,6 +28,10 @@ typedef struct epd_server_stats {
                                        * connections (socket.max_buffered_bytes) */
     uint64_t closed_idle;             /* connections closed by socket.idle_timeout_ms */
     uint64_t closed_frame_timeout;    /* connections closed by socket.frame_timeout_ms */
+    const char *stalled_phase;        /* now: what has waited for the other ranks longer than
+                                       * dispatch.stall_warn_ms ("agreement", "step"), or NULL */
+    uint64_t stalled_ms;              /* how long it has waited (when stalled_phase is set) */
+    uint64_t stalls;                  /* stalls seen since start (daemon/watchdog.c) */
 } epd_server_stats_t;
 
 /* Everything a document describes, gathered by the caller. */
@@ -40,7 +44,7 @@ typedef struct epd_stats_view {
     const epd_server_stats_t *server;
 } epd_stats_view_t;
 
-/* {"status":"ok","rank":R,"world":W,"pid":P,"shutting_down":bool,"version":..,"uptime_s":..,
+/* {"status":"ok" (or "stalled", then also "stalled_phase" and "stalled_ms"),"rank":R,"world":W,"pid":P,"shutting_down":bool,"version":..,"uptime_s":..,
  *  "clients":..,"queued_tokens":..,"queued_requests":..,"steps":..} */
 char *epd_stats_health_json(const epd_stats_view_t *view);
 
