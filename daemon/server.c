@@ -20,6 +20,7 @@
 #include "daemon/log.h"
 #include "daemon/notify.h"
 #include "daemon/stats.h"
+#include "daemon/trim.h"
 #include "daemon/watchdog.h"
 #include "proto/frame.h"
 
@@ -40,6 +41,7 @@ struct epd_server {
     epd_conn_table_t *conns;
     epd_control_t *control;
     epd_watchdog_t *watchdog;     /* stalls of the engine's agreements and steps */
+    epd_trim_t trim;              /* memory back to the system after a burst */
     epd_conn_ctx_t conn_ctx;      /* shared by every connection */
     uint64_t next_conn_id;
     uint64_t in_flight;           /* requests on the engine, all connections */
@@ -197,7 +199,12 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
 
 static void housekeeping_cb(evutil_socket_t fd, short what, void *arg)
 {
-    server_check_engine(arg);
+    epd_server_t *server = arg;
+
+    server_check_engine(server);
+    if (server->engine != NULL && !server->stopping)
+        epd_trim_tick(&server->trim, server->stats.bytes_in + server->stats.bytes_out,
+                      server->in_flight > 0 || server->stats.buffered_bytes > 0);
 }
 
 void epd_server_wake(void *arg)
