@@ -218,7 +218,7 @@ static void test_config__table__every_row_is_well_formed(void **state)
         epd_setting_format(row, &cfg, text, sizeof text);
         assert_string_equal(text, row->def);
     }
-    assert_int_equal(settings, 22);
+    assert_int_equal(settings, 27);
     assert_int_equal(aliases, 2);
     assert_int_equal(epd_settings_rows(), settings + aliases);
     assert_null(epd_setting_by_name("SGLANG_DEEPEP_BF16_DISPATCH"));
@@ -485,6 +485,8 @@ static void test_config__env__unknown_epd_variable__warned_test_bench_ignored(vo
 static void test_config__yaml__all_types_with_origins(void **state)
 {
     (void)state;
+    /* a 1 TiB frame needs as large a buffer budget (the file then leaves it alone) */
+    const char *budget_set[] = {"socket.max_buffered_bytes=1099511627776"};
     epd_config_state_t *st = NULL;
     warnings_t w;
     char err[EPD_ERR_LEN], path[64], where[96];
@@ -509,7 +511,8 @@ static void test_config__yaml__all_types_with_origins(void **state)
                          "  backend: cpu\n"
                          "  id: 1023\n"
                          "log:\n"
-                         "  level: debug\n"};
+                         "  level: debug\n",
+                     .sets = budget_set, .n_sets = 1};
     assert_int_equal(load(&a, &st, &w, err, path), EPD_OK);
     const epd_config_t *cfg = epd_config_get(st);
     assert_string_equal(cfg->socket.path, "/tmp/epd-%h-%l-%r.sock");
@@ -820,6 +823,15 @@ static void test_config__cross_field__errors_name_both_keys(void **state)
     char *e4[] = {"EPD_SOCKET_MAX_FRAME_BYTES=58982399", NULL};
     expect_env_error(e4, "socket.max_frame_bytes = 58982399", "58982400");
     expect_env_error(e4, "dispatch.max_tokens_per_request = 4096", NULL);
+    /* issue 20's settings: a largest frame fits the buffer budget, the stall limits are ordered */
+    char *e5[] = {"EPD_SOCKET_MAX_BUFFERED_BYTES=268435455", NULL};
+    expect_env_error(e5, "socket.max_frame_bytes = 268435456 (default)",
+                     "socket.max_buffered_bytes = 268435455 (env");
+    char *e6[] = {"EPD_DISPATCH_STALL_WARN_MS=100", "EPD_DISPATCH_IDLE_BACKOFF_US=100000", NULL};
+    expect_env_error(e6, "dispatch.stall_warn_ms = 100 (env", "dispatch.idle_backoff_us = 100000");
+    char *e7[] = {"EPD_DISPATCH_STEP_TIMEOUT_MS=5000", NULL};
+    expect_env_error(e7, "dispatch.step_timeout_ms = 5000 (env",
+                     "dispatch.stall_warn_ms = 5000 (default)");
 
     epd_config_state_t *st = NULL;
     warnings_t w;
@@ -864,7 +876,7 @@ static void test_config__print__every_setting_in_table_order(void **state)
         lines++;
     }
     assert_int_equal(*p, '\0');
-    assert_int_equal(lines, 22);
+    assert_int_equal(lines, 27);
     assert_non_null(strstr(text, "socket.path = /run/epd/epd-%r.sock  # default\n"));
     assert_non_null(strstr(text, "socket.mode = 0660  # default\n"));
     assert_non_null(strstr(text, "socket.allow_uids =   # default\n"));
@@ -894,7 +906,7 @@ static void test_config__json__valid_and_snprintf_contract(void **state)
     assert_int_equal(strlen(buf), need);
     cJSON *root = cJSON_Parse(buf);
     assert_non_null(root);
-    assert_int_equal(cJSON_GetArraySize(root), 22);
+    assert_int_equal(cJSON_GetArraySize(root), 27);
     assert_string_equal(cJSON_GetObjectItem(root, "socket.path")->valuestring,
                         "/tmp/a \"quoted\"\\path\n");
     assert_string_equal(cJSON_GetObjectItem(root, "socket.mode")->valuestring, "0660");
