@@ -92,6 +92,7 @@ struct epd_conn {
     /* Answers queued and not yet written whole, oldest first: the output stream offset where
      * each ends, the top bit set for a RESULT (a ring of answers_cap entries). */
     uint64_t out_queued;     /* bytes ever added to the output */
+    struct evbuffer_cb_entry *output_cb; /* settles the answers as the output is written */
     uint64_t *answers;
     size_t answers_cap, answers_head, answers_count;
 };
@@ -528,6 +529,7 @@ static void conn_drive(epd_conn_t *c)
         case CONN_STATE_MAX:
         default:
             conn_answers_settle(c, true);
+            evbuffer_remove_cb_entry(bufferevent_get_output(c->bev), c->output_cb);
             conn_release_reserved(c);
             c->ctx->closed(c->ctx->arg, c);
             epd_decoder_free(&c->decoder);
@@ -645,8 +647,15 @@ static void conn_write_cb(struct bufferevent *bev, void *arg)
     epd_conn_t *c = arg;
 
     c->active_ns = epd_now_ns();
-    conn_answers_settle(c, false);
     conn_drive(c);
+}
+
+/* The output changed: what was written counts as sent as soon as it is (the write callback only
+ * runs below the output limit). */
+static void conn_output_cb(struct evbuffer *output, const struct evbuffer_cb_info *info,
+                           void *arg)
+{
+    if (info->n_deleted > 0) conn_answers_settle(arg, false);
 }
 
 static void conn_event_cb(struct bufferevent *bev, short what, void *arg)
@@ -692,17 +701,22 @@ epd_conn_t *epd_conn_create(const epd_conn_ctx_t *ctx, int fd, uint64_t conn_id,
     conn_arm_deadline(c, c->active_ns);
     /* Told whenever a write leaves the output at or under the limit (to resume a paused reader). */
     bufferevent_setwatermark(c->bev, EV_WRITE, cfg->socket.max_output_bytes, 0);
+    c->output_cb = evbuffer_add_cb(bufferevent_get_output(c->bev), conn_output_cb, c);
+    if (c->output_cb == NULL) goto out_free_bev;
     bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
     return c;
 
+out_free_bev:
+    bufferevent_free(c->bev);
+    fd = -1; /* closed with the bufferevent */
 out_free_resume:
     if (c->deadline != NULL) event_free(c->deadline);
     event_free(c->resume);
 out_free:
     free(c);
 out_close:
-    close(fd);
+    if (fd >= 0) close(fd);
     return NULL;
 }
 

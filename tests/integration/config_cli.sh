@@ -61,7 +61,7 @@ expect_grep "legacy alias warning" "$tmp/err" "EPD_DISPATCH_DTYPE"
 n=$(grep -c "SGLANG_DEEPEP_BF16_DISPATCH" "$tmp/err")
 [[ $n -eq 1 ]] || fail "legacy alias: $n warnings about SGLANG_DEEPEP_BF16_DISPATCH, expected 1"
 n=$(grep -c ' = .*  # ' "$tmp/out")
-[[ $n -eq 22 ]] || fail "--print-config printed $n settings, expected 22"
+[[ $n -eq 27 ]] || fail "--print-config printed $n settings, expected 27"
 
 # The other spelling, false: FP8.
 epd_env SGLANG_DEEPEP_NORMAL_BF16_DISPATCH=off -- --print-config

@@ -391,13 +391,13 @@ static void test_conn__idle_past_idle_timeout__closed_and_counted(void **state)
     uint8_t *health;
     size_t health_len;
 
-    fx->cfg.socket.idle_timeout_ms = 300;
+    fx->cfg.socket.idle_timeout_ms = 600; /* six times the busy client's pace */
     (void)fx_conn(fx, 1, &idle_peer);
     (void)fx_conn(fx, 2, &busy_peer);
     assert_int_equal(epd_frame_encode_control("health", &out, err), EPD_OK);
     assert_int_equal(epd_frame_out_flatten(&out, &health, &health_len, err), EPD_OK);
     epd_frame_out_free(&out);
-    for (int i = 0; i < 12; i++) { /* 1.2 s, a health query every 100 ms on the busy one */
+    for (int i = 0; i < 15; i++) { /* 1.5 s, a health query every 100 ms on the busy one */
         send_all(busy_peer, health, health_len);
         fx_run(fx, 100, 2);
         peer_seen_t seen = {0};
