@@ -202,6 +202,11 @@ const epd_step_io_t *epd_step_io(const epd_step_t *step)
     return &step->io;
 }
 
+void epd_step_set_layer(epd_step_t *step, uint32_t layer)
+{
+    step->shape.layer = layer;
+}
+
 void epd_step_last_exchange(const epd_step_t *step, epd_step_exchange_t *exchange_p)
 {
     exchange_p->send_counts = step->send_counts;

@@ -100,6 +100,10 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
                           const int32_t *topk_ids, const float *topk_weights, uint16_t *y,
                           epd_step_timing_t *timing_p, char err[EPD_ERR_LEN]);
 
+/* The layer the next runs serve (shape.layer as the ops see it); 0 until set. Every rank of a
+ * step sets the same one (the agreement chose it). */
+void epd_step_set_layer(epd_step_t *step, uint32_t layer);
+
 /* The per-peer counts and buffers of the last run. */
 void epd_step_last_exchange(const epd_step_t *step, epd_step_exchange_t *exchange_p);
 

@@ -33,6 +33,7 @@ typedef struct epd_config {
         uint64_t max_buffered_bytes;    /* incoming frame bytes, all connections together */
         uint32_t idle_timeout_ms;       /* close an idle connection after this; 0: never */
         uint32_t frame_timeout_ms;      /* close when a started frame takes longer; 0: never */
+        uint32_t max_regions;           /* shared regions per connection */
         uint32_t allow_uids[EPD_CONFIG_MAX_UIDS]; /* empty list: any peer the file mode lets in */
         uint32_t n_allow_uids;
     } socket;
@@ -53,6 +54,7 @@ typedef struct epd_config {
         uint32_t idle_backoff_us; /* longest wait between agreements while every rank is idle */
         uint32_t stall_warn_ms;   /* health says stalled after an agreement/step waits this long */
         uint32_t step_timeout_ms; /* MPI_Abort after an agreement/step waits this long; 0: never */
+        uint32_t hot_ms;          /* back-to-back agreements while work was seen this recently */
     } dispatch;
     struct {
         epd_expert_kind_t kind;

@@ -9,10 +9,12 @@
 #include "daemon/conn.h"
 
 #include <assert.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -22,6 +24,8 @@
 
 #include "common/clock.h"
 #include "daemon/log.h"
+#include "daemon/region.h"
+#include "proto/base64.h"
 #include "proto/frame.h"
 
 /* How long a closing connection (framing error, daemon stopping) may take to read its answers. */
@@ -34,6 +38,11 @@
  * reqs_per_event): a client that pipelines a long burst does not hold up the loop, whose other
  * clients and collective agreements wait meanwhile. */
 #define CONN_FRAMES_PER_EVENT 16
+
+/* Bytes one read asks the socket for, and file descriptors (SCM_RIGHTS, for CONTROL register)
+ * a connection may have received and not yet claimed. */
+#define CONN_READ_BYTES (256u * 1024u)
+#define CONN_MAX_FDS 4
 
 typedef enum {
     CONN_READING = 0, /* reads on: bytes go to the decoder, whole frames are answered or queued */
@@ -72,7 +81,14 @@ struct epd_conn {
     uint64_t id;
     conn_state_t state;
     const epd_conn_ctx_t *ctx;
-    struct bufferevent *bev;
+    struct bufferevent *bev; /* output only: input is read with recvmsg (file descriptors) */
+    struct event *rev;       /* readable socket */
+    struct evbuffer *input;
+    int fd;
+    bool reading;
+    int fds[CONN_MAX_FDS];   /* received with the input, oldest first, not claimed yet */
+    unsigned n_fds;
+    epd_region_table_t *regions; /* created by the first register */
     struct event *resume; /* brings a yielded connection back to reading */
     epd_decoder_t decoder;
     uint64_t in_flight; /* requests on the engine, not answered yet */
@@ -103,6 +119,8 @@ struct epd_conn {
 static uint64_t conn_timeout_log_ns;
 static uint64_t conn_timeout_unlogged;
 
+
+
 static void conn_drive(epd_conn_t *c);
 static void conn_arm_deadline(epd_conn_t *c, uint64_t now);
 
@@ -121,10 +139,9 @@ static void conn_set_state(epd_conn_t *c, conn_state_t state)
 /* Turns reading from the socket on or off (nothing to do when it already is). */
 static void conn_set_reading(epd_conn_t *c, bool on)
 {
-    bool is_on = (bufferevent_get_enabled(c->bev) & EV_READ) != 0;
-
-    if (on && !is_on) bufferevent_enable(c->bev, EV_READ);
-    else if (!on && is_on) bufferevent_disable(c->bev, EV_READ);
+    if (on && !c->reading) event_add(c->rev, NULL);
+    else if (!on && c->reading) event_del(c->rev);
+    c->reading = on;
 }
 
 /* Closing, flushing or closed: nothing more is read, what is left is the output. */
@@ -251,18 +268,28 @@ static void conn_fail_framing(epd_conn_t *c, bool has_id, uint64_t id, epd_statu
     if (!conn_closing(c)) conn_set_state(c, CONN_CLOSING);
 }
 
-/* SUBMIT: full validation by the codec (one pass: shapes, dtypes, ids, weights, x finite), then
- * the engine. The request keeps the frame's payload as its storage (no copy). */
+static void region_unref_cb(void *region)
+{
+    epd_region_unref(region);
+}
+
+/* SUBMIT: full validation by the codec (one pass: shapes, dtypes, regions, ids, weights, x
+ * finite), then the engine. The request keeps the frame's payload as its storage (no copy) and a
+ * reference on each region it names. */
 static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
 {
     epd_submit_view_t view;
+    epd_submit_regions_t hooks;
     char err[EPD_ERR_LEN];
     epd_status_t status;
 
     memset(&view, 0, sizeof(view));
-    status = epd_submit_validate(frame, c->ctx->limits, &view, err);
+    if (c->regions != NULL) epd_region_submit_hooks(c->regions, &hooks);
+    status = epd_submit_validate_regions(frame, c->ctx->limits, c->regions ? &hooks : NULL, &view,
+                                         err);
     bool has_id = frame->id_kind == EPD_FRAME_ID_VALID;
     if (status != EPD_OK) {
+        free(view.owned);
         if (epd_status_is_framing(status) || !epd_status_is_wire_code(status))
             conn_fail_framing(c, has_id, frame->id, status, err);
         else
@@ -272,16 +299,29 @@ static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
 
     epd_request_t *req = calloc(1, sizeof(*req));
     if (req == NULL) {
+        free(view.owned);
         conn_send_error(c, true, view.id, EPD_ERR_INTERNAL, "out of memory");
         return;
     }
     req->id = view.id;
     req->conn_id = c->id;
     req->n_tokens = view.n_tokens;
+    req->layer = view.layer;
     req->x = view.x;
+    req->x_device = view.x_device;
     req->topk_ids = view.topk_ids;
     req->topk_weights = view.topk_weights;
+    req->y_dst = view.y;
+    req->y_device = view.y_device;
+    req->y_region = view.y_region;
+    req->y_offset = view.y_offset;
     req->storage = frame->payload;
+    req->owned = view.owned;
+    req->unref = region_unref_cb;
+    for (int k = 0; k < EPD_SUBMIT_TENSORS; k++) {
+        req->regions[k] = view.regions[k];
+        if (view.regions[k] != NULL) epd_region_ref(view.regions[k]);
+    }
     req->enqueued_ns = epd_now_ns();
     frame->payload = NULL; /* the request owns it now */
 
@@ -292,31 +332,164 @@ static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
                           : status == EPD_ERR_SHUTTING_DOWN ? "the daemon is shutting down"
                                                             : "the engine refused the request";
         conn_send_error(c, true, view.id, status, why);
-        free(req->storage);
-        free(req);
+        epd_request_free(req);
         return;
     }
     c->in_flight++;
     c->ctx->request_accepted(c->ctx->arg);
 }
 
+/* A JSON number that is an exact integer in [0, 2^53]. */
+static bool json_u64(const cJSON *item, uint64_t *out_p)
+{
+    if (!cJSON_IsNumber(item)) return false;
+    double v = item->valuedouble;
+    if (!(v >= 0.0 && v <= 9007199254740992.0) || v != (double)(uint64_t)v) return false;
+    *out_p = (uint64_t)v;
+    return true;
+}
+
+/* CONTROL register (DESIGN.md section 4b): a host region from the oldest file descriptor that
+ * came with the input, or a device region from a CUDA IPC handle. The REPLY meta in *reply_p. */
+static epd_status_t conn_register(epd_conn_t *c, const cJSON *meta, char **reply_p,
+                                  char err[EPD_ERR_LEN])
+{
+    const cJSON *kind = cJSON_GetObjectItemCaseSensitive(meta, "kind");
+    uint64_t bytes = 0, offset = 0;
+    uint32_t id = 0;
+    epd_status_t status;
+
+    bool host = cJSON_IsString(kind) && strcmp(kind->valuestring, "host") == 0;
+    bool cuda = cJSON_IsString(kind) && strcmp(kind->valuestring, "cuda") == 0;
+    if (!host && !cuda) {
+        snprintf(err, EPD_ERR_LEN, "register needs \"kind\": \"host\" or \"cuda\"");
+        return EPD_ERR_BAD_REGION;
+    }
+    if (!json_u64(cJSON_GetObjectItemCaseSensitive(meta, "bytes"), &bytes) || bytes == 0) {
+        snprintf(err, EPD_ERR_LEN, "register needs \"bytes\", an integer >= 1");
+        return EPD_ERR_BAD_REGION;
+    }
+    if (c->ctx->cfg->socket.max_regions == 0) {
+        snprintf(err, EPD_ERR_LEN, "regions are off on this daemon (socket.max_regions = 0)");
+        return EPD_ERR_BAD_REGION;
+    }
+    if (c->regions == NULL) {
+        const epd_ops_t *ops;
+        epd_ops_ctx_t *ops_ctx;
+        epd_engine_ops(c->ctx->engine, &ops, &ops_ctx);
+        c->regions = epd_region_table_create(c->ctx->cfg->socket.max_regions, ops, ops_ctx);
+        if (c->regions == NULL) {
+            snprintf(err, EPD_ERR_LEN, "out of memory");
+            return EPD_ERR_INTERNAL;
+        }
+    }
+    if (host) {
+        if (c->n_fds == 0) {
+            snprintf(err, EPD_ERR_LEN,
+                     "a host region needs a file descriptor (a memfd) in the SCM_RIGHTS data of "
+                     "the frame's first byte; none came");
+            return EPD_ERR_BAD_REGION;
+        }
+        int fd = c->fds[0];
+        memmove(c->fds, c->fds + 1, (c->n_fds - 1) * sizeof c->fds[0]);
+        c->n_fds--;
+        status = epd_region_register_host(c->regions, fd, bytes, &id, err);
+    } else {
+        const cJSON *handle = cJSON_GetObjectItemCaseSensitive(meta, "handle");
+        const cJSON *off = cJSON_GetObjectItemCaseSensitive(meta, "offset");
+        uint8_t raw[64];
+        if (!cJSON_IsString(handle) || !epd_base64_decode(handle->valuestring, raw, sizeof raw)) {
+            snprintf(err, EPD_ERR_LEN,
+                     "a cuda region needs \"handle\": the base64 of the 64-byte "
+                     "cudaIpcMemHandle_t");
+            return EPD_ERR_BAD_REGION;
+        }
+        if (off != NULL && !json_u64(off, &offset)) {
+            snprintf(err, EPD_ERR_LEN, "\"offset\" must be a non-negative integer");
+            return EPD_ERR_BAD_REGION;
+        }
+        status = epd_region_register_cuda(c->regions, raw, offset, bytes, &id, err);
+    }
+    if (status != EPD_OK) return status;
+    char text[160];
+    snprintf(text, sizeof text, "{\"region\":%" PRIu32 ",\"kind\":\"%s\",\"bytes\":%" PRIu64 "}",
+             id, host ? "host" : "cuda", bytes);
+    epd_log_debug("conn %" PRIu64 ": region %" PRIu32 ": %s, %" PRIu64 " bytes", c->id, id,
+                  host ? "host" : "cuda", bytes);
+    *reply_p = strdup(text);
+    return *reply_p != NULL ? EPD_OK : EPD_ERR_INTERNAL;
+}
+
+static epd_status_t conn_unregister(epd_conn_t *c, const cJSON *meta, char **reply_p,
+                                    char err[EPD_ERR_LEN])
+{
+    uint64_t id;
+
+    if (!json_u64(cJSON_GetObjectItemCaseSensitive(meta, "region"), &id) || id > UINT32_MAX) {
+        snprintf(err, EPD_ERR_LEN, "unregister needs \"region\", a region id");
+        return EPD_ERR_BAD_REGION;
+    }
+    if (c->regions == NULL) {
+        snprintf(err, EPD_ERR_LEN, "region %" PRIu64 " is not registered on this connection", id);
+        return EPD_ERR_BAD_REGION;
+    }
+    epd_status_t status = epd_region_unregister(c->regions, (uint32_t)id, err);
+    if (status != EPD_OK) return status;
+    char text[64];
+    snprintf(text, sizeof text, "{\"region\":%" PRIu64 "}", id);
+    *reply_p = strdup(text);
+    return *reply_p != NULL ? EPD_OK : EPD_ERR_INTERNAL;
+}
+
+/* The reply meta with the CONTROL's "id" put first, when it had one (DESIGN.md section 4). */
+static char *meta_with_id(char *meta, bool has_id, uint64_t id)
+{
+    if (!has_id || meta == NULL || meta[0] != '{') return meta;
+    size_t len = strlen(meta);
+    char *out = malloc(len + 32);
+    if (out == NULL) {
+        free(meta);
+        return NULL;
+    }
+    snprintf(out, len + 32, "{\"id\":%" PRIu64 "%s%s", id, meta[1] == '}' ? "" : ",", meta + 1);
+    free(meta);
+    return out;
+}
+
 /* CONTROL: answered at once, in order with the other replies of this connection. */
 static void conn_handle_control(epd_conn_t *c, const epd_frame_t *frame)
 {
     const cJSON *op = cJSON_GetObjectItemCaseSensitive(frame->meta, "op");
+    const char *name = cJSON_IsString(op) ? op->valuestring : NULL;
     bool has_id = frame->id_kind == EPD_FRAME_ID_VALID;
     char *meta = NULL, *payload = NULL;
     size_t payload_len = 0;
     char err[EPD_ERR_LEN];
     epd_frame_out_t out;
+    epd_status_t status;
 
-    epd_status_t status = c->ctx->control(c->ctx->arg, cJSON_IsString(op) ? op->valuestring : NULL,
-                                          &meta, &payload, &payload_len, err);
-    if (status == EPD_ERR_UNKNOWN_OP) {
-        conn_send_error(c, has_id, frame->id, status, err);
-        return;
+    if (name != NULL && (strcmp(name, "register") == 0 || strcmp(name, "unregister") == 0)) {
+        status = name[0] == 'r' ? conn_register(c, frame->meta, &meta, err)
+                                : conn_unregister(c, frame->meta, &meta, err);
+        if (status != EPD_OK) {
+            conn_send_error(c, has_id, frame->id, status, err);
+            return;
+        }
+    } else {
+        status = c->ctx->control(c->ctx->arg, name, &meta, &payload, &payload_len, err);
+        if (status == EPD_ERR_UNKNOWN_OP) {
+            conn_send_error(c, has_id, frame->id, status, err);
+            return;
+        }
+        if (status != EPD_OK) {
+            conn_send_error(c, has_id, frame->id, EPD_ERR_INTERNAL,
+                            "out of memory building the reply");
+            return;
+        }
     }
-    if (status != EPD_OK) {
+    meta = meta_with_id(meta, has_id, frame->id);
+    if (meta == NULL) {
+        free(payload);
         conn_send_error(c, has_id, frame->id, EPD_ERR_INTERNAL, "out of memory building the reply");
         return;
     }
@@ -389,7 +562,7 @@ static void conn_release_reserved(epd_conn_t *c)
  * framing error). */
 static void conn_read_frames(epd_conn_t *c)
 {
-    struct evbuffer *input = bufferevent_get_input(c->bev);
+    struct evbuffer *input = c->input;
     unsigned handled = 0;
     char err[EPD_ERR_LEN];
 
@@ -433,7 +606,7 @@ static void conn_read_frames(epd_conn_t *c)
  * SUBMITs with shutting_down now); a partial frame at the end is not answered. */
 static void conn_answer_read_input(epd_conn_t *c)
 {
-    struct evbuffer *input = bufferevent_get_input(c->bev);
+    struct evbuffer *input = c->input;
     char err[EPD_ERR_LEN];
 
     while (c->state == CONN_CLOSING && evbuffer_get_length(input) > 0) {
@@ -509,8 +682,7 @@ static void conn_drive(epd_conn_t *c)
             /* Stopping: whole frames already read are answered (SUBMITs get shutting_down,
              * DESIGN.md section 5). After a framing error the rest of the stream is not. */
             if (c->answer_input) conn_answer_read_input(c);
-            struct evbuffer *in = bufferevent_get_input(c->bev);
-            evbuffer_drain(in, evbuffer_get_length(in));
+            evbuffer_drain(c->input, evbuffer_get_length(c->input));
             /* Be told when the output is completely written, and give up after a while. */
             bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
             struct timeval tv = {CONN_FLUSH_TIMEOUT_S, 0};
@@ -536,6 +708,11 @@ static void conn_drive(epd_conn_t *c)
             free(c->answers);
             if (c->deadline != NULL) event_free(c->deadline);
             event_free(c->resume);
+            event_free(c->rev);
+            evbuffer_free(c->input);
+            for (unsigned i = 0; i < c->n_fds; i++) close(c->fds[i]);
+            /* regions still used by requests in flight go when those are answered */
+            epd_region_table_free(c->regions);
             bufferevent_free(c->bev);
             free(c);
             return;
@@ -634,11 +811,77 @@ static void conn_resume_cb(evutil_socket_t fd, short what, void *arg)
     conn_drive(c);
 }
 
-static void conn_read_cb(struct bufferevent *bev, void *arg)
+/* Keeps the file descriptors of one SCM_RIGHTS message (closing those over CONN_MAX_FDS). */
+static void conn_take_fds(epd_conn_t *c, struct msghdr *msg)
+{
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm != NULL; cm = CMSG_NXTHDR(msg, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+        size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < n; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+            if (c->n_fds < CONN_MAX_FDS) {
+                c->fds[c->n_fds++] = fd;
+            } else {
+                epd_log_info("conn %" PRIu64 ": more than %d unclaimed file descriptors; "
+                             "closing one", c->id, CONN_MAX_FDS);
+                close(fd);
+            }
+        }
+    }
+}
+
+/* The socket is readable: one recvmsg into the input (with any file descriptors), then drive. */
+static void conn_read_ev(evutil_socket_t fd, short what, void *arg)
 {
     epd_conn_t *c = arg;
+    struct evbuffer_iovec vec[2];
+    union {
+        char buf[CMSG_SPACE(CONN_MAX_FDS * sizeof(int))];
+        struct cmsghdr align;
+    } control;
 
-    c->active_ns = epd_now_ns();
+    int n_vec = evbuffer_reserve_space(c->input, CONN_READ_BYTES, vec, 2);
+    if (n_vec < 1) {
+        epd_log_error("conn %" PRIu64 ": out of memory reading; closing", c->id);
+        conn_set_state(c, CONN_CLOSED);
+        conn_drive(c);
+        return;
+    }
+    struct iovec iov[2];
+    for (int i = 0; i < n_vec; i++) {
+        iov[i].iov_base = vec[i].iov_base;
+        iov[i].iov_len = vec[i].iov_len;
+    }
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n_vec,
+                         .msg_control = control.buf, .msg_controllen = sizeof control.buf};
+    ssize_t got = recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    int saved = errno;
+    if (got > 0 || msg.msg_controllen > 0) conn_take_fds(c, &msg);
+    if (got < 0) {
+        evbuffer_commit_space(c->input, vec, 0);
+        if (saved == EAGAIN || saved == EWOULDBLOCK || saved == EINTR) return;
+        epd_log_debug("conn %" PRIu64 ": read: %s; closing", c->id, strerror(saved));
+        conn_set_state(c, CONN_CLOSED);
+    } else if (got == 0) {
+        evbuffer_commit_space(c->input, vec, 0);
+        epd_log_debug("conn %" PRIu64 ": peer closed%s", c->id,
+                      epd_decoder_idle(&c->decoder) ? "" : " in the middle of a frame");
+        /* A client that closes its end is gone: answers still due to it are discarded. */
+        conn_set_state(c, CONN_CLOSED);
+    } else {
+        size_t left = (size_t)got;
+        for (int i = 0; i < n_vec; i++) {
+            size_t take = left < vec[i].iov_len ? left : vec[i].iov_len;
+            vec[i].iov_len = take;
+            left -= take;
+        }
+        evbuffer_commit_space(c->input, vec, n_vec);
+        c->active_ns = epd_now_ns();
+        if (msg.msg_flags & MSG_CTRUNC)
+            epd_log_info("conn %" PRIu64 ": file descriptors beyond %d in one message were "
+                         "dropped", c->id, CONN_MAX_FDS);
+    }
     conn_drive(c);
 }
 
@@ -667,9 +910,6 @@ static void conn_event_cb(struct bufferevent *bev, short what, void *arg)
                      c->id, (long)c->pid, CONN_FLUSH_TIMEOUT_S);
     } else if (what & BEV_EVENT_ERROR) {
         epd_log_debug("conn %" PRIu64 ": socket error; closing", c->id);
-    } else if (what & BEV_EVENT_EOF) {
-        epd_log_debug("conn %" PRIu64 ": peer closed%s", c->id,
-                      epd_decoder_idle(&c->decoder) ? "" : " in the middle of a frame");
     }
     /* A client that closes its end is gone: answers still due to it are discarded (counted). */
     if (c->state != CONN_CLOSED) conn_set_state(c, CONN_CLOSED);
@@ -688,8 +928,13 @@ epd_conn_t *epd_conn_create(const epd_conn_ctx_t *ctx, int fd, uint64_t conn_id,
         c->deadline = evtimer_new(ctx->base, conn_deadline_cb, c);
         if (c->deadline == NULL) goto out_free_resume;
     }
+    c->input = evbuffer_new();
+    if (c->input == NULL) goto out_free_resume;
+    c->rev = event_new(ctx->base, fd, EV_READ | EV_PERSIST, conn_read_ev, c);
+    if (c->rev == NULL) goto out_free_input;
     c->bev = bufferevent_socket_new(ctx->base, fd, BEV_OPT_CLOSE_ON_FREE);
-    if (c->bev == NULL) goto out_free_resume;
+    if (c->bev == NULL) goto out_free_rev;
+    c->fd = fd;
     c->id = conn_id;
     c->ctx = ctx;
     c->uid = uid;
@@ -703,13 +948,19 @@ epd_conn_t *epd_conn_create(const epd_conn_ctx_t *ctx, int fd, uint64_t conn_id,
     bufferevent_setwatermark(c->bev, EV_WRITE, cfg->socket.max_output_bytes, 0);
     c->output_cb = evbuffer_add_cb(bufferevent_get_output(c->bev), conn_output_cb, c);
     if (c->output_cb == NULL) goto out_free_bev;
-    bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
-    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    bufferevent_setcb(c->bev, NULL, conn_write_cb, conn_event_cb, c);
+    bufferevent_enable(c->bev, EV_WRITE);
+    conn_set_reading(c, true);
     return c;
 
 out_free_bev:
     bufferevent_free(c->bev);
     fd = -1; /* closed with the bufferevent */
+
+out_free_rev:
+    event_free(c->rev);
+out_free_input:
+    evbuffer_free(c->input);
 out_free_resume:
     if (c->deadline != NULL) event_free(c->deadline);
     event_free(c->resume);
@@ -754,8 +1005,13 @@ void epd_conn_deliver(epd_conn_t *c, epd_result_t *result)
         epd_result_free(result);
     } else {
         epd_frame_out_t out;
-        epd_status_t status = epd_frame_encode_result(result->id, result->step, result->n_tokens,
-                                                      cfg->model.hidden, result->y, &out, err);
+        epd_status_t status =
+            result->y_in_region
+                ? epd_frame_encode_result_region(result->id, result->step, result->n_tokens,
+                                                 cfg->model.hidden, result->y_region,
+                                                 result->y_offset, &out, err)
+                : epd_frame_encode_result(result->id, result->step, result->n_tokens,
+                                          cfg->model.hidden, result->y, &out, err);
         if (status != EPD_OK) {
             conn_send_error(c, true, result->id, EPD_ERR_INTERNAL, err);
             conn_answer_queued(c, false);

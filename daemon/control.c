@@ -87,6 +87,10 @@ static const control_op_t control_ops[] = {
     {.name = "stats", .answer = control_stats},
     {.name = "config", .answer = control_config},
     {.name = "metrics", .answer = control_metrics},
+    /* Answered by the connection, which owns its regions (daemon/conn.c, daemon/region.c);
+     * listed here so that every op is in one table and in the error messages. */
+    {.name = "register", .answer = NULL},
+    {.name = "unregister", .answer = NULL},
 };
 
 /* "a, b, c or d": the ops' names for error messages. */
@@ -107,7 +111,7 @@ epd_status_t epd_control_answer(epd_control_t *control, const char *op, char **m
                                 char **payload_p, size_t *payload_len_p, char err[EPD_ERR_LEN])
 {
     const control_op_t *found = NULL;
-    char names[128];
+    char names[160];
 
     *meta_p = NULL;
     *payload_p = NULL;
@@ -121,6 +125,10 @@ epd_status_t epd_control_answer(epd_control_t *control, const char *op, char **m
         else
             snprintf(err, EPD_ERR_LEN, "unknown op '%.64s': expected %s", op, names);
         return EPD_ERR_UNKNOWN_OP;
+    }
+    if (found->answer == NULL) {
+        snprintf(err, EPD_ERR_LEN, "op '%s' is answered by the connection", op);
+        return EPD_ERR_INTERNAL;
     }
     epd_status_t status = found->answer(control, meta_p, payload_p, payload_len_p);
     if (status == EPD_OK && *meta_p == NULL) status = EPD_ERR_NO_MEMORY;

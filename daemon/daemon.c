@@ -298,7 +298,7 @@ int epd_daemon_run(const epd_args_t *args)
     /* READY means every rank accepts connections (they wait in the backlog until the loop runs). */
     mpi_check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier after listen");
     if (epd_engine_create(d.cfg, d.comm, d.backend.ops, d.backend.ops_ctx, d.backend.transport,
-                          d.backend.transport_ctx, d.base, epd_server_wake, d.server, &d.engine,
+                          d.backend.transport_ctx, epd_server_wake, d.server, &d.engine,
                           err) != EPD_OK)
         start_fail("engine: %s", err);
     if (epd_server_start(d.server, d.engine, err) != EPD_OK) start_fail("%s", err);

@@ -1,18 +1,18 @@
-/* The engine (daemon/engine.h): the request queue, the collective agreement driven by a timer on
- * the event loop (DESIGN.md section 5), and the steps themselves on a worker thread. MPI is called
- * by one thread at a time: the loop thread while an agreement is open, the worker while it runs a
- * step; the hand-over goes through the mutex (loop -> worker) and an eventfd read under the same
- * mutex (worker -> loop), which gives MPI_THREAD_SERIALIZED its happens-before edges. */
+/* The engine (daemon/engine.h): the request queue, the collective agreement (DESIGN.md section 5)
+ * and the steps themselves, both on one worker thread, so that after start-up only that thread
+ * calls MPI. The loop thread queues requests (under the mutex, waking the worker when it sleeps
+ * out a back-off) and takes results (woken by engine->wake). While any rank has seen work within
+ * dispatch.hot_ms the worker runs agreements back to back and polls each one without sleeping;
+ * after that it waits between agreements, doubling the wait up to dispatch.idle_backoff_us. */
 #include <assert.h>
 #include <errno.h>
-#include <event2/event.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -21,23 +21,33 @@
 #include "daemon/engine.h"
 #include "daemon/log.h"
 
-/* Fastest agreement poll; it doubles while every rank is idle, up to dispatch.idle_backoff_us. */
+/* First wait after an agreement that found every rank idle; it doubles up to
+ * dispatch.idle_backoff_us. */
 #define POLL_FAST_US 20u
 
-/* Where the agreement of this rank stands (loop thread only). */
-typedef enum {
-    AGREE_WAITING = 0, /* the timer is armed; the next agreement starts when it fires */
-    AGREE_OPEN,        /* MPI_Iallreduce in flight; the timer polls MPI_Test */
-    AGREE_STEPPING,    /* the worker runs a step; the eventfd tells when it is done */
-    AGREE_STOPPED,     /* stopped (drained, or a step failed): nothing more */
-    AGREE_STATE_MAX
-} agree_state_t;
+/* While an agreement waits for its peers it tests MPI_Test back to back when hot on a node with
+ * a core per rank. Idle, or hot where ranks outnumber cores, it yields the core between the
+ * first WAIT_SPINS tests and then sleeps between tests (a yielding thread still competes for the
+ * core; a sleeping one leaves it to the loop threads and the clients). */
+#define WAIT_SPINS 16u
+#define IDLE_SLEEP_US 50u
+#define CROWDED_SLEEP_US 10u
 
-static const char *const agree_state_names[AGREE_STATE_MAX] = {
-    [AGREE_WAITING] = "waiting",
-    [AGREE_OPEN] = "open",
-    [AGREE_STEPPING] = "stepping",
-    [AGREE_STOPPED] = "stopped",
+/* The contribution of a rank to an agreement, reduced with MPI_MAX. */
+enum {
+    AGREE_QUEUED = 0, /* tokens queued */
+    AGREE_SHUTDOWN,   /* 1: shutdown wanted */
+    AGREE_HOT,        /* 1: saw work within dispatch.hot_ms */
+    AGREE_LAYER,      /* UINT64_MAX - (smallest layer with queued work), 0 when none */
+    AGREE_N
+};
+
+/* What the worker is doing, for health and stall detection. */
+static const char *const activity_names[EPD_ENGINE_ACTIVITY_MAX] = {
+    [EPD_ENGINE_IDLE] = "idle",
+    [EPD_ENGINE_AGREEING] = "agreement",
+    [EPD_ENGINE_STEPPING] = "step",
+    [EPD_ENGINE_STOPPED] = "stopped",
 };
 
 struct epd_engine {
@@ -49,41 +59,40 @@ struct epd_engine {
     const epd_transport_t *transport;
     epd_transport_ctx_t *transport_ctx;
     epd_step_t *step;
-    /* Pinned host staging for one step (ops->alloc_host): the requests' x, ids and weights are
-     * gathered here and go to the device in one copy each; y comes back into the x part. */
+    /* Pinned host staging for one step (ops->alloc_host): the requests' ids and weights are
+     * gathered here and go to the device in one copy each. */
     uint8_t *stage;
+    epd_ops_event_t *copy_done; /* device-to-device copies of region rows (NULL: host ops) */
 
-    struct event_base *base;
-    struct event *timer;
-    struct event *done_ev;
-    int done_fd;
     epd_engine_wake_fn wake;
     void *wake_arg;
+    bool oversubscribed; /* ranks on this node + the loop threads outnumber its cores */
 
     pthread_t worker;
     bool worker_started;
+    bool worker_joined; /* by epd_engine_stopped or destroy (loop thread) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     /* under mu */
     epd_request_t *queue_head, *queue_tail;
     uint64_t queued_tokens, queued_requests;
     epd_result_t *results_head, *results_tail;
-    bool step_ordered; /* loop -> worker: run one step */
-    bool step_running; /* from the order until the worker is done */
+    bool work_arrived; /* a submit since the worker last looked: cut the back-off short */
     bool worker_exit;
     epd_engine_stats_t stats;
     uint64_t step_no;
     bool failed;
     char failure[EPD_ERR_LEN];
 
-    /* loop thread only */
-    agree_state_t state;
-    uint64_t state_since_ns; /* when state was entered (epd_engine_waiting) */
-    MPI_Request agree_req;
-    uint64_t *agree_buf;       /* [0..1] sent, [2..3] received; heap (see epd_engine_destroy) */
-    bool agree_after_shutdown; /* the open agreement began after shutting_down was set */
+    /* worker only */
+    uint64_t agree_buf[2 * AGREE_N]; /* sent, then received */
     uint32_t poll_us;
 
+    atomic_int activity;           /* epd_engine_activity_t */
+    atomic_uint_fast64_t activity_since_ns;
+    atomic_uint_fast64_t last_work_ns; /* last submit accepted or step with work, this rank */
+    atomic_bool exiting;           /* destroy wants the worker out, even mid-agreement */
+    atomic_bool agreement_open;    /* an MPI_Iallreduce on agree_buf has not completed */
     volatile sig_atomic_t shutdown_wanted;
     atomic_bool shutting_down;
     atomic_bool stopped;
@@ -95,10 +104,10 @@ static uint32_t poll_fast(const epd_engine_t *engine)
     return most < POLL_FAST_US ? most : POLL_FAST_US;
 }
 
-static void arm_timer(epd_engine_t *engine, uint32_t us)
+static void set_activity(epd_engine_t *engine, epd_engine_activity_t activity)
 {
-    struct timeval tv = {.tv_sec = us / 1000000u, .tv_usec = us % 1000000u};
-    evtimer_add(engine->timer, &tv);
+    atomic_store(&engine->activity_since_ns, epd_now_ns());
+    atomic_store(&engine->activity, (int)activity);
 }
 
 void epd_result_free(epd_result_t *result)
@@ -108,10 +117,20 @@ void epd_result_free(epd_result_t *result)
     free(result);
 }
 
-static void request_free(epd_request_t *req)
+void epd_request_free(epd_request_t *req)
 {
+    if (req == NULL) return;
+    for (size_t i = 0; i < EPD_ARRAY_SIZE(req->regions); i++)
+        if (req->regions[i] != NULL) req->unref(req->regions[i]);
     free(req->storage);
+    free(req->owned);
     free(req);
+}
+
+void epd_engine_ops(epd_engine_t *engine, const epd_ops_t **ops_p, epd_ops_ctx_t **ops_ctx_p)
+{
+    *ops_p = engine->ops;
+    *ops_ctx_p = engine->ops_ctx;
 }
 
 /* ---- the worker ---- */
@@ -140,12 +159,30 @@ static void answer_error(epd_engine_t *engine, epd_request_t *reqs, epd_status_t
             *tail_p = res;
         }
         /* without memory for the answer the job is failing anyway: the daemon aborts */
-        request_free(req);
+        epd_request_free(req);
     }
 }
 
+/* Copies `bytes` from src (ops memory) to dst (ops memory) and waits for it. */
+static epd_status_t copy_ops_to_ops(epd_engine_t *engine, void *dst, const void *src, size_t bytes)
+{
+    const epd_ops_t *ops = engine->ops;
+
+    if (!ops->device_memory || ops->copy_ops_to_ops_async == NULL) {
+        memcpy(dst, src, bytes); /* host ops: ops memory is host memory */
+        return EPD_OK;
+    }
+    epd_status_t status = ops->copy_ops_to_ops_async(engine->ops_ctx, dst, src, bytes,
+                                                     engine->copy_done);
+    if (status == EPD_OK) status = ops->event_wait(engine->ops_ctx, engine->copy_done);
+    return status;
+}
+
 /* Runs one step on the taken requests (n tokens in all) and turns y into results. On failure
- * err says why and the requests are left to the caller. */
+ * err says why and the requests are left to the caller. x goes to the step's input rows once per
+ * request (host memory: payload or host region, pinned or not; a device region: a device copy),
+ * or, for a step of one request in a device region, is read where it is; y likewise comes back
+ * into each result or region once, or is written straight into the region. */
 static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t n,
                              epd_result_t **head_p, epd_result_t **tail_p,
                              epd_step_timing_t *timing_p, char err[EPD_ERR_LEN])
@@ -153,6 +190,7 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
     const epd_ops_t *ops = engine->ops;
     const epd_step_io_t *io = epd_step_io(engine->step);
     uint32_t hidden = engine->shape.hidden, topk = engine->shape.topk;
+    size_t row = (size_t)hidden * 2;
     epd_result_t *head = NULL, *tail = NULL;
     epd_status_t status = EPD_OK;
     size_t at = 0;
@@ -160,8 +198,8 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
     /* the results first: once the step ran, answering must not fail for want of memory */
     for (epd_request_t *req = reqs; req != NULL; req = req->next) {
         epd_result_t *res = calloc(1, sizeof *res);
-        if (res != NULL) res->y = malloc((size_t)req->n_tokens * hidden * 2);
-        if (res == NULL || res->y == NULL) {
+        if (res != NULL && req->y_dst == NULL) res->y = malloc((size_t)req->n_tokens * row);
+        if (res == NULL || (req->y_dst == NULL && res->y == NULL)) {
             epd_result_free(res);
             snprintf(err, EPD_ERR_LEN, "engine: out of memory for the results of a step");
             status = EPD_ERR_NO_MEMORY;
@@ -174,21 +212,31 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
         tail = res;
     }
 
-    /* gathered in pinned memory, then one copy per tensor for the whole step */
+    /* One request whose tensors are in device regions is read and written in place. */
+    bool alone = reqs != NULL && reqs->next == NULL;
+    const uint16_t *x = alone && reqs->x_device ? reqs->x : io->x;
+    uint16_t *y = alone && reqs->y_dst != NULL && reqs->y_device ? reqs->y_dst : io->y;
+
+    /* ids and weights (small, always on the host) gathered in pinned memory, one copy each */
     size_t max_tokens = engine->cfg.dispatch.max_tokens_per_step;
-    uint16_t *x_stage = (uint16_t *)engine->stage;
-    int32_t *ids_stage = (int32_t *)(x_stage + max_tokens * hidden);
+    int32_t *ids_stage = (int32_t *)engine->stage;
     float *w_stage = (float *)(ids_stage + max_tokens * topk);
     for (epd_request_t *req = reqs; req != NULL; req = req->next) {
         size_t rows = req->n_tokens;
-        memcpy(x_stage + at * hidden, req->x, rows * hidden * 2);
         memcpy(ids_stage + at * topk, req->topk_ids, rows * topk * sizeof(int32_t));
         memcpy(w_stage + at * topk, req->topk_weights, rows * topk * sizeof(float));
+        if (x == io->x) {
+            if (req->x_device)
+                CHECK_GOTO(copy_ops_to_ops(engine, io->x + at * hidden, req->x, rows * row),
+                           out_copy);
+            else
+                CHECK_GOTO(ops->copy_to_ops(engine->ops_ctx, io->x + at * hidden, req->x,
+                                            rows * row),
+                           out_copy);
+        }
         at += rows;
     }
     if (n > 0) {
-        CHECK_GOTO(ops->copy_to_ops(engine->ops_ctx, io->x, x_stage, (size_t)n * hidden * 2),
-                   out_copy);
         CHECK_GOTO(ops->copy_to_ops(engine->ops_ctx, io->topk_ids, ids_stage,
                                     (size_t)n * topk * sizeof(int32_t)),
                    out_copy);
@@ -196,18 +244,24 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
                                     (size_t)n * topk * sizeof(float)),
                    out_copy);
     }
-    CHECK_GOTO(
-        epd_step_run(engine->step, n, io->x, io->topk_ids, io->topk_weights, io->y, timing_p, err),
-        out_results);
+    CHECK_GOTO(epd_step_run(engine->step, n, x, io->topk_ids, io->topk_weights, y, timing_p, err),
+               out_results);
 
-    /* y back in one copy (complete when copy_to_host returns), then split per request */
-    if (n > 0)
-        CHECK_GOTO(ops->copy_to_host(engine->ops_ctx, x_stage, io->y, (size_t)n * hidden * 2),
-                   out_copy);
+    /* y back, once per request (complete when the copy returns) */
     at = 0;
     epd_result_t *res = head;
     for (epd_request_t *req = reqs; req != NULL; req = req->next, res = res->next) {
-        memcpy(res->y, x_stage + at * hidden, (size_t)req->n_tokens * hidden * 2);
+        size_t bytes = (size_t)req->n_tokens * row;
+        const uint16_t *src = io->y + at * hidden;
+        if (y != io->y) {
+            /* written in place */
+        } else if (req->y_dst != NULL && req->y_device) {
+            CHECK_GOTO(copy_ops_to_ops(engine, req->y_dst, src, bytes), out_copy);
+        } else {
+            CHECK_GOTO(ops->copy_to_host(engine->ops_ctx, req->y_dst != NULL ? req->y_dst : res->y,
+                                         src, bytes),
+                       out_copy);
+        }
         at += req->n_tokens;
     }
 
@@ -219,6 +273,9 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
         res->n_tokens = req->n_tokens;
         res->status = EPD_OK;
         res->latency_ns = now - req->enqueued_ns;
+        res->y_in_region = req->y_dst != NULL;
+        res->y_region = req->y_region;
+        res->y_offset = req->y_offset;
     }
     *head_p = head;
     *tail_p = tail;
@@ -238,230 +295,235 @@ out_results:
     return status;
 }
 
-static void *worker_main(void *arg)
+/* Takes the queued requests of `layer`, oldest first, whole, up to max_tokens_per_step tokens;
+ * requests of other layers keep their places (under mu). *n_p receives the tokens taken. */
+static epd_request_t *take_layer(epd_engine_t *engine, uint32_t layer, uint32_t *n_p,
+                                 uint32_t *n_reqs_p)
 {
-    epd_engine_t *engine = arg;
     uint32_t max_tokens = engine->cfg.dispatch.max_tokens_per_step;
+    epd_request_t *taken = NULL, **taken_tail = &taken;
+    epd_request_t **link = &engine->queue_head, *last_kept = NULL;
+    uint32_t n = 0, n_reqs = 0;
+
+    while (*link != NULL) {
+        epd_request_t *req = *link;
+        if (req->layer != layer) {
+            last_kept = req;
+            link = &req->next;
+            continue;
+        }
+        if (n + req->n_tokens > max_tokens) break;
+        *link = req->next;
+        req->next = NULL;
+        *taken_tail = req;
+        taken_tail = &req->next;
+        n += req->n_tokens;
+        n_reqs++;
+    }
+    if (*link == NULL) engine->queue_tail = last_kept;
+    engine->queued_tokens -= n;
+    engine->queued_requests -= n_reqs;
+    *n_p = n;
+    *n_reqs_p = n_reqs;
+    return taken;
+}
+
+/* The smallest layer with queued work (under mu; the queue is not empty). */
+static uint32_t queued_min_layer(const epd_engine_t *engine)
+{
+    uint32_t layer = UINT32_MAX;
+
+    for (const epd_request_t *req = engine->queue_head; req != NULL; req = req->next)
+        if (req->layer < layer) layer = req->layer;
+    return layer;
+}
+
+/* Runs the agreed step for `layer` on this rank's queued requests of that layer (maybe none) and
+ * queues the answers. False when the step failed: everything accepted was answered internal. */
+static bool step_layer(epd_engine_t *engine, uint32_t layer)
+{
+    pthread_mutex_lock(&engine->mu);
+    uint32_t n, n_reqs;
+    epd_request_t *taken = take_layer(engine, layer, &n, &n_reqs);
+    pthread_mutex_unlock(&engine->mu);
+
+    epd_result_t *head = NULL, *tail = NULL;
+    epd_step_timing_t tm;
+    char err[EPD_ERR_LEN] = "";
+    set_activity(engine, EPD_ENGINE_STEPPING);
+    epd_step_set_layer(engine->step, layer);
+    epd_status_t status = run_step(engine, taken, n, &head, &tail, &tm, err);
 
     pthread_mutex_lock(&engine->mu);
-    for (;;) {
-        while (!engine->step_ordered && !engine->worker_exit)
-            pthread_cond_wait(&engine->cv, &engine->mu);
-        if (engine->worker_exit) break;
-        engine->step_ordered = false;
-
-        /* whole requests, oldest first, up to max_tokens_per_step */
-        epd_request_t *taken = NULL, *taken_tail = NULL;
-        uint32_t n = 0, n_reqs = 0;
-        while (engine->queue_head != NULL && n + engine->queue_head->n_tokens <= max_tokens) {
-            epd_request_t *req = engine->queue_head;
-            engine->queue_head = req->next;
-            if (engine->queue_head == NULL) engine->queue_tail = NULL;
-            req->next = NULL;
-            if (taken_tail != NULL)
-                taken_tail->next = req;
-            else
-                taken = req;
-            taken_tail = req;
-            n += req->n_tokens;
-            n_reqs++;
+    if (status == EPD_OK) {
+        engine->step_no++;
+        for (epd_result_t *res = head; res != NULL; res = res->next) res->step = engine->step_no;
+        for (epd_request_t *req = taken; req != NULL;) {
+            epd_request_t *next = req->next;
+            epd_request_free(req);
+            req = next;
         }
-        engine->queued_tokens -= n;
-        engine->queued_requests -= n_reqs;
-        pthread_mutex_unlock(&engine->mu);
-
-        epd_result_t *head = NULL, *tail = NULL;
-        epd_step_timing_t tm;
-        char err[EPD_ERR_LEN] = "";
-        epd_status_t status = run_step(engine, taken, n, &head, &tail, &tm, err);
-
-        pthread_mutex_lock(&engine->mu);
-        if (status == EPD_OK) {
-            engine->step_no++;
-            for (epd_result_t *res = head; res != NULL; res = res->next)
-                res->step = engine->step_no;
-            for (epd_request_t *req = taken; req != NULL;) {
-                epd_request_t *next = req->next;
-                request_free(req);
-                req = next;
-            }
-            epd_engine_stats_t *st = &engine->stats;
-            st->steps++;
-            st->tokens += n;
-            st->requests += n_reqs;
-            st->bytes_sent[engine->shape.dtype] += tm.dispatch_bytes_off_rank;
-            st->bytes_combined += tm.combine_bytes_off_rank;
-            st->records_sent += tm.records_sent_off_rank;
-            for (int p = 0; p < EPD_PHASE_MAX; p++) st->phase_ns[p] += tm.phase_ns[p];
-            st->last_step_ns = tm.total_ns;
-        } else {
-            /* The ranks are out of step now: answer everything accepted, then report the failure
-             * (the daemon aborts the job, DESIGN.md section 8). */
-            engine->failed = true;
-            snprintf(engine->failure, EPD_ERR_LEN, "%s", err);
-            answer_error(engine, taken, EPD_ERR_INTERNAL, err, &head, &tail);
-            answer_error(engine, engine->queue_head, EPD_ERR_INTERNAL,
-                         "the engine stopped after a failed step", &head, &tail);
-            engine->queue_head = engine->queue_tail = NULL;
-            engine->queued_tokens = engine->queued_requests = 0;
-        }
-        if (head != NULL) {
-            if (engine->results_tail != NULL)
-                engine->results_tail->next = head;
-            else
-                engine->results_head = head;
-            engine->results_tail = tail;
-        }
-        engine->step_running = false;
-        /* once epd_engine_destroy has begun, whatever wake touches may be gone */
-        bool wake = head != NULL && !engine->worker_exit;
-        pthread_mutex_unlock(&engine->mu);
-
-        /* Wake before the eventfd: once done_cb has it, the loop may agree to stop, leave its
-         * loop and free what wake touches (the daemon frees the server before the engine). */
-        if (wake) engine->wake(engine->wake_arg);
-        uint64_t one = 1;
-        if (write(engine->done_fd, &one, sizeof one) != (ssize_t)sizeof one) {
-            /* cannot happen with an eventfd below its maximum; the loop would stall, so say it */
-            fprintf(stderr, "epd engine: eventfd write failed: %s\n", strerror(errno));
-        }
-        pthread_mutex_lock(&engine->mu);
+        epd_engine_stats_t *st = &engine->stats;
+        st->steps++;
+        st->tokens += n;
+        st->requests += n_reqs;
+        st->bytes_sent[engine->shape.dtype] += tm.dispatch_bytes_off_rank;
+        st->bytes_combined += tm.combine_bytes_off_rank;
+        st->records_sent += tm.records_sent_off_rank;
+        for (int p = 0; p < EPD_PHASE_MAX; p++) st->phase_ns[p] += tm.phase_ns[p];
+        st->last_step_ns = tm.total_ns;
+    } else {
+        /* The ranks are out of step now: answer everything accepted, then report the failure
+         * (the daemon aborts the job, DESIGN.md section 8). */
+        engine->failed = true;
+        snprintf(engine->failure, EPD_ERR_LEN, "%s", err);
+        answer_error(engine, taken, EPD_ERR_INTERNAL, err, &head, &tail);
+        answer_error(engine, engine->queue_head, EPD_ERR_INTERNAL,
+                     "the engine stopped after a failed step", &head, &tail);
+        engine->queue_head = engine->queue_tail = NULL;
+        engine->queued_tokens = engine->queued_requests = 0;
+    }
+    if (head != NULL) {
+        if (engine->results_tail != NULL)
+            engine->results_tail->next = head;
+        else
+            engine->results_head = head;
+        engine->results_tail = tail;
     }
     pthread_mutex_unlock(&engine->mu);
-    return NULL;
+    if (head != NULL) engine->wake(engine->wake_arg);
+    return status == EPD_OK;
 }
 
-/* ---- the agreement (loop thread) ---- */
-
-/* The one place the agreement state changes: asserts, traces and assigns. */
-static void agree_set_state(epd_engine_t *engine, agree_state_t state)
+/* Sleeps out the wait before the next agreement: at most poll_us, cut short by a submit, a
+ * shutdown request or destroy. */
+static void wait_before_agreement(epd_engine_t *engine)
 {
-    assert(state < AGREE_STATE_MAX);
-    /* Nothing comes back from stopped. */
-    assert(engine->state != AGREE_STOPPED);
-    if (engine->state == state) return;
-    /* The waiting <-> open cycle of an idle daemon repeats every dispatch.idle_backoff_us and
-     * would drown the log: only the other transitions are traced. */
-    bool poll_cycle = (engine->state == AGREE_WAITING && state == AGREE_OPEN) ||
-                      (engine->state == AGREE_OPEN && state == AGREE_WAITING);
-    if (!poll_cycle)
-        epd_log_debug("agreement: %s -> %s", agree_state_names[engine->state],
-                      agree_state_names[state]);
-    engine->state = state;
-    engine->state_since_ns = epd_now_ns();
-}
+    /* the condition variable runs on CLOCK_MONOTONIC, as epd_now_ns */
+    uint64_t deadline = epd_now_ns() + (uint64_t)engine->poll_us * 1000u;
+    struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000u),
+                          .tv_nsec = (long)(deadline % 1000000000u)};
 
-static void agreement_start(epd_engine_t *engine)
-{
     pthread_mutex_lock(&engine->mu);
-    engine->agree_buf[0] = engine->queued_tokens;
+    while (!engine->work_arrived && !engine->worker_exit && !engine->shutdown_wanted &&
+           epd_now_ns() < deadline) {
+        if (pthread_cond_timedwait(&engine->cv, &engine->mu, &ts) == ETIMEDOUT) break;
+    }
     pthread_mutex_unlock(&engine->mu);
-    engine->agree_buf[1] = engine->shutdown_wanted ? 1 : 0;
-    engine->agree_after_shutdown = atomic_load(&engine->shutting_down);
-    MPI_Iallreduce(engine->agree_buf, engine->agree_buf + 2, 2, MPI_UINT64_T, MPI_MAX, engine->comm,
-                   &engine->agree_req);
-    agree_set_state(engine, AGREE_OPEN);
+}
+
+/* Waits for the open agreement (see WAIT_SPINS). False when destroy asked the worker to leave
+ * first. */
+static bool wait_agreement(epd_engine_t *engine, MPI_Request *req, bool hot)
+{
+    struct timespec nap = {0, (long)(hot ? CROWDED_SLEEP_US : IDLE_SLEEP_US) * 1000};
+    int done = 0;
+
+    for (unsigned tests = 0;; tests++) {
+        MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (done) return true;
+        if (atomic_load(&engine->exiting)) return false;
+        if (hot && !engine->oversubscribed) continue;
+        if (tests < WAIT_SPINS)
+            sched_yield();
+        else
+            nanosleep(&nap, NULL);
+    }
 }
 
 static void engine_stop(epd_engine_t *engine)
 {
-    agree_set_state(engine, AGREE_STOPPED);
+    set_activity(engine, EPD_ENGINE_STOPPED);
     atomic_store(&engine->stopped, true);
     engine->wake(engine->wake_arg);
 }
 
-/* What every rank does with the agreed {max queued tokens, any shutdown wanted}. */
-static void agreement_done(epd_engine_t *engine)
+/* The worker: agreement, then (when any rank has work) a step, again and again until the drain
+ * is agreed complete, a step fails, or destroy. */
+static void *worker_main(void *arg)
 {
-    uint64_t max_queued = engine->agree_buf[2];
-    bool shutdown = engine->agree_buf[3] != 0;
+    epd_engine_t *engine = arg;
+    uint64_t *sent = engine->agree_buf, *got = engine->agree_buf + AGREE_N;
+    uint64_t hot_ns = (uint64_t)engine->cfg.dispatch.hot_ms * 1000000u;
+    bool hot = true; /* the first agreement starts at once */
 
-    if (shutdown && !atomic_load(&engine->shutting_down)) {
-        atomic_store(&engine->shutting_down, true);
-        /* let the server see shutting_down (it logs the drain) */
-        engine->wake(engine->wake_arg);
-    }
-    if (max_queued > 0) {
-        agree_set_state(engine, AGREE_STEPPING);
-        engine->poll_us = poll_fast(engine);
+    for (;;) {
+        if (!hot) {
+            set_activity(engine, EPD_ENGINE_IDLE);
+            wait_before_agreement(engine);
+        }
         pthread_mutex_lock(&engine->mu);
-        engine->step_ordered = true;
-        engine->step_running = true;
-        pthread_cond_signal(&engine->cv);
+        if (engine->worker_exit) {
+            pthread_mutex_unlock(&engine->mu);
+            break;
+        }
+        engine->work_arrived = false;
+        sent[AGREE_QUEUED] = engine->queued_tokens;
+        sent[AGREE_LAYER] = engine->queue_head != NULL ? UINT64_MAX - queued_min_layer(engine) : 0;
         pthread_mutex_unlock(&engine->mu);
-        return;
+        uint64_t now = epd_now_ns();
+        sent[AGREE_SHUTDOWN] = engine->shutdown_wanted ? 1 : 0;
+        sent[AGREE_HOT] = now - atomic_load(&engine->last_work_ns) < hot_ns ? 1 : 0;
+        bool after_shutdown = atomic_load(&engine->shutting_down);
+
+        set_activity(engine, EPD_ENGINE_AGREEING);
+        MPI_Request req;
+        atomic_store(&engine->agreement_open, true);
+        MPI_Iallreduce(sent, got, AGREE_N, MPI_UINT64_T, MPI_MAX, engine->comm, &req);
+        if (!wait_agreement(engine, &req, hot)) return NULL; /* destroy; got stays MPI's */
+        atomic_store(&engine->agreement_open, false);
+
+        if (got[AGREE_SHUTDOWN] != 0 && !atomic_load(&engine->shutting_down)) {
+            atomic_store(&engine->shutting_down, true);
+            engine->wake(engine->wake_arg); /* the server logs the drain */
+        }
+        if (got[AGREE_QUEUED] > 0) {
+            atomic_store(&engine->last_work_ns, epd_now_ns());
+            engine->poll_us = poll_fast(engine);
+            hot = true;
+            if (!step_layer(engine, (uint32_t)(UINT64_MAX - got[AGREE_LAYER]))) {
+                atomic_store(&engine->shutting_down, true);
+                engine_stop(engine);
+                break;
+            }
+            continue;
+        }
+        /* Nothing queued anywhere. Stop only on an agreement that began after every rank set
+         * shutting_down: no rank can have accepted a request since its contribution. */
+        if (after_shutdown) {
+            engine_stop(engine);
+            break;
+        }
+        hot = got[AGREE_HOT] != 0 || atomic_load(&engine->shutting_down);
+        if (!hot) {
+            uint32_t most = engine->cfg.dispatch.idle_backoff_us;
+            engine->poll_us = engine->poll_us >= most / 2 ? most : engine->poll_us * 2;
+            if (engine->poll_us == 0 && most > 0) engine->poll_us = 1;
+        }
     }
-    /* Nothing queued anywhere. Stop only on an agreement that began after every rank set
-     * shutting_down: no rank can have accepted a request since its contribution. */
-    if (engine->agree_after_shutdown) {
-        engine_stop(engine);
-        return;
-    }
-    agree_set_state(engine, AGREE_WAITING);
-    if (atomic_load(&engine->shutting_down)) {
-        arm_timer(engine, 0);
-        return;
-    }
-    uint32_t most = engine->cfg.dispatch.idle_backoff_us;
-    engine->poll_us = engine->poll_us >= most / 2 ? most : engine->poll_us * 2;
-    if (engine->poll_us == 0 && most > 0) engine->poll_us = 1;
-    arm_timer(engine, engine->poll_us);
-}
-
-static void agreement_poll(epd_engine_t *engine)
-{
-    int done = 0;
-
-    MPI_Test(&engine->agree_req, &done, MPI_STATUS_IGNORE);
-    if (done)
-        agreement_done(engine);
-    else
-        arm_timer(engine, engine->poll_us);
-}
-
-static void timer_cb(evutil_socket_t fd, short what, void *arg)
-{
-    epd_engine_t *engine = arg;
-
-    switch (engine->state) {
-    case AGREE_WAITING:
-        agreement_start(engine);
-        agreement_poll(engine);
-        break;
-    case AGREE_OPEN:
-        agreement_poll(engine);
-        break;
-    case AGREE_STEPPING:
-    case AGREE_STOPPED:
-    case AGREE_STATE_MAX:
-        break;
-    }
-}
-
-/* The worker finished a step: the loop thread owns MPI again. */
-static void done_cb(evutil_socket_t fd, short what, void *arg)
-{
-    epd_engine_t *engine = arg;
-    uint64_t count;
-    bool running, failed;
-
-    if (read(engine->done_fd, &count, sizeof count) < 0 && errno != EAGAIN) return;
-    pthread_mutex_lock(&engine->mu);
-    running = engine->step_running;
-    failed = engine->failed;
-    pthread_mutex_unlock(&engine->mu);
-    if (running || engine->state != AGREE_STEPPING) return;
-    if (failed) {
-        atomic_store(&engine->shutting_down, true);
-        engine_stop(engine);
-        return;
-    }
-    engine->poll_us = poll_fast(engine);
-    agreement_start(engine);
-    agreement_poll(engine);
+    return NULL;
 }
 
 /* ---- the API ---- */
+
+/* True when the ranks on this node, each with a worker and a loop thread, outnumber the cores
+ * this process may run on (collective over comm). */
+static bool node_oversubscribed(MPI_Comm comm)
+{
+    MPI_Comm node;
+    int local_size = 1;
+    cpu_set_t set;
+    int cores = 0;
+
+    if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+        MPI_Comm_size(node, &local_size);
+        MPI_Comm_free(&node);
+    }
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0) cores = CPU_COUNT(&set);
+    if (cores <= 0) cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    return local_size + 1 > cores;
+}
 
 epd_moe_shape_t epd_moe_shape_from_config(const epd_config_t *cfg, uint32_t world, uint32_t rank)
 {
@@ -480,8 +542,7 @@ epd_moe_shape_t epd_moe_shape_from_config(const epd_config_t *cfg, uint32_t worl
 
 epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd_ops_t *ops,
                                epd_ops_ctx_t *ops_ctx, const epd_transport_t *transport,
-                               epd_transport_ctx_t *transport_ctx, struct event_base *base,
-                               epd_engine_wake_fn wake, void *wake_arg, epd_engine_t **engine_p,
+                               epd_transport_ctx_t *transport_ctx, epd_engine_wake_fn wake, void *wake_arg, epd_engine_t **engine_p,
                                char err[EPD_ERR_LEN])
 {
     epd_engine_t *engine;
@@ -489,10 +550,8 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
     int rank, world, rc;
     char why[EPD_ERR_LEN];
 
-    if (cfg == NULL || ops == NULL || transport == NULL || base == NULL || wake == NULL ||
-        engine_p == NULL) {
-        snprintf(err, EPD_ERR_LEN,
-                 "engine: missing configuration, ops, transport, event base or wake");
+    if (cfg == NULL || ops == NULL || transport == NULL || wake == NULL || engine_p == NULL) {
+        snprintf(err, EPD_ERR_LEN, "engine: missing configuration, ops, transport or wake");
         return EPD_ERR_INVALID_ARG;
     }
     MPI_Comm_rank(comm, &rank);
@@ -517,16 +576,25 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
     engine->ops_ctx = ops_ctx;
     engine->transport = transport;
     engine->transport_ctx = transport_ctx;
-    engine->base = base;
     engine->wake = wake;
     engine->wake_arg = wake_arg;
     engine->comm = MPI_COMM_NULL;
-    engine->done_fd = -1;
     engine->poll_us = poll_fast(engine);
     atomic_init(&engine->shutting_down, false);
     atomic_init(&engine->stopped, false);
+    atomic_init(&engine->exiting, false);
+    atomic_init(&engine->agreement_open, false);
+    atomic_init(&engine->activity, EPD_ENGINE_IDLE);
+    atomic_init(&engine->activity_since_ns, epd_now_ns());
+    atomic_init(&engine->last_work_ns, 0);
     pthread_mutex_init(&engine->mu, NULL);
-    pthread_cond_init(&engine->cv, NULL);
+    {
+        pthread_condattr_t attr;
+        pthread_condattr_init(&attr);
+        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+        pthread_cond_init(&engine->cv, &attr);
+        pthread_condattr_destroy(&attr);
+    }
 
     rc = MPI_Comm_dup(comm, &engine->comm);
     if (rc != MPI_SUCCESS) {
@@ -535,18 +603,15 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
         status = EPD_ERR_MPI;
         goto out_free;
     }
-    engine->agree_buf = calloc(4, sizeof(uint64_t));
-    if (engine->agree_buf == NULL) {
-        snprintf(err, EPD_ERR_LEN, "engine: out of memory");
-        status = EPD_ERR_NO_MEMORY;
-        goto out_free;
-    }
+    engine->oversubscribed = node_oversubscribed(comm);
+    if (engine->oversubscribed && rank == 0)
+        epd_log_info("engine: this node has more ranks than cores; hot agreements sleep between "
+                     "tests instead of spinning");
     CHECK_GOTO(epd_step_create(&engine->shape, cfg->dispatch.max_tokens_per_step, ops, ops_ctx,
                                transport, transport_ctx, engine->comm, &engine->step, err),
                out_free);
     {
-        size_t per_token = (size_t)engine->shape.hidden * 2 +
-                           (size_t)engine->shape.topk * (sizeof(int32_t) + sizeof(float));
+        size_t per_token = (size_t)engine->shape.topk * (sizeof(int32_t) + sizeof(float));
         size_t bytes = (size_t)cfg->dispatch.max_tokens_per_step * per_token;
         engine->stage = ops->alloc_host(ops_ctx, bytes);
         if (engine->stage == NULL) {
@@ -558,16 +623,9 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
             goto out_free;
         }
     }
-    engine->done_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (engine->done_fd < 0) {
-        snprintf(err, EPD_ERR_LEN, "engine: eventfd: %s", strerror(errno));
-        status = EPD_ERR_IO;
-        goto out_free;
-    }
-    engine->timer = evtimer_new(base, timer_cb, engine);
-    engine->done_ev = event_new(base, engine->done_fd, EV_READ | EV_PERSIST, done_cb, engine);
-    if (engine->timer == NULL || engine->done_ev == NULL || event_add(engine->done_ev, NULL) != 0) {
-        snprintf(err, EPD_ERR_LEN, "engine: cannot create its events on the event base");
+    if (ops->device_memory && ops->event_create != NULL &&
+        ops->event_create(ops_ctx, &engine->copy_done) != EPD_OK) {
+        snprintf(err, EPD_ERR_LEN, "engine: cannot create a %s event", ops->name);
         status = EPD_ERR_INTERNAL;
         goto out_free;
     }
@@ -578,9 +636,6 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
         goto out_free;
     }
     engine->worker_started = true;
-    /* the first agreement starts as soon as the loop runs */
-    agree_set_state(engine, AGREE_WAITING);
-    arm_timer(engine, 0);
     *engine_p = engine;
     return EPD_OK;
 
@@ -620,12 +675,11 @@ epd_status_t epd_engine_submit(epd_engine_t *engine, epd_request_t *req)
     engine->queue_tail = req;
     engine->queued_tokens += req->n_tokens;
     engine->queued_requests++;
+    /* work arrived: the worker does not sleep out a long back-off */
+    engine->work_arrived = true;
+    pthread_cond_signal(&engine->cv);
     pthread_mutex_unlock(&engine->mu);
-
-    /* work arrived: poll fast again, and do not sleep out a long idle back-off */
-    engine->poll_us = poll_fast(engine);
-    if (engine->state == AGREE_WAITING || engine->state == AGREE_OPEN)
-        arm_timer(engine, engine->poll_us);
+    atomic_store(&engine->last_work_ns, epd_now_ns());
     return EPD_OK;
 }
 
@@ -645,25 +699,17 @@ void epd_engine_request_shutdown(epd_engine_t *engine)
     engine->shutdown_wanted = 1;
 }
 
-bool epd_engine_stopped(const epd_engine_t *engine)
+bool epd_engine_stopped(epd_engine_t *engine)
 {
-    return atomic_load(&((epd_engine_t *)engine)->stopped);
-}
-
-const char *epd_engine_waiting(const epd_engine_t *engine, uint64_t *since_ns_p)
-{
-    *since_ns_p = engine->state_since_ns;
-    switch (engine->state) {
-    case AGREE_OPEN:
-        return "agreement";
-    case AGREE_STEPPING:
-        return "step";
-    case AGREE_WAITING:
-    case AGREE_STOPPED:
-    case AGREE_STATE_MAX:
-    default:
-        return NULL;
+    if (!atomic_load(&engine->stopped)) return false;
+    /* The worker set stopped and is about to wake the loop one last time: once the loop has seen
+     * stopped it may free what wake touches, so it first waits for the worker to be gone. */
+    if (engine->worker_started && !pthread_equal(pthread_self(), engine->worker) &&
+        !engine->worker_joined) {
+        pthread_join(engine->worker, NULL);
+        engine->worker_joined = true;
     }
+    return true;
 }
 
 bool epd_engine_failed(epd_engine_t *engine, char err[EPD_ERR_LEN])
@@ -687,25 +733,34 @@ void epd_engine_get_stats(epd_engine_t *engine, epd_engine_stats_t *stats_p)
     stats_p->shutting_down = atomic_load(&engine->shutting_down);
 }
 
+const char *epd_engine_activity(epd_engine_t *engine, uint64_t *since_ns_p)
+{
+    int activity = atomic_load(&engine->activity);
+
+    if (since_ns_p != NULL) *since_ns_p = atomic_load(&engine->activity_since_ns);
+    return activity >= 0 && activity < EPD_ENGINE_ACTIVITY_MAX ? activity_names[activity] : "?";
+}
+
 void epd_engine_destroy(epd_engine_t *engine)
 {
+    bool worker_left = true;
+
     if (engine == NULL) return;
-    if (engine->timer != NULL) event_free(engine->timer);
-    if (engine->done_ev != NULL) event_free(engine->done_ev);
     if (engine->worker_started) {
         pthread_mutex_lock(&engine->mu);
         engine->worker_exit = true;
         pthread_cond_signal(&engine->cv);
         pthread_mutex_unlock(&engine->mu);
-        pthread_join(engine->worker, NULL);
+        /* An agreement still open cannot be cancelled (MPI forbids it for collectives): the
+         * worker leaves it, and its buffers, to MPI. Only an aborting daemon gets here with an
+         * engine that has not stopped. */
+        atomic_store(&engine->exiting, true);
+        if (!engine->worker_joined) pthread_join(engine->worker, NULL);
+        worker_left = !atomic_load(&engine->agreement_open);
     }
-    /* An agreement still open cannot be cancelled (MPI forbids it for collectives): its buffer is
-     * left to MPI rather than freed under it. Only an aborting daemon destroys an engine that has
-     * not stopped. */
-    if (engine->state != AGREE_OPEN) free(engine->agree_buf);
     while (engine->queue_head != NULL) {
         epd_request_t *next = engine->queue_head->next;
-        request_free(engine->queue_head);
+        epd_request_free(engine->queue_head);
         engine->queue_head = next;
     }
     while (engine->results_head != NULL) {
@@ -715,9 +770,9 @@ void epd_engine_destroy(epd_engine_t *engine)
     }
     epd_step_destroy(engine->step);
     if (engine->stage != NULL) engine->ops->free_host(engine->ops_ctx, engine->stage);
-    if (engine->done_fd >= 0) close(engine->done_fd);
-    if (engine->comm != MPI_COMM_NULL) MPI_Comm_free(&engine->comm);
+    if (engine->copy_done != NULL) engine->ops->event_destroy(engine->ops_ctx, engine->copy_done);
+    if (engine->comm != MPI_COMM_NULL && worker_left) MPI_Comm_free(&engine->comm);
     pthread_cond_destroy(&engine->cv);
     pthread_mutex_destroy(&engine->mu);
-    free(engine);
+    if (worker_left) free(engine); /* else an open agreement may still write agree_buf */
 }

@@ -15,17 +15,26 @@
 #include "config/config.h"
 #include "gpu/ops.h"
 
-struct event_base;
-
 /* One accepted SUBMIT, validated at ingest. The engine owns it after a successful submit. */
 typedef struct epd_request {
     uint64_t id;           /* the client's id */
     uint64_t conn_id;      /* the connection it came on (never reused within a run) */
     uint32_t n_tokens;
-    const uint16_t *x;     /* bf16 [N,H] */
-    const int32_t *topk_ids;     /* [N,K] */
-    const float *topk_weights;   /* [N,K] */
-    void *storage;         /* owns x, ids, weights; released with free() */
+    uint32_t layer;        /* the MoE layer (SUBMIT "layer", default 0); a step serves one */
+    const uint16_t *x;     /* bf16 [N,H]: host memory, or ops memory when x_device */
+    bool x_device;         /* x is in a device region */
+    const int32_t *topk_ids;     /* [N,K], host */
+    const float *topk_weights;   /* [N,K], host */
+    uint16_t *y_dst;       /* y is written here (a region), not into the result; or NULL */
+    bool y_device;         /* y_dst is ops memory */
+    uint32_t y_region;     /* for the RESULT meta when y_dst is set */
+    uint64_t y_offset;
+    void *storage;         /* owns what x, ids, weights point to in the payload; free()d */
+    void *owned;           /* more host memory behind ids/weights (may be NULL); free()d */
+    /* References on the regions the tensors are in, each dropped with unref when the request is
+     * freed (after its answer is complete, y included). */
+    void *regions[4];
+    void (*unref)(void *region);
     uint64_t enqueued_ns;  /* CLOCK_MONOTONIC when queued */
     struct epd_request *next;
 } epd_request_t;
@@ -35,7 +44,10 @@ typedef struct epd_result {
     uint64_t id;
     uint64_t conn_id;
     uint32_t n_tokens;
-    uint16_t *y;
+    uint16_t *y;           /* NULL when y went into a region (y_region, y_offset) */
+    bool y_in_region;
+    uint32_t y_region;
+    uint64_t y_offset;
     uint64_t step;         /* step number that produced it */
     epd_status_t status;   /* EPD_OK, or the code to send in an ERROR frame */
     char message[EPD_ERR_LEN];
@@ -67,18 +79,21 @@ epd_moe_shape_t epd_moe_shape_from_config(const epd_config_t *cfg, uint32_t worl
  * wake the loop (e.g. event_active on an event made with evthread support). */
 typedef void (*epd_engine_wake_fn)(void *arg);
 
-/* Creates the engine for this rank: buffers sized from cfg, the worker thread, and a timer on base
- * that drives the agreement. ops/ops_ctx and transport/transport_ctx stay owned by the caller. */
+/* Creates the engine for this rank (collective over comm): buffers sized from cfg and the worker
+ * thread, which runs the agreements and the steps and from then on is the only caller of MPI.
+ * ops/ops_ctx and transport/transport_ctx stay owned by the caller. */
 epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd_ops_t *ops,
                                epd_ops_ctx_t *ops_ctx, const epd_transport_t *transport,
-                               epd_transport_ctx_t *transport_ctx, struct event_base *base,
-                               epd_engine_wake_fn wake, void *wake_arg, epd_engine_t **engine_p,
-                               char err[EPD_ERR_LEN]);
+                               epd_transport_ctx_t *transport_ctx, epd_engine_wake_fn wake,
+                               void *wake_arg, epd_engine_t **engine_p, char err[EPD_ERR_LEN]);
 
 /* Queues a request (loop thread). EPD_OK: the engine owns req. EPD_ERR_BUSY (queue holds
  * dispatch.max_queued_tokens), EPD_ERR_SHUTTING_DOWN (agreed shutdown, or a step failed): the
  * caller keeps req and answers the error. */
 epd_status_t epd_engine_submit(epd_engine_t *engine, epd_request_t *req);
+
+/* Frees a request that is not the engine's (refused by submit), dropping its region references. */
+void epd_request_free(epd_request_t *req);
 
 /* Takes every finished result, oldest first (loop thread); the caller frees each with
  * epd_result_free. */
@@ -87,14 +102,10 @@ void epd_result_free(epd_result_t *result);
 
 /* Asks for a graceful stop (async-signal-safe: it only sets a flag). Once all ranks agree, new
  * submits get EPD_ERR_SHUTTING_DOWN, steps run until every accepted request is answered, and then
- * epd_engine_stopped turns true. */
+ * epd_engine_stopped turns true. Once it has returned true on the loop thread, the worker has
+ * left and calls wake no more (it waits for that), so the loop may free what wake touches. */
 void epd_engine_request_shutdown(epd_engine_t *engine);
-bool epd_engine_stopped(const epd_engine_t *engine);
-
-/* What this rank waits on the other ranks for now, for the watchdog (daemon/watchdog.h):
- * "agreement" while an agreement is open, "step" while the worker runs a step, NULL otherwise;
- * *since_ns_p is when that began (CLOCK_MONOTONIC; a new value at every change). Loop thread. */
-const char *epd_engine_waiting(const epd_engine_t *engine, uint64_t *since_ns_p);
+bool epd_engine_stopped(epd_engine_t *engine);
 
 /* True when a step failed (a transport, MPI or device error): the requests it held and every
  * queued one were answered with EPD_ERR_INTERNAL, and the engine stopped. The ranks are out of
@@ -103,6 +114,24 @@ const char *epd_engine_waiting(const epd_engine_t *engine, uint64_t *since_ns_p)
 bool epd_engine_failed(epd_engine_t *engine, char err[EPD_ERR_LEN]);
 
 void epd_engine_get_stats(epd_engine_t *engine, epd_engine_stats_t *stats_p);
+
+/* The device operations the engine runs its steps with (shared regions page-lock and open device
+ * memory through them). */
+void epd_engine_ops(epd_engine_t *engine, const epd_ops_t **ops_p, epd_ops_ctx_t **ops_ctx_p);
+
+/* What the worker is doing now, and since when (CLOCK_MONOTONIC ns): for health and stall
+ * detection. */
+typedef enum {
+    EPD_ENGINE_IDLE = 0, /* waiting out the back-off before the next agreement */
+    EPD_ENGINE_AGREEING, /* in an agreement: waiting for every rank to join */
+    EPD_ENGINE_STEPPING, /* running a step */
+    EPD_ENGINE_STOPPED,
+    EPD_ENGINE_ACTIVITY_MAX
+} epd_engine_activity_t;
+
+/* The name ("idle", "agreement", "step", "stopped"); since_ns_p (may be NULL) gets when it began.
+ * Any thread. */
+const char *epd_engine_activity(epd_engine_t *engine, uint64_t *since_ns_p);
 
 /* Joins the worker and frees everything; results not taken are freed. */
 void epd_engine_destroy(epd_engine_t *engine);

@@ -3,7 +3,8 @@
 # its unit tests, and the C clients of the integration tests (build/tests/<name>).
 DAEMON_SRCS := daemon/main.c daemon/daemon.c daemon/server.c daemon/listener.c daemon/conn.c \
                daemon/conn_table.c daemon/control.c daemon/stats.c \
-               daemon/log.c daemon/notify.c daemon/engine.c daemon/bench.c daemon/watchdog.c daemon/trim.c
+               daemon/log.c daemon/notify.c daemon/engine.c daemon/bench.c daemon/region.c \
+               daemon/watchdog.c daemon/trim.c
 
 # Other folders' module.mk files are read after this one: their source lists are expanded in the
 # prerequisites a second time, once every list is complete.
@@ -37,6 +38,6 @@ test_stats_SRCS = daemon/stats.c comm/phase.c $(COMMON_SRCS) $(CONFIG_SRCS)
 
 # One connection on a socketpair with a stub engine (tests/unit/test_conn.c).
 UNIT_TESTS += conn
-test_conn_SRCS = daemon/conn.c daemon/log.c $(PROTO_SRCS) common/status.c common/parse.c
+test_conn_SRCS = daemon/conn.c daemon/region.c daemon/log.c $(PROTO_SRCS) common/status.c common/parse.c
 UNIT_TESTS += trim
 test_trim_SRCS = daemon/trim.c daemon/log.c

@@ -44,7 +44,8 @@ typedef struct epd_stats_view {
     const epd_server_stats_t *server;
 } epd_stats_view_t;
 
-/* {"status":"ok" (or "stalled", then also "stalled_phase" and "stalled_ms"),"rank":R,"world":W,"pid":P,"shutting_down":bool,"version":..,"uptime_s":..,
+/* {"status":"ok" (or "stalled", then also "stalled_phase" and "stalled_ms"),
+ *  "rank":R,"world":W,"pid":P,"shutting_down":bool,"version":..,"uptime_s":..,
  *  "clients":..,"queued_tokens":..,"queued_requests":..,"steps":..} */
 char *epd_stats_health_json(const epd_stats_view_t *view);
 

@@ -1,14 +1,16 @@
 /* The stall watchdog (daemon/watchdog.h). It ticks a few times per stall_warn_ms; a tick much
  * later than due means this process itself was not running (SIGSTOP, a starved machine), and that
- * time is not held against the other ranks. MPI_Abort is called from the loop thread, which owns
- * MPI during an agreement; during a step the worker is inside MPI, but a job that aborts because
- * a collective never completes has nothing left to keep consistent. */
+ * time is not held against the other ranks. MPI_Abort is called from the loop thread while the
+ * engine's worker is inside MPI (MPI_THREAD_SERIALIZED does not allow that in general), but a job
+ * that aborts because a collective never completes has nothing left to keep consistent, and Open
+ * MPI's abort tears the job down from any thread. */
 #include "daemon/watchdog.h"
 
 #include <inttypes.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -47,7 +49,10 @@ static void watchdog_tick_cb(evutil_socket_t fd, short what, void *arg)
     const epd_config_t *cfg = wd->cfg;
     uint64_t now = epd_now_ns(), since = 0;
     uint64_t late = now - wd->last_tick;
-    const char *phase = epd_engine_waiting(wd->engine, &since);
+    const char *phase = epd_engine_activity(wd->engine, &since);
+
+    /* an agreement or a step waits for every rank; idle and stopped wait for nobody */
+    if (strcmp(phase, "agreement") != 0 && strcmp(phase, "step") != 0) phase = NULL;
 
     wd->last_tick = now;
     if (phase == NULL || since != wd->since_ns) {

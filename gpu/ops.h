@@ -27,6 +27,8 @@ typedef struct epd_moe_shape {
     epd_scale_kind_t scale;
     epd_scale_fmt_t scale_format;
     epd_expert_kind_t expert_kind;
+    uint32_t layer;       /* the MoE layer of the step being run (DESIGN.md section 5): set by
+                           * epd_step_set_layer, 0 until then; the experts of that layer run */
 } epd_moe_shape_t;
 
 /* The sharding rule (DESIGN.md section 2 step 3), the one place it is checked: E experts split
@@ -152,6 +154,25 @@ typedef struct epd_ops {
     /* Optional: a sentence about the last failed op of ctx (e.g. the CUDA error string), "" when
      * none; owned by ctx, valid until its next op. For the daemon's abort message. */
     const char *(*last_error)(epd_ops_ctx_t *ctx);
+
+    /* Shared regions (DESIGN.md section 4b), optional: NULL where an implementation has none
+     * (the host ops: host regions need no page-locking, device ones cannot be opened). Called
+     * from the loop thread while a step may run; each says why it failed in err.
+     * host_register page-locks host memory for DMA; ipc_open opens another process's device
+     * allocation from its 64-byte cudaIpcMemHandle_t on this device (a handle of another device
+     * is refused), giving its base and size (0 when unknown). */
+    epd_status_t (*host_register)(epd_ops_ctx_t *ctx, void *ptr, size_t bytes,
+                                  char err[EPD_ERR_LEN]);
+    void (*host_unregister)(epd_ops_ctx_t *ctx, void *ptr);
+    epd_status_t (*ipc_open)(epd_ops_ctx_t *ctx, const uint8_t handle[64], void **base_p,
+                             uint64_t *size_p, char err[EPD_ERR_LEN]);
+    void (*ipc_close)(epd_ops_ctx_t *ctx, void *base);
+    /* Ingest of device tensors (loop thread, on a queue of its own, synchronous): read device
+     * bytes to the host; find the first bf16 of x[n] that is Inf or NaN (-1: none). */
+    epd_status_t (*ingest_read)(epd_ops_ctx_t *ctx, void *dst_host, const void *src, size_t bytes,
+                                char err[EPD_ERR_LEN]);
+    epd_status_t (*ingest_find_non_finite)(epd_ops_ctx_t *ctx, const uint16_t *x, uint64_t n,
+                                           int64_t *first_p, char err[EPD_ERR_LEN]);
 } epd_ops_t;
 
 extern const epd_ops_t epd_ops_host;

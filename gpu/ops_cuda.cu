@@ -38,6 +38,11 @@ struct epd_ops_ctx {
     uint32_t *tile_counts; /* [LAYOUT_MAX_TILES][W] records per layout tile and rank */
     cudaEvent_t layout_done; /* the read-back of the last layout landed in layout_host */
     char err[EPD_ERR_LEN];
+    /* ingest of device-region tensors (loop thread), made by its first call */
+    bool ingest_ready;
+    cudaStream_t ingest;
+    unsigned long long *ingest_dev;  /* first non-finite index found */
+    unsigned long long *ingest_host; /* pinned mirror */
 };
 
 struct epd_ops_event {
@@ -838,6 +843,12 @@ static void cuda_fini(epd_ops_ctx_t *ctx)
         cudaStreamSynchronize(ctx->stream);
         cudaStreamSynchronize(ctx->down);
         cudaStreamSynchronize(ctx->up);
+        if (ctx->ingest_ready) {
+            cudaStreamSynchronize(ctx->ingest);
+            cudaFree(ctx->ingest_dev);
+            cudaFreeHost(ctx->ingest_host);
+            cudaStreamDestroy(ctx->ingest);
+        }
         cudaEventDestroy(ctx->layout_done);
         cudaFree(ctx->tile_counts);
         cudaFreeHost(ctx->layout_host);
@@ -1216,6 +1227,144 @@ static const char *cuda_last_error(epd_ops_ctx_t *ctx)
     return ctx->err;
 }
 
+/* ---- shared regions and the ingest of device tensors (loop thread) ------------------------ */
+
+static epd_status_t region_fail(char err[EPD_ERR_LEN], cudaError_t rc, const char *what)
+{
+    snprintf(err, EPD_ERR_LEN, "%s: %s", what, cudaGetErrorString(rc));
+    cudaGetLastError(); /* these errors are not sticky: clear them for the step's next check */
+    return EPD_ERR_CUDA;
+}
+
+static epd_status_t cuda_host_register(epd_ops_ctx_t *ctx, void *ptr, size_t bytes,
+                                       char err[EPD_ERR_LEN])
+{
+    cudaError_t rc = cudaSetDevice(ctx->device);
+    if (rc == cudaSuccess) rc = cudaHostRegister(ptr, bytes, cudaHostRegisterDefault);
+    return rc == cudaSuccess ? EPD_OK : region_fail(err, rc, "cudaHostRegister");
+}
+
+static void cuda_host_unregister(epd_ops_ctx_t *ctx, void *ptr)
+{
+    if (cudaSetDevice(ctx->device) == cudaSuccess) cudaHostUnregister(ptr);
+}
+
+static epd_status_t cuda_ipc_open(epd_ops_ctx_t *ctx, const uint8_t handle[64], void **base_p,
+                                  uint64_t *size_p, char err[EPD_ERR_LEN])
+{
+    cudaIpcMemHandle_t h;
+    cudaPointerAttributes attr;
+    void *base = NULL;
+
+    static_assert(sizeof h == 64, "cudaIpcMemHandle_t is 64 bytes");
+    memcpy(&h, handle, sizeof h);
+    cudaError_t rc = cudaSetDevice(ctx->device);
+    if (rc == cudaSuccess) rc = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
+    if (rc != cudaSuccess) return region_fail(err, rc, "cudaIpcOpenMemHandle");
+    rc = cudaPointerGetAttributes(&attr, base);
+    if (rc != cudaSuccess || attr.device != ctx->device) {
+        cudaIpcCloseMemHandle(base);
+        if (rc != cudaSuccess) return region_fail(err, rc, "cudaPointerGetAttributes");
+        snprintf(err, EPD_ERR_LEN,
+                 "the memory is on device %d, this rank runs on device %d: register it with the "
+                 "rank of its own GPU", attr.device, ctx->device);
+        return EPD_ERR_BAD_REGION;
+    }
+    /* The allocation's size, to check offset + bytes against it: a region past its end would
+     * have the kernels read or write memory that is not the client's. The driver's
+     * cuMemGetAddressRange, reached through the runtime (no link to libcuda). */
+    typedef int (*address_range_fn)(unsigned long long *base, size_t *size, unsigned long long p);
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    unsigned long long alloc_base = 0;
+    size_t alloc_size = 0;
+    rc = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
+                                          &found);
+    if (rc != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == NULL ||
+        ((address_range_fn)fn)(&alloc_base, &alloc_size, (unsigned long long)(uintptr_t)base) !=
+            0) {
+        cudaIpcCloseMemHandle(base);
+        cudaGetLastError();
+        snprintf(err, EPD_ERR_LEN, "cannot tell the size of the opened allocation "
+                                   "(cuMemGetAddressRange)");
+        return EPD_ERR_BAD_REGION;
+    }
+    *size_p = alloc_size - (size_t)((unsigned long long)(uintptr_t)base - alloc_base);
+    *base_p = base;
+    return EPD_OK;
+}
+
+static void cuda_ipc_close(epd_ops_ctx_t *ctx, void *base)
+{
+    if (cudaSetDevice(ctx->device) == cudaSuccess) cudaIpcCloseMemHandle(base);
+}
+
+static epd_status_t ingest_setup(epd_ops_ctx_t *ctx, char err[EPD_ERR_LEN])
+{
+    cudaError_t rc = cudaSetDevice(ctx->device);
+    if (rc != cudaSuccess) return region_fail(err, rc, "cudaSetDevice");
+    if (ctx->ingest_ready) return EPD_OK;
+    if ((rc = cudaStreamCreateWithFlags(&ctx->ingest, cudaStreamNonBlocking)) != cudaSuccess)
+        return region_fail(err, rc, "cudaStreamCreateWithFlags");
+    if ((rc = cudaMalloc(&ctx->ingest_dev, sizeof *ctx->ingest_dev)) != cudaSuccess) {
+        cudaStreamDestroy(ctx->ingest);
+        return region_fail(err, rc, "cudaMalloc");
+    }
+    if ((rc = cudaMallocHost(&ctx->ingest_host, sizeof *ctx->ingest_host)) != cudaSuccess) {
+        cudaFree(ctx->ingest_dev);
+        cudaStreamDestroy(ctx->ingest);
+        return region_fail(err, rc, "cudaMallocHost");
+    }
+    ctx->ingest_ready = true;
+    return EPD_OK;
+}
+
+static epd_status_t cuda_ingest_read(epd_ops_ctx_t *ctx, void *dst_host, const void *src,
+                                     size_t bytes, char err[EPD_ERR_LEN])
+{
+    epd_status_t status = ingest_setup(ctx, err);
+    if (status != EPD_OK) return status;
+    cudaError_t rc = cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, ctx->ingest);
+    if (rc == cudaSuccess) rc = cudaStreamSynchronize(ctx->ingest);
+    return rc == cudaSuccess ? EPD_OK : region_fail(err, rc, "reading a device tensor");
+}
+
+/* *first = min over i of the index of a bf16 of x[n] whose exponent is all ones. */
+__global__ void find_non_finite_kernel(const uint16_t *__restrict__ x, uint64_t n,
+                                       unsigned long long *first)
+{
+    uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        if ((x[i] & 0x7f80u) == 0x7f80u) {
+            atomicMin(first, (unsigned long long)i);
+            return;
+        }
+    }
+}
+
+static epd_status_t cuda_ingest_find_non_finite(epd_ops_ctx_t *ctx, const uint16_t *x, uint64_t n,
+                                                int64_t *first_p, char err[EPD_ERR_LEN])
+{
+    epd_status_t status = ingest_setup(ctx, err);
+    if (status != EPD_OK) return status;
+    uint64_t blocks = (n + FLAT_THREADS - 1) / FLAT_THREADS;
+    if (blocks > 1024) blocks = 1024;
+    if (blocks == 0) blocks = 1;
+    cudaError_t rc = cudaMemsetAsync(ctx->ingest_dev, 0xff, sizeof *ctx->ingest_dev, ctx->ingest);
+    if (rc == cudaSuccess) {
+        find_non_finite_kernel<<<(unsigned)blocks, FLAT_THREADS, 0, ctx->ingest>>>(x, n,
+                                                                                  ctx->ingest_dev);
+        rc = cudaGetLastError();
+    }
+    if (rc == cudaSuccess)
+        rc = cudaMemcpyAsync(ctx->ingest_host, ctx->ingest_dev, sizeof *ctx->ingest_dev,
+                             cudaMemcpyDeviceToHost, ctx->ingest);
+    if (rc == cudaSuccess) rc = cudaStreamSynchronize(ctx->ingest);
+    if (rc != cudaSuccess) return region_fail(err, rc, "checking a device tensor");
+    *first_p = *ctx->ingest_host == ~0ull ? -1 : (int64_t)*ctx->ingest_host;
+    return EPD_OK;
+}
+
 extern "C" const epd_ops_t epd_ops_cuda = {
     .name = "cuda",
     .device_memory = true,
@@ -1242,4 +1391,10 @@ extern "C" const epd_ops_t epd_ops_cuda = {
     .copy_to_ops_async = cuda_copy_to_ops_async,
     .copy_ops_to_ops_async = cuda_copy_ops_to_ops_async,
     .last_error = cuda_last_error,
+    .host_register = cuda_host_register,
+    .host_unregister = cuda_host_unregister,
+    .ipc_open = cuda_ipc_open,
+    .ipc_close = cuda_ipc_close,
+    .ingest_read = cuda_ingest_read,
+    .ingest_find_non_finite = cuda_ingest_find_non_finite,
 };

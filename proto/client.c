@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -20,6 +21,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "proto/base64.h"
 #include "proto/frame.h"
 
 #ifndef EPD_VERSION
@@ -46,6 +48,9 @@ struct epd_client {
     queued_frame_t *tail;
     uint64_t in_flight;
     bool hung_up;            /* the daemon closed the connection (not epd_client_close) */
+    uint8_t *obuf;           /* queued output of the non-blocking calls, [ooff, olen) unsent */
+    size_t ooff, olen, ocap;
+    struct client_region *regions; /* host regions created here */
     char code[EPD_CLIENT_CODE_LEN];
     char message[EPD_CLIENT_MESSAGE_LEN];
 };
@@ -60,6 +65,7 @@ static const char *const rc_names[] = {
     [EPD_CLIENT_ERR_IO] = "io",
     [EPD_CLIENT_ERR_INVALID_ARG] = "invalid_argument",
     [EPD_CLIENT_ERR_NO_MEMORY] = "no_memory",
+    [EPD_CLIENT_AGAIN] = "again",
 };
 
 EPD_CLIENT_API const char *epd_client_rc_name(int rc)
@@ -154,9 +160,13 @@ static void client_disconnect(epd_client_t *c)
     c->roff = c->rlen = 0;
 }
 
+static void regions_unmap(epd_client_t *c);
+
 EPD_CLIENT_API void epd_client_close(epd_client_t *c)
 {
     if (c == NULL) return;
+    regions_unmap(c);
+    c->ooff = c->olen = 0;
     if (c->fd >= 0) close(c->fd);
     c->fd = -1;
     queue_clear(c);
@@ -172,6 +182,7 @@ EPD_CLIENT_API void epd_client_destroy(epd_client_t *c)
     epd_client_close(c);
     epd_decoder_free(&c->dec);
     free(c->rbuf);
+    free(c->obuf);
     free(c);
 }
 
@@ -417,6 +428,8 @@ static int client_closed_on_send(epd_client_t *c)
 }
 
 /* Writes a whole encoded frame; while the socket is full, reads answers into the queue. */
+static int client_flush_blocking(epd_client_t *c);
+
 static int client_send_out(epd_client_t *c, const epd_frame_out_t *out)
 {
     struct iovec iov[1 + EPD_FRAME_OUT_PARTS];
@@ -425,6 +438,8 @@ static int client_send_out(epd_client_t *c, const epd_frame_out_t *out)
     char ebuf[128];
     int rc;
 
+    rc = client_flush_blocking(c); /* what the non-blocking calls queued goes first */
+    if (rc != EPD_CLIENT_OK) return rc;
     iov[n_iov].iov_base = out->head;
     iov[n_iov++].iov_len = out->head_len;
     for (size_t i = 0; i < out->n_parts; i++) {
@@ -711,4 +726,407 @@ EPD_CLIENT_API int epd_client_control(epd_client_t *c, const char *op, char **js
 EPD_CLIENT_API void epd_client_free(void *ptr)
 {
     free(ptr);
+}
+
+/* ---- shared regions and requests by region ---- */
+
+/* A host region this client created: its mapping here, unmapped by unregister or close. */
+typedef struct client_region {
+    uint32_t id;
+    void *map;
+    size_t bytes;
+    struct client_region *next;
+} client_region_t;
+
+static void add_place(cJSON *tensors, const char *name, const char *dtype, uint64_t rows,
+                      uint64_t cols, const epd_client_tensor_t *t, uint64_t *payload_at,
+                      uint64_t bytes)
+{
+    cJSON *d = cJSON_AddObjectToObject(tensors, name);
+    cJSON_AddStringToObject(d, "dtype", dtype);
+    cJSON *shape = cJSON_AddArrayToObject(d, "shape");
+    cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)rows));
+    cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)cols));
+    if (t->region != 0) {
+        cJSON_AddNumberToObject(d, "region", (double)t->region);
+        cJSON_AddNumberToObject(d, "offset", (double)t->offset);
+        return;
+    }
+    cJSON *off = cJSON_AddArrayToObject(d, "data_offsets");
+    cJSON_AddItemToArray(off, cJSON_CreateNumber((double)*payload_at));
+    cJSON_AddItemToArray(off, cJSON_CreateNumber((double)(*payload_at + bytes)));
+    *payload_at += bytes;
+}
+
+/* Encodes a SUBMIT of req: tensors in regions are named, the others travel in the payload. */
+static int encode_request(epd_client_t *c, const epd_client_request_t *r, epd_frame_out_t *out)
+{
+    uint64_t nk = (uint64_t)r->n_tokens * r->topk;
+    uint64_t x_bytes = (uint64_t)r->n_tokens * r->hidden * 2;
+    uint64_t id_bytes = nk * (r->ids_i64 ? 8 : 4), w_bytes = nk * 4, at = 0;
+
+    if (r->n_tokens == 0 || r->hidden == 0 || r->topk == 0 ||
+        (r->x.region == 0 && r->x.data == NULL) ||
+        (r->topk_ids.region == 0 && r->topk_ids.data == NULL) ||
+        (r->topk_weights.region == 0 && r->topk_weights.data == NULL)) {
+        return client_fail(c, EPD_CLIENT_ERR_INVALID_ARG, NULL,
+                           "a request needs N, H, K >= 1 and x, topk_ids, topk_weights in a "
+                           "region or in memory");
+    }
+    cJSON *meta = cJSON_CreateObject();
+    if (meta == NULL) return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "out of memory");
+    cJSON_AddNumberToObject(meta, "id", (double)r->id);
+    if (r->layer >= 0) cJSON_AddNumberToObject(meta, "layer", r->layer);
+    cJSON *tensors = cJSON_AddObjectToObject(meta, "tensors");
+    /* payload order: ids, weights, x (as epd_frame_encode_submit) */
+    add_place(tensors, "topk_ids", r->ids_i64 ? "i64" : "i32", r->n_tokens, r->topk, &r->topk_ids,
+              &at, id_bytes);
+    add_place(tensors, "topk_weights", "f32", r->n_tokens, r->topk, &r->topk_weights, &at,
+              w_bytes);
+    add_place(tensors, "x", "bf16", r->n_tokens, r->hidden, &r->x, &at, x_bytes);
+    if (r->y.region != 0)
+        add_place(tensors, "y", "bf16", r->n_tokens, r->hidden, &r->y, &at, x_bytes);
+    /* ids are exact in JSON below 2^53 (cJSON prints doubles); larger ones as text */
+    if (r->id > (UINT64_C(1) << 53)) {
+        char text[32];
+        snprintf(text, sizeof text, "%" PRIu64, r->id);
+        cJSON_ReplaceItemInObject(meta, "id", cJSON_CreateRaw(text));
+    }
+    char *text = cJSON_PrintUnformatted(meta);
+    cJSON_Delete(meta);
+    if (text == NULL) return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "out of memory");
+    size_t meta_len = strlen(text);
+    if (meta_len > EPD_FRAME_MAX_META) {
+        free(text);
+        return client_fail(c, EPD_CLIENT_ERR_INVALID_ARG, NULL, "request meta too large");
+    }
+    memset(out, 0, sizeof *out);
+    out->head = malloc(EPD_FRAME_HEADER_LEN + meta_len);
+    if (out->head == NULL) {
+        free(text);
+        return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "out of memory");
+    }
+    epd_frame_header_encode(EPD_FRAME_SUBMIT, (uint32_t)meta_len, at, out->head);
+    memcpy(out->head + EPD_FRAME_HEADER_LEN, text, meta_len);
+    free(text);
+    out->head_len = EPD_FRAME_HEADER_LEN + meta_len;
+    if (r->topk_ids.region == 0) {
+        out->part[out->n_parts] = r->topk_ids.data;
+        out->part_len[out->n_parts++] = (size_t)id_bytes;
+    }
+    if (r->topk_weights.region == 0) {
+        out->part[out->n_parts] = r->topk_weights.data;
+        out->part_len[out->n_parts++] = (size_t)w_bytes;
+    }
+    if (r->x.region == 0) {
+        out->part[out->n_parts] = r->x.data;
+        out->part_len[out->n_parts++] = (size_t)x_bytes;
+    }
+    out->payload_len = at;
+    return EPD_CLIENT_OK;
+}
+
+EPD_CLIENT_API int epd_client_send_request(epd_client_t *c, const epd_client_request_t *r)
+{
+    epd_frame_out_t out;
+    int rc;
+
+    if (c == NULL || r == NULL) return EPD_CLIENT_ERR_INVALID_ARG;
+    rc = client_require_connected(c);
+    if (rc != EPD_CLIENT_OK) return rc;
+    rc = encode_request(c, r, &out);
+    if (rc != EPD_CLIENT_OK) return rc;
+    rc = client_send_out(c, &out);
+    epd_frame_out_free(&out);
+    if (rc != EPD_CLIENT_OK) return rc;
+    c->in_flight++;
+    client_ok(c);
+    return EPD_CLIENT_OK;
+}
+
+EPD_CLIENT_API int epd_client_submit_request(epd_client_t *c, const epd_client_request_t *r,
+                                             uint16_t *y_out, uint64_t *step_p)
+{
+    epd_client_reply_t reply;
+    int rc = epd_client_send_request(c, r);
+
+    if (rc != EPD_CLIENT_OK) return rc;
+    rc = epd_client_wait(c, r->id, &reply);
+    if (rc == EPD_CLIENT_OK) {
+        if (reply.y != NULL && y_out != NULL)
+            memcpy(y_out, reply.y, (size_t)reply.n_tokens * reply.hidden * sizeof(uint16_t));
+        if (step_p) *step_p = reply.step;
+    }
+    epd_client_reply_free(&reply);
+    return rc;
+}
+
+/* A CONTROL register/unregister: meta text sent (with fd in SCM_RIGHTS when fd >= 0), the REPLY's
+ * "region" in *region_p. */
+static int control_region(epd_client_t *c, const char *meta_text, int fd, uint32_t *region_p)
+{
+    epd_frame_out_t out;
+    epd_frame_t frame;
+    size_t meta_len = strlen(meta_text);
+    char ebuf[128];
+    int rc = client_require_connected(c);
+
+    if (rc != EPD_CLIENT_OK) return rc;
+    memset(&out, 0, sizeof out);
+    out.head = malloc(EPD_FRAME_HEADER_LEN + meta_len);
+    if (out.head == NULL) return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "out of memory");
+    epd_frame_header_encode(EPD_FRAME_CONTROL, (uint32_t)meta_len, 0, out.head);
+    memcpy(out.head + EPD_FRAME_HEADER_LEN, meta_text, meta_len);
+    out.head_len = EPD_FRAME_HEADER_LEN + meta_len;
+    if (fd >= 0) {
+        /* the fd goes with the frame's first byte; the rest follows as usual */
+        rc = client_flush_blocking(c);
+        if (rc != EPD_CLIENT_OK) {
+            epd_frame_out_free(&out);
+            return rc;
+        }
+        union {
+            char buf[CMSG_SPACE(sizeof(int))];
+            struct cmsghdr align;
+        } control;
+        struct iovec iov = {.iov_base = out.head, .iov_len = 1};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                             .msg_controllen = sizeof control.buf};
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+        ssize_t n;
+        for (;;) {
+            n = sendmsg(c->fd, &msg, MSG_NOSIGNAL);
+            if (n >= 0 || errno != EINTR) break;
+        }
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            struct pollfd pfd = {.fd = c->fd, .events = POLLOUT};
+            poll(&pfd, 1, c->timeout_ms);
+            n = sendmsg(c->fd, &msg, MSG_NOSIGNAL);
+        }
+        if (n != 1) {
+            epd_frame_out_free(&out);
+            if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) return client_closed_on_send(c);
+            return client_fail(c, EPD_CLIENT_ERR_IO, NULL, "sending the region's fd: %s",
+                               n < 0 ? errno_text(errno, ebuf, sizeof ebuf) : "short write");
+        }
+        memmove(out.head, out.head + 1, out.head_len - 1);
+        out.head_len--;
+    }
+    rc = client_send_out(c, &out);
+    epd_frame_out_free(&out);
+    if (rc != EPD_CLIENT_OK) return rc;
+    rc = client_take(c, match_control, NULL, &frame);
+    if (rc != EPD_CLIENT_OK) return rc;
+    if (frame.type == EPD_FRAME_ERROR) {
+        epd_client_reply_t reply;
+        rc = reply_from_frame(c, &frame, &reply);
+        epd_client_reply_free(&reply);
+        return rc;
+    }
+    const cJSON *region = cJSON_GetObjectItemCaseSensitive(frame.meta, "region");
+    if (!cJSON_IsNumber(region) || region->valuedouble < 1 || region->valuedouble > UINT32_MAX) {
+        epd_frame_free(&frame);
+        return client_fail(c, EPD_CLIENT_ERR_PROTOCOL, NULL, "REPLY to a region op has no region");
+    }
+    if (region_p != NULL) *region_p = (uint32_t)region->valuedouble;
+    epd_frame_free(&frame);
+    client_ok(c);
+    return EPD_CLIENT_OK;
+}
+
+EPD_CLIENT_API int epd_client_register_host(epd_client_t *c, uint64_t bytes, uint32_t *region_p,
+                                            void **ptr_p)
+{
+    char ebuf[128], meta[128];
+    uint32_t id = 0;
+
+    if (c == NULL || region_p == NULL || ptr_p == NULL) return EPD_CLIENT_ERR_INVALID_ARG;
+    if (bytes == 0 || bytes > SIZE_MAX)
+        return client_fail(c, EPD_CLIENT_ERR_INVALID_ARG, NULL, "a region needs bytes >= 1");
+    client_region_t *cr = calloc(1, sizeof *cr);
+    if (cr == NULL) return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "out of memory");
+    int fd = memfd_create("epd-region", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0) {
+        int saved = errno;
+        if (fd >= 0) close(fd);
+        free(cr);
+        return client_fail(c, EPD_CLIENT_ERR_IO, NULL, "cannot create %" PRIu64
+                           " bytes of shared memory: %s", bytes, errno_text(saved, ebuf, sizeof ebuf));
+    }
+    void *map = mmap(NULL, (size_t)bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) {
+        int saved = errno;
+        close(fd);
+        free(cr);
+        return client_fail(c, EPD_CLIENT_ERR_IO, NULL, "cannot map the region: %s",
+                           errno_text(saved, ebuf, sizeof ebuf));
+    }
+    snprintf(meta, sizeof meta, "{\"op\":\"register\",\"kind\":\"host\",\"bytes\":%" PRIu64 "}",
+             bytes);
+    int rc = control_region(c, meta, fd, &id);
+    close(fd); /* the daemon has its own now (or refused it) */
+    if (rc != EPD_CLIENT_OK) {
+        munmap(map, (size_t)bytes);
+        free(cr);
+        return rc;
+    }
+    cr->id = id;
+    cr->map = map;
+    cr->bytes = (size_t)bytes;
+    cr->next = c->regions;
+    c->regions = cr;
+    *region_p = id;
+    *ptr_p = map;
+    return EPD_CLIENT_OK;
+}
+
+EPD_CLIENT_API int epd_client_register_cuda(epd_client_t *c, const uint8_t handle[64],
+                                            uint64_t offset, uint64_t bytes, uint32_t *region_p)
+{
+    char b64[EPD_BASE64_LEN(64) + 1], meta[256];
+
+    if (c == NULL || handle == NULL || region_p == NULL) return EPD_CLIENT_ERR_INVALID_ARG;
+    epd_base64_encode(handle, 64, b64);
+    snprintf(meta, sizeof meta,
+             "{\"op\":\"register\",\"kind\":\"cuda\",\"handle\":\"%s\",\"offset\":%" PRIu64
+             ",\"bytes\":%" PRIu64 "}", b64, offset, bytes);
+    return control_region(c, meta, -1, region_p);
+}
+
+EPD_CLIENT_API int epd_client_unregister(epd_client_t *c, uint32_t region)
+{
+    char meta[96];
+
+    if (c == NULL) return EPD_CLIENT_ERR_INVALID_ARG;
+    snprintf(meta, sizeof meta, "{\"op\":\"unregister\",\"region\":%" PRIu32 "}", region);
+    int rc = control_region(c, meta, -1, NULL);
+    for (client_region_t **link = &c->regions; *link != NULL; link = &(*link)->next) {
+        if ((*link)->id != region) continue;
+        client_region_t *cr = *link;
+        *link = cr->next;
+        munmap(cr->map, cr->bytes);
+        free(cr);
+        break;
+    }
+    return rc;
+}
+
+/* ---- non-blocking use ---- */
+
+EPD_CLIENT_API int epd_client_fd(const epd_client_t *c)
+{
+    return c != NULL ? c->fd : -1;
+}
+
+EPD_CLIENT_API size_t epd_client_pending_output(const epd_client_t *c)
+{
+    return c != NULL ? c->olen - c->ooff : 0;
+}
+
+EPD_CLIENT_API int epd_client_flush(epd_client_t *c)
+{
+    char ebuf[128];
+
+    if (c == NULL) return EPD_CLIENT_ERR_INVALID_ARG;
+    while (c->ooff < c->olen) {
+        int rc = client_require_connected(c);
+        if (rc != EPD_CLIENT_OK) return rc;
+        ssize_t n = send(c->fd, c->obuf + c->ooff, c->olen - c->ooff, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return EPD_CLIENT_AGAIN;
+            if (errno == EPIPE || errno == ECONNRESET) return client_closed_on_send(c);
+            return client_fail(c, EPD_CLIENT_ERR_IO, NULL, "writing to the daemon: %s",
+                               errno_text(errno, ebuf, sizeof ebuf));
+        }
+        c->ooff += (size_t)n;
+    }
+    c->ooff = c->olen = 0;
+    return EPD_CLIENT_OK;
+}
+
+EPD_CLIENT_API int epd_client_queue_request(epd_client_t *c, const epd_client_request_t *r)
+{
+    epd_frame_out_t out;
+    uint8_t *flat;
+    size_t len;
+    char err[EPD_ERR_LEN];
+
+    if (c == NULL || r == NULL) return EPD_CLIENT_ERR_INVALID_ARG;
+    int rc = client_require_connected(c);
+    if (rc != EPD_CLIENT_OK) return rc;
+    rc = encode_request(c, r, &out);
+    if (rc != EPD_CLIENT_OK) return rc;
+    epd_status_t status = epd_frame_out_flatten(&out, &flat, &len, err);
+    epd_frame_out_free(&out);
+    if (status != EPD_OK) return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "%s", err);
+    if (c->olen + len > c->ocap) {
+        size_t cap = c->ocap ? c->ocap : 4096;
+        while (cap < c->olen + len) cap *= 2;
+        uint8_t *p = realloc(c->obuf, cap);
+        if (p == NULL) {
+            free(flat);
+            return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "out of memory");
+        }
+        c->obuf = p;
+        c->ocap = cap;
+    }
+    memcpy(c->obuf + c->olen, flat, len);
+    c->olen += len;
+    free(flat);
+    c->in_flight++;
+    rc = epd_client_flush(c);
+    if (rc == EPD_CLIENT_OK || rc == EPD_CLIENT_AGAIN) client_ok(c);
+    return rc;
+}
+
+EPD_CLIENT_API int epd_client_try_recv(epd_client_t *c, epd_client_reply_t *reply_p)
+{
+    if (c == NULL || reply_p == NULL) return EPD_CLIENT_ERR_INVALID_ARG;
+    memset(reply_p, 0, sizeof *reply_p);
+    for (queued_frame_t *q = c->head; q != NULL; q = q->next)
+        if (match_answer(&q->frame, NULL)) return client_get_reply(c, match_answer, NULL, reply_p);
+    if (c->fd >= 0) {
+        int rc = client_read_some(c); /* the socket is non-blocking: AGAIN reads nothing */
+        if (rc != EPD_CLIENT_OK) return rc;
+    }
+    for (queued_frame_t *q = c->head; q != NULL; q = q->next)
+        if (match_answer(&q->frame, NULL)) return client_get_reply(c, match_answer, NULL, reply_p);
+    if (c->fd < 0) return client_require_connected(c);
+    return EPD_CLIENT_AGAIN;
+}
+
+/* Writes the queued output, waiting while the socket is full (answers are read meanwhile). */
+static int client_flush_blocking(epd_client_t *c)
+{
+    int64_t deadline = deadline_after(c->timeout_ms);
+
+    for (;;) {
+        int rc = epd_client_flush(c);
+        if (rc != EPD_CLIENT_AGAIN) return rc;
+        struct pollfd pfd = {.fd = c->fd, .events = POLLOUT | POLLIN};
+        int ready = poll(&pfd, 1, ms_left(deadline));
+        if (ready == 0)
+            return client_fail(c, EPD_CLIENT_ERR_TIMEOUT, NULL,
+                               "the daemon did not take queued output within %d ms",
+                               c->timeout_ms);
+        if (ready > 0 && (pfd.revents & (POLLIN | POLLHUP | POLLERR))) {
+            rc = client_read_some(c);
+            if (rc != EPD_CLIENT_OK) return rc;
+        }
+    }
+}
+
+static void regions_unmap(epd_client_t *c)
+{
+    while (c->regions != NULL) {
+        client_region_t *cr = c->regions;
+        c->regions = cr->next;
+        munmap(cr->map, cr->bytes);
+        free(cr);
+    }
 }

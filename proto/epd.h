@@ -37,6 +37,7 @@ typedef enum {
     EPD_CLIENT_ERR_IO,          /* a socket call failed */
     EPD_CLIENT_ERR_INVALID_ARG, /* a bad argument to a libepd call */
     EPD_CLIENT_ERR_NO_MEMORY,
+    EPD_CLIENT_AGAIN,           /* non-blocking calls: nothing yet, or output left to write */
 } epd_client_rc_t;
 
 typedef struct epd_client epd_client_t;
@@ -63,9 +64,32 @@ typedef struct epd_client_reply {
     uint64_t step;              /* the daemon's step that produced y */
     uint32_t n_tokens;
     uint32_t hidden;
-    const uint16_t *y;          /* bf16 [n_tokens, hidden], owned by the reply; NULL on error */
+    const uint16_t *y;          /* bf16 [n_tokens, hidden], owned by the reply; NULL on error and
+                                 * when the daemon wrote y into a region (y_region != 0) */
     void *storage;              /* private */
+    uint32_t y_region;          /* the region y was written into, 0 when y is above */
+    uint64_t y_offset;
 } epd_client_reply_t;
+
+/* Where one tensor of a request is: in the frame (region 0: data is read and sent) or in a
+ * region registered on this client's connection, at a byte offset (a multiple of 16). */
+typedef struct epd_client_tensor {
+    uint32_t region;
+    uint64_t offset;
+    const void *data;
+} epd_client_tensor_t;
+
+/* A batch whose tensors may be in shared regions (DESIGN.md section 4b). */
+typedef struct epd_client_request {
+    uint64_t id;
+    uint32_t n_tokens, hidden, topk;
+    int32_t layer;                     /* the MoE layer; < 0: not sent (the daemon takes 0) */
+    epd_client_tensor_t x;             /* bf16 [N, H] */
+    epd_client_tensor_t topk_ids;      /* i32 [N, K], or i64 when ids_i64 (torch.topk's dtype) */
+    int ids_i64;
+    epd_client_tensor_t topk_weights;  /* f32 [N, K] */
+    epd_client_tensor_t y;             /* region != 0: the daemon writes y there; 0: in the RESULT */
+} epd_client_request_t;
 
 /* The library's version, e.g. "0.1.0". */
 EPD_CLIENT_API const char *epd_client_version(void);
@@ -127,6 +151,53 @@ EPD_CLIENT_API int epd_client_control(epd_client_t *client, const char *op, char
 
 /* Frees a string returned by epd_client_control. */
 EPD_CLIENT_API void epd_client_free(void *ptr);
+
+/* ---- shared regions (DESIGN.md section 4b) ---- */
+
+/* Creates `bytes` of shared memory (a memfd), maps it here, and registers it with the daemon
+ * (the fd travels in SCM_RIGHTS). *region_p receives its id, *ptr_p this process's mapping, where
+ * the caller puts x, ids and weights and finds y. It stays until unregister or close. */
+EPD_CLIENT_API int epd_client_register_host(epd_client_t *client, uint64_t bytes,
+                                            uint32_t *region_p, void **ptr_p);
+
+/* Registers `bytes` at `offset` into a CUDA allocation of this process, given its 64-byte
+ * cudaIpcMemHandle_t (cudaIpcGetMemHandle, or the last 64 bytes of what torch's
+ * untyped_storage()._share_cuda_() gives). The daemon's rank must run on the same GPU. */
+EPD_CLIENT_API int epd_client_register_cuda(epd_client_t *client, const uint8_t handle[64],
+                                            uint64_t offset, uint64_t bytes, uint32_t *region_p);
+
+/* Releases a region (the daemon drops it once the requests using it are answered); a host
+ * region's mapping here is unmapped. */
+EPD_CLIENT_API int epd_client_unregister(epd_client_t *client, uint32_t region);
+
+/* Sends one request (blocking, like epd_client_send); tensors by region or in the frame. */
+EPD_CLIENT_API int epd_client_send_request(epd_client_t *client, const epd_client_request_t *req);
+
+/* Sends a request and waits for its answer; a y in the frame is copied to y_out (may be NULL when
+ * y is in a region). */
+EPD_CLIENT_API int epd_client_submit_request(epd_client_t *client, const epd_client_request_t *req,
+                                             uint16_t *y_out, uint64_t *step_p);
+
+/* ---- non-blocking use from an event loop (a router polling many sockets) ---- */
+
+/* The connection's socket, to watch for POLLIN (answers) and, while epd_client_pending_output is
+ * not 0, POLLOUT. -1 when not connected. */
+EPD_CLIENT_API int epd_client_fd(const epd_client_t *client);
+
+/* Queues a request (its bytes are copied) and writes what the socket takes without blocking:
+ * EPD_CLIENT_OK when all was written, EPD_CLIENT_AGAIN when some is left for epd_client_flush. */
+EPD_CLIENT_API int epd_client_queue_request(epd_client_t *client,
+                                            const epd_client_request_t *req);
+
+/* Writes queued output without blocking: OK when none is left, AGAIN when the socket is full. */
+EPD_CLIENT_API int epd_client_flush(epd_client_t *client);
+
+/* Bytes queued and not written yet. */
+EPD_CLIENT_API size_t epd_client_pending_output(const epd_client_t *client);
+
+/* The next answer if one has arrived (reading what the socket has, without blocking), as
+ * epd_client_recv; EPD_CLIENT_AGAIN when there is none yet. */
+EPD_CLIENT_API int epd_client_try_recv(epd_client_t *client, epd_client_reply_t *reply_p);
 
 #ifdef __cplusplus
 }

@@ -168,21 +168,30 @@ size_t epd_dtype_size(epd_dtype_t dtype);
 
 #define EPD_TENSOR_MAX_DIMS 8
 
-/* One parsed descriptor; begin/end are payload offsets. */
+/* One parsed descriptor. In the payload, [begin, end) are payload offsets; in a shared region
+ * (DESIGN.md section 4b), [begin, end) are offsets into region `region`. */
 typedef struct epd_tensor {
     epd_dtype_t dtype;
     uint32_t ndim;
     uint64_t shape[EPD_TENSOR_MAX_DIMS];
     uint64_t begin;
     uint64_t end;
+    bool in_region;
+    uint32_t region;
 } epd_tensor_t;
+
+/* Region tensors start at a multiple of this many bytes (kernels read rows with 16-byte loads). */
+#define EPD_REGION_ALIGN 16u
 
 /* Parses and checks one descriptor {"dtype", "shape", "data_offsets"} named `name` (for messages)
  * against a payload of payload_len bytes: known dtype, shape a list of at most
  * EPD_TENSOR_MAX_DIMS non-negative integers, data_offsets [begin, end] integers with
  * begin <= end <= payload_len, begin aligned to the dtype size, product(shape) * size == end-begin.
- * Any failure is bad_tensor. An unknown dtype name is bad_tensor; a known but unexpected one is
- * the caller's unsupported_dtype. */
+ * Or a region descriptor {"dtype", "shape", "region": R (u32), "offset": o (default 0)}: begin = o,
+ * end = o + product(shape) * size (no overflow); whether the region holds it is the caller's
+ * (bad_region). Both "region" and "data_offsets" is bad_tensor. Any failure is bad_tensor. An
+ * unknown dtype name is bad_tensor; a known but unexpected one is the caller's
+ * unsupported_dtype. */
 epd_status_t epd_tensor_parse(const cJSON *desc, const char *name, uint64_t payload_len,
                               epd_tensor_t *tensor_p, char err[EPD_ERR_LEN]);
 
@@ -193,25 +202,65 @@ typedef struct epd_submit_limits {
     uint32_t topk;        /* K: model.topk */
     uint32_t num_experts; /* E: model.num_experts */
     uint32_t max_tokens;  /* dispatch.max_tokens_per_request */
+    /* Whether the daemon serves `layer` (ffn experts serve the layers they loaded); NULL: every
+     * layer is served (the toy expert kinds). */
+    bool (*layer_known)(void *arg, uint32_t layer);
+    void *layer_arg;
 } epd_submit_limits_t;
 
-/* Views into a validated SUBMIT frame's payload (borrowed: they live as long as frame->payload).
- * The payload is malloc'ed and offsets are checked to be aligned to their dtype, so the pointers
- * are properly aligned. */
+/* What a region tensor resolves to (the daemon's region table fills it). */
+typedef struct epd_region_span {
+    void *ptr;    /* the tensor's first byte: host memory, or device memory when device */
+    bool device;
+    void *region; /* the region (opaque here): the caller takes a reference for the request */
+} epd_region_span_t;
+
+/* A connection's shared regions, for SUBMITs that name them (DESIGN.md section 4b). */
+typedef struct epd_submit_regions {
+    void *arg;
+    /* Resolves bytes [begin, end) of region `id`: EPD_OK, or bad_region with a sentence (unknown
+     * or released region, out of its bounds). */
+    epd_status_t (*resolve)(void *arg, uint32_t id, uint64_t begin, uint64_t end,
+                            epd_region_span_t *span_p, char err[EPD_ERR_LEN]);
+    /* Device tensors: copies bytes of device memory to the host (synchronously), and finds the
+     * first bf16 of x[n] that is Inf or NaN (-1: none). NULL where there is no device. */
+    epd_status_t (*device_read)(void *arg, void *dst_host, const void *src, size_t bytes,
+                                char err[EPD_ERR_LEN]);
+    epd_status_t (*device_find_non_finite)(void *arg, const uint16_t *x, uint64_t n,
+                                           int64_t *first_p, char err[EPD_ERR_LEN]);
+} epd_submit_regions_t;
+
+/* The tensors of a SUBMIT, in epd_submit_view_t.regions order. */
+enum { EPD_SUBMIT_X = 0, EPD_SUBMIT_IDS, EPD_SUBMIT_WEIGHTS, EPD_SUBMIT_Y, EPD_SUBMIT_TENSORS };
+
+/* Views into a validated SUBMIT: into the frame's payload (borrowed: they live as long as
+ * frame->payload; it is malloc'ed and offsets are aligned to their dtype), into shared regions,
+ * or into `owned`. */
 typedef struct epd_submit_view {
     uint64_t id;
+    uint32_t layer;               /* "layer", 0 when absent */
     uint32_t n_tokens;
     uint32_t hidden;
     uint32_t topk;
-    const uint16_t *x;            /* bf16 bit patterns [N, H] */
-    const int32_t *topk_ids;      /* [N, K] */
-    const float *topk_weights;    /* [N, K] */
+    const uint16_t *x;            /* bf16 bit patterns [N, H]; device memory when x_device */
+    bool x_device;
+    const int32_t *topk_ids;      /* [N, K], host (i64 ids narrowed, device ones read, in owned) */
+    const float *topk_weights;    /* [N, K], host */
+    uint16_t *y;                  /* bf16 [N, H] in a region, or NULL: y goes in the RESULT */
+    bool y_device;
+    uint32_t y_region;
+    uint64_t y_offset;
+    void *regions[EPD_SUBMIT_TENSORS]; /* each tensor's region (span.region), NULL in the payload */
+    void *owned;                  /* malloc'ed host copies behind ids/weights, or NULL: the
+                                   * caller frees it (also after an error) */
 } epd_submit_view_t;
 
 /* Validates a SUBMIT frame completely and fills *view_p. Codes (the first failing check wins;
  * descriptors, then layout, then shapes, then contents):
  *   bad_json            meta schema: "id" missing or not a non-negative integer, "tensors"
- *                       missing or not an object;
+ *                       missing or not an object, "layer" present but not an integer in
+ *                       [0, 2^31);
+ *   unknown_layer       limits->layer_known says the daemon does not serve that layer;
  *   bad_tensor          a tensor missing, unknown name, malformed descriptor, unknown dtype name,
  *                       ndim != 2, offsets out of the payload / misaligned / overlapping, bytes of
  *                       the payload that no tensor describes, N = 0;
@@ -228,6 +277,17 @@ typedef struct epd_submit_view {
  * EPD_ERR_NO_MEMORY if the duplicate check's bitmap (E > 4096 bits) cannot be allocated. */
 epd_status_t epd_submit_validate(const epd_frame_t *frame, const epd_submit_limits_t *limits,
                                  epd_submit_view_t *view_p, char err[EPD_ERR_LEN]);
+
+/* The same with tensors in shared regions allowed (regions NULL: a region tensor is bad_region).
+ * A region tensor must start at a multiple of EPD_REGION_ALIGN bytes and lie inside its region
+ * (bad_region); "y" (bf16 [N, H]) may only be a region tensor; topk_ids may be i64 (each value in
+ * [0, E) or -1, else expert_out_of_range). Payload tensors must tile the payload as before, and
+ * with every tensor in regions the payload is empty. Device tensors are checked like host ones:
+ * ids and weights are read to the host (into owned), x is scanned on the device. */
+epd_status_t epd_submit_validate_regions(const epd_frame_t *frame,
+                                         const epd_submit_limits_t *limits,
+                                         const epd_submit_regions_t *regions,
+                                         epd_submit_view_t *view_p, char err[EPD_ERR_LEN]);
 
 /* ---- encoders ---- */
 
@@ -265,6 +325,11 @@ epd_status_t epd_frame_encode_result(uint64_t id, uint64_t step, uint32_t n_toke
 /* ERROR: meta {"id": id or null, "code": epd_status_name(code), "message"}. code must be a wire
  * code (epd_status_is_wire_code), else EPD_ERR_INVALID_ARG. A message longer than the meta bound
  * allows is cut. */
+/* RESULT whose y the daemon wrote into a region: meta names it, the payload is empty. */
+epd_status_t epd_frame_encode_result_region(uint64_t id, uint64_t step, uint32_t n_tokens,
+                                            uint32_t hidden, uint32_t region, uint64_t offset,
+                                            epd_frame_out_t *out_p, char err[EPD_ERR_LEN]);
+
 epd_status_t epd_frame_encode_error(bool has_id, uint64_t id, epd_status_t code,
                                     const char *message, epd_frame_out_t *out_p,
                                     char err[EPD_ERR_LEN]);

@@ -1,7 +1,7 @@
 # proto/: the wire codec (PROTO_SRCS, linked by the daemon too), libepd (static, shared, pkg-config),
 # epctl, the codec's unit tests, and `make fuzz` (libFuzzer harness of the decoder).
 
-PROTO_SRCS := proto/frame.c proto/json_strict.c proto/tensor.c proto/submit.c
+PROTO_SRCS := proto/frame.c proto/json_strict.c proto/tensor.c proto/submit.c proto/base64.c
 LIBEPD_SRCS := $(PROTO_SRCS) proto/client.c common/status.c common/parse.c
 EPCTL_SRCS := proto/epctl.c
 

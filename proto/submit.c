@@ -9,26 +9,31 @@
 #include "common/bf16.h"
 #include "proto/frame.h"
 
-enum { T_X = 0, T_IDS, T_WEIGHTS, T_COUNT };
+enum { T_X = EPD_SUBMIT_X, T_IDS = EPD_SUBMIT_IDS, T_WEIGHTS = EPD_SUBMIT_WEIGHTS,
+       T_Y = EPD_SUBMIT_Y, T_COUNT = EPD_SUBMIT_TENSORS };
 
-static const char *const tensor_names[T_COUNT] = {"x", "topk_ids", "topk_weights"};
-static const epd_dtype_t tensor_dtypes[T_COUNT] = {EPD_DTYPE_BF16, EPD_DTYPE_I32, EPD_DTYPE_F32};
+static const char *const tensor_names[T_COUNT] = {"x", "topk_ids", "topk_weights", "y"};
+static const epd_dtype_t tensor_dtypes[T_COUNT] = {EPD_DTYPE_BF16, EPD_DTYPE_I32, EPD_DTYPE_F32,
+                                                   EPD_DTYPE_BF16};
 
-/* Every payload byte belongs to exactly one tensor: sorted by begin, they must tile [0, len). */
-static epd_status_t check_cover(const epd_tensor_t t[T_COUNT], uint64_t payload_len,
-                                char err[EPD_ERR_LEN])
+/* Every payload byte belongs to exactly one payload tensor: sorted by begin, they must tile
+ * [0, len). Region tensors (and an absent y) take no part. */
+static epd_status_t check_cover(const epd_tensor_t t[T_COUNT], const bool present[T_COUNT],
+                                uint64_t payload_len, char err[EPD_ERR_LEN])
 {
-    int order[T_COUNT] = {T_X, T_IDS, T_WEIGHTS};
+    int order[T_COUNT], n = 0;
     uint64_t at = 0;
 
-    for (int i = 1; i < T_COUNT; i++) {
+    for (int k = 0; k < T_COUNT; k++)
+        if (present[k] && !t[k].in_region) order[n++] = k;
+    for (int i = 1; i < n; i++) {
         for (int j = i; j > 0 && t[order[j]].begin < t[order[j - 1]].begin; j--) {
             int tmp = order[j];
             order[j] = order[j - 1];
             order[j - 1] = tmp;
         }
     }
-    for (int i = 0; i < T_COUNT; i++) {
+    for (int i = 0; i < n; i++) {
         const epd_tensor_t *cur = &t[order[i]];
         if (cur->begin < at) {
             snprintf(err, EPD_ERR_LEN, "tensor %s [%" PRIu64 ", %" PRIu64 ") overlaps tensor %s",
@@ -51,11 +56,12 @@ static epd_status_t check_cover(const epd_tensor_t t[T_COUNT], uint64_t payload_
     return EPD_OK;
 }
 
-/* Parses the "tensors" object: exactly x, topk_ids, topk_weights, each once, right dtype, 2-D. */
+/* Parses the "tensors" object: x, topk_ids, topk_weights each once, y at most once (in a region),
+ * right dtypes (topk_ids i32 or i64), 2-D. */
 static epd_status_t parse_tensors(const cJSON *tensors, uint64_t payload_len,
-                                  epd_tensor_t t[T_COUNT], char err[EPD_ERR_LEN])
+                                  epd_tensor_t t[T_COUNT], bool seen[T_COUNT],
+                                  char err[EPD_ERR_LEN])
 {
-    bool seen[T_COUNT] = {false, false, false};
     const cJSON *item;
     epd_status_t status;
 
@@ -66,7 +72,8 @@ static epd_status_t parse_tensors(const cJSON *tensors, uint64_t payload_len,
         }
         if (k == T_COUNT) {
             snprintf(err, EPD_ERR_LEN,
-                     "unknown tensor \"%.40s\" (a SUBMIT has x, topk_ids, topk_weights)",
+                     "unknown tensor \"%.40s\" (a SUBMIT has x, topk_ids, topk_weights and "
+                     "optionally y)",
                      item->string);
             return EPD_ERR_BAD_TENSOR;
         }
@@ -77,10 +84,11 @@ static epd_status_t parse_tensors(const cJSON *tensors, uint64_t payload_len,
         seen[k] = true;
         status = epd_tensor_parse(item, tensor_names[k], payload_len, &t[k], err);
         if (status != EPD_OK) return status;
-        if (t[k].dtype != tensor_dtypes[k]) {
-            snprintf(err, EPD_ERR_LEN, "tensor %s has dtype %s, only %s is supported",
+        bool ids64 = k == T_IDS && t[k].dtype == EPD_DTYPE_I64;
+        if (t[k].dtype != tensor_dtypes[k] && !ids64) {
+            snprintf(err, EPD_ERR_LEN, "tensor %s has dtype %s, only %s%s is supported",
                      tensor_names[k], epd_dtype_name(t[k].dtype),
-                     epd_dtype_name(tensor_dtypes[k]));
+                     epd_dtype_name(tensor_dtypes[k]), k == T_IDS ? " or i64" : "");
             return EPD_ERR_UNSUPPORTED_DTYPE;
         }
         if (t[k].ndim != 2) {
@@ -88,8 +96,13 @@ static epd_status_t parse_tensors(const cJSON *tensors, uint64_t payload_len,
                      t[k].ndim);
             return EPD_ERR_BAD_TENSOR;
         }
+        if (k == T_Y && !t[k].in_region) {
+            snprintf(err, EPD_ERR_LEN,
+                     "tensor y must name a region (without one, y comes back in the RESULT)");
+            return EPD_ERR_BAD_TENSOR;
+        }
     }
-    for (int k = 0; k < T_COUNT; k++) {
+    for (int k = 0; k < T_Y; k++) {
         if (!seen[k]) {
             snprintf(err, EPD_ERR_LEN, "tensor %s is missing", tensor_names[k]);
             return EPD_ERR_BAD_TENSOR;
@@ -162,15 +175,43 @@ static int64_t find_non_finite(const uint16_t *x, uint64_t n)
     return -1;
 }
 
+/* Narrows i64 ids (n values) to i32 in out: each must be -1 or in [0, E). */
+static epd_status_t narrow_ids(const int64_t *ids, uint64_t n, uint32_t topk, uint32_t num_experts,
+                               int32_t *out, char err[EPD_ERR_LEN])
+{
+    for (uint64_t i = 0; i < n; i++) {
+        if (ids[i] != -1 && (ids[i] < 0 || ids[i] >= (int64_t)num_experts)) {
+            snprintf(err, EPD_ERR_LEN,
+                     "token %" PRIu64 " slot %" PRIu64 ": expert id %" PRId64
+                     " is not in [0, %u) or -1", i / topk, i % topk, ids[i], num_experts);
+            return EPD_ERR_EXPERT_OUT_OF_RANGE;
+        }
+        out[i] = (int32_t)ids[i];
+    }
+    return EPD_OK;
+}
+
 epd_status_t epd_submit_validate(const epd_frame_t *frame, const epd_submit_limits_t *limits,
                                  epd_submit_view_t *view_p, char err[EPD_ERR_LEN])
 {
+    return epd_submit_validate_regions(frame, limits, NULL, view_p, err);
+}
+
+epd_status_t epd_submit_validate_regions(const epd_frame_t *frame,
+                                         const epd_submit_limits_t *limits,
+                                         const epd_submit_regions_t *regions,
+                                         epd_submit_view_t *view_p, char err[EPD_ERR_LEN])
+{
     epd_tensor_t t[T_COUNT];
+    bool seen[T_COUNT] = {false, false, false, false};
+    void *host[T_COUNT] = {NULL, NULL, NULL, NULL};
+    bool device[T_COUNT] = {false, false, false, false};
     const cJSON *tensors;
     uint64_t n_tokens;
     epd_status_t status;
 
     memset(view_p, 0, sizeof(*view_p));
+    memset(t, 0, sizeof t);
     if (frame == NULL || frame->type != EPD_FRAME_SUBMIT || limits == NULL || limits->hidden == 0 ||
         limits->topk == 0) {
         snprintf(err, EPD_ERR_LEN, "epd_submit_validate needs a SUBMIT frame and H, K >= 1");
@@ -192,9 +233,23 @@ epd_status_t epd_submit_validate(const epd_frame_t *frame, const epd_submit_limi
         snprintf(err, EPD_ERR_LEN, "SUBMIT meta has no \"tensors\" object");
         return EPD_ERR_BAD_JSON;
     }
-    status = parse_tensors(tensors, frame->payload_len, t, err);
+    const cJSON *layer = cJSON_GetObjectItemCaseSensitive(frame->meta, "layer");
+    if (layer != NULL) {
+        double v = cJSON_IsNumber(layer) ? layer->valuedouble : -1.0;
+        if (!(v >= 0.0 && v <= (double)INT32_MAX && v == (double)(int64_t)v)) {
+            snprintf(err, EPD_ERR_LEN, "SUBMIT \"layer\" must be an integer in [0, 2^31)");
+            return EPD_ERR_BAD_JSON;
+        }
+        view_p->layer = (uint32_t)v;
+        if (limits->layer_known != NULL && !limits->layer_known(limits->layer_arg, view_p->layer)) {
+            snprintf(err, EPD_ERR_LEN, "layer %u is not served by this daemon (experts.layers)",
+                     view_p->layer);
+            return EPD_ERR_UNKNOWN_LAYER;
+        }
+    }
+    status = parse_tensors(tensors, frame->payload_len, t, seen, err);
     if (status != EPD_OK) return status;
-    status = check_cover(t, frame->payload_len, err);
+    status = check_cover(t, seen, frame->payload_len, err);
     if (status != EPD_OK) return status;
 
     n_tokens = t[T_X].shape[0];
@@ -202,15 +257,19 @@ epd_status_t epd_submit_validate(const epd_frame_t *frame, const epd_submit_limi
         snprintf(err, EPD_ERR_LEN, "a SUBMIT must carry at least one token (N = 0)");
         return EPD_ERR_BAD_TENSOR;
     }
-    if (t[T_IDS].shape[0] != n_tokens || t[T_WEIGHTS].shape[0] != n_tokens) {
+    if (t[T_IDS].shape[0] != n_tokens || t[T_WEIGHTS].shape[0] != n_tokens ||
+        (seen[T_Y] && t[T_Y].shape[0] != n_tokens)) {
         snprintf(err, EPD_ERR_LEN,
                  "tensors disagree on N: x has %" PRIu64 ", topk_ids %" PRIu64
-                 ", topk_weights %" PRIu64, n_tokens, t[T_IDS].shape[0], t[T_WEIGHTS].shape[0]);
+                 ", topk_weights %" PRIu64 "%s", n_tokens, t[T_IDS].shape[0],
+                 t[T_WEIGHTS].shape[0], seen[T_Y] ? ", y another" : "");
         return EPD_ERR_SHAPE_MISMATCH;
     }
-    if (t[T_X].shape[1] != limits->hidden) {
-        snprintf(err, EPD_ERR_LEN, "x has hidden size %" PRIu64 ", the daemon runs %u",
-                 t[T_X].shape[1], limits->hidden);
+    if (t[T_X].shape[1] != limits->hidden || (seen[T_Y] && t[T_Y].shape[1] != limits->hidden)) {
+        snprintf(err, EPD_ERR_LEN, "%s has hidden size %" PRIu64 ", the daemon runs %u",
+                 t[T_X].shape[1] != limits->hidden ? "x" : "y",
+                 t[T_X].shape[1] != limits->hidden ? t[T_X].shape[1] : t[T_Y].shape[1],
+                 limits->hidden);
         return EPD_ERR_SHAPE_MISMATCH;
     }
     if (t[T_IDS].shape[1] != limits->topk || t[T_WEIGHTS].shape[1] != limits->topk) {
@@ -225,16 +284,113 @@ epd_status_t epd_submit_validate(const epd_frame_t *frame, const epd_submit_limi
                  n_tokens, limits->max_tokens);
         return EPD_ERR_TOO_MANY_TOKENS;
     }
+
+    /* where each tensor is */
+    for (int k = 0; k < T_COUNT; k++) {
+        if (!seen[k]) continue;
+        if (!t[k].in_region) {
+            host[k] = frame->payload + t[k].begin;
+            continue;
+        }
+        if (regions == NULL || regions->resolve == NULL) {
+            snprintf(err, EPD_ERR_LEN, "tensor %s names region %u, but no region is registered",
+                     tensor_names[k], t[k].region);
+            return EPD_ERR_BAD_REGION;
+        }
+        if (t[k].begin % EPD_REGION_ALIGN != 0) {
+            snprintf(err, EPD_ERR_LEN,
+                     "tensor %s: offset %" PRIu64 " into region %u is not a multiple of %u",
+                     tensor_names[k], t[k].begin, t[k].region, EPD_REGION_ALIGN);
+            return EPD_ERR_BAD_REGION;
+        }
+        epd_region_span_t span;
+        char why[EPD_ERR_LEN];
+        status = regions->resolve(regions->arg, t[k].region, t[k].begin, t[k].end, &span, why);
+        if (status != EPD_OK) {
+            snprintf(err, EPD_ERR_LEN, "tensor %s: %.200s", tensor_names[k], why);
+            return status;
+        }
+        host[k] = span.ptr;
+        device[k] = span.device;
+        view_p->regions[k] = span.region;
+    }
     view_p->n_tokens = (uint32_t)n_tokens;
     view_p->hidden = limits->hidden;
     view_p->topk = limits->topk;
-    view_p->x = (const uint16_t *)(const void *)(frame->payload + t[T_X].begin);
-    view_p->topk_ids = (const int32_t *)(const void *)(frame->payload + t[T_IDS].begin);
-    view_p->topk_weights = (const float *)(const void *)(frame->payload + t[T_WEIGHTS].begin);
+
+    /* ids and weights on the host, i32: read from the device and narrowed from i64 as needed */
+    uint64_t n_slots = n_tokens * limits->topk;
+    size_t id_bytes = (size_t)n_slots * epd_dtype_size(t[T_IDS].dtype);
+    bool ids64 = t[T_IDS].dtype == EPD_DTYPE_I64;
+    size_t owned_bytes = (ids64 || device[T_IDS] ? id_bytes : 0) +
+                         (device[T_WEIGHTS] ? (size_t)n_slots * sizeof(float) : 0) +
+                         (ids64 ? (size_t)n_slots * sizeof(int32_t) : 0);
+    if (owned_bytes > 0) {
+        uint8_t *owned = malloc(owned_bytes), *at = owned;
+        if (owned == NULL) {
+            snprintf(err, EPD_ERR_LEN, "cannot allocate %zu bytes for the top-k tensors",
+                     owned_bytes);
+            return EPD_ERR_NO_MEMORY;
+        }
+        view_p->owned = owned;
+        if (device[T_IDS] || device[T_WEIGHTS]) {
+            if (regions->device_read == NULL) {
+                snprintf(err, EPD_ERR_LEN, "device tensors cannot be read on this daemon");
+                return EPD_ERR_BAD_REGION;
+            }
+        }
+        if (device[T_IDS]) {
+            status = regions->device_read(regions->arg, at, host[T_IDS], id_bytes, err);
+            if (status != EPD_OK) return status;
+            host[T_IDS] = at;
+            at += id_bytes;
+        }
+        if (device[T_WEIGHTS]) {
+            status = regions->device_read(regions->arg, at, host[T_WEIGHTS],
+                                          (size_t)n_slots * sizeof(float), err);
+            if (status != EPD_OK) return status;
+            host[T_WEIGHTS] = at;
+            at += (size_t)n_slots * sizeof(float);
+        }
+        if (ids64) {
+            int64_t wide[64];
+            int32_t *narrow = (int32_t *)(void *)at;
+            /* the source may be unaligned for i64 only in a payload, never: offsets are aligned */
+            for (uint64_t i = 0; i < n_slots; i += 64) {
+                uint64_t m = n_slots - i < 64 ? n_slots - i : 64;
+                memcpy(wide, (const int64_t *)host[T_IDS] + i, (size_t)m * sizeof(int64_t));
+                status = narrow_ids(wide, m, 1, limits->num_experts, narrow + i, err);
+                if (status != EPD_OK) {
+                    /* name the token and slot of the whole request, not of the chunk */
+                    uint64_t bad = i;
+                    while (bad < i + m && (wide[bad - i] == -1 ||
+                                           (wide[bad - i] >= 0 &&
+                                            wide[bad - i] < (int64_t)limits->num_experts)))
+                        bad++;
+                    snprintf(err, EPD_ERR_LEN,
+                             "token %" PRIu64 " slot %" PRIu64 ": expert id %" PRId64
+                             " is not in [0, %u) or -1", bad / limits->topk,
+                             bad % limits->topk, wide[bad - i], limits->num_experts);
+                    return status;
+                }
+            }
+            host[T_IDS] = narrow;
+        }
+    }
+    view_p->x = host[T_X];
+    view_p->x_device = device[T_X];
+    view_p->topk_ids = host[T_IDS];
+    view_p->topk_weights = host[T_WEIGHTS];
+    if (seen[T_Y]) {
+        view_p->y = host[T_Y];
+        view_p->y_device = device[T_Y];
+        view_p->y_region = t[T_Y].region;
+        view_p->y_offset = t[T_Y].begin;
+    }
 
     status = check_ids(view_p->topk_ids, n_tokens, limits->topk, limits->num_experts, err);
     if (status != EPD_OK) return status;
-    for (uint64_t i = 0; i < n_tokens * limits->topk; i++) {
+    for (uint64_t i = 0; i < n_slots; i++) {
         if (!isfinite(view_p->topk_weights[i])) {
             snprintf(err, EPD_ERR_LEN, "token %" PRIu64 " slot %" PRIu64 ": weight is %s",
                      i / limits->topk, i % limits->topk,
@@ -242,7 +398,18 @@ epd_status_t epd_submit_validate(const epd_frame_t *frame, const epd_submit_limi
             return EPD_ERR_NON_FINITE_INPUT;
         }
     }
-    int64_t bad = find_non_finite(view_p->x, n_tokens * limits->hidden);
+    int64_t bad = -1;
+    if (view_p->x_device) {
+        if (regions->device_find_non_finite == NULL) {
+            snprintf(err, EPD_ERR_LEN, "device tensors cannot be read on this daemon");
+            return EPD_ERR_BAD_REGION;
+        }
+        status = regions->device_find_non_finite(regions->arg, view_p->x,
+                                                 n_tokens * limits->hidden, &bad, err);
+        if (status != EPD_OK) return status;
+    } else {
+        bad = find_non_finite(view_p->x, n_tokens * limits->hidden);
+    }
     if (bad >= 0) {
         snprintf(err, EPD_ERR_LEN, "x[%" PRId64 "][%" PRId64 "] is not finite (Inf or NaN)",
                  bad / (int64_t)limits->hidden, bad % (int64_t)limits->hidden);
@@ -431,6 +598,32 @@ epd_status_t epd_frame_encode_result(uint64_t id, uint64_t step, uint32_t n_toke
         goto err_meta;
     }
     status = epd_frame_encode_json(EPD_FRAME_RESULT, meta, y, (size_t)y_bytes, out_p, err);
+err_meta:
+    cJSON_Delete(meta);
+    if (status == EPD_ERR_NO_MEMORY) snprintf(err, EPD_ERR_LEN, "cannot build RESULT meta");
+    return status;
+}
+
+epd_status_t epd_frame_encode_result_region(uint64_t id, uint64_t step, uint32_t n_tokens,
+                                            uint32_t hidden, uint32_t region, uint64_t offset,
+                                            epd_frame_out_t *out_p, char err[EPD_ERR_LEN])
+{
+    cJSON *meta, *tensors, *y, *shape;
+    epd_status_t status = EPD_ERR_NO_MEMORY;
+
+    meta = cJSON_CreateObject();
+    if (meta == NULL || add_u64(meta, "id", id) == NULL) goto err_meta;
+    tensors = cJSON_AddObjectToObject(meta, "tensors");
+    y = tensors != NULL ? cJSON_AddObjectToObject(tensors, "y") : NULL;
+    if (y == NULL || cJSON_AddStringToObject(y, "dtype", "bf16") == NULL) goto err_meta;
+    shape = cJSON_AddArrayToObject(y, "shape");
+    if (shape == NULL) goto err_meta;
+    cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)n_tokens));
+    cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)hidden));
+    if (cJSON_GetArraySize(shape) != 2 || add_u64(y, "region", region) == NULL ||
+        add_u64(y, "offset", offset) == NULL || add_u64(meta, "step", step) == NULL)
+        goto err_meta;
+    status = epd_frame_encode_json(EPD_FRAME_RESULT, meta, NULL, 0, out_p, err);
 err_meta:
     cJSON_Delete(meta);
     if (status == EPD_ERR_NO_MEMORY) snprintf(err, EPD_ERR_LEN, "cannot build RESULT meta");

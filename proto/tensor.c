@@ -102,6 +102,36 @@ epd_status_t epd_tensor_parse(const cJSON *desc, const char *name, uint64_t payl
         /* saturate: any product above 2^64 cannot match a payload anyway */
         if (__builtin_mul_overflow(count, d, &count)) count = UINT64_MAX;
     }
+    const cJSON *region = cJSON_GetObjectItemCaseSensitive(desc, "region");
+    if (region != NULL) {
+        const cJSON *offset = cJSON_GetObjectItemCaseSensitive(desc, "offset");
+        uint64_t id;
+        if (offsets != NULL) {
+            snprintf(err, EPD_ERR_LEN,
+                     "tensor %.40s: names a \"region\" and \"data_offsets\"; one or the other",
+                     name);
+            return EPD_ERR_BAD_TENSOR;
+        }
+        if (!json_to_u64(region, &id) || id > UINT32_MAX) {
+            snprintf(err, EPD_ERR_LEN, "tensor %.40s: \"region\" must be a region id", name);
+            return EPD_ERR_BAD_TENSOR;
+        }
+        t.begin = 0;
+        if (offset != NULL && !json_to_u64(offset, &t.begin)) {
+            snprintf(err, EPD_ERR_LEN,
+                     "tensor %.40s: \"offset\" must be a non-negative integer", name);
+            return EPD_ERR_BAD_TENSOR;
+        }
+        if (count == UINT64_MAX || __builtin_mul_overflow(count, size, &bytes) ||
+            __builtin_add_overflow(t.begin, bytes, &t.end)) {
+            snprintf(err, EPD_ERR_LEN, "tensor %.40s: offset + bytes overflows", name);
+            return EPD_ERR_BAD_TENSOR;
+        }
+        t.in_region = true;
+        t.region = (uint32_t)id;
+        *tensor_p = t;
+        return EPD_OK;
+    }
     if (!cJSON_IsArray(offsets) || cJSON_GetArraySize(offsets) != 2 ||
         !json_to_u64(cJSON_GetArrayItem(offsets, 0), &t.begin) ||
         !json_to_u64(cJSON_GetArrayItem(offsets, 1), &t.end)) {

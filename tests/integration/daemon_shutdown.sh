@@ -23,14 +23,28 @@ flood() {
     done
 }
 
-# check_drain LOG: every rank logged a drain with requests in flight, and answered all it
-# accepted; the flood client saw only right answers.
+# rank_pid R: the pid of rank R (from its health reply).
+rank_pid() {
+    $WIRE health "$(sock "$1")" | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])'
+}
+
+# hold R: stops rank R (SIGSTOP) for a moment so that the other rank's requests wait in its queue
+# for the agreement: the steps are faster than the clients, so without it the queues are empty
+# whenever the signal comes. The caller continues it (SIGCONT) after sending its signal.
+hold() {
+    held_pid=$(rank_pid "$1")
+    kill -STOP "$held_pid"
+    sleep 0.3
+}
+
+# check_drain LOG R: rank R (the one not held) logged a drain with requests in flight, every rank
+# answered all it accepted, and the flood client saw only right answers.
 check_drain() {
     wait "$flood_pid" || { cat "$TMP/flood.log"; die "the flooding client saw a wrong answer"; }
     cat "$TMP/flood.log"
+    grep -E "epd\[rank $2\] INFO: draining: .* [1-9][0-9]* in flight" "$1" \
+        || die "rank $2 did not drain with requests in flight"
     for r in 0 1; do
-        grep -E "epd\[rank $r\] INFO: draining: .* [1-9][0-9]* in flight" "$1" \
-            || die "rank $r did not drain with requests in flight"
         line=$(grep -E "epd\[rank $r\] INFO: drained: answered" "$1") || die "rank $r: no drained line"
         echo "$line"
         [[ $line =~ accepted\ ([0-9]+),\ answered\ ([0-9]+) ]] || die "rank $r: unexpected drained line"
@@ -42,20 +56,24 @@ check_drain() {
 echo "== SIGUSR1 to mpirun"
 epd_start 2 "${opts[@]}"
 flood 1
+hold 1
 kill -USR1 "$EPD_PID"
+kill -CONT "$held_pid"
 epd_wait_exit 30
 [[ $EPD_RC == 0 ]] || die "mpirun exited $EPD_RC after SIGUSR1"
-check_drain "$TMP/epd.log"
+check_drain "$TMP/epd.log" 0
 grep -q "shutdown requested by SIGUSR1" "$TMP/epd.log" || die "no 'shutdown requested' line"
 
 echo "== SIGTERM to rank 1 only"
 epd_start 2 "${opts[@]}"
 flood 2
-pid1=$($WIRE health "$(sock 1)" | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
+pid1=$(rank_pid 1)
+hold 0
 kill -TERM "$pid1"
+kill -CONT "$held_pid"
 epd_wait_exit 30
 [[ $EPD_RC == 0 ]] || die "mpirun exited $EPD_RC after SIGTERM to rank 1"
-check_drain "$TMP/epd.log"
+check_drain "$TMP/epd.log" 1
 grep -q "epd\[rank 1\] INFO: shutdown requested by SIGTERM" "$TMP/epd.log" || die "rank 1 did not see SIGTERM"
 ! grep -q "epd\[rank 0\] INFO: shutdown requested" "$TMP/epd.log" || die "rank 0 got a signal too"
 

@@ -30,7 +30,8 @@
 
 static int rank, world, failures;
 static pthread_t main_thread;
-static atomic_int late_wakes; /* worker wakes that came after the engine had stopped */
+static atomic_int late_wakes; /* worker wakes that came after the loop saw the engine stopped */
+static atomic_bool loop_saw_stopped;
 
 #define CHECK(cond, ...)                                          \
     do {                                                          \
@@ -77,6 +78,7 @@ static epd_request_t *make_request(uint64_t id, uint32_t n, uint64_t *seed)
 typedef struct expected {
     uint64_t id;
     uint32_t n;
+    uint32_t layer;
     uint16_t *y; /* the reference */
     bool answered;
 } expected_t;
@@ -90,6 +92,7 @@ typedef struct run {
     int n_exp;
     int n_answered, n_errors;
     uint64_t last_step;
+    uint32_t last_layer; /* of last_step */
     bool saw_shutting_down, refused_after_agreement, timed_out, tried_after_failure;
     epd_status_t want_status; /* EPD_OK, or EPD_ERR_INTERNAL for the failing transport */
 } run_t;
@@ -99,6 +102,7 @@ static expected_t *expect(run_t *run, epd_request_t *req)
     expected_t *e = &run->exp[run->n_exp++];
     e->id = req->id;
     e->n = req->n_tokens;
+    e->layer = req->layer;
     e->y = malloc((size_t)req->n_tokens * HIDDEN * 2);
     if (e->y == NULL || epd_moe_reference(&run->shape, req->n_tokens, req->x, req->topk_ids,
                                           req->topk_weights, e->y) != EPD_OK)
@@ -115,7 +119,7 @@ static void wake_fn(void *arg)
          * touches once the engine has stopped, so no worker wake may come after the stop. */
         struct timespec pause = {0, 50 * 1000000};
         nanosleep(&pause, NULL);
-        if (epd_engine_stopped(run->engine)) atomic_fetch_add(&late_wakes, 1);
+        if (atomic_load(&loop_saw_stopped)) atomic_fetch_add(&late_wakes, 1);
     }
     event_active(run->wake_ev, EV_READ, 0);
 }
@@ -144,7 +148,13 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
                 CHECK(res->step >= 1 && res->step >= run->last_step,
                       "id %llu: step %llu after %llu", (unsigned long long)res->id,
                       (unsigned long long)res->step, (unsigned long long)run->last_step);
+                /* a step serves one layer */
+                CHECK(res->step != run->last_step || e->layer == run->last_layer,
+                      "id %llu of layer %u shares step %llu with layer %u",
+                      (unsigned long long)res->id, e->layer, (unsigned long long)res->step,
+                      run->last_layer);
                 run->last_step = res->step;
+                run->last_layer = e->layer;
             } else {
                 run->n_errors++;
                 CHECK(res->message[0] != '\0', "an error result without a message");
@@ -186,7 +196,10 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
         }
     }
     run->saw_shutting_down |= st.shutting_down;
-    if (epd_engine_stopped(run->engine)) event_base_loopbreak(run->base);
+    if (epd_engine_stopped(run->engine)) {
+        atomic_store(&loop_saw_stopped, true);
+        event_base_loopbreak(run->base);
+    }
 }
 
 static void deadline_cb(evutil_socket_t fd, short what, void *arg)
@@ -215,6 +228,7 @@ static void config_for_test(epd_config_t *cfg)
 static void run_init(run_t *run, const epd_config_t *cfg, const epd_transport_t *transport,
                      epd_transport_ctx_t *tctx, epd_ops_ctx_t *octx)
 {
+    atomic_store(&loop_saw_stopped, false);
     char err[EPD_ERR_LEN];
     struct timeval limit = {30, 0};
 
@@ -225,8 +239,7 @@ static void run_init(run_t *run, const epd_config_t *cfg, const epd_transport_t 
     run->deadline = evtimer_new(run->base, deadline_cb, run);
     if (run->base == NULL || run->wake_ev == NULL || run->deadline == NULL) abort();
     evtimer_add(run->deadline, &limit);
-    if (epd_engine_create(cfg, MPI_COMM_WORLD, &epd_ops_host, octx, transport, tctx, run->base,
-                          wake_fn, run, &run->engine, err) != EPD_OK) {
+    if (epd_engine_create(cfg, MPI_COMM_WORLD, &epd_ops_host, octx, transport, tctx, wake_fn, run, &run->engine, err) != EPD_OK) {
         fprintf(stderr, "rank %d: engine: %s\n", rank, err);
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
@@ -257,6 +270,7 @@ static uint64_t run_shutdown(epd_ops_ctx_t *octx, epd_transport_ctx_t *tctx)
     run_init(&run, &cfg, &epd_transport_mpi, tctx, octx);
     for (int i = 0; i < 4 && sizes[rank % 2][i] > 0; i++) {
         epd_request_t *req = make_request(id++, sizes[rank % 2][i], &seed);
+        req->layer = (uint32_t)(id % 3) * 7; /* layers 0, 7 and 14 mixed in one queue */
         expect(&run, req);
         s = epd_engine_submit(run.engine, req);
         CHECK(s == EPD_OK, "submit %d gave %s", i, epd_status_name(s));

@@ -45,6 +45,21 @@ void epd_result_free(epd_result_t *result)
     free(result);
 }
 
+void epd_request_free(epd_request_t *req)
+{
+    if (req == NULL) return;
+    free(req->storage);
+    free(req);
+}
+
+/* No device: region registration is never asked for in these tests. */
+void epd_engine_ops(epd_engine_t *engine, const epd_ops_t **ops_p, epd_ops_ctx_t **ops_ctx_p)
+{
+    (void)engine;
+    *ops_p = NULL;
+    *ops_ctx_p = NULL;
+}
+
 /* ---- a connection on a socketpair ---- */
 
 typedef struct {

@@ -13,12 +13,13 @@
 #include <string.h>
 
 #include "common/status.h"
+#include "common/bf16.h"
 #include "proto/frame.h"
 
 #define MAX_PAYLOAD (1u << 20)
 
 /* The SUBMIT limits used by the malformed-input cases: H 4, K 2, E 8, at most 16 tokens. */
-static const epd_submit_limits_t limits = {.hidden = 4, .topk = 2, .num_experts = 8,
+static epd_submit_limits_t limits = {.hidden = 4, .topk = 2, .num_experts = 8,
                                            .max_tokens = 16};
 
 /* A flat buffer holding one encoded frame. */
@@ -612,6 +613,230 @@ static void test_frame__submit_valid__passes_and_keeps_minus_one(void **state)
     assert_int_equal(std_submit_data(ids, NULL), EPD_OK);
 }
 
+static bool only_layers_below_3(void *arg, uint32_t layer)
+{
+    (void)arg;
+    return layer < 3;
+}
+
+static void test_frame__submit_layer__optional_integer_unknown_is_unknown_layer(void **state)
+{
+    static const char *const bad[] = {"-1", "1.5", "\"2\"", "null", "true", "[1]", "2147483648"};
+    char meta[1024], err[EPD_ERR_LEN];
+    epd_submit_view_t view;
+    (void)state;
+    snprintf(meta, sizeof(meta), "{\"id\":1,\"tensors\":{" STD_IDS "," STD_W "," STD_X "}}");
+    assert_int_equal(submit_status(meta, std_payload, sizeof(std_payload), &view, err), EPD_OK);
+    assert_int_equal(view.layer, 0); /* absent: layer 0 */
+    snprintf(meta, sizeof(meta),
+             "{\"id\":1,\"layer\":57,\"tensors\":{" STD_IDS "," STD_W "," STD_X "}}");
+    assert_int_equal(submit_status(meta, std_payload, sizeof(std_payload), &view, err), EPD_OK);
+    assert_int_equal(view.layer, 57); /* no layer_known: every layer is served */
+    for (size_t i = 0; i < EPD_ARRAY_SIZE(bad); i++) {
+        snprintf(meta, sizeof(meta),
+                 "{\"id\":1,\"layer\":%s,\"tensors\":{" STD_IDS "," STD_W "," STD_X "}}",
+                 bad[i]);
+        epd_status_t status = submit_status(meta, std_payload, sizeof(std_payload), &view, err);
+        if (status != EPD_ERR_BAD_JSON) fail_msg("layer %s: got %s", bad[i], epd_status_name(status));
+        assert_non_null(strstr(err, "layer"));
+    }
+    limits.layer_known = only_layers_below_3;
+    snprintf(meta, sizeof(meta),
+             "{\"id\":5,\"layer\":2,\"tensors\":{" STD_IDS "," STD_W "," STD_X "}}");
+    assert_int_equal(submit_status(meta, std_payload, sizeof(std_payload), &view, err), EPD_OK);
+    snprintf(meta, sizeof(meta),
+             "{\"id\":5,\"layer\":3,\"tensors\":{" STD_IDS "," STD_W "," STD_X "}}");
+    assert_int_equal(submit_status(meta, std_payload, sizeof(std_payload), &view, err),
+                     EPD_ERR_UNKNOWN_LAYER);
+    assert_true(view.id == 5);
+    assert_non_null(strstr(err, "layer 3"));
+    limits.layer_known = NULL;
+}
+
+
+/* ---- i64 ids and shared regions ---- */
+
+/* A fake region table: region 3 is host memory `region_mem`, region 4 "device" memory (the test's
+ * device_read copies it), anything else is unknown. */
+static uint8_t region_mem[4096] __attribute__((aligned(64)));
+static uint8_t device_mem[4096] __attribute__((aligned(64)));
+static int device_reads, device_scans;
+
+static epd_status_t fake_resolve(void *arg, uint32_t id, uint64_t begin, uint64_t end,
+                                 epd_region_span_t *span_p, char err[EPD_ERR_LEN])
+{
+    (void)arg;
+    if (id != 3 && id != 4) {
+        snprintf(err, EPD_ERR_LEN, "region %u is not registered", id);
+        return EPD_ERR_BAD_REGION;
+    }
+    if (end > sizeof region_mem) {
+        snprintf(err, EPD_ERR_LEN, "[%llu, %llu) is past the end of region %u",
+                 (unsigned long long)begin, (unsigned long long)end, id);
+        return EPD_ERR_BAD_REGION;
+    }
+    span_p->ptr = (id == 3 ? region_mem : device_mem) + begin;
+    span_p->device = id == 4;
+    span_p->region = id == 3 ? (void *)region_mem : (void *)device_mem;
+    return EPD_OK;
+}
+
+static epd_status_t fake_device_read(void *arg, void *dst, const void *src, size_t bytes,
+                                     char err[EPD_ERR_LEN])
+{
+    (void)arg;
+    (void)err;
+    device_reads++;
+    memcpy(dst, src, bytes);
+    return EPD_OK;
+}
+
+static epd_status_t fake_find_non_finite(void *arg, const uint16_t *x, uint64_t n,
+                                         int64_t *first_p, char err[EPD_ERR_LEN])
+{
+    (void)arg;
+    (void)err;
+    device_scans++;
+    *first_p = -1;
+    for (uint64_t i = 0; i < n; i++)
+        if (!epd_bf16_is_finite(x[i])) {
+            *first_p = (int64_t)i;
+            break;
+        }
+    return EPD_OK;
+}
+
+static const epd_submit_regions_t fake_regions = {
+    .resolve = fake_resolve,
+    .device_read = fake_device_read,
+    .device_find_non_finite = fake_find_non_finite,
+};
+
+static epd_status_t region_submit(const char *tensors, size_t payload_len, epd_submit_view_t *view_p,
+                                  char err[EPD_ERR_LEN])
+{
+    char meta[1024];
+    epd_frame_t frame = {0};
+    epd_submit_view_t view;
+    snprintf(meta, sizeof meta, "{\"id\":4,\"tensors\":{%s}}", tensors);
+    bytes_t b = raw_frame(NULL, 1, EPD_FRAME_SUBMIT, 0, meta, strlen(meta), std_payload,
+                          payload_len);
+    epd_status_t status = decode_bytes(b, &frame, err);
+    if (status == EPD_OK) status = epd_submit_validate_regions(&frame, &limits, &fake_regions, &view, err);
+    if (status == EPD_OK && view_p != NULL) {
+        *view_p = view;
+        /* the view may point into the payload: keep what the tests read */
+        static int32_t ids_copy[4];
+        memcpy(ids_copy, view.topk_ids, sizeof ids_copy);
+        view_p->topk_ids = ids_copy;
+    }
+    free(view.owned);
+    if (view_p != NULL) view_p->owned = NULL;
+    epd_frame_free(&frame);
+    return status;
+}
+
+#define RX(region, off) "\"x\":{\"dtype\":\"bf16\",\"shape\":[2,4],\"region\":" #region ",\"offset\":" #off "}"
+#define RY(region, off) "\"y\":{\"dtype\":\"bf16\",\"shape\":[2,4],\"region\":" #region ",\"offset\":" #off "}"
+#define RIDS(dtype, region, off) "\"topk_ids\":{\"dtype\":\"" dtype "\",\"shape\":[2,2],\"region\":" #region ",\"offset\":" #off "}"
+#define RW(region, off) "\"topk_weights\":{\"dtype\":\"f32\",\"shape\":[2,2],\"region\":" #region ",\"offset\":" #off "}"
+
+static void test_frame__i64_ids__narrowed_or_expert_out_of_range(void **state)
+{
+    int64_t ids[4] = {1, -1, 7, 0};
+    char err[EPD_ERR_LEN];
+    epd_submit_view_t view;
+    (void)state;
+    memcpy(region_mem, ids, sizeof ids);
+    memset(region_mem + 64, 0, 32); /* weights 0.0 */
+    memset(region_mem + 128, 0, 16);
+    assert_int_equal(region_submit(RIDS("i64", 3, 0) "," RW(3, 64) "," RX(3, 128), 0, &view, err), EPD_OK);
+    assert_int_equal(view.topk_ids[0], 1);
+    assert_int_equal(view.topk_ids[1], -1);
+    assert_int_equal(view.topk_ids[2], 7);
+    ids[2] = INT64_C(1) << 32; /* would be 0 as an i32 */
+    memcpy(region_mem, ids, sizeof ids);
+    assert_int_equal(region_submit(RIDS("i64", 3, 0) "," RW(3, 64) "," RX(3, 128), 0, NULL, err),
+                     EPD_ERR_EXPERT_OUT_OF_RANGE);
+    assert_non_null(strstr(err, "token 1 slot 0"));
+    assert_non_null(strstr(err, "4294967296"));
+}
+
+static void test_frame__region_tensors__bounds_alignment_unknown_are_bad_region(void **state)
+{
+    char err[EPD_ERR_LEN];
+    epd_submit_view_t view;
+    (void)state;
+    memset(region_mem, 0, sizeof region_mem);
+    memset(region_mem, 0xff, 16); /* ids all -1 */
+    /* all in region 3; y too; the payload is empty */
+    assert_int_equal(region_submit(RIDS("i32", 3, 0) "," RW(3, 16) "," RX(3, 32) "," RY(3, 64), 0,
+                                   &view, err), EPD_OK);
+    assert_ptr_equal(view.y, region_mem + 64);
+    assert_int_equal(view.y_region, 3);
+    assert_int_equal(view.y_offset, 64);
+    assert_ptr_equal(view.regions[EPD_SUBMIT_X], region_mem);
+    /* x in the region, ids and weights in the payload */
+    assert_int_equal(region_submit(STD_IDS "," STD_W "," RX(3, 128), 32, &view, err), EPD_OK);
+    assert_null(view.regions[EPD_SUBMIT_IDS]);
+    /* a payload byte no tensor describes */
+    assert_int_equal(region_submit(STD_IDS "," STD_W "," RX(3, 0), 48, NULL, err), EPD_ERR_BAD_TENSOR);
+    /* unknown region, misaligned, past the end, offset + bytes overflowing */
+    assert_int_equal(region_submit(STD_IDS "," STD_W "," RX(9, 0), 32, NULL, err), EPD_ERR_BAD_REGION);
+    assert_non_null(strstr(err, "region 9"));
+    assert_int_equal(region_submit(STD_IDS "," STD_W "," RX(3, 8), 32, NULL, err), EPD_ERR_BAD_REGION);
+    assert_non_null(strstr(err, "multiple of 16"));
+    assert_int_equal(region_submit(STD_IDS "," STD_W "," RX(3, 4096), 32, NULL, err), EPD_ERR_BAD_REGION);
+    assert_int_equal(region_submit(STD_IDS "," STD_W "," RX(3, 9007199254740992), 32, NULL, err),
+                     EPD_ERR_BAD_REGION);
+    /* y in the payload, region and data_offsets both, a region id that is not an integer */
+    assert_int_equal(region_submit(STD_IDS "," STD_W "," RX(3, 0) ",\"y\":{\"dtype\":\"bf16\",\"shape\":[2,4],\"data_offsets\":[32,48]}", 48, NULL, err),
+                     EPD_ERR_BAD_TENSOR);
+    assert_int_equal(region_submit(STD_IDS "," STD_W ",\"x\":{\"dtype\":\"bf16\",\"shape\":[2,4],\"region\":3,\"data_offsets\":[32,48]}", 48, NULL, err),
+                     EPD_ERR_BAD_TENSOR);
+    assert_int_equal(region_submit(STD_IDS "," STD_W ",\"x\":{\"dtype\":\"bf16\",\"shape\":[2,4],\"region\":\"3\"}", 32, NULL, err),
+                     EPD_ERR_BAD_TENSOR);
+    /* y of another shape */
+    assert_int_equal(region_submit(STD_IDS "," STD_W "," RX(3, 0) ",\"y\":{\"dtype\":\"bf16\",\"shape\":[3,4],\"region\":3,\"offset\":64}", 32, NULL, err),
+                     EPD_ERR_SHAPE_MISMATCH);
+    /* without a region table every region tensor is bad_region */
+    epd_frame_t frame = {0};
+    const char *meta = "{\"id\":1,\"tensors\":{" STD_IDS "," STD_W "," RX(3, 0) "}}";
+    bytes_t b = raw_frame(NULL, 1, EPD_FRAME_SUBMIT, 0, meta, strlen(meta), std_payload, 32);
+    assert_int_equal(decode_bytes(b, &frame, err), EPD_OK);
+    assert_int_equal(epd_submit_validate(&frame, &limits, &view, err), EPD_ERR_BAD_REGION);
+    free(view.owned);
+    epd_frame_free(&frame);
+}
+
+static void test_frame__device_tensors__read_and_checked_like_host_ones(void **state)
+{
+    char err[EPD_ERR_LEN];
+    epd_submit_view_t view;
+    int32_t ids[4] = {2, 5, 1, 1}; /* token 0 fine, token 1: 1 twice */
+    float w[4] = {0.5f, 0.25f, 1.0f, 2.0f};
+    (void)state;
+    memset(device_mem, 0, sizeof device_mem);
+    memcpy(device_mem, ids, sizeof ids);
+    memcpy(device_mem + 16, w, sizeof w);
+    device_reads = device_scans = 0;
+    assert_int_equal(region_submit(RIDS("i32", 4, 0) "," RW(4, 16) "," RX(4, 32), 0, NULL, err),
+                     EPD_ERR_INVALID_TOPK);
+    assert_int_equal(device_reads, 2);
+    ids[2] = 3;
+    memcpy(device_mem, ids, sizeof ids);
+    /* token 1 is [3, 1] now */
+    assert_int_equal(region_submit(RIDS("i32", 4, 0) "," RW(4, 16) "," RX(4, 32), 0, &view, err), EPD_OK);
+    assert_true(view.x_device);
+    assert_int_equal(view.topk_ids[2], 3);
+    assert_int_equal(device_scans, 1);
+    memset(device_mem + 32, 0, 16);
+    ((uint16_t *)(void *)(device_mem + 32))[5] = 0x7fc0; /* NaN at x[1][1] */
+    assert_int_equal(region_submit(RIDS("i32", 4, 0) "," RW(4, 16) "," RX(4, 32), 0, NULL, err),
+                     EPD_ERR_NON_FINITE_INPUT);
+    assert_non_null(strstr(err, "x[1][1]"));
+}
+
 /* ---- SUBMIT tensors ---- */
 
 static void test_frame__tensor_missing_or_unknown__is_bad_tensor(void **state)
@@ -648,7 +873,7 @@ static void test_frame__known_other_dtype__is_unsupported_dtype(void **state)
         std_submit(STD_IDS "," STD_W ",\"x\":{\"dtype\":\"f8_e4m3\",\"shape\":[2,8],\"data_offsets\":[32,48]}"),
         EPD_ERR_UNSUPPORTED_DTYPE);
     assert_int_equal(
-        std_submit(STD_W "," STD_X ",\"topk_ids\":{\"dtype\":\"i64\",\"shape\":[2,1],\"data_offsets\":[0,16]}"),
+        std_submit(STD_W "," STD_X ",\"topk_ids\":{\"dtype\":\"u32\",\"shape\":[2,2],\"data_offsets\":[0,16]}"),
         EPD_ERR_UNSUPPORTED_DTYPE);
     assert_int_equal(
         std_submit(STD_IDS "," STD_X ",\"topk_weights\":{\"dtype\":\"f64\",\"shape\":[2,1],\"data_offsets\":[16,32]}"),
@@ -984,6 +1209,10 @@ int main(void)
         cmocka_unit_test(test_frame__submit_id__missing_or_invalid_is_bad_json),
         cmocka_unit_test(test_frame__submit_tensors__missing_is_bad_json),
         cmocka_unit_test(test_frame__submit_valid__passes_and_keeps_minus_one),
+        cmocka_unit_test(test_frame__submit_layer__optional_integer_unknown_is_unknown_layer),
+        cmocka_unit_test(test_frame__i64_ids__narrowed_or_expert_out_of_range),
+        cmocka_unit_test(test_frame__region_tensors__bounds_alignment_unknown_are_bad_region),
+        cmocka_unit_test(test_frame__device_tensors__read_and_checked_like_host_ones),
         cmocka_unit_test(test_frame__tensor_missing_or_unknown__is_bad_tensor),
         cmocka_unit_test(test_frame__unknown_dtype__is_bad_tensor),
         cmocka_unit_test(test_frame__known_other_dtype__is_unsupported_dtype),
