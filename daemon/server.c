@@ -322,8 +322,13 @@ void epd_server_free(epd_server_t *server)
     if (server->conns != NULL) epd_conn_table_each(server->conns, epd_conn_abort);
     epd_listener_free(server->listener);
     epd_watchdog_free(server->watchdog);
-    for (size_t i = 0; i < EPD_ARRAY_SIZE(server_signals); i++)
-        if (server->signal_ev[i] != NULL) event_free(server->signal_ev[i]);
+    for (size_t i = 0; i < EPD_ARRAY_SIZE(server_signals); i++) {
+        if (server->signal_ev[i] == NULL) continue;
+        event_free(server->signal_ev[i]);
+        /* Stopping already: a stop signal that comes late (mpirun forwards SIGUSR1 to each rank
+         * in turn; the agreed drain can finish first) must not kill the rank now. */
+        signal(server_signals[i], SIG_IGN);
+    }
     if (server->drain_timer != NULL) event_free(server->drain_timer);
     if (server->housekeeping != NULL) event_free(server->housekeeping);
     if (server->wake_ev != NULL) event_free(server->wake_ev);
