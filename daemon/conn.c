@@ -34,6 +34,9 @@
 /* Connections closed by a timeout are logged at most this often (the others are counted). */
 #define CONN_TIMEOUT_LOG_MS 1000
 
+/* A timeout timer this late means the daemon itself did not run meanwhile (500 ms). */
+#define CONN_LATE_NS (UINT64_C(500) * 1000000u)
+
 /* Frames one connection handles per event before the others get their turn (memcached's
  * reqs_per_event): a client that pipelines a long burst does not hold up the loop, whose other
  * clients and collective agreements wait meanwhile. */
@@ -780,8 +783,17 @@ static void conn_deadline_cb(evutil_socket_t fd, short what, void *arg)
     epd_conn_t *c = arg;
     const epd_config_t *cfg = c->ctx->cfg;
     uint64_t now = epd_now_ns();
+    uint64_t due = c->deadline_ns;
 
     c->deadline_ns = 0;
+    /* Much later than due: this process was not running (stopped, starved); that time is not the
+     * client's, so the clocks of the frame and of the idle limit move on by it. */
+    if (due != 0 && now > due + CONN_LATE_NS) {
+        uint64_t late = now - due;
+        if (c->frame_start_ns != 0)
+            c->frame_start_ns = c->frame_start_ns + late < now ? c->frame_start_ns + late : now;
+        c->active_ns = c->active_ns + late < now ? c->active_ns + late : now;
+    }
     /* Paused or yielded: the daemon, not the client, holds the bytes up; re-armed on reading. */
     if (c->state != CONN_READING) {
         if (c->state == CONN_YIELDED) conn_arm_deadline(c, now);
@@ -792,7 +804,10 @@ static void conn_deadline_cb(evutil_socket_t fd, short what, void *arg)
         conn_time_out(c, false, now - c->frame_start_ns);
         return;
     }
-    bool idle = c->in_flight == 0 && conn_output_len(c) == 0 && epd_decoder_idle(&c->decoder);
+    /* A connection that registered regions holds them open: closing it would release them under
+     * a client that merely has nothing to submit now. */
+    bool idle = c->in_flight == 0 && conn_output_len(c) == 0 && epd_decoder_idle(&c->decoder) &&
+                c->regions == NULL;
     if (cfg->socket.idle_timeout_ms != 0 && idle &&
         now - c->active_ns >= (uint64_t)cfg->socket.idle_timeout_ms * 1000000u) {
         conn_time_out(c, true, now - c->active_ns);
