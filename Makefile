@@ -92,7 +92,7 @@ COMM_CU_SRCS :=
 endif
 
 
-.PHONY: all check check-run deps demo demo-run install clean print-build fuzz gpu-check
+.PHONY: all check check-run deps demo demo-run install uninstall clean print-build fuzz gpu-check
 .DEFAULT_GOAL := all
 
 all: print-build $(BINS) $(foreach t,$(UNIT_TESTS),$(BUILD)/tests/test_$(t))
@@ -139,10 +139,20 @@ demo: deps
 demo-run: all
 	@BUILD=$(BUILD) MPIRUN=$(MPIRUN) scripts/demo.sh
 
+# install: binaries, library, units, launcher, man pages, docs; the config in SYSCONFDIR only
+# when none is there (systemd/module.mk). uninstall removes what install put under PREFIX and
+# leaves the config (it is the operator's).
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include
 	install -m 0755 $(filter $(BUILD)/epd $(BUILD)/epctl,$(BINS)) $(DESTDIR)$(PREFIX)/bin/
 	$(INSTALL_EXTRA)
+
+UNINSTALL_FILES += bin/epd bin/epctl lib/libepd.a lib/libepd.so lib/$(LIBEPD_SONAME) \
+    include/epd.h lib/pkgconfig/epd.pc
+uninstall:
+	rm -f $(addprefix $(DESTDIR)$(PREFIX)/,$(UNINSTALL_FILES))
+	-rmdir $(addprefix $(DESTDIR)$(PREFIX)/,$(UNINSTALL_DIRS)) 2>/dev/null
+	@echo "kept $(DESTDIR)$(SYSCONFDIR)/epd/ and $(DESTDIR)$(SYSCONFDIR)/default/epd (remove them by hand)"
 
 clean:
 	rm -rf $(BUILD)

@@ -23,6 +23,8 @@ struct epd_step {
     size_t recv_capacity;
 
     epd_step_layout_t layout; /* slot in ops memory, counts/offsets on the host */
+    int32_t *slot_host;       /* [max_tokens * W] pinned: the host layout's slots, uploaded */
+    const int32_t *ids_host;  /* the next run's ids on the host (epd_step_set_host_ids), or NULL */
     uint32_t *recv_counts32;  /* [W] from the count exchange */
     uint64_t *send_counts;    /* [W] in records, for the transport */
     uint64_t *send_displs;
@@ -33,8 +35,9 @@ struct epd_step {
 
     void *send_buf;
     void *recv_buf;
-    uint16_t *partials;
-    uint16_t *partials_back;
+    epd_partial_layout_t partial; /* one partial of the combine (BF16 or FP8 + scales) */
+    void *partials;
+    void *partials_back;
     epd_step_io_t io;
 };
 
@@ -57,16 +60,18 @@ static void buffer_sizes(const epd_moe_shape_t *shape, uint32_t max_tokens, size
                          size_t *recv_cap_p, size_t sizes[N_BUFS])
 {
     epd_record_layout_t rec;
+    epd_partial_layout_t part;
     size_t fanout = shape->world < shape->topk ? shape->world : shape->topk;
     size_t row = (size_t)shape->hidden * 2;
 
     epd_record_layout(shape, &rec);
+    epd_partial_layout(shape, &part);
     *send_cap_p = mul_sat(max_tokens, fanout);
     *recv_cap_p = mul_sat(max_tokens, shape->world);
     sizes[0] = mul_sat(*send_cap_p, rec.size);
     sizes[1] = mul_sat(*recv_cap_p, rec.size);
-    sizes[2] = mul_sat(*recv_cap_p, row);
-    sizes[3] = mul_sat(*send_cap_p, row);
+    sizes[2] = mul_sat(*recv_cap_p, part.size);
+    sizes[3] = mul_sat(*send_cap_p, part.size);
     sizes[4] = mul_sat(mul_sat(max_tokens, shape->world), sizeof(int32_t));
     sizes[5] = mul_sat(max_tokens, row);
     sizes[6] = mul_sat(mul_sat(max_tokens, shape->topk), sizeof(int32_t));
@@ -92,6 +97,7 @@ void epd_step_destroy(epd_step_t *step)
                         step->io.topk_ids,   step->io.topk_weights, step->io.y};
     for (size_t i = 0; i < EPD_ARRAY_SIZE(ops_bufs); i++)
         if (ops_bufs[i] != NULL) step->ops->free(step->ops_ctx, ops_bufs[i]);
+    if (step->slot_host != NULL) step->ops->free_host(step->ops_ctx, step->slot_host);
     free(step->layout.send_counts_host);
     free(step->layout.send_offsets_host);
     free(step->recv_counts32);
@@ -150,6 +156,7 @@ epd_status_t epd_step_create(const epd_moe_shape_t *shape, uint32_t max_tokens,
     step->transport_ctx = transport_ctx;
     step->comm = comm;
     epd_record_layout(shape, &step->record);
+    epd_partial_layout(shape, &step->partial);
 
     step->layout.send_counts_host = calloc(shape->world, sizeof(uint32_t));
     step->layout.send_offsets_host = calloc(shape->world, sizeof(uint32_t));
@@ -188,6 +195,13 @@ epd_status_t epd_step_create(const epd_moe_shape_t *shape, uint32_t max_tokens,
             return EPD_ERR_NO_MEMORY;
         }
     }
+    step->slot_host = ops->alloc_host(ops_ctx, mul_sat(mul_sat(max_tokens, shape->world),
+                                                       sizeof(int32_t)));
+    if (step->slot_host == NULL) {
+        snprintf(err, EPD_ERR_LEN, "step: cannot allocate pinned host memory for the slots");
+        epd_step_destroy(step);
+        return EPD_ERR_NO_MEMORY;
+    }
     *step_p = step;
     return EPD_OK;
 
@@ -200,6 +214,11 @@ no_memory_host:
 const epd_step_io_t *epd_step_io(const epd_step_t *step)
 {
     return &step->io;
+}
+
+void epd_step_set_host_ids(epd_step_t *step, const int32_t *ids_host)
+{
+    step->ids_host = ids_host;
 }
 
 void epd_step_set_layer(epd_step_t *step, uint32_t layer)
@@ -218,20 +237,20 @@ void epd_step_last_exchange(const epd_step_t *step, epd_step_exchange_t *exchang
     exchange_p->record_bytes = step->record.size;
     exchange_p->partials = step->partials;
     exchange_p->partials_back = step->partials_back;
-    exchange_p->partial_bytes = (size_t)step->shape.hidden * 2;
+    exchange_p->partial_bytes = step->partial.size;
     exchange_p->send_capacity = step->send_capacity;
     exchange_p->recv_capacity = step->recv_capacity;
 }
 
 /* The experts op on records [first, first + count) of records (a record buffer), into the same
- * rows of out (partials, 2H bytes a row). */
+ * rows of out (partials, one epd_partial_layout_t size a row). */
 static epd_status_t run_experts(epd_step_t *step, void *records, uint64_t first, uint64_t count,
-                                uint16_t *out)
+                                void *out)
 {
     if (count == 0) return EPD_OK;
     return step->ops->experts(step->ops_ctx, &step->shape,
                               (uint8_t *)records + first * step->record.size, (uint32_t)count,
-                              out + first * step->shape.hidden);
+                              (uint8_t *)out + first * step->partial.size);
 }
 
 /* Ops that queue work on a device stream return before it runs; host ops have none. */
@@ -272,7 +291,8 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
     uint32_t world = shape->world, me = shape->rank;
     uint64_t t[EPD_PHASE_MAX + 1], counts_begin, counts_ns;
     uint64_t n_recv = 0;
-    size_t row_bytes = (size_t)shape->hidden * 2;
+    size_t row_bytes = step->partial.size;
+    epd_quant_error_t qerr;
     epd_status_t status;
     int rc;
 
@@ -291,12 +311,28 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
      * waits for layout and pack, less the count exchange. */
     t[0] = epd_now_ns();
     step->layout.n_tokens = n_tokens;
-    status = ops->layout(octx, shape, topk_ids, &step->layout);
-    if (status != EPD_OK) return op_failed(step, status, "layout", err);
-    status = ops->pack(octx, shape, x, topk_ids, topk_weights, &step->layout, step->send_buf);
-    if (status != EPD_OK) return op_failed(step, status, "pack", err);
-    status = ops->layout_counts(octx, shape, &step->layout);
-    if (status != EPD_OK) return op_failed(step, status, "layout", err);
+    const int32_t *ids_host = step->ids_host;
+    step->ids_host = NULL; /* for this run only */
+    if (ids_host != NULL && ops->copy_queued != NULL) {
+        /* the ids are on the host already: the layout there, its slots queued to the device
+         * ahead of the pack (no layout kernels, no read-back of the counts) */
+        status = epd_layout_host(shape, n_tokens, ids_host, step->slot_host,
+                                 step->layout.send_counts_host, step->layout.send_offsets_host,
+                                 &step->layout.n_send, err);
+        if (status != EPD_OK) return status;
+        status = ops->copy_queued(octx, step->layout.slot, step->slot_host,
+                                  (size_t)n_tokens * world * sizeof(int32_t));
+        if (status != EPD_OK) return op_failed(step, status, "slot upload", err);
+        status = ops->pack(octx, shape, x, topk_ids, topk_weights, &step->layout, step->send_buf);
+        if (status != EPD_OK) return op_failed(step, status, "pack", err);
+    } else {
+        status = ops->layout(octx, shape, topk_ids, &step->layout);
+        if (status != EPD_OK) return op_failed(step, status, "layout", err);
+        status = ops->pack(octx, shape, x, topk_ids, topk_weights, &step->layout, step->send_buf);
+        if (status != EPD_OK) return op_failed(step, status, "pack", err);
+        status = ops->layout_counts(octx, shape, &step->layout);
+        if (status != EPD_OK) return op_failed(step, status, "layout", err);
+    }
     counts_begin = epd_now_ns();
     rc = MPI_Alltoall(step->layout.send_counts_host, 1, MPI_UINT32_T, step->recv_counts32, 1,
                       MPI_UINT32_T, step->comm);
@@ -305,9 +341,16 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
         return EPD_ERR_MPI;
     }
     counts_ns = epd_now_ns() - counts_begin;
-    /* the transport reads send_buf: pack must be complete first */
-    status = ops->sync(octx);
-    if (status != EPD_OK) return op_failed(step, status, "sync after pack", err);
+    /* the transport reads send_buf: pack must be complete first, unless no record leaves or
+     * reaches this rank (one rank: the experts and the combine follow the pack on the stream) */
+    bool moves = false;
+    for (uint32_t r = 0; r < world; r++)
+        if (r != me && (step->layout.send_counts_host[r] != 0 || step->recv_counts32[r] != 0))
+            moves = true;
+    if (moves || !ops_async(step)) {
+        status = ops->sync(octx);
+        if (status != EPD_OK) return op_failed(step, status, "sync after pack", err);
+    }
     t[2] = epd_now_ns();
     t[1] = t[2] - counts_ns;
     for (uint32_t r = 0; r < world; r++) {
@@ -351,8 +394,10 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
                                  step->send_counts[me], step->partials_back);
     }
     if (status != EPD_OK) return op_failed(step, status, "experts", err);
-    status = ops->sync(octx);
-    if (status != EPD_OK) return op_failed(step, status, "sync after experts", err);
+    if (moves || !ops_async(step)) {
+        status = ops->sync(octx);
+        if (status != EPD_OK) return op_failed(step, status, "sync after experts", err);
+    }
 
     /* 5. the partials go back to their ranks along the reverse of the dispatch while the experts
      * run on this rank's own records, from send_buf straight into their rows of partials_back
@@ -375,6 +420,12 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
     status = ops->sync(octx);
     if (status != EPD_OK) return op_failed(step, status, "sync after combine", err);
     t[6] = epd_now_ns();
+    /* the telemetry sums of this step (pack and experts have finished): a few bytes back */
+    memset(&qerr, 0, sizeof qerr);
+    if (shape->quant_error && ops->quant_error_take != NULL) {
+        status = ops->quant_error_take(octx, &qerr);
+        if (status != EPD_OK) return op_failed(step, status, "quantization error telemetry", err);
+    }
 
     if (timing_p != NULL) {
         epd_step_timing_t tm;
@@ -390,6 +441,7 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
         tm.dispatch_bytes_off_rank = (uint64_t)tm.records_sent_off_rank * step->record.size;
         tm.combine_bytes = (uint64_t)tm.records_recv * row_bytes;
         tm.combine_bytes_off_rank = (uint64_t)tm.records_recv_off_rank * row_bytes;
+        tm.quant_error = qerr;
         *timing_p = tm;
     }
     return EPD_OK;

@@ -1,7 +1,8 @@
 /* The collective step (DESIGN.md section 2, steps 3-7): layout -> pack, with the MPI_Alltoall of
  * record counts while the pack runs -> transport alltoallv of the records for other ranks ->
- * experts on them -> reverse alltoallv of their BF16 partials, while the experts run on this
- * rank's own records (which never pass through the transport) -> combine. It owns the step
+ * experts on them -> reverse alltoallv of their partials (BF16, or FP8 with combine.dtype fp8),
+ * while the experts run on this rank's own records (which never pass through the transport) ->
+ * combine. It owns the step
  * buffers (ops memory, sized for max_tokens at creation) and the phases (epd_phase_t), timing
  * each; the engine and the benchmark both drive it. All ranks of comm run each step together. */
 #ifndef EPD_COMM_STEP_H
@@ -43,8 +44,10 @@ typedef struct epd_step_timing {
     uint32_t records_recv_off_rank;
     uint64_t dispatch_bytes; /* records_sent x record size */
     uint64_t dispatch_bytes_off_rank;
-    uint64_t combine_bytes; /* partials this rank sent back: records_recv x 2H */
+    uint64_t combine_bytes; /* partials this rank sent back: records_recv x partial size */
     uint64_t combine_bytes_off_rank;
+    /* telemetry.quant_error: this step's error sums (all zero when off or nothing quantized) */
+    epd_quant_error_t quant_error;
 } epd_step_timing_t;
 
 /* The step's input and output buffers in ops memory, each sized for max_tokens rows. */
@@ -67,9 +70,9 @@ typedef struct epd_step_exchange {
     void *send_buf; /* ops memory, max_tokens x min(W, K) records */
     void *recv_buf; /* ops memory, max_tokens x W records */
     size_t record_bytes;
-    uint16_t *partials;      /* ops memory, one partial per received record */
-    uint16_t *partials_back; /* ops memory, one partial per sent record */
-    size_t partial_bytes;    /* 2H */
+    void *partials;          /* ops memory, one partial per received record */
+    void *partials_back;     /* ops memory, one partial per sent record */
+    size_t partial_bytes;    /* epd_partial_layout's size: 2H (BF16) or H + H/32, padded (FP8) */
     size_t send_capacity;    /* records */
     size_t recv_capacity;
 } epd_step_exchange_t;
@@ -99,6 +102,11 @@ const epd_step_io_t *epd_step_io(const epd_step_t *step);
 epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x,
                           const int32_t *topk_ids, const float *topk_weights, uint16_t *y,
                           epd_step_timing_t *timing_p, char err[EPD_ERR_LEN]);
+
+/* The next run's top-k ids [n, K] on the host as well (the same values as its ops-memory ids,
+ * unchanged until it returns): the layout is then computed on the host and only its slots go to
+ * the device. For that run only; NULL (the default) computes it with the ops. */
+void epd_step_set_host_ids(epd_step_t *step, const int32_t *ids_host);
 
 /* The layer the next runs serve (shape.layer as the ops see it); 0 until set. Every rank of a
  * step sets the same one (the agreement chose it). */

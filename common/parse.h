@@ -4,6 +4,7 @@
 #define EPD_COMMON_PARSE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/status.h"
@@ -23,6 +24,11 @@ epd_status_t epd_parse_double(const char *str, double min, double max, double *o
 
 /* 1/0, true/false, yes/no, on/off in any case. */
 epd_status_t epd_parse_bool(const char *str, bool *out_p, char err[EPD_ERR_LEN]);
+
+/* "HOST:PORT" or "[IPV6]:PORT": host copied into host (len bytes, brackets dropped; not
+ * resolved), port in [1, 65535]. EPD_ERR_INVALID_ARG with a sentence in err otherwise. */
+epd_status_t epd_parse_host_port(const char *str, char *host, size_t len, uint16_t *port_p,
+                                 char err[EPD_ERR_LEN]);
 
 #ifdef __cplusplus
 }

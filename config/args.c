@@ -25,6 +25,7 @@ static const opt_t options[] = {
     {"-h", OPT_FLAG},
     {"--version", OPT_FLAG},
     {"--bench", OPT_FLAG},
+    {"--accuracy", OPT_FLAG},
     {"--json", OPT_FLAG},
     {"--bench-tokens", OPT_VALUE},
     {"--bench-iters", OPT_VALUE},
@@ -113,7 +114,7 @@ static epd_status_t match_option(int argc, char **argv, int *i, const opt_t **op
 /* Applies one matched option to args. */
 static epd_status_t apply_option(const opt_t *opt, const char *value, epd_args_t *args,
                                  bool *print_config_p, bool *help_p, bool *version_p, bool *bench_p,
-                                 char err[EPD_ERR_LEN])
+                                 bool *accuracy_p, char err[EPD_ERR_LEN])
 {
     const char *name = opt->name;
     if (strcmp(name, "--config") == 0) {
@@ -144,6 +145,8 @@ static epd_status_t apply_option(const opt_t *opt, const char *value, epd_args_t
         *version_p = true;
     } else if (strcmp(name, "--bench") == 0) {
         *bench_p = true;
+    } else if (strcmp(name, "--accuracy") == 0) {
+        *accuracy_p = true;
     } else if (strcmp(name, "--json") == 0) {
         args->json = true;
     } else if (strcmp(name, "--bench-tokens") == 0) {
@@ -171,7 +174,7 @@ static epd_status_t apply_option(const opt_t *opt, const char *value, epd_args_t
 epd_status_t epd_args_parse(int argc, char **argv, epd_args_t *args_p, char err[EPD_ERR_LEN])
 {
     epd_status_t status;
-    bool print_config = false, help = false, version = false, bench = false;
+    bool print_config = false, help = false, version = false, bench = false, accuracy = false;
     memset(args_p, 0, sizeof *args_p);
     args_p->sets = calloc(argc > 0 ? (size_t)argc : 1, sizeof args_p->sets[0]);
     if (args_p->sets == NULL) {
@@ -182,26 +185,32 @@ epd_status_t epd_args_parse(int argc, char **argv, epd_args_t *args_p, char err[
         const opt_t *opt = NULL;
         const char *value = NULL;
         CHECK_GOTO(match_option(argc, argv, &i, &opt, &value, err), err_free);
-        CHECK_GOTO(apply_option(opt, value, args_p, &print_config, &help, &version, &bench, err),
+        CHECK_GOTO(apply_option(opt, value, args_p, &print_config, &help, &version, &bench,
+                                &accuracy, err),
                    err_free);
     }
     if (help) {
         args_p->action = EPD_ACTION_HELP;
     } else if (version) {
         args_p->action = EPD_ACTION_VERSION;
-    } else if (print_config && bench) {
-        epd_config_textf(err, EPD_ERR_LEN, "--print-config and --bench cannot be combined");
+    } else if (print_config + bench + accuracy > 1) {
+        epd_config_textf(err, EPD_ERR_LEN, "%s cannot be combined",
+                         !bench ? "--print-config and --accuracy"
+                         : !accuracy ? "--print-config and --bench" : "--bench and --accuracy");
         status = EPD_ERR_INVALID_ARG;
         goto err_free;
     } else if (print_config) {
         args_p->action = EPD_ACTION_PRINT_CONFIG;
     } else if (bench) {
         args_p->action = EPD_ACTION_BENCH;
+    } else if (accuracy) {
+        args_p->action = EPD_ACTION_ACCURACY;
     } else {
         args_p->action = EPD_ACTION_RUN;
     }
-    if (!bench && !help && !version && (args_p->bench_tokens != NULL || args_p->bench_iters != 0)) {
-        epd_config_textf(err, EPD_ERR_LEN, "%s only goes with --bench",
+    if (!bench && !accuracy && !help && !version &&
+        (args_p->bench_tokens != NULL || args_p->bench_iters != 0)) {
+        epd_config_textf(err, EPD_ERR_LEN, "%s only goes with --bench or --accuracy",
                          args_p->bench_tokens != NULL ? "--bench-tokens" : "--bench-iters");
         status = EPD_ERR_INVALID_ARG;
         goto err_free;
@@ -229,6 +238,8 @@ void epd_args_print_usage(FILE *out, const char *argv0)
         "       %s --print-config [--config FILE] [--set KEY=VALUE]...\n"
         "       mpirun [MPI options] %s --bench [--json] [--bench-tokens LIST] "
         "[--bench-iters N]\n"
+        "       mpirun [MPI options] %s --accuracy [--json] [--bench-tokens LIST] "
+        "[--bench-iters N]\n"
         "       %s --help | --version\n"
         "\n"
         "epd, the expert-parallel MoE dispatch daemon: every rank of an mpirun job runs it and\n"
@@ -241,9 +252,11 @@ void epd_args_print_usage(FILE *out, const char *argv0)
         "  --print-config       print every setting with its value and origin, then exit "
         "(no MPI)\n"
         "  --bench              run synthetic steps without sockets and report timings\n"
-        "  --json               machine-readable --bench output\n"
-        "  --bench-tokens LIST  tokens per rank per step to bench, e.g. 128,512,2048\n"
-        "  --bench-iters N      steps per --bench-tokens entry\n"
+        "  --accuracy           measure each wire format's error against an fp32 dispatch on\n"
+        "                       synthetic activations, print a markdown table\n"
+        "  --json               machine-readable --bench / --accuracy output\n"
+        "  --bench-tokens LIST  tokens per rank per step to bench (--accuracy: default 512)\n"
+        "  --bench-iters N      steps per --bench-tokens entry (--accuracy: default 2)\n"
         "  -h, --help           this text\n"
         "  --version            print the version\n"
         "\n"
@@ -251,6 +264,6 @@ void epd_args_print_usage(FILE *out, const char *argv0)
         "the ranks themselves; every accepted request is answered before the ranks exit 0.\n"
         "SIGTERM or SIGINT to mpirun kills the ranks after about a second, cutting the drain.\n"
         "\n",
-        prog, prog, prog, prog);
+        prog, prog, prog, prog, prog);
     epd_config_print_help(out);
 }

@@ -21,6 +21,7 @@ extern "C" {
 
 typedef enum { EPD_TRANSPORT_AUTO = 0, EPD_TRANSPORT_MPI, EPD_TRANSPORT_NCCL } epd_transport_kind_t;
 typedef enum { EPD_TRISTATE_AUTO = 0, EPD_TRISTATE_TRUE, EPD_TRISTATE_FALSE } epd_tristate_t;
+typedef enum { EPD_SWITCH_OFF = 0, EPD_SWITCH_ON } epd_switch_t; /* a true/false setting */
 typedef enum { EPD_LOG_ERROR = 0, EPD_LOG_WARN, EPD_LOG_INFO, EPD_LOG_DEBUG } epd_log_level_t;
 
 typedef struct epd_config {
@@ -57,8 +58,14 @@ typedef struct epd_config {
         uint32_t hot_ms;          /* back-to-back agreements while work was seen this recently */
     } dispatch;
     struct {
+        epd_combine_dtype_t dtype; /* wire format of the partials sent back */
+    } combine;
+    struct {
         epd_expert_kind_t kind;
     } experts;
+    struct {
+        epd_switch_t quant_error; /* per-step quantization error of what was sent */
+    } telemetry;
     struct {
         epd_backend_t backend;
         int32_t id; /* -1: the local rank */
@@ -66,6 +73,9 @@ typedef struct epd_config {
     struct {
         epd_log_level_t level;
     } log;
+    struct {
+        char listen[EPD_CONFIG_STR_LEN]; /* "off", or HOST:PORT (rank with local rank l: PORT + l) */
+    } metrics;
 } epd_config_t;
 
 /* Where a setting's value came from. */
@@ -151,6 +161,7 @@ typedef enum {
     EPD_ACTION_HELP,          /* --help: usage and the settings table */
     EPD_ACTION_VERSION,       /* --version */
     EPD_ACTION_BENCH,         /* --bench: synthetic steps without sockets (under mpirun) */
+    EPD_ACTION_ACCURACY,      /* --accuracy: each wire format's error on synthetic data (mpirun) */
 } epd_action_t;
 
 typedef struct epd_args {
@@ -164,7 +175,8 @@ typedef struct epd_args {
 } epd_args_t;
 
 /* Parses argv (--config FILE, --set KEY=VALUE repeatable, --print-config, --help, --version,
- * --bench, --json, --bench-tokens LIST, --bench-iters N; both "--opt value" and "--opt=value").
+ * --bench, --accuracy, --json, --bench-tokens LIST, --bench-iters N; both "--opt value" and
+ * "--opt=value").
  * An unknown option or a missing value is EPD_ERR_INVALID_ARG with a sentence in err. Free with
  * epd_args_free. */
 epd_status_t epd_args_parse(int argc, char **argv, epd_args_t *args_p, char err[EPD_ERR_LEN]);

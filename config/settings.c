@@ -17,6 +17,10 @@ _Static_assert(sizeof(epd_wire_dtype_t) == sizeof(int), "enum settings are store
 /* The value names of each enum setting, indexed by the C enum (its row's .choices). */
 static const char *const wire_dtype_names[] = {[EPD_WIRE_FP8] = "fp8", [EPD_WIRE_BF16] = "bf16",
                                                NULL};
+static const char *const combine_dtype_names[] = {[EPD_COMBINE_BF16] = "bf16",
+                                                  [EPD_COMBINE_FP8] = "fp8", NULL};
+static const char *const switch_names[] = {[EPD_SWITCH_OFF] = "false", [EPD_SWITCH_ON] = "true",
+                                           NULL};
 static const char *const scale_kind_names[] = {[EPD_SCALE_GROUP128] = "group128",
                                                [EPD_SCALE_PER_TOKEN] = "per_token", NULL};
 static const char *const scale_fmt_names[] = {[EPD_SCALE_FMT_FP32] = "fp32",
@@ -37,6 +41,7 @@ static const char *const log_level_names[] = {[EPD_LOG_ERROR] = "error", [EPD_LO
                                               NULL};
 
 static bool check_socket_path(const char *text, char problem[EPD_ERR_LEN]);
+static bool check_metrics_listen(const char *text, char problem[EPD_ERR_LEN]);
 
 #define FIELD(f) offsetof(epd_config_t, f)
 #define U32_MAX_I64 ((int64_t)UINT32_MAX)
@@ -134,6 +139,9 @@ const epd_setting_t epd_settings[] = {
     {.name = "dispatch.hot_ms", .env = "EPD_DISPATCH_HOT_MS", .type = EPD_SETTING_U32,
      .def = "50", .min = 0, .max = 3600000, .offset = FIELD(dispatch.hot_ms),
      .doc = "agreements run back to back while any rank saw work this recently (ms)"},
+    {.name = "combine.dtype", .env = "EPD_COMBINE_DTYPE", .type = EPD_SETTING_ENUM,
+     .def = "bf16", .choices = combine_dtype_names, .offset = FIELD(combine.dtype),
+     .doc = "wire format of the partials sent back: bf16, or fp8 (e4m3, group128 fp32 scales)"},
     {.name = "experts.kind", .env = "EPD_EXPERTS_KIND", .type = EPD_SETTING_ENUM,
      .def = "scale", .choices = expert_kind_names, .offset = FIELD(experts.kind),
      .doc = "expert function: identity (y = x) or scale (y = x * (1 + e/E))"},
@@ -143,9 +151,16 @@ const epd_setting_t epd_settings[] = {
     {.name = "device.id", .env = "EPD_DEVICE_ID", .type = EPD_SETTING_I32, .def = "-1",
      .min = -1, .max = 1023, .offset = FIELD(device.id),
      .doc = "CUDA device of this rank; -1: the local rank"},
+    {.name = "telemetry.quant_error", .env = "EPD_TELEMETRY_QUANT_ERROR",
+     .type = EPD_SETTING_ENUM, .def = "true", .choices = switch_names, .bool_choices = true,
+     .offset = FIELD(telemetry.quant_error),
+     .doc = "measure each step's FP8 quantization error (dispatch and FP8 combine) for stats"},
     {.name = "log.level", .env = "EPD_LOG_LEVEL", .type = EPD_SETTING_ENUM, .def = "info",
      .choices = log_level_names, .offset = FIELD(log.level),
      .doc = "least severe message logged"},
+    {.name = "metrics.listen", .env = "EPD_METRICS_LISTEN", .type = EPD_SETTING_STRING,
+     .def = "off", .check = check_metrics_listen, .offset = FIELD(metrics.listen),
+     .doc = "HTTP /metrics for Prometheus: off, or HOST:PORT (local rank l listens on PORT + l)"},
     /* Legacy SGLang/DeepEP variables (environment only). */
     {.name = "SGLANG_DEEPEP_BF16_DISPATCH", .env = "SGLANG_DEEPEP_BF16_DISPATCH",
      .type = EPD_SETTING_ALIAS_BOOL, .target = "dispatch.dtype", .if_true = "bf16",
@@ -255,6 +270,19 @@ static bool check_socket_path(const char *text, char problem[EPD_ERR_LEN])
         }
     }
     return true;
+}
+
+/* metrics.listen: off, or HOST:PORT / [IPV6]:PORT (common/parse.h). */
+static bool check_metrics_listen(const char *text, char problem[EPD_ERR_LEN])
+{
+    char host[EPD_CONFIG_STR_LEN], why[EPD_ERR_LEN];
+    uint16_t port;
+
+    if (strcmp(text, "off") == 0) return true;
+    if (epd_parse_host_port(text, host, sizeof(host), &port, why) == EPD_OK) return true;
+    epd_config_textf(problem, EPD_ERR_LEN, "%.200s; expected off or HOST:PORT, e.g. "
+                     "127.0.0.1:9400", why);
+    return false;
 }
 
 static bool parse_string(const epd_setting_t *row, const char *text, epd_config_t *cfg,
@@ -438,7 +466,9 @@ void epd_setting_allowed(const epd_setting_t *row, char *buf, size_t len)
     switch (row->type) {
     case EPD_SETTING_STRING:
         snprintf(buf, len, "a non-empty string shorter than %d bytes%s", EPD_CONFIG_STR_LEN,
-                 row->check == check_socket_path ? " (with %r, %l, %h, %%)" : "");
+                 row->check == check_socket_path      ? " (with %r, %l, %h, %%)"
+                 : row->check == check_metrics_listen ? " (off, or HOST:PORT)"
+                                                      : "");
         return;
     case EPD_SETTING_MODE:
         snprintf(buf, len, "an octal mode in [0, %04" PRIo64 "]", (uint64_t)row->max);

@@ -1,5 +1,7 @@
 /* `epd --bench`: synthetic steps (uniform random routing, random BF16 inputs, seeded per rank)
- * through the same step the daemon runs, for each tokens-per-rank count and both wire dtypes.
+ * through the same step the daemon runs, for each tokens-per-rank count and four variants: FP8
+ * dispatch with BF16 and with FP8 combine, BF16 with BF16, and FP8 with FP8 combine again with
+ * telemetry.quant_error switched the other way (its cost, in the same run).
  * Each timed iteration: MPI_Barrier, one step (per-phase times), then a raw MPI_Alltoallv of the
  * step's dispatch bytes and one of its combine bytes (same per-peer counts), each after a
  * barrier. Per iteration, every time is the max over ranks (MPI_Reduce MAX to rank 0); rank 0
@@ -39,10 +41,18 @@ typedef struct bench_ctx {
     bool raw_on_step_buffers;     /* the baseline runs on the step's own buffers */
     const char *raw_kind;         /* what the baseline is, for the header and --json */
     bool json;
+    int json_items;               /* results printed so far in the --json document */
     uint32_t iters;
 } bench_ctx_t;
 
-/* One (tokens, dtype) result on rank 0. */
+/* What one configuration of a size runs: the wire dtypes and the telemetry switch. */
+typedef struct bench_variant {
+    epd_wire_dtype_t dtype;
+    epd_combine_dtype_t combine;
+    bool quant_error;
+} bench_variant_t;
+
+/* One (tokens, variant) result on rank 0. */
 typedef struct bench_result {
     bool ran;
     double median_us[V_MAX], p99_us[V_MAX];
@@ -146,14 +156,17 @@ static uint64_t raw_alltoallv(bench_ctx_t *b, const void *send, const uint64_t *
 
 /* Runs one (tokens, dtype) configuration; rank 0 fills *res. A configuration that does not fit
  * in memory on some rank is skipped on all of them, with the reason in skip (rank 0). */
-static void bench_one(bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t dtype, bench_result_t *res,
-                      char skip[EPD_ERR_LEN])
+static void bench_one(bench_ctx_t *b, uint32_t tokens, const bench_variant_t *variant,
+                      bench_result_t *res, char skip[EPD_ERR_LEN])
 {
     const epd_config_t *cfg = b->cfg;
     const epd_ops_t *ops = b->backend.ops;
     epd_ops_ctx_t *octx = b->backend.ops_ctx;
     epd_moe_shape_t shape = epd_moe_shape_from_config(cfg, (uint32_t)b->world, (uint32_t)b->rank);
-    shape.dtype = dtype; /* the bench runs both dtypes */
+    epd_wire_dtype_t dtype = variant->dtype;
+    shape.dtype = dtype; /* the bench runs every variant, whatever the settings say */
+    shape.combine_dtype = variant->combine;
+    shape.quant_error = variant->quant_error;
     size_t x_bytes = (size_t)tokens * shape.hidden * 2, k_bytes = (size_t)tokens * shape.topk * 4;
     epd_step_t *step = NULL;
     uint16_t *x = NULL;
@@ -223,8 +236,9 @@ static void bench_one(bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t dtype, b
             snprintf(skip, EPD_ERR_LEN, "rank %d could not set it up (its stderr says why)",
                      first_bad);
         if (!ok && b->rank != 0)
-            fprintf(stderr, "epd bench: rank %d: %u tokens %s skipped: %s\n", b->rank, tokens,
-                    epd_config_enum_name("dispatch.dtype", dtype), err);
+            fprintf(stderr, "epd bench: rank %d: %u tokens %s/%s skipped: %s\n", b->rank, tokens,
+                    epd_config_enum_name("dispatch.dtype", dtype),
+                    epd_config_enum_name("combine.dtype", variant->combine), err);
         goto out;
     }
 
@@ -290,6 +304,19 @@ out:
     free(all_vals);
 }
 
+/* GB/s of bytes moved in us microseconds (0 when nothing was timed). */
+static double gb_per_s(double bytes, double us)
+{
+    return us > 0 ? bytes / (us * 1e3) : 0.0;
+}
+
+/* --json: one document, {"bench": "epd", "results": [one object per size and variant, and per
+ * size the comparisons and the telemetry's cost]}; each result on its own line. */
+static void json_item_begin(bench_ctx_t *b)
+{
+    printf("%s\n", b->json_items++ ? "," : "");
+}
+
 /* "1.23 MB"-style text of a byte count. */
 static const char *human_bytes(double v, char *buf, size_t len)
 {
@@ -320,26 +347,34 @@ static void print_header(const bench_ctx_t *b)
            "the median and p99 over steps, in microseconds\n",
            b->iters, BENCH_WARMUP);
     printf("  raw = %s of the same per-peer bytes in the same run; ratio = "
-           "(dispatch + combine) / (raw dispatch + raw combine)\n\n",
+           "(dispatch + combine) / (raw dispatch + raw combine)\n",
            b->raw_kind);
-    printf("%7s %-5s %-6s %9s %9s %9s %9s %9s %9s %10s %9s %9s %6s  %s\n", "tokens", "dtype",
-           "stat", "pack", "counts", "dispatch", "experts", "combine", "reduce", "step", "raw-disp",
-           "raw-comb", "ratio", "bytes per rank: dispatch (off-rank) / combine (off-rank)");
+    printf("  dtype = dispatch wire format, comb = combine.dtype, qe = telemetry.quant_error\n\n");
+    printf("%7s %-5s %-4s %-3s %-6s %9s %9s %9s %9s %9s %9s %10s %9s %9s %6s  %s\n", "tokens",
+           "dtype", "comb", "qe", "stat", "pack", "counts", "dispatch", "experts", "combine",
+           "reduce", "step", "raw-disp", "raw-comb", "ratio",
+           "bytes per rank: dispatch (off-rank, GB/s) / combine (off-rank, GB/s)");
+    printf("%7s GB/s = off-rank bytes / the phase's median time\n", "");
 }
 
-static void print_result(const bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t dtype,
+static void print_result(bench_ctx_t *b, uint32_t tokens, const bench_variant_t *variant,
                          const bench_result_t *r, const char *skip)
 {
     const epd_config_t *cfg = b->cfg;
-    const char *dn = epd_config_enum_name("dispatch.dtype", dtype);
+    const char *dn = epd_config_enum_name("dispatch.dtype", variant->dtype);
+    const char *cn = epd_config_enum_name("combine.dtype", variant->combine);
+    const char *qn = variant->quant_error ? "on" : "off";
     char b0[32], b1[32], b2[32], b3[32];
 
     if (b->json) {
-        printf("{\"bench\":\"step\",\"tokens\":%u,\"dtype\":\"%s\",\"world\":%d,\"hidden\":%u,"
+        json_item_begin(b);
+        printf("{\"bench\":\"step\",\"tokens\":%u,\"dtype\":\"%s\",\"combine_dtype\":\"%s\","
+               "\"quant_error\":%s,\"world\":%d,\"hidden\":%u,"
                "\"experts\":%u,\"topk\":%u,\"expert_kind\":\"%s\",\"scale\":\"%s\","
                "\"scale_format\":\"%s\",\"ops\":\"%s\",\"transport\":\"%s\",\"iters\":%u,"
                "\"warmup\":%d,\"timing\":\"max_over_ranks\"",
-               tokens, dn, b->world, cfg->model.hidden, cfg->model.num_experts, cfg->model.topk,
+               tokens, dn, cn, variant->quant_error ? "true" : "false", b->world,
+               cfg->model.hidden, cfg->model.num_experts, cfg->model.topk,
                epd_config_enum_name("experts.kind", cfg->experts.kind),
                epd_config_enum_name("dispatch.scale", cfg->dispatch.scale),
                epd_config_enum_name("dispatch.scale_format", cfg->dispatch.scale_format),
@@ -347,7 +382,7 @@ static void print_result(const bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t
         if (!r->ran) {
             printf(",\"skipped\":\"");
             for (const char *p = skip; *p; p++) printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
-            printf("\"}\n");
+            printf("\"}");
             return;
         }
         printf(",\"phases_us\":{");
@@ -366,37 +401,45 @@ static void print_result(const bench_ctx_t *b, uint32_t tokens, epd_wire_dtype_t
         else
             printf(",\"ratio_vs_raw\":%.4f", r->ratio);
         printf(",\"bytes_per_rank\":{\"dispatch\":%.0f,\"dispatch_off_rank\":%.0f,\"combine\":%.0f,"
-               "\"combine_off_rank\":%.0f}}\n",
+               "\"combine_off_rank\":%.0f},\"gb_per_s_per_rank\":{\"dispatch\":%.4f,"
+               "\"combine\":%.4f}}",
                r->bytes[B_DISPATCH], r->bytes[B_DISPATCH_OFF], r->bytes[B_COMBINE],
-               r->bytes[B_COMBINE_OFF]);
+               r->bytes[B_COMBINE_OFF], gb_per_s(r->bytes[B_DISPATCH_OFF],
+                                                 r->median_us[EPD_PHASE_DISPATCH]),
+               gb_per_s(r->bytes[B_COMBINE_OFF], r->median_us[EPD_PHASE_COMBINE]));
         return;
     }
     if (!r->ran) {
-        printf("%7u %-5s skipped: %s\n", tokens, dn, skip);
+        printf("%7u %-5s %-4s %-3s skipped: %s\n", tokens, dn, cn, qn, skip);
         return;
     }
     for (int line = 0; line < 2; line++) {
         const double *v = line ? r->p99_us : r->median_us;
         if (line == 0)
-            printf("%7u %-5s %-6s", tokens, dn, "median");
+            printf("%7u %-5s %-4s %-3s %-6s", tokens, dn, cn, qn, "median");
         else
-            printf("%7s %-5s %-6s", "", "", "p99");
+            printf("%7s %-5s %-4s %-3s %-6s", "", "", "", "", "p99");
         for (int p = 0; p < EPD_PHASE_MAX; p++) printf(" %9.1f", v[p]);
         printf(" %10.1f %9.1f %9.1f", v[V_STEP], v[V_RAW_DISPATCH], v[V_RAW_COMBINE]);
         if (line == 0) {
-            printf(" %6.2f  %s (%s) / %s (%s)", r->ratio, human_bytes(r->bytes[B_DISPATCH], b0, 32),
+            printf(" %6.2f  %s (%s, %.2f GB/s) / %s (%s, %.2f GB/s)", r->ratio,
+                   human_bytes(r->bytes[B_DISPATCH], b0, 32),
                    human_bytes(r->bytes[B_DISPATCH_OFF], b1, 32),
+                   gb_per_s(r->bytes[B_DISPATCH_OFF], r->median_us[EPD_PHASE_DISPATCH]),
                    human_bytes(r->bytes[B_COMBINE], b2, 32),
-                   human_bytes(r->bytes[B_COMBINE_OFF], b3, 32));
+                   human_bytes(r->bytes[B_COMBINE_OFF], b3, 32),
+                   gb_per_s(r->bytes[B_COMBINE_OFF], r->median_us[EPD_PHASE_COMBINE]));
         }
         printf("\n");
     }
 }
 
-/* FP8 against BF16 at one size: communication time (dispatch + combine medians) and bytes (the
- * off-rank ones, or all of them on one rank). */
-static void print_compare(const bench_ctx_t *b, uint32_t tokens, const bench_result_t *fp8,
-                          const bench_result_t *bf16)
+/* An FP8 variant against BF16 at one size: communication time (dispatch + combine medians) and
+ * bytes (the off-rank ones, or all of them on one rank). name: "fp8/bf16" (FP8 dispatch, BF16
+ * combine) or "fp8+fp8c/bf16" (FP8 dispatch and combine); JSON key fp8_over_bf16 or
+ * fp8_fp8_combine_over_bf16. */
+static void print_compare(bench_ctx_t *b, uint32_t tokens, const char *name,
+                          const char *key, const bench_result_t *fp8, const bench_result_t *bf16)
 {
     if (!fp8->ran || !bf16->ran) return;
     double t8 = fp8->median_us[EPD_PHASE_DISPATCH] + fp8->median_us[EPD_PHASE_COMBINE];
@@ -410,8 +453,8 @@ static void print_compare(const bench_ctx_t *b, uint32_t tokens, const bench_res
     double d16 = off ? bf16->bytes[B_DISPATCH_OFF] : bf16->bytes[B_DISPATCH];
     double time_ratio = t16 > 0 ? t8 / t16 : NAN, bytes_ratio = by16 > 0 ? by8 / by16 : NAN;
     double disp_ratio = d16 > 0 ? d8 / d16 : NAN;
-    /* dispatch time alone (the combine is BF16 for both), and the raw transport's own ratio on
-     * the same bytes: what the wire allows at this size */
+    /* dispatch time alone, and the raw transport's own ratio on the same bytes: what the wire
+     * allows at this size */
     double dt8 = fp8->median_us[EPD_PHASE_DISPATCH], dt16 = bf16->median_us[EPD_PHASE_DISPATCH];
     double rt8 = fp8->median_us[V_RAW_DISPATCH], rt16 = bf16->median_us[V_RAW_DISPATCH];
     double dtime_ratio = dt16 > 0 ? dt8 / dt16 : NAN, raw_ratio = rt16 > 0 ? rt8 / rt16 : NAN;
@@ -421,21 +464,54 @@ static void print_compare(const bench_ctx_t *b, uint32_t tokens, const bench_res
     double step8 = raw8 > 0 ? fp8->median_us[V_STEP] / raw8 : NAN;
     double step16 = raw16 > 0 ? bf16->median_us[V_STEP] / raw16 : NAN;
 
+    /* the combine alone: BF16 against BF16 (1.0 in bytes), or FP8 partials against BF16 */
+    double c8 = off ? fp8->bytes[B_COMBINE_OFF] : fp8->bytes[B_COMBINE];
+    double c16 = off ? bf16->bytes[B_COMBINE_OFF] : bf16->bytes[B_COMBINE];
+    double comb_ratio = c16 > 0 ? c8 / c16 : NAN;
+    double ct8 = fp8->median_us[EPD_PHASE_COMBINE], ct16 = bf16->median_us[EPD_PHASE_COMBINE];
+    double ctime_ratio = ct16 > 0 ? ct8 / ct16 : NAN;
+
     if (b->json) {
-        printf("{\"bench\":\"compare\",\"tokens\":%u,\"fp8_over_bf16\":{\"comm_time\":%.4f,"
-               "\"dispatch_time\":%.4f,\"raw_dispatch_time\":%.4f,"
-               "\"bytes\":%.4f,\"dispatch_bytes\":%.4f,\"bytes_kind\":\"%s\"},"
-               "\"step_over_raw\":{\"fp8\":%.4f,\"bf16\":%.4f}}\n",
-               tokens, time_ratio, dtime_ratio, raw_ratio, bytes_ratio, disp_ratio,
-               off ? "off_rank" : "total", step8, step16);
+        json_item_begin(b);
+        printf("{\"bench\":\"compare\",\"tokens\":%u,\"%s\":{\"comm_time\":%.4f,"
+               "\"dispatch_time\":%.4f,\"raw_dispatch_time\":%.4f,\"combine_time\":%.4f,"
+               "\"bytes\":%.4f,\"dispatch_bytes\":%.4f,\"combine_bytes\":%.4f,"
+               "\"bytes_kind\":\"%s\"},"
+               "\"step_over_raw\":{\"fp8\":%.4f,\"bf16\":%.4f}}",
+               tokens, key, time_ratio, dtime_ratio, raw_ratio, ctime_ratio, bytes_ratio,
+               disp_ratio, comb_ratio, off ? "off_rank" : "total", step8, step16);
         return;
     }
-    printf("%7u fp8/bf16: communication time (dispatch + combine) %.2fx, bytes %.2fx (dispatch "
-           "alone %.2fx, %s)\n",
-           tokens, time_ratio, bytes_ratio, disp_ratio, off ? "off-rank" : "one rank: all bytes");
-    printf("%7u fp8/bf16: dispatch time %.2fx (the raw alltoallv of the same bytes: %.2fx); whole "
-           "step / raw dispatch + combine: fp8 %.2fx, bf16 %.2fx\n",
-           tokens, dtime_ratio, raw_ratio, step8, step16);
+    printf("%7u %s: communication time (dispatch + combine) %.2fx, bytes %.3fx (dispatch "
+           "alone %.3fx, combine alone %.3fx, %s)\n",
+           tokens, name, time_ratio, bytes_ratio, disp_ratio, comb_ratio,
+           off ? "off-rank" : "one rank: all bytes");
+    printf("%7u %s: dispatch time %.2fx (the raw alltoallv of the same bytes: %.2fx), combine "
+           "time %.2fx; whole step / raw dispatch + combine: fp8 %.2fx, bf16 %.2fx\n",
+           tokens, name, dtime_ratio, raw_ratio, ctime_ratio, step8, step16);
+}
+
+/* The telemetry's cost at one size: the same FP8 + FP8-combine step with telemetry.quant_error
+ * on and off, pack phase and whole step medians. */
+static void print_telemetry_cost(bench_ctx_t *b, uint32_t tokens, const bench_result_t *on,
+                                 const bench_result_t *off)
+{
+    if (!on->ran || !off->ran) return;
+    double p_on = on->median_us[EPD_PHASE_LAYOUT_PACK];
+    double p_off = off->median_us[EPD_PHASE_LAYOUT_PACK];
+    double s_on = on->median_us[V_STEP], s_off = off->median_us[V_STEP];
+    double pack_ratio = p_off > 0 ? p_on / p_off : NAN, step_ratio = s_off > 0 ? s_on / s_off : NAN;
+
+    if (b->json) {
+        json_item_begin(b);
+        printf("{\"bench\":\"telemetry\",\"tokens\":%u,\"quant_error_on_over_off\":"
+               "{\"pack\":%.4f,\"step\":%.4f},\"pack_us\":{\"on\":%.3f,\"off\":%.3f}}",
+               tokens, pack_ratio, step_ratio, p_on, p_off);
+        return;
+    }
+    printf("%7u telemetry.quant_error on/off (fp8 + fp8 combine): pack %.3fx (%.1f / %.1f us), "
+           "step %.3fx\n",
+           tokens, pack_ratio, p_on, p_off, step_ratio);
 }
 
 static void print_warning(void *arg, const char *message)
@@ -496,24 +572,37 @@ int epd_bench_run(const epd_args_t *args)
                  : b.raw_on_step_buffers ? "a plain MPI_Alltoallv on the step's buffers"
                                          : "a plain MPI_Alltoallv on pinned host buffers";
 
+    /* the settings' telemetry switch for the first three, the other one for the last */
+    const bool qe = b.cfg->telemetry.quant_error == EPD_SWITCH_ON;
+    const bench_variant_t variants[] = {
+        {.dtype = EPD_WIRE_FP8, .combine = EPD_COMBINE_BF16, .quant_error = qe},
+        {.dtype = EPD_WIRE_FP8, .combine = EPD_COMBINE_FP8, .quant_error = qe},
+        {.dtype = EPD_WIRE_BF16, .combine = EPD_COMBINE_BF16, .quant_error = qe},
+        {.dtype = EPD_WIRE_FP8, .combine = EPD_COMBINE_FP8, .quant_error = !qe},
+    };
+    enum { N_VARIANTS = EPD_ARRAY_SIZE(variants) };
     if (b.rank == 0) print_header(&b);
+    if (b.rank == 0 && b.json) printf("{\"bench\":\"epd\",\"results\":[");
     for (size_t i = 0; i < n_sizes; i++) {
-        bench_result_t res[2];
-        char skip[2][EPD_ERR_LEN];
-        const epd_wire_dtype_t dtypes[2] = {EPD_WIRE_FP8, EPD_WIRE_BF16};
-        for (int d = 0; d < 2; d++) {
-            bench_one(&b, sizes[i], dtypes[d], &res[d], skip[d]);
+        bench_result_t res[N_VARIANTS];
+        char skip[N_VARIANTS][EPD_ERR_LEN];
+        for (int v = 0; v < N_VARIANTS; v++) {
+            bench_one(&b, sizes[i], &variants[v], &res[v], skip[v]);
             if (b.rank == 0) {
-                print_result(&b, sizes[i], dtypes[d], &res[d], skip[d]);
+                print_result(&b, sizes[i], &variants[v], &res[v], skip[v]);
                 fflush(stdout);
             }
         }
         if (b.rank == 0) {
-            print_compare(&b, sizes[i], &res[0], &res[1]);
+            print_compare(&b, sizes[i], "fp8/bf16", "fp8_over_bf16", &res[0], &res[2]);
+            print_compare(&b, sizes[i], "fp8+fp8c/bf16", "fp8_fp8_combine_over_bf16", &res[1],
+                          &res[2]);
+            print_telemetry_cost(&b, sizes[i], qe ? &res[1] : &res[3], qe ? &res[3] : &res[1]);
             fflush(stdout);
         }
     }
 
+    if (b.rank == 0 && b.json) printf("\n]}\n");
     epd_transport_mpi.fini(b.raw_ctx);
     epd_daemon_backend_close(&b.backend);
     epd_config_state_free(state);

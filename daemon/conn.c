@@ -872,7 +872,8 @@ static void conn_read_ev(evutil_socket_t fd, short what, void *arg)
                          .msg_control = control.buf, .msg_controllen = sizeof control.buf};
     ssize_t got = recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     int saved = errno;
-    if (got > 0 || msg.msg_controllen > 0) conn_take_fds(c, &msg);
+    /* after a failed recvmsg msg_controllen is what we passed in: nothing came */
+    if (got >= 0) conn_take_fds(c, &msg);
     if (got < 0) {
         evbuffer_commit_space(c->input, vec, 0);
         if (saved == EAGAIN || saved == EWOULDBLOCK || saved == EINTR) return;

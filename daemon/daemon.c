@@ -276,6 +276,7 @@ static void start_server(daemon_t *d)
                                sizeof(d->path), err) != EPD_OK)
         start_fail("socket.path: %s", err);
     if (epd_server_listen(d->server, d->path, err) != EPD_OK) start_fail("%s", err);
+    if (epd_server_metrics_listen(d->server, d->local_rank, err) != EPD_OK) start_fail("%s", err);
 }
 
 int epd_daemon_run(const epd_args_t *args)

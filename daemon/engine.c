@@ -62,7 +62,6 @@ struct epd_engine {
     /* Pinned host staging for one step (ops->alloc_host): the requests' ids and weights are
      * gathered here and go to the device in one copy each. */
     uint8_t *stage;
-    epd_ops_event_t *copy_done; /* device-to-device copies of region rows (NULL: host ops) */
 
     epd_engine_wake_fn wake;
     void *wake_arg;
@@ -80,6 +79,8 @@ struct epd_engine {
     bool work_arrived; /* a submit since the worker last looked: cut the back-off short */
     bool worker_exit;
     epd_engine_stats_t stats;
+    epd_engine_step_observer_fn observe; /* set before the first step */
+    void *observe_arg;
     uint64_t step_no;
     bool failed;
     char failure[EPD_ERR_LEN];
@@ -163,19 +164,16 @@ static void answer_error(epd_engine_t *engine, epd_request_t *reqs, epd_status_t
     }
 }
 
-/* Copies `bytes` from src (ops memory) to dst (ops memory) and waits for it. */
-static epd_status_t copy_ops_to_ops(epd_engine_t *engine, void *dst, const void *src, size_t bytes)
+/* Queues a copy on the ops' stream (complete at the step's next sync; host memory on either side
+ * stays as it is until then), or copies at once where the ops have no queued copy. */
+static epd_status_t copy_queued(epd_engine_t *engine, void *dst, const void *src, size_t bytes,
+                                bool to_host)
 {
     const epd_ops_t *ops = engine->ops;
 
-    if (!ops->device_memory || ops->copy_ops_to_ops_async == NULL) {
-        memcpy(dst, src, bytes); /* host ops: ops memory is host memory */
-        return EPD_OK;
-    }
-    epd_status_t status = ops->copy_ops_to_ops_async(engine->ops_ctx, dst, src, bytes,
-                                                     engine->copy_done);
-    if (status == EPD_OK) status = ops->event_wait(engine->ops_ctx, engine->copy_done);
-    return status;
+    if (ops->copy_queued != NULL) return ops->copy_queued(engine->ops_ctx, dst, src, bytes);
+    return to_host ? ops->copy_to_host(engine->ops_ctx, dst, src, bytes)
+                   : ops->copy_to_ops(engine->ops_ctx, dst, src, bytes);
 }
 
 /* Runs one step on the taken requests (n tokens in all) and turns y into results. On failure
@@ -225,45 +223,48 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
         size_t rows = req->n_tokens;
         memcpy(ids_stage + at * topk, req->topk_ids, rows * topk * sizeof(int32_t));
         memcpy(w_stage + at * topk, req->topk_weights, rows * topk * sizeof(float));
-        if (x == io->x) {
-            if (req->x_device)
-                CHECK_GOTO(copy_ops_to_ops(engine, io->x + at * hidden, req->x, rows * row),
-                           out_copy);
-            else
-                CHECK_GOTO(ops->copy_to_ops(engine->ops_ctx, io->x + at * hidden, req->x,
-                                            rows * row),
-                           out_copy);
-        }
+        /* queued on the stream, ahead of the step's kernels (the source stays as it is until
+         * the step's last sync: the request holds it) */
+        if (x == io->x)
+            CHECK_GOTO(copy_queued(engine, io->x + at * hidden, req->x, rows * row, false),
+                       out_copy);
         at += rows;
     }
     if (n > 0) {
-        CHECK_GOTO(ops->copy_to_ops(engine->ops_ctx, io->topk_ids, ids_stage,
-                                    (size_t)n * topk * sizeof(int32_t)),
+        CHECK_GOTO(copy_queued(engine, io->topk_ids, ids_stage,
+                               (size_t)n * topk * sizeof(int32_t), false),
                    out_copy);
-        CHECK_GOTO(ops->copy_to_ops(engine->ops_ctx, io->topk_weights, w_stage,
-                                    (size_t)n * topk * sizeof(float)),
+        CHECK_GOTO(copy_queued(engine, io->topk_weights, w_stage, (size_t)n * topk * sizeof(float),
+                               false),
                    out_copy);
     }
+    /* the ids are on the host: the step lays the tokens out there */
+    epd_step_set_host_ids(engine->step, ids_stage);
     CHECK_GOTO(epd_step_run(engine->step, n, x, io->topk_ids, io->topk_weights, y, timing_p, err),
                out_results);
+    /* a step serves one layer: its requests' (none on a rank that only takes part) */
+    pthread_mutex_lock(&engine->mu);
+    epd_engine_step_observer_fn observe = engine->observe;
+    void *observe_arg = engine->observe_arg;
+    pthread_mutex_unlock(&engine->mu);
+    if (observe != NULL)
+        observe(observe_arg, timing_p, reqs != NULL ? reqs->layer : 0, ids_stage, n);
 
-    /* y back, once per request (complete when the copy returns) */
+    /* y back, once per request, then one sync (written in place for a lone device request) */
     at = 0;
+    bool copied = false;
     epd_result_t *res = head;
     for (epd_request_t *req = reqs; req != NULL; req = req->next, res = res->next) {
         size_t bytes = (size_t)req->n_tokens * row;
         const uint16_t *src = io->y + at * hidden;
-        if (y != io->y) {
-            /* written in place */
-        } else if (req->y_dst != NULL && req->y_device) {
-            CHECK_GOTO(copy_ops_to_ops(engine, req->y_dst, src, bytes), out_copy);
-        } else {
-            CHECK_GOTO(ops->copy_to_host(engine->ops_ctx, req->y_dst != NULL ? req->y_dst : res->y,
-                                         src, bytes),
-                       out_copy);
+        if (y == io->y) {
+            uint16_t *dst = req->y_dst != NULL ? req->y_dst : res->y;
+            CHECK_GOTO(copy_queued(engine, dst, src, bytes, !req->y_device), out_copy);
+            copied = true;
         }
         at += req->n_tokens;
     }
+    if (copied) CHECK_GOTO(ops->sync(engine->ops_ctx), out_copy);
 
     uint64_t now = epd_now_ns();
     res = head;
@@ -372,6 +373,7 @@ static bool step_layer(epd_engine_t *engine, uint32_t layer)
         st->records_sent += tm.records_sent_off_rank;
         for (int p = 0; p < EPD_PHASE_MAX; p++) st->phase_ns[p] += tm.phase_ns[p];
         st->last_step_ns = tm.total_ns;
+        epd_quant_stats_add(&st->quant_error, &tm.quant_error);
     } else {
         /* The ranks are out of step now: answer everything accepted, then report the failure
          * (the daemon aborts the job, DESIGN.md section 8). */
@@ -506,23 +508,38 @@ static void *worker_main(void *arg)
 
 /* ---- the API ---- */
 
-/* True when the ranks on this node, each with a worker and a loop thread, outnumber the cores
- * this process may run on (collective over comm). */
-static bool node_oversubscribed(MPI_Comm comm)
+/* True when a spinning worker would take the core its own loop thread or another rank needs:
+ * the process may run on one core only (mpirun binds each rank to a core by default for up to
+ * two ranks), or the ranks of this node with their two threads each outnumber its cores
+ * (collective over comm). *why gets a sentence for the log. */
+static bool node_oversubscribed(MPI_Comm comm, char why[EPD_ERR_LEN])
 {
     MPI_Comm node;
     int local_size = 1;
     cpu_set_t set;
-    int cores = 0;
+    int mine = 0, online = (int)sysconf(_SC_NPROCESSORS_ONLN);
 
     if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
         MPI_Comm_size(node, &local_size);
         MPI_Comm_free(&node);
     }
     CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof set, &set) == 0) cores = CPU_COUNT(&set);
-    if (cores <= 0) cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    return local_size + 1 > cores;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) mine = CPU_COUNT(&set);
+    if (mine <= 0) mine = online;
+    if (mine < 2) {
+        snprintf(why, EPD_ERR_LEN,
+                 "this rank may run on %d core only (bound by mpirun?): the worker and the event "
+                 "loop share it, so hot agreements sleep between tests instead of spinning; for "
+                 "the lowest latency start mpirun with --bind-to none (or :PE=2 or more)", mine);
+        return true;
+    }
+    if (2 * local_size > online) {
+        snprintf(why, EPD_ERR_LEN,
+                 "%d ranks with 2 threads each on %d cores: hot agreements sleep between tests "
+                 "instead of spinning", local_size, online);
+        return true;
+    }
+    return false;
 }
 
 epd_moe_shape_t epd_moe_shape_from_config(const epd_config_t *cfg, uint32_t world, uint32_t rank)
@@ -537,6 +554,8 @@ epd_moe_shape_t epd_moe_shape_from_config(const epd_config_t *cfg, uint32_t worl
         .scale = cfg->dispatch.scale,
         .scale_format = cfg->dispatch.scale_format,
         .expert_kind = cfg->experts.kind,
+        .combine_dtype = cfg->combine.dtype,
+        .quant_error = cfg->telemetry.quant_error == EPD_SWITCH_ON,
     };
 }
 
@@ -603,10 +622,8 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
         status = EPD_ERR_MPI;
         goto out_free;
     }
-    engine->oversubscribed = node_oversubscribed(comm);
-    if (engine->oversubscribed && rank == 0)
-        epd_log_info("engine: this node has more ranks than cores; hot agreements sleep between "
-                     "tests instead of spinning");
+    engine->oversubscribed = node_oversubscribed(comm, why);
+    if (engine->oversubscribed) epd_log_info("engine: %s", why);
     CHECK_GOTO(epd_step_create(&engine->shape, cfg->dispatch.max_tokens_per_step, ops, ops_ctx,
                                transport, transport_ctx, engine->comm, &engine->step, err),
                out_free);
@@ -622,12 +639,6 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
             status = EPD_ERR_NO_MEMORY;
             goto out_free;
         }
-    }
-    if (ops->device_memory && ops->event_create != NULL &&
-        ops->event_create(ops_ctx, &engine->copy_done) != EPD_OK) {
-        snprintf(err, EPD_ERR_LEN, "engine: cannot create a %s event", ops->name);
-        status = EPD_ERR_INTERNAL;
-        goto out_free;
     }
     rc = pthread_create(&engine->worker, NULL, worker_main, engine);
     if (rc != 0) {
@@ -733,6 +744,14 @@ void epd_engine_get_stats(epd_engine_t *engine, epd_engine_stats_t *stats_p)
     stats_p->shutting_down = atomic_load(&engine->shutting_down);
 }
 
+void epd_engine_set_step_observer(epd_engine_t *engine, epd_engine_step_observer_fn fn, void *arg)
+{
+    pthread_mutex_lock(&engine->mu);
+    engine->observe = fn;
+    engine->observe_arg = arg;
+    pthread_mutex_unlock(&engine->mu);
+}
+
 const char *epd_engine_activity(epd_engine_t *engine, uint64_t *since_ns_p)
 {
     int activity = atomic_load(&engine->activity);
@@ -770,7 +789,6 @@ void epd_engine_destroy(epd_engine_t *engine)
     }
     epd_step_destroy(engine->step);
     if (engine->stage != NULL) engine->ops->free_host(engine->ops_ctx, engine->stage);
-    if (engine->copy_done != NULL) engine->ops->event_destroy(engine->ops_ctx, engine->copy_done);
     if (engine->comm != MPI_COMM_NULL && worker_left) MPI_Comm_free(&engine->comm);
     pthread_cond_destroy(&engine->cv);
     pthread_mutex_destroy(&engine->mu);

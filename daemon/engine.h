@@ -13,6 +13,7 @@
 #include "comm/transport.h"
 #include "common/status.h"
 #include "config/config.h"
+#include "daemon/quant_stats.h"
 #include "gpu/ops.h"
 
 /* One accepted SUBMIT, validated at ingest. The engine owns it after a successful submit. */
@@ -67,12 +68,14 @@ typedef struct epd_engine_stats {
     uint64_t phase_ns[EPD_PHASE_MAX]; /* totals per epd_phase_t (comm/step.h) */
     uint64_t last_step_ns;
     bool shutting_down;
+    epd_quant_stats_t quant_error; /* telemetry.quant_error (daemon/quant_stats.h) */
 } epd_engine_stats_t;
 
 typedef struct epd_engine epd_engine_t;
 
 /* The MoE shape the configuration gives rank `rank` of `world`: hidden, topk and num_experts
- * from model.*, dtype and scales from dispatch.*, the expert kind from experts.kind. */
+ * from model.*, dtype and scales from dispatch.*, the expert kind from experts.kind, the
+ * combine dtype and the telemetry switch. */
 epd_moe_shape_t epd_moe_shape_from_config(const epd_config_t *cfg, uint32_t world, uint32_t rank);
 
 /* Called on the engine thread whenever results are ready or the engine has stopped; it must only
@@ -114,6 +117,15 @@ bool epd_engine_stopped(epd_engine_t *engine);
 bool epd_engine_failed(epd_engine_t *engine, char err[EPD_ERR_LEN]);
 
 void epd_engine_get_stats(epd_engine_t *engine, epd_engine_stats_t *stats_p);
+
+/* Called on the worker thread after each step that succeeded, with its timing, its layer, and the
+ * step's top-k ids on the host ([n_tokens, K], valid only during the call). */
+typedef void (*epd_engine_step_observer_fn)(void *arg, const epd_step_timing_t *timing,
+                                            uint32_t layer, const int32_t *topk_ids,
+                                            uint32_t n_tokens);
+
+/* Sets the step observer (any thread; the steps after it call it; NULL: none). */
+void epd_engine_set_step_observer(epd_engine_t *engine, epd_engine_step_observer_fn fn, void *arg);
 
 /* The device operations the engine runs its steps with (shared regions page-lock and open device
  * memory through them). */

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "config/config.h"
+#include "daemon/accuracy.h"
 #include "daemon/bench.h"
 #include "daemon/daemon.h"
 
@@ -32,7 +33,8 @@ static int print_config(const epd_args_t *args)
     return fflush(stdout) == 0 ? 0 : 1;
 }
 
-/* RUN and BENCH: both step through MPI with two threads (event loop, engine) taking turns. */
+/* RUN, BENCH and ACCURACY: all step through MPI (the daemon with two threads, event loop and
+ * engine, taking turns). */
 static int run_mpi(int argc, char **argv, const epd_args_t *args)
 {
     int provided = MPI_THREAD_SINGLE;
@@ -51,6 +53,8 @@ static int run_mpi(int argc, char **argv, const epd_args_t *args)
     }
     if (args->action == EPD_ACTION_BENCH)
         rc = epd_bench_run(args);
+    else if (args->action == EPD_ACTION_ACCURACY)
+        rc = epd_accuracy_run(args);
     else
         rc = epd_daemon_run(args);
     MPI_Finalize();
@@ -79,6 +83,7 @@ int main(int argc, char **argv)
         break;
     case EPD_ACTION_RUN:
     case EPD_ACTION_BENCH:
+    case EPD_ACTION_ACCURACY:
         rc = run_mpi(argc, argv, &args);
         break;
     }

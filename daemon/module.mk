@@ -2,9 +2,9 @@
 # documents, engine, bench, stats, log, notify),
 # its unit tests, and the C clients of the integration tests (build/tests/<name>).
 DAEMON_SRCS := daemon/main.c daemon/daemon.c daemon/server.c daemon/listener.c daemon/conn.c \
-               daemon/conn_table.c daemon/control.c daemon/stats.c \
-               daemon/log.c daemon/notify.c daemon/engine.c daemon/bench.c daemon/region.c \
-               daemon/watchdog.c daemon/trim.c
+               daemon/conn_table.c daemon/control.c daemon/stats.c daemon/quant_stats.c \
+               daemon/log.c daemon/notify.c daemon/engine.c daemon/bench.c daemon/accuracy.c \
+               daemon/region.c daemon/http.c daemon/watchdog.c daemon/trim.c
 
 # Other folders' module.mk files are read after this one: their source lists are expanded in the
 # prerequisites a second time, once every list is complete.
@@ -21,8 +21,9 @@ $(BUILD)/epd: $$(call obj,$$(EPD_LINK_SRCS))
 BINS += $(BUILD)/epd
 
 # Integration-test clients: the frame codec, the host reference (epd_moe_reference) and common.
-DAEMON_TEST_CLIENTS := check_client
-EPD_CLIENT_TEST_SRCS = $(COMMON_SRCS) $(PROTO_SRCS) gpu/quant_host.c gpu/ops_host.c
+DAEMON_TEST_CLIENTS := check_client region_check
+EPD_CLIENT_TEST_SRCS = $(COMMON_SRCS) $(PROTO_SRCS) proto/client.c proto/cuda_dl.c gpu/quant_host.c \
+                       gpu/ops_host.c
 define daemon_test_client_rule
 $(BUILD)/tests/$(1): $(BUILD)/obj/tests/integration/$(1).o $$$$(call obj,$$$$(EPD_CLIENT_TEST_SRCS))
 	@mkdir -p $$(dir $$@)
@@ -34,7 +35,7 @@ BINS += $(foreach c,$(DAEMON_TEST_CLIENTS),$(BUILD)/tests/$(c))
 UNIT_TESTS += log notify stats
 test_log_SRCS = daemon/log.c
 test_notify_SRCS = daemon/notify.c
-test_stats_SRCS = daemon/stats.c comm/phase.c $(COMMON_SRCS) $(CONFIG_SRCS)
+test_stats_SRCS = daemon/stats.c daemon/quant_stats.c comm/phase.c $(COMMON_SRCS) $(CONFIG_SRCS)
 
 # One connection on a socketpair with a stub engine (tests/unit/test_conn.c).
 UNIT_TESTS += conn

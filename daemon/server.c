@@ -10,18 +10,21 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <event2/event.h>
 
 #include "daemon/conn.h"
 #include "daemon/conn_table.h"
 #include "daemon/control.h"
+#include "daemon/http.h"
 #include "daemon/listener.h"
 #include "daemon/log.h"
 #include "daemon/notify.h"
 #include "daemon/stats.h"
 #include "daemon/trim.h"
 #include "daemon/watchdog.h"
+#include "common/parse.h"
 #include "proto/frame.h"
 
 #define SERVER_DRAIN_TIMEOUT_S 5      /* how long clients get to read their last answers */
@@ -42,6 +45,7 @@ struct epd_server {
     epd_control_t *control;
     epd_watchdog_t *watchdog;     /* stalls of the engine's agreements and steps */
     epd_trim_t trim;              /* memory back to the system after a burst */
+    epd_http_t *http;             /* metrics.listen; NULL when off */
     epd_conn_ctx_t conn_ctx;      /* shared by every connection */
     uint64_t next_conn_id;
     uint64_t in_flight;           /* requests on the engine, all connections */
@@ -192,6 +196,8 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
         if (server->in_flight > 0) server->in_flight--;
         server->answered_total++;
         if (server->draining || server->shutdown_requested) server->answered_in_drain++;
+        if (result->status == EPD_OK)
+            epd_metrics_observe_request(server->stats.metrics, result->latency_ns);
         epd_conn_table_deliver(server->conns, result);
     }
     server_check_engine(server);
@@ -261,6 +267,8 @@ epd_status_t epd_server_create(const epd_config_t *cfg, struct event_base *base,
         .closed = server_conn_closed,
     };
 
+    server->stats.metrics = epd_metrics_create(cfg->model.num_experts, cfg->model.topk);
+    if (server->stats.metrics == NULL) goto out_free;
     server->conns = epd_conn_table_create(&server->stats);
     if (server->conns == NULL) goto out_free;
     CHECK_GOTO(epd_control_create(cfg, rank, world, &server->stats, &server->control, err),
@@ -270,7 +278,11 @@ epd_status_t epd_server_create(const epd_config_t *cfg, struct event_base *base,
     server->drain_timer = evtimer_new(base, drain_timeout_cb, server);
     if (!server->wake_ev || !server->housekeeping || !server->drain_timer) goto out_free;
     for (size_t i = 0; i < EPD_ARRAY_SIZE(server_signals); i++) {
-        /* Installed now so a stop during start-up is remembered, not fatal. */
+        /* Installed now so a stop during start-up is remembered, not fatal. libevent restores
+         * the disposition it found when the event is freed: ignoring it first means a late copy
+         * of the signal (mpirun forwards one to every rank; a fast drain can end before it
+         * arrives) finds the rank exiting, not killed by the default action. */
+        signal(server_signals[i], SIG_IGN);
         server->signal_ev[i] = evsignal_new(base, server_signals[i], signal_cb, server);
         if (server->signal_ev[i] == NULL || evsignal_add(server->signal_ev[i], NULL) != 0) {
             snprintf(err, EPD_ERR_LEN, "cannot install the handler of signal %d",
@@ -296,11 +308,51 @@ epd_status_t epd_server_listen(epd_server_t *server, const char *path, char err[
                              &server->listener, err);
 }
 
+/* The exposition for HTTP: the same text as CONTROL `metrics`. */
+static char *server_render_metrics(void *arg)
+{
+    epd_server_t *server = arg;
+    char *meta = NULL, *payload = NULL, err[EPD_ERR_LEN];
+    size_t len = 0;
+
+    if (epd_control_answer(server->control, "metrics", &meta, &payload, &len, err) != EPD_OK)
+        return NULL;
+    free(meta);
+    return payload;
+}
+
+epd_status_t epd_server_metrics_listen(epd_server_t *server, int local_rank,
+                                       char err[EPD_ERR_LEN])
+{
+    char host[EPD_CONFIG_STR_LEN], why[EPD_ERR_LEN];
+    uint16_t port;
+
+    if (strcmp(server->cfg->metrics.listen, "off") == 0) return EPD_OK;
+    if (epd_parse_host_port(server->cfg->metrics.listen, host, sizeof(host), &port, why) !=
+        EPD_OK) {
+        snprintf(err, EPD_ERR_LEN, "metrics.listen: %.200s", why);
+        return EPD_ERR_CONFIG;
+    }
+    if ((unsigned)port + (unsigned)local_rank > 65535) {
+        snprintf(err, EPD_ERR_LEN, "metrics.listen: port %u + local rank %d is above 65535",
+                 (unsigned)port, local_rank);
+        return EPD_ERR_CONFIG;
+    }
+    port = (uint16_t)(port + local_rank);
+    epd_status_t status = epd_http_open(server->base, host, port, server_render_metrics, server,
+                                        &server->http, err);
+    if (status == EPD_OK)
+        epd_log_info("metrics on http://%s%s%s:%u/metrics", strchr(host, ':') ? "[" : "", host,
+                     strchr(host, ':') ? "]" : "", (unsigned)port);
+    return status;
+}
+
 epd_status_t epd_server_start(epd_server_t *server, epd_engine_t *engine, char err[EPD_ERR_LEN])
 {
     server->engine = engine;
     server->conn_ctx.engine = engine;
     epd_control_attach(server->control, engine);
+    epd_engine_set_step_observer(engine, epd_metrics_observe_step, server->stats.metrics);
     epd_status_t status = epd_listener_start(server->listener, err);
     if (status != EPD_OK) return status;
     status = epd_watchdog_create(server->cfg, server->base, engine, &server->stats, server->rank,
@@ -322,18 +374,15 @@ void epd_server_free(epd_server_t *server)
     if (server->conns != NULL) epd_conn_table_each(server->conns, epd_conn_abort);
     epd_listener_free(server->listener);
     epd_watchdog_free(server->watchdog);
-    for (size_t i = 0; i < EPD_ARRAY_SIZE(server_signals); i++) {
-        if (server->signal_ev[i] == NULL) continue;
-        event_free(server->signal_ev[i]);
-        /* Stopping already: a stop signal that comes late (mpirun forwards SIGUSR1 to each rank
-         * in turn; the agreed drain can finish first) must not kill the rank now. */
-        signal(server_signals[i], SIG_IGN);
-    }
+    for (size_t i = 0; i < EPD_ARRAY_SIZE(server_signals); i++)
+        if (server->signal_ev[i] != NULL) event_free(server->signal_ev[i]);
     if (server->drain_timer != NULL) event_free(server->drain_timer);
     if (server->housekeeping != NULL) event_free(server->housekeeping);
     if (server->wake_ev != NULL) event_free(server->wake_ev);
+    epd_http_free(server->http);
     epd_control_free(server->control);
     epd_conn_table_free(server->conns);
+    epd_metrics_free(server->stats.metrics);
     free(server);
 }
 

@@ -24,6 +24,11 @@ epd_status_t epd_server_create(const epd_config_t *cfg, struct event_base *base,
  * wait in the backlog until epd_server_start. */
 epd_status_t epd_server_listen(epd_server_t *server, const char *path, char err[EPD_ERR_LEN]);
 
+/* Opens the HTTP metrics endpoint of metrics.listen (nothing when it is "off") on the port plus
+ * local_rank, so the ranks of one node do not collide. EPD_ERR_CONFIG or EPD_ERR_IO with err. */
+epd_status_t epd_server_metrics_listen(epd_server_t *server, int local_rank,
+                                       char err[EPD_ERR_LEN]);
+
 /* The engine's wake callback (any thread): makes the loop collect results. arg is the server. */
 void epd_server_wake(void *arg);
 

@@ -1,6 +1,8 @@
-/* The server's counters and the three documents built from them and the engine's stats: the
- * `health` and `stats` JSON replies and the `metrics` Prometheus text exposition. Leaf module:
- * no logging, no I/O; each builder returns a malloc'ed NUL-terminated string (NULL: no memory). */
+/* The server's counters, the metrics recorder (histograms and per-expert counters, fed by the
+ * engine's step observer and the server's results), and the three documents built from them and
+ * the engine's stats: the `health` and `stats` JSON replies and the `metrics` Prometheus text
+ * exposition (served over CONTROL and HTTP, daemon/http.h). Leaf module: no logging, no I/O; each
+ * builder returns a malloc'ed NUL-terminated string (NULL: no memory). */
 #ifndef EPD_DAEMON_STATS_H
 #define EPD_DAEMON_STATS_H
 
@@ -10,6 +12,23 @@
 #include "common/status.h"
 #include "config/config.h"
 #include "daemon/engine.h"
+
+/* Histograms and per-expert counters, written from the engine's worker thread (steps) and the
+ * loop thread (request latencies), read by the exposition; it has its own lock. */
+typedef struct epd_metrics epd_metrics_t;
+
+/* Creates an empty recorder for E experts; NULL when out of memory. */
+epd_metrics_t *epd_metrics_create(uint32_t num_experts, uint32_t topk);
+void epd_metrics_free(epd_metrics_t *metrics);
+
+/* One answered request: latency from its frame being read to its result being queued. */
+void epd_metrics_observe_request(epd_metrics_t *metrics, uint64_t latency_ns);
+
+/* One step this rank took part in: its duration and phases, its tokens, and for each of its
+ * tokens the top-k expert ids (host memory, [n_tokens, K], -1 = empty slot) of layer. The
+ * signature is the engine's step observer (epd_engine_step_observer_fn); arg is the recorder. */
+void epd_metrics_observe_step(void *arg, const epd_step_timing_t *timing, uint32_t layer,
+                              const int32_t *topk_ids, uint32_t n_tokens);
 
 /* Counters kept by the server on its event-loop thread. */
 typedef struct epd_server_stats {
@@ -32,6 +51,7 @@ typedef struct epd_server_stats {
                                        * dispatch.stall_warn_ms ("agreement", "step"), or NULL */
     uint64_t stalled_ms;              /* how long it has waited (when stalled_phase is set) */
     uint64_t stalls;                  /* stalls seen since start (daemon/watchdog.c) */
+    epd_metrics_t *metrics;           /* histograms and expert counters (NULL: none) */
 } epd_server_stats_t;
 
 /* Everything a document describes, gathered by the caller. */
@@ -54,10 +74,13 @@ char *epd_stats_health_json(const epd_stats_view_t *view);
  * now/total/refused, requests accepted, results sent/discarded, errors by code, bytes in/out). */
 char *epd_stats_json(const epd_stats_view_t *view);
 
-/* Prometheus text exposition (version 0.0.4) with HELP and TYPE lines: epd_steps_total,
- * epd_tokens_total, epd_bytes_sent_total{dtype}, epd_step_phase_seconds_total{phase},
- * epd_queue_tokens, epd_errors_total{code}, epd_clients, epd_requests_total,
- * epd_results_discarded_total and a few more. */
+/* Prometheus text exposition (version 0.0.4) with HELP and TYPE lines, every name ending in its
+ * unit: counters (epd_steps_total, epd_tokens_total, epd_bytes_sent_total{dtype},
+ * epd_step_phase_seconds_total{phase}, epd_errors_total{code}, ...), gauges (epd_queue_tokens,
+ * epd_clients, ...) and, from view->server->metrics, the histograms
+ * epd_request_latency_seconds, epd_step_duration_seconds, epd_step_phase_duration_seconds{phase},
+ * epd_step_tokens and the counters epd_expert_routed_tokens_total{layer,expert}.
+ * docs/operations.md lists each one. */
 char *epd_stats_metrics(const epd_stats_view_t *view);
 
 #endif

@@ -32,7 +32,7 @@ test_gpu_select_SRCS += gpu/select.c
 # test_ops_cuda: CUDA ops against the host ops, byte for byte; daemon_gpu.sh: 2 ranks on 2 GPUs
 # through the real sockets (both skip visibly without GPUs).
 ifeq ($(CUDA),1)
-GPU_TESTS += test_ops_cuda daemon_gpu.sh
+GPU_TESTS += test_ops_cuda daemon_gpu.sh daemon_regions_gpu.sh
 OPS_CUDA_TEST_OBJS += $(BUILD)/obj/tests/gpu/test_ops_cuda.cu.o $(BUILD)/obj/gpu/ops_cuda.cu.o \
                       $(patsubst %.c,$(BUILD)/obj/%.o,gpu/ops_host.c gpu/quant_host.c common/status.c)
 $(BUILD)/tests/gpu/test_ops_cuda: $(OPS_CUDA_TEST_OBJS)
@@ -42,5 +42,9 @@ $(BUILD)/tests/gpu/test_ops_cuda: $(OPS_CUDA_TEST_OBJS)
 $(BUILD)/tests/gpu/daemon_gpu.sh: tests/gpu/daemon_gpu.sh
 	@mkdir -p $(dir $@)
 	$(call say,GEN)printf '#!/bin/sh\nexec bash tests/gpu/daemon_gpu.sh "$$@"\n' >$@ && chmod 0755 $@
-BINS += $(BUILD)/tests/gpu/test_ops_cuda $(BUILD)/tests/gpu/daemon_gpu.sh
+$(BUILD)/tests/gpu/daemon_regions_gpu.sh: tests/gpu/daemon_regions_gpu.sh
+	@mkdir -p $(dir $@)
+	$(call say,GEN)printf '#!/bin/sh\nexec bash tests/gpu/daemon_regions_gpu.sh "$$@"\n' >$@ && chmod 0755 $@
+BINS += $(BUILD)/tests/gpu/test_ops_cuda $(BUILD)/tests/gpu/daemon_gpu.sh \
+        $(BUILD)/tests/gpu/daemon_regions_gpu.sh
 endif

@@ -27,6 +27,11 @@ typedef struct epd_moe_shape {
     epd_scale_kind_t scale;
     epd_scale_fmt_t scale_format;
     epd_expert_kind_t expert_kind;
+    /* combine.dtype: BF16 partials, or FP8 with group128 fp32 scales (DESIGN.md section 3) */
+    epd_combine_dtype_t combine_dtype;
+    /* telemetry.quant_error: pack and the FP8 partials sum their quantization error into the
+     * context (quant_error_take); false costs nothing */
+    bool quant_error;
     uint32_t layer;       /* the MoE layer of the step being run (DESIGN.md section 5): set by
                            * epd_step_set_layer, 0 until then; the experts of that layer run */
 } epd_moe_shape_t;
@@ -56,6 +61,15 @@ typedef struct epd_expert_ops {
     float (*element)(const epd_moe_shape_t *shape, int32_t e, float x);
 } epd_expert_ops_t;
 
+/* The layout of DESIGN.md section 2 step 3 computed on the host from host ids [n, K]: slot
+ * [n * W] (host memory), per-destination counts and offsets and the record total. The ops'
+ * layout op gives the same; the step uses this when the ids are on the host already, sparing the
+ * device a layout and its read-back. EPD_ERR_EXPERT_OUT_OF_RANGE (with err) for an id outside
+ * [-1, E). */
+epd_status_t epd_layout_host(const epd_moe_shape_t *shape, uint32_t n, const int32_t *topk_ids,
+                             int32_t *slot, uint32_t *send_counts, uint32_t *send_offsets,
+                             uint32_t *n_send_p, char err[EPD_ERR_LEN]);
+
 /* The host expert kinds, by kind value and by name; NULL when there is none. */
 const epd_expert_ops_t *epd_expert_ops_find(epd_expert_kind_t kind);
 const epd_expert_ops_t *epd_expert_ops_find_name(const char *name);
@@ -72,6 +86,38 @@ typedef struct epd_record_layout {
 } epd_record_layout_t;
 
 void epd_record_layout(const epd_moe_shape_t *shape, epd_record_layout_t *layout_p);
+
+/* Byte offsets inside one partial (a record of the combine, DESIGN.md section 2 step 6): 2H
+ * bytes of BF16, or with combine.dtype fp8, H bytes of e4m3 then H/128 fp32 group scales; the
+ * whole padded to 16 bytes. */
+typedef struct epd_partial_layout {
+    size_t payload; /* 0 */
+    size_t scales;  /* FP8: H; BF16: 2H (none) */
+    size_t n_scales;
+    size_t size;    /* a multiple of 16 */
+} epd_partial_layout_t;
+
+void epd_partial_layout(const epd_moe_shape_t *shape, epd_partial_layout_t *layout_p);
+
+/* One partial from its fp32 sum acc[H] (host memory) into out (a partial of
+ * epd_partial_layout): bf16 nearest even, or FP8 quantized group128 with fp32 scales exactly as
+ * dispatch quantizes a row. When error_p is not NULL, adds sum (acc - dequant)^2 to error_p[0]
+ * and sum acc^2 to error_p[1] (FP8 only). Every host experts kind ends with it. */
+void epd_partial_store_host(const epd_moe_shape_t *shape, const float *acc, uint8_t *out,
+                            double *error_p);
+
+/* Adds partial p (a partial of epd_partial_layout) to acc[H] in fp32: acc = acc + bf16 value, or
+ * acc = acc + (float)q * s for FP8. */
+void epd_partial_add_host(const epd_moe_shape_t *shape, const uint8_t *p, float *acc);
+
+/* The quantization error telemetry (telemetry.quant_error) since the last quant_error_take: the
+ * sums whose ratio is the relative RMS error, sqrt(err2 / ref2), of what a rank quantized. */
+typedef struct epd_quant_error {
+    double dispatch_err2; /* sum over the packed FP8 records of (x - dequant(q))^2 */
+    double dispatch_ref2; /* ... of x^2 */
+    double combine_err2;  /* the same over the FP8 partials the experts wrote */
+    double combine_ref2;
+} epd_quant_error_t;
 
 /* The layout of one step on the source side: which ranks each token goes to, and where. */
 typedef struct epd_step_layout {
@@ -116,21 +162,30 @@ typedef struct epd_ops {
                                   epd_step_layout_t *layout);
 
     /* Pack (quantizing for FP8) x bf16 [N,H], ids, weights into records at send_buf, record index
-     * from layout->slot. One pass over x. Needs layout->n_tokens and slot, not the counts. */
+     * from layout->slot. One pass over x. Needs layout->n_tokens and slot, not the counts. With
+     * shape->quant_error and FP8, the error of each record (a token once per destination) is
+     * added to the context's sums (quant_error_take). */
     epd_status_t (*pack)(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, const uint16_t *x,
                          const int32_t *topk_ids, const float *topk_weights,
                          const epd_step_layout_t *layout, void *send_buf);
 
-    /* Experts: for each of n_records received records, partial = bf16(sum over ascending k with a
-     * local expert of w_k * expert(x')), fp32 accumulation, no FMA; partials bf16 [n_records, H]. */
+    /* Experts: for each of n_records received records, the fp32 sum over ascending k with a
+     * local expert of w_k * expert(x') (no FMA), stored as a partial (epd_partial_layout: bf16,
+     * or FP8 group128 with combine.dtype fp8) at partials + j * partial size. With
+     * shape->quant_error and FP8 partials, their error is added to the context's sums. */
     epd_status_t (*experts)(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, const void *recv_buf,
-                            uint32_t n_records, uint16_t *partials);
+                            uint32_t n_records, void *partials);
 
     /* Combine: partials_back holds the partial of record slot[t*W+r] at that index; y[t] =
-     * bf16(sum over ascending r of partial), zeros for tokens with no destination. */
+     * bf16(sum over ascending r of the partial, dequantized to fp32 when FP8), zeros for tokens
+     * with no destination. */
     epd_status_t (*combine)(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
-                            const epd_step_layout_t *layout, const uint16_t *partials_back,
+                            const epd_step_layout_t *layout, const void *partials_back,
                             uint16_t *y);
+
+    /* The telemetry sums since the last call (waiting for the ops queued before it), then zeroes
+     * them. All zero when nothing was quantized or shape->quant_error was off. */
+    epd_status_t (*quant_error_take)(epd_ops_ctx_t *ctx, epd_quant_error_t *error_p);
 
     /* Optional hooks for transports (NULL where an implementation has none; callers check).
      * stream: the implementation's stream (a cudaStream_t as void *) for NCCL to enqueue on.
@@ -154,6 +209,12 @@ typedef struct epd_ops {
     /* Optional: a sentence about the last failed op of ctx (e.g. the CUDA error string), "" when
      * none; owned by ctx, valid until its next op. For the daemon's abort message. */
     const char *(*last_error)(epd_ops_ctx_t *ctx);
+
+    /* Optional stream-ordered copies (NULL: use copy_to_ops / copy_to_host): queued on the
+     * stream with the ops, any direction (ops memory or host memory on either side), complete at
+     * the next sync. The host side must stay unchanged (upload) or unread (download) until then;
+     * pinned host memory makes them DMA. */
+    epd_status_t (*copy_queued)(epd_ops_ctx_t *ctx, void *dst, const void *src, size_t bytes);
 
     /* Shared regions (DESIGN.md section 4b), optional: NULL where an implementation has none
      * (the host ops: host regions need no page-locking, device ones cannot be opened). Called
@@ -181,7 +242,8 @@ extern const epd_ops_t epd_ops_cuda;
 #endif
 
 /* The single-process reference of DESIGN.md section 2 on host memory: what W ranks produce for
- * x [N,H], ids and weights [N,K]. y is bf16 [N,H]. */
+ * x [N,H], ids and weights [N,K] (FP8 combine included: each owner rank's partial quantized and
+ * dequantized). y is bf16 [N,H]. */
 epd_status_t epd_moe_reference(const epd_moe_shape_t *shape, uint32_t n_tokens, const uint16_t *x,
                                const int32_t *topk_ids, const float *topk_weights, uint16_t *y);
 

@@ -15,6 +15,7 @@ extern "C" {
 #include "gpu/ops.h"
 }
 #include "gpu/fp8.h"
+#include "gpu/partial_dev.cuh"
 #include "gpu/quant_dev.cuh"
 
 #define LAYOUT_THREADS 256    /* tokens a layout block walks at a time */
@@ -27,6 +28,8 @@ extern "C" {
 #define PACK_MAX_DESTS 1024   /* destination ranks of one token the row pack holds */
 #define EXPERT_TABLE 1024     /* local experts whose factors the experts kernel tabulates */
 #define EXPERT_MAX_K 64       /* top-k slots the experts kernel's mask holds */
+#define QE_SLOTS EPD_QE_SLOTS
+#define QE_SUMS EPD_QE_SUMS
 
 struct epd_ops_ctx {
     int device;
@@ -37,6 +40,9 @@ struct epd_ops_ctx {
     uint32_t *layout_host; /* pinned mirror, read back after the layout kernels */
     uint32_t *tile_counts; /* [LAYOUT_MAX_TILES][W] records per layout tile and rank */
     cudaEvent_t layout_done; /* the read-back of the last layout landed in layout_host */
+    double *qe_dev;  /* [QE_SLOTS][QE_SUMS] telemetry sums since the last quant_error_take */
+    double *qe_host; /* pinned mirror */
+    bool qe_queued;  /* combine queued the read-back of qe_dev into qe_host (and its zeroing) */
     char err[EPD_ERR_LEN];
     /* ingest of device-region tensors (loop thread), made by its first call */
     bool ingest_ready;
@@ -400,6 +406,7 @@ struct pack_args {
     uint32_t rec_size, rec_scales, rec_ids;
     uint32_t tail_words; /* 4-byte words from rec_ids to the end: ids, weights, src, padding */
     int ue8m0;
+    double *qe; /* telemetry sums (QE_SLOTS x QE_SUMS), NULL when off */
 };
 
 /* The metadata words of token t handled by thread `part` of `parts`: ids, weights (bit copies),
@@ -436,6 +443,7 @@ __global__ void __launch_bounds__(PACK_MAX_THREADS) pack_row_kernel(pack_args a,
 {
     __shared__ int32_t s_dst[PACK_MAX_DESTS], s_slot[PACK_MAX_DESTS];
     __shared__ uint32_t s_n;
+    float qe_e2 = 0.0f, qe_r2 = 0.0f; /* telemetry of this thread's elements, records counted */
     for (uint32_t t = blockIdx.x; t < a.n; t += gridDim.x) {
         /* the token's W slots loaded side by side, then compacted in rank order by one thread */
         for (uint32_t r = threadIdx.x; r < a.world && r < PACK_MAX_DESTS; r += blockDim.x)
@@ -479,6 +487,13 @@ __global__ void __launch_bounds__(PACK_MAX_THREADS) pack_row_kernel(pack_args a,
                     float scale, mult;
                     epd_quant_scale(__uint_as_float(m << 16), a.ue8m0, &scale, &mult);
                     uint4 q = quant16(lo[k], hi[k], mult);
+                    if (a.qe != NULL && n_dst > 0) {
+                        float xv[CHUNK], e2 = 0.0f, r2 = 0.0f;
+                        bf16x16_to_f32(lo[k], hi[k], xv);
+                        epd_dev_qe_chunk(q, scale, xv, &e2, &r2);
+                        qe_e2 += e2 * (float)n_dst;
+                        qe_r2 += r2 * (float)n_dst;
+                    }
                     for (uint32_t d = 0; d < n_dst; d++) {
                         uint8_t *rec = a.send + (size_t)s_dst[d] * a.rec_size;
                         *reinterpret_cast<uint4 *>(rec + (size_t)c[k] * CHUNK) = q;
@@ -498,6 +513,7 @@ __global__ void __launch_bounds__(PACK_MAX_THREADS) pack_row_kernel(pack_args a,
         pack_tail(a, t, threadIdx.x, blockDim.x);
         __syncthreads(); /* s_dst is rewritten for the next token */
     }
+    if (FP8 && a.qe != NULL) epd_dev_qe_block_add(a.qe, 0, qe_e2, qe_r2);
 }
 
 /* FP8 with one scale per token: tpt threads per token (a power of two <= 32, several tokens per
@@ -534,44 +550,62 @@ __global__ void __launch_bounds__(TOKEN_MAX_THREADS) pack_token_kernel(pack_args
         m = 0;
         for (uint32_t w = 0; w < (blockDim.x >> 5); w++) m = max(m, s_max[w]);
     }
-    if (!token) return;
-
-    float scale, mult;
-    epd_quant_scale(__uint_as_float(m << 16), a.ue8m0, &scale, &mult);
-    const int32_t *slot = a.slot + (size_t)t * a.world;
-    for (uint32_t it = 0; it < iters; it++) {
-        uint32_t c = lt + it * tpt;
-        if (c >= a.h16) break;
-        uint4 lo = lo0, hi = hi0;
-        if (it > 0) {
-            const uint4 *src = reinterpret_cast<const uint4 *>(row + (size_t)c * CHUNK);
-            lo = src[0];
-            hi = src[1];
+    float qe_e2 = 0.0f, qe_r2 = 0.0f; /* telemetry, records counted */
+    if (token) {
+        float scale, mult;
+        epd_quant_scale(__uint_as_float(m << 16), a.ue8m0, &scale, &mult);
+        const int32_t *slot = a.slot + (size_t)t * a.world;
+        uint32_t n_dst = 0;
+        if (a.qe != NULL)
+            for (uint32_t r = 0; r < a.world; r++) n_dst += slot[r] >= 0;
+        for (uint32_t it = 0; it < iters; it++) {
+            uint32_t c = lt + it * tpt;
+            if (c >= a.h16) break;
+            uint4 lo = lo0, hi = hi0;
+            if (it > 0) {
+                const uint4 *src = reinterpret_cast<const uint4 *>(row + (size_t)c * CHUNK);
+                lo = src[0];
+                hi = src[1];
+            }
+            uint4 q = quant16(lo, hi, mult);
+            if (n_dst > 0) {
+                float xv[CHUNK], e2 = 0.0f, r2 = 0.0f;
+                bf16x16_to_f32(lo, hi, xv);
+                epd_dev_qe_chunk(q, scale, xv, &e2, &r2);
+                qe_e2 += e2 * (float)n_dst;
+                qe_r2 += r2 * (float)n_dst;
+            }
+            for (uint32_t r = 0; r < a.world; r++) {
+                int32_t s = slot[r];
+                if (s >= 0) *reinterpret_cast<uint4 *>(a.send + (size_t)s * a.rec_size + (size_t)c * CHUNK) = q;
+            }
         }
-        uint4 q = quant16(lo, hi, mult);
-        for (uint32_t r = 0; r < a.world; r++) {
-            int32_t s = slot[r];
-            if (s >= 0) *reinterpret_cast<uint4 *>(a.send + (size_t)s * a.rec_size + (size_t)c * CHUNK) = q;
+        if (lt == 0) {
+            for (uint32_t r = 0; r < a.world; r++) {
+                int32_t s = slot[r];
+                if (s >= 0) *reinterpret_cast<float *>(a.send + (size_t)s * a.rec_size + a.rec_scales) = scale;
+            }
         }
+        pack_tail(a, t, lt, tpt);
     }
-    if (lt == 0) {
-        for (uint32_t r = 0; r < a.world; r++) {
-            int32_t s = slot[r];
-            if (s >= 0) *reinterpret_cast<float *>(a.send + (size_t)s * a.rec_size + a.rec_scales) = scale;
-        }
+    /* every thread of the block, with a token or not, takes part in the reduction */
+    if (a.qe != NULL) {
+        __syncthreads(); /* s_max's last reads are done before qe_block_add's shared memory */
+        epd_dev_qe_block_add(a.qe, 0, qe_e2, qe_r2);
     }
-    pack_tail(a, t, lt, tpt);
 }
 
 /* ---- experts ------------------------------------------------------------------------------ */
 
 struct experts_args {
     const uint8_t *recv;
-    uint16_t *partials;
+    uint8_t *partials; /* part_size bytes a record (epd_partial_layout) */
     uint32_t n_records, hidden, h16, k_count, n_experts;
     int32_t lo, hi; /* this rank's experts [lo, hi) */
     uint32_t rec_size, rec_scales, rec_ids, rec_weights;
+    uint32_t part_size;
     int per_token;
+    double *qe; /* telemetry sums of FP8 partials, NULL when off */
 };
 
 /* The elementwise expert kinds of the experts kernel, the device twins of gpu/ops_host.c's
@@ -697,19 +731,98 @@ __global__ void __launch_bounds__(FLAT_THREADS) experts_kernel(experts_args a)
                     for (int v = 0; v < CHUNK; v++) acc[v] = __fadd_rn(acc[v], __fmul_rn(w, x[v]));
                 }
             }
-            store_bf16x16_fast(a.partials + (size_t)j * a.hidden + (size_t)(u + i * per_rec) * CHUNK, acc);
+            store_bf16x16_fast(reinterpret_cast<uint16_t *>(a.partials + (size_t)j * a.part_size) +
+                                   (size_t)(u + i * per_rec) * CHUNK,
+                               acc);
         }
     }
+}
+
+/* An FP8 partial's 16 elements c of record j (gpu/partial_dev.cuh), with the telemetry when
+ * a.qe is set. */
+__device__ __forceinline__ void store_fp8_partial16(const experts_args &a, bool active, uint32_t j,
+                                                    uint32_t c, const float *acc, float *e2,
+                                                    float *r2)
+{
+    epd_dev_store_fp8_partial16(a.partials + (size_t)j * a.part_size, a.hidden, a.part_size,
+                                active, c, acc, a.qe != NULL, e2, r2);
+}
+
+/* The experts with FP8 partials: the arithmetic of experts_kernel, one chunk of 16 elements a
+ * thread so that a group of 128 is 8 consecutive lanes of one record (H/16 is a multiple of 8,
+ * blocks are whole warps). The grid-stride loop advances whole blocks, so every lane of a warp
+ * runs every iteration and the shuffles see all of it. */
+template <bool FP8, typename Expert>
+__global__ void __launch_bounds__(FLAT_THREADS) experts_fp8_partials_kernel(experts_args a)
+{
+    __shared__ float s_f[EXPERT_TABLE];
+    const uint32_t per_rank = (uint32_t)(a.hi - a.lo);
+    const bool table = Expert::has_factor && per_rank <= EXPERT_TABLE;
+    if (table)
+        for (uint32_t i = threadIdx.x; i < per_rank; i += blockDim.x)
+            s_f[i] = Expert::factor(a, a.lo + (int32_t)i);
+    __syncthreads();
+
+    const uint64_t total = (uint64_t)a.n_records * a.h16;
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    float e2 = 0.0f, r2 = 0.0f;
+    for (uint64_t base = (uint64_t)blockIdx.x * blockDim.x; base < total; base += stride) {
+        const uint64_t idx = base + threadIdx.x;
+        const bool active = idx < total;
+        uint32_t j = 0, c = 0;
+        if (active) split_flat(idx, a.h16, &j, &c);
+        float acc[CHUNK];
+#pragma unroll
+        for (int v = 0; v < CHUNK; v++) acc[v] = 0.0f;
+        if (active) {
+            const uint8_t *rec = a.recv + (size_t)j * a.rec_size;
+            const int32_t *ids = reinterpret_cast<const int32_t *>(rec + a.rec_ids);
+            const float *wts = reinterpret_cast<const float *>(rec + a.rec_weights);
+            uint4 ra, rb;
+            float sc;
+            if (FP8) {
+                ra = __ldg(reinterpret_cast<const uint4 *>(rec + (size_t)c * CHUNK));
+                rb = make_uint4(0, 0, 0, 0);
+                sc = __ldg(reinterpret_cast<const float *>(rec + a.rec_scales +
+                                                           (a.per_token ? 0u : 4u * (c >> 3))));
+            } else {
+                const uint4 *src = reinterpret_cast<const uint4 *>(rec + (size_t)c * 2 * CHUNK);
+                ra = __ldg(src);
+                rb = __ldg(src + 1);
+                sc = 1.0f;
+            }
+            float x[CHUNK];
+            widen16<FP8>(ra, rb, sc, x);
+            for (uint32_t k = 0; k < a.k_count; k++) {
+                const int32_t e = __ldg(ids + k);
+                if (e < a.lo || e >= a.hi) continue; /* -1 is not local either */
+                const float w = __ldg(wts + k);
+                if (Expert::has_factor) {
+                    const float f = table ? s_f[e - a.lo] : Expert::factor(a, e);
+#pragma unroll
+                    for (int v = 0; v < CHUNK; v++) acc[v] = __fadd_rn(acc[v], __fmul_rn(w, __fmul_rn(x[v], f)));
+                } else {
+#pragma unroll
+                    for (int v = 0; v < CHUNK; v++) acc[v] = __fadd_rn(acc[v], __fmul_rn(w, x[v]));
+                }
+            }
+        }
+        store_fp8_partial16(a, active, j, c, acc, &e2, &r2);
+    }
+    if (a.qe != NULL) epd_dev_qe_block_add(a.qe, 2, e2, r2);
 }
 
 typedef void (*experts_kernel_fn)(experts_args);
 
 /* A CUDA expert kind: the kind value of its host twin (epd_expert_ops_find gives the name), and
- * its kernels for FP8 and BF16 records. A new kind is one entry of cuda_expert_kinds. */
+ * its kernels for FP8 and BF16 records, with BF16 partials and (_fp8p) FP8 partials. A new kind
+ * is one entry of cuda_expert_kinds. */
 struct cuda_expert_ops {
     epd_expert_kind_t kind;
     experts_kernel_fn kernel_fp8;
     experts_kernel_fn kernel_bf16;
+    experts_kernel_fn kernel_fp8_fp8p;
+    experts_kernel_fn kernel_bf16_fp8p;
 };
 
 static const cuda_expert_ops cuda_expert_kinds[] = {
@@ -717,11 +830,15 @@ static const cuda_expert_ops cuda_expert_kinds[] = {
         .kind = EPD_EXPERTS_IDENTITY,
         .kernel_fp8 = experts_kernel<true, identity_expert>,
         .kernel_bf16 = experts_kernel<false, identity_expert>,
+        .kernel_fp8_fp8p = experts_fp8_partials_kernel<true, identity_expert>,
+        .kernel_bf16_fp8p = experts_fp8_partials_kernel<false, identity_expert>,
     },
     {
         .kind = EPD_EXPERTS_SCALE,
         .kernel_fp8 = experts_kernel<true, scale_expert>,
         .kernel_bf16 = experts_kernel<false, scale_expert>,
+        .kernel_fp8_fp8p = experts_fp8_partials_kernel<true, scale_expert>,
+        .kernel_bf16_fp8p = experts_fp8_partials_kernel<false, scale_expert>,
     },
 };
 
@@ -735,11 +852,13 @@ static const cuda_expert_ops *cuda_expert_find(epd_expert_kind_t kind)
 
 /* ---- combine ------------------------------------------------------------------------------ */
 
-/* One thread per 16 elements of an output row: the partials of the token's records summed in
- * ascending rank order from 0.0f, rounded to bf16; zeros for a token without records. */
+/* One thread per 16 elements of an output row: the partials of the token's records (part_size
+ * bytes each; FP8P: e4m3 codes then group scales, dequantized (float)q * s) summed in ascending
+ * rank order from 0.0f, rounded to bf16; zeros for a token without records. */
+template <bool FP8P>
 __global__ void __launch_bounds__(FLAT_THREADS)
-combine_kernel(const int32_t *slot, const uint16_t *partials, uint16_t *y, uint32_t n,
-               uint32_t hidden, uint32_t h16, uint32_t world)
+combine_kernel(const int32_t *slot, const uint8_t *partials, uint16_t *y, uint32_t n,
+               uint32_t hidden, uint32_t h16, uint32_t world, uint32_t part_size)
 {
     const uint64_t total = (uint64_t)n * h16;
     const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
@@ -752,10 +871,16 @@ combine_kernel(const int32_t *slot, const uint16_t *partials, uint16_t *y, uint3
         for (uint32_t r = 0; r < world; r++) {
             int32_t s = slot[(size_t)t * world + r];
             if (s < 0) continue;
-            const uint4 *src = reinterpret_cast<const uint4 *>(partials + (size_t)s * hidden + (size_t)c * CHUNK);
-            uint4 lo = src[0], hi = src[1];
+            const uint8_t *part = partials + (size_t)s * part_size;
             float p[CHUNK];
-            bf16x16_to_f32(lo, hi, p);
+            if (FP8P) {
+                uint4 q = *reinterpret_cast<const uint4 *>(part + (size_t)c * CHUNK);
+                float sc = *reinterpret_cast<const float *>(part + hidden + 4u * (c >> 3));
+                epd_dev_dequant16(q, sc, p);
+            } else {
+                const uint4 *src = reinterpret_cast<const uint4 *>(part + (size_t)c * 2 * CHUNK);
+                bf16x16_to_f32(src[0], src[1], p);
+            }
 #pragma unroll
             for (int i = 0; i < CHUNK; i++) acc[i] = __fadd_rn(acc[i], p[i]);
         }
@@ -815,9 +940,30 @@ static epd_status_t cuda_init(int device_id, epd_ops_ctx_t **ctx_p, char err[EPD
         what = "cudaEventCreateWithFlags";
         goto err_tile_counts;
     }
+    if ((rc = cudaMalloc(&ctx->qe_dev, QE_SLOTS * QE_SUMS * sizeof(double))) != cudaSuccess) {
+        what = "cudaMalloc";
+        goto err_event;
+    }
+    if ((rc = cudaMallocHost(&ctx->qe_host, QE_SLOTS * QE_SUMS * sizeof(double))) != cudaSuccess) {
+        what = "cudaMallocHost";
+        goto err_qe_dev;
+    }
+    /* on the ops stream, which does not wait for the legacy one */
+    if ((rc = cudaMemsetAsync(ctx->qe_dev, 0, QE_SLOTS * QE_SUMS * sizeof(double), ctx->stream)) !=
+            cudaSuccess ||
+        (rc = cudaStreamSynchronize(ctx->stream)) != cudaSuccess) {
+        what = "zeroing the telemetry sums";
+        goto err_qe_host;
+    }
     *ctx_p = ctx;
     return EPD_OK;
 
+err_qe_host:
+    cudaFreeHost(ctx->qe_host);
+err_qe_dev:
+    cudaFree(ctx->qe_dev);
+err_event:
+    cudaEventDestroy(ctx->layout_done);
 err_tile_counts:
     cudaFree(ctx->tile_counts);
 err_layout_host:
@@ -849,6 +995,8 @@ static void cuda_fini(epd_ops_ctx_t *ctx)
             cudaFreeHost(ctx->ingest_host);
             cudaStreamDestroy(ctx->ingest);
         }
+        cudaFreeHost(ctx->qe_host);
+        cudaFree(ctx->qe_dev);
         cudaEventDestroy(ctx->layout_done);
         cudaFree(ctx->tile_counts);
         cudaFreeHost(ctx->layout_host);
@@ -925,6 +1073,18 @@ static epd_status_t cuda_copy_to_ops(epd_ops_ctx_t *ctx, void *dst, const void *
 static epd_status_t cuda_copy_to_host(epd_ops_ctx_t *ctx, void *dst_host, const void *src, size_t bytes)
 {
     return cuda_copy(ctx, dst_host, src, bytes, cudaMemcpyDeviceToHost);
+}
+
+static epd_status_t cuda_copy_queued(epd_ops_ctx_t *ctx, void *dst, const void *src, size_t bytes)
+{
+    epd_status_t status;
+
+    CHECK_GOTO(enter(ctx), out);
+    if (bytes > 0)
+        CUDA_TRY(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ctx->stream),
+                 "cudaMemcpyAsync");
+out:
+    return status;
 }
 
 static epd_status_t cuda_sync(epd_ops_ctx_t *ctx)
@@ -1035,6 +1195,7 @@ static epd_status_t cuda_pack(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, 
     a.rec_ids = (uint32_t)rec.ids;
     a.tail_words = (uint32_t)((rec.size - rec.ids) / 4);
     a.ue8m0 = shape->scale_format == EPD_SCALE_FMT_UE8M0;
+    a.qe = shape->quant_error && shape->dtype == EPD_WIRE_FP8 ? ctx->qe_dev : NULL;
 
     if (shape->dtype == EPD_WIRE_BF16 || shape->scale == EPD_SCALE_GROUP128) {
         uint32_t threads = row_threads(a.h16, PACK_MAX_THREADS);
@@ -1064,10 +1225,11 @@ out:
 }
 
 static epd_status_t cuda_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
-                                 const void *recv_buf, uint32_t n_records, uint16_t *partials)
+                                 const void *recv_buf, uint32_t n_records, void *partials)
 {
     epd_status_t status;
     epd_record_layout_t rec;
+    epd_partial_layout_t pl;
     const cuda_expert_ops *experts;
     experts_args a;
     uint32_t per_rank;
@@ -1081,11 +1243,13 @@ static epd_status_t cuda_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
     if (!aligned16(recv_buf) || !aligned16(partials))
         return bad_arg(ctx, "experts: buffers must be 16-byte aligned");
     epd_record_layout(shape, &rec);
+    epd_partial_layout(shape, &pl);
 
     per_rank = shape->num_experts / shape->world;
     memset(&a, 0, sizeof a);
     a.recv = (const uint8_t *)recv_buf;
-    a.partials = partials;
+    a.partials = (uint8_t *)partials;
+    a.part_size = (uint32_t)pl.size;
     a.n_records = n_records;
     a.hidden = shape->hidden;
     a.h16 = shape->hidden / CHUNK;
@@ -1099,7 +1263,12 @@ static epd_status_t cuda_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
     a.rec_weights = (uint32_t)rec.weights;
     a.per_token = shape->scale == EPD_SCALE_PER_TOKEN;
     if (shape->topk > EXPERT_MAX_K) return bad_arg(ctx, "experts: top-k above 64");
-    {
+    if (shape->combine_dtype == EPD_COMBINE_FP8) {
+        a.qe = shape->quant_error ? ctx->qe_dev : NULL;
+        experts_kernel_fn kernel =
+            shape->dtype == EPD_WIRE_FP8 ? experts->kernel_fp8_fp8p : experts->kernel_bf16_fp8p;
+        kernel<<<flat_blocks((uint64_t)n_records * a.h16), FLAT_THREADS, 0, ctx->stream>>>(a);
+    } else {
         uint64_t units = (uint64_t)n_records * (a.h16 / 2);
         experts_kernel_fn kernel =
             shape->dtype == EPD_WIRE_FP8 ? experts->kernel_fp8 : experts->kernel_bf16;
@@ -1110,8 +1279,17 @@ out:
     return status;
 }
 
+/* Queues the copy of the telemetry sums to the pinned mirror and their zeroing, on the stream. */
+static cudaError_t qe_queue_readback(epd_ops_ctx_t *ctx)
+{
+    const size_t bytes = QE_SLOTS * QE_SUMS * sizeof(double);
+    cudaError_t rc = cudaMemcpyAsync(ctx->qe_host, ctx->qe_dev, bytes, cudaMemcpyDeviceToHost,
+                                     ctx->stream);
+    return rc != cudaSuccess ? rc : cudaMemsetAsync(ctx->qe_dev, 0, bytes, ctx->stream);
+}
+
 static epd_status_t cuda_combine(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
-                                 const epd_step_layout_t *layout, const uint16_t *partials_back,
+                                 const epd_step_layout_t *layout, const void *partials_back,
                                  uint16_t *y)
 {
     epd_status_t status;
@@ -1126,10 +1304,50 @@ static epd_status_t cuda_combine(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
         return bad_arg(ctx, "combine: buffers must be 16-byte aligned");
     {
         uint32_t h16 = shape->hidden / CHUNK;
-        combine_kernel<<<flat_blocks((uint64_t)layout->n_tokens * h16), FLAT_THREADS, 0, ctx->stream>>>(
-            layout->slot, partials_back, y, layout->n_tokens, shape->hidden, h16, shape->world);
+        epd_partial_layout_t pl;
+        epd_partial_layout(shape, &pl);
+        unsigned blocks = flat_blocks((uint64_t)layout->n_tokens * h16);
+        const uint8_t *parts = (const uint8_t *)partials_back;
+        if (shape->combine_dtype == EPD_COMBINE_FP8)
+            combine_kernel<true><<<blocks, FLAT_THREADS, 0, ctx->stream>>>(
+                layout->slot, parts, y, layout->n_tokens, shape->hidden, h16, shape->world, (uint32_t)pl.size);
+        else
+            combine_kernel<false><<<blocks, FLAT_THREADS, 0, ctx->stream>>>(
+                layout->slot, parts, y, layout->n_tokens, shape->hidden, h16, shape->world, (uint32_t)pl.size);
     }
     CUDA_TRY(ctx, cudaGetLastError(), "combine kernel launch");
+    if (shape->quant_error && !ctx->qe_queued) {
+        /* the step's telemetry comes back with the step: quant_error_take after the step's last
+         * sync then costs no round trip of its own (one read-back pending at a time: what is
+         * summed after it stays on the device for the next take) */
+        CUDA_TRY(ctx, qe_queue_readback(ctx), "telemetry read-back");
+        ctx->qe_queued = true;
+    }
+out:
+    return status;
+}
+
+/* The telemetry sums, read back in stream order after the ops queued before (by the last
+ * combine when it ran with shape->quant_error, else here), zeroed, added up over the slots. */
+static epd_status_t cuda_quant_error_take(epd_ops_ctx_t *ctx, epd_quant_error_t *error_p)
+{
+    epd_status_t status;
+    double sums[QE_SUMS] = {0.0, 0.0, 0.0, 0.0};
+
+    CHECK_GOTO(enter(ctx), out);
+    if (error_p == NULL) return bad_arg(ctx, "quant_error_take without an output");
+    /* sums added after a pending read-back (a later pack or experts) stay on the device, zeroed
+     * only by a later read-back: the next take has them */
+    if (!ctx->qe_queued) CUDA_TRY(ctx, qe_queue_readback(ctx), "telemetry read-back");
+    ctx->qe_queued = false;
+    /* the step has synchronized already: the stream is idle and this returns at once */
+    CUDA_TRY(ctx, cudaStreamSynchronize(ctx->stream), "cudaStreamSynchronize after the telemetry");
+    for (uint32_t s = 0; s < QE_SLOTS; s++)
+        for (uint32_t k = 0; k < QE_SUMS; k++) sums[k] += ctx->qe_host[s * QE_SUMS + k];
+    error_p->dispatch_err2 = sums[0];
+    error_p->dispatch_ref2 = sums[1];
+    error_p->combine_err2 = sums[2];
+    error_p->combine_ref2 = sums[3];
 out:
     return status;
 }
@@ -1382,6 +1600,7 @@ extern "C" const epd_ops_t epd_ops_cuda = {
     .pack = cuda_pack,
     .experts = cuda_experts,
     .combine = cuda_combine,
+    .quant_error_take = cuda_quant_error_take,
     .stream = cuda_stream,
     .event_create = cuda_event_create,
     .event_destroy = cuda_event_destroy,
@@ -1391,6 +1610,7 @@ extern "C" const epd_ops_t epd_ops_cuda = {
     .copy_to_ops_async = cuda_copy_to_ops_async,
     .copy_ops_to_ops_async = cuda_copy_ops_to_ops_async,
     .last_error = cuda_last_error,
+    .copy_queued = cuda_copy_queued,
     .host_register = cuda_host_register,
     .host_unregister = cuda_host_unregister,
     .ipc_open = cuda_ipc_open,

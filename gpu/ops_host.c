@@ -22,6 +22,7 @@
 
 struct epd_ops_ctx {
     int device_id; /* kept for symmetry with the CUDA ops; unused */
+    epd_quant_error_t quant_error; /* telemetry sums since the last quant_error_take */
     char err[EPD_ERR_LEN];
 };
 
@@ -144,6 +145,8 @@ epd_status_t epd_moe_shape_check(const epd_moe_shape_t *shape, char err[EPD_ERR_
         problem = "unknown scale format";
     else if (epd_expert_ops_find(shape->expert_kind) == NULL)
         problem = "unknown expert kind";
+    else if (shape->combine_dtype != EPD_COMBINE_BF16 && shape->combine_dtype != EPD_COMBINE_FP8)
+        problem = "unknown combine dtype";
     if (problem != NULL) {
         snprintf(err, EPD_ERR_LEN, "%s", problem);
         return EPD_ERR_INVALID_ARG;
@@ -180,6 +183,89 @@ void epd_record_layout(const epd_moe_shape_t *shape, epd_record_layout_t *layout
     off += sizeof(uint32_t);
     l.size = (off + RECORD_ALIGN - 1) / RECORD_ALIGN * RECORD_ALIGN;
     *layout_p = l;
+}
+
+/* Every e4m3 code's value (epd_e4m3_to_f32), filled before main: the telemetry decodes each
+ * quantized element once more, and a table keeps that cheaper than the quantization. */
+static float e4m3_values[256];
+
+__attribute__((constructor)) static void e4m3_values_fill(void)
+{
+    for (int c = 0; c < 256; c++) e4m3_values[c] = epd_e4m3_to_f32((uint8_t)c);
+}
+
+void epd_partial_layout(const epd_moe_shape_t *shape, epd_partial_layout_t *layout_p)
+{
+    epd_partial_layout_t l;
+
+    memset(&l, 0, sizeof l);
+    if (shape->combine_dtype == EPD_COMBINE_FP8) {
+        l.scales = shape->hidden;
+        l.n_scales = shape->hidden / EPD_QUANT_GROUP;
+    } else {
+        l.scales = (size_t)shape->hidden * 2;
+        l.n_scales = 0;
+    }
+    l.size = (l.scales + l.n_scales * sizeof(float) + RECORD_ALIGN - 1) / RECORD_ALIGN *
+             RECORD_ALIGN;
+    *layout_p = l;
+}
+
+void epd_partial_store_host(const epd_moe_shape_t *shape, const float *acc, uint8_t *out,
+                            double *error_p)
+{
+    uint32_t hidden = shape->hidden;
+    epd_partial_layout_t pl;
+
+    epd_partial_layout(shape, &pl);
+    if (shape->combine_dtype != EPD_COMBINE_FP8) {
+        for (uint32_t i = 0; i < hidden; i++) {
+            uint16_t h = epd_f32_to_bf16(acc[i]);
+            memcpy(out + (size_t)i * 2, &h, 2);
+        }
+        memset(out + pl.scales, 0, pl.size - pl.scales);
+        return;
+    }
+    for (uint32_t g = 0; g < pl.n_scales; g++) {
+        size_t off = (size_t)g * EPD_QUANT_GROUP;
+        float scale;
+        /* the dispatch's own quantization of one group: group128, fp32 scale */
+        epd_quant_row_f32_host(acc + off, EPD_QUANT_GROUP, EPD_SCALE_GROUP128, EPD_SCALE_FMT_FP32,
+                               out + off, &scale);
+        memcpy(out + pl.scales + g * sizeof(float), &scale, sizeof scale);
+        if (error_p != NULL) {
+            float e2 = 0.0f, r2 = 0.0f;
+            for (uint32_t i = 0; i < EPD_QUANT_GROUP; i++) {
+                float d = acc[off + i] - e4m3_values[out[off + i]] * scale;
+                e2 = e2 + d * d;
+                r2 = r2 + acc[off + i] * acc[off + i];
+            }
+            error_p[0] += e2;
+            error_p[1] += r2;
+        }
+    }
+    size_t end = pl.scales + pl.n_scales * sizeof(float);
+    memset(out + end, 0, pl.size - end);
+}
+
+void epd_partial_add_host(const epd_moe_shape_t *shape, const uint8_t *p, float *acc)
+{
+    uint32_t hidden = shape->hidden;
+
+    if (shape->combine_dtype != EPD_COMBINE_FP8) {
+        for (uint32_t i = 0; i < hidden; i++) {
+            uint16_t h;
+            memcpy(&h, p + (size_t)i * 2, 2);
+            acc[i] = acc[i] + epd_bf16_to_f32(h);
+        }
+        return;
+    }
+    for (uint32_t g = 0; g < hidden / EPD_QUANT_GROUP; g++) {
+        float scale;
+        memcpy(&scale, p + hidden + g * sizeof(float), sizeof scale);
+        for (uint32_t i = g * EPD_QUANT_GROUP; i < (g + 1) * EPD_QUANT_GROUP; i++)
+            acc[i] = acc[i] + epd_e4m3_to_f32(p[i]) * scale;
+    }
 }
 
 /* Checks what every op relies on; the daemon validates the same at start-up. */
@@ -248,68 +334,88 @@ static epd_status_t host_sync(epd_ops_ctx_t *ctx)
     return EPD_OK;
 }
 
-static epd_status_t host_layout(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
-                                const int32_t *topk_ids, epd_step_layout_t *layout)
+/* Host ops run in order as they are called: the queued copy is done at once. */
+static epd_status_t host_copy_queued(epd_ops_ctx_t *ctx, void *dst, const void *src, size_t bytes)
 {
-    uint32_t world, per_rank, n, k_count;
+    if (bytes > 0) memcpy(dst, src, bytes);
+    return EPD_OK;
+}
+
+epd_status_t epd_layout_host(const epd_moe_shape_t *shape, uint32_t n, const int32_t *topk_ids,
+                             int32_t *slot_all, uint32_t *send_counts, uint32_t *send_offsets,
+                             uint32_t *n_send_p, char err[EPD_ERR_LEN])
+{
+    uint32_t world = shape->world, per_rank = shape->num_experts / world, k_count = shape->topk;
     bool seen[256];
     bool *dest = seen;
+    uint32_t next_stack[256];
+    uint32_t *next = next_stack;
 
-    if (!shape_ok(shape) || layout == NULL || layout->send_counts_host == NULL ||
-        layout->send_offsets_host == NULL ||
-        (layout->n_tokens > 0 && (topk_ids == NULL || layout->slot == NULL)))
-        return BAD_ARGS(ctx, "layout");
-    world = shape->world;
-    per_rank = shape->num_experts / world;
-    n = layout->n_tokens;
-    k_count = shape->topk;
     if (world > EPD_ARRAY_SIZE(seen)) {
         dest = malloc(world * sizeof *dest);
-        if (dest == NULL) return NO_MEMORY(ctx, "layout");
+        next = malloc(world * sizeof *next);
+        if (dest == NULL || next == NULL) {
+            free(dest);
+            free(next);
+            snprintf(err, EPD_ERR_LEN, "layout: out of memory");
+            return EPD_ERR_NO_MEMORY;
+        }
     }
-
     /* first pass: validate ids and count records per destination */
-    memset(layout->send_counts_host, 0, world * sizeof(uint32_t));
+    memset(send_counts, 0, world * sizeof(uint32_t));
     for (uint32_t t = 0; t < n; t++) {
         const int32_t *ids = topk_ids + (size_t)t * k_count;
         memset(dest, 0, world * sizeof *dest);
         for (uint32_t k = 0; k < k_count; k++) {
             if (ids[k] == -1) continue;
             if (ids[k] < -1 || (uint32_t)ids[k] >= shape->num_experts) {
-                OPS_ERR(ctx, "layout: expert id %d of token %u is outside [0, %u)", ids[k], t,
-                        shape->num_experts);
+                snprintf(err, EPD_ERR_LEN, "layout: expert id %d of token %u is outside [0, %u)",
+                         ids[k], t, shape->num_experts);
                 if (dest != seen) free(dest);
+                if (next != next_stack) free(next);
                 return EPD_ERR_EXPERT_OUT_OF_RANGE;
             }
             dest[(uint32_t)ids[k] / per_rank] = true;
         }
-        for (uint32_t r = 0; r < world; r++) layout->send_counts_host[r] += dest[r];
+        for (uint32_t r = 0; r < world; r++) send_counts[r] += dest[r];
     }
     uint32_t total = 0;
     for (uint32_t r = 0; r < world; r++) {
-        layout->send_offsets_host[r] = total;
-        total += layout->send_counts_host[r];
+        send_offsets[r] = total;
+        total += send_counts[r];
     }
-    layout->n_send = total;
+    *n_send_p = total;
 
     /* second pass: record indices, in token order within each destination's group */
-    uint32_t *next = malloc(world * sizeof *next);
-    if (next == NULL) {
-        if (dest != seen) free(dest);
-        return NO_MEMORY(ctx, "layout");
-    }
-    memcpy(next, layout->send_offsets_host, world * sizeof *next);
+    memcpy(next, send_offsets, world * sizeof *next);
     for (uint32_t t = 0; t < n; t++) {
         const int32_t *ids = topk_ids + (size_t)t * k_count;
-        int32_t *slot = layout->slot + (size_t)t * world;
+        int32_t *slot = slot_all + (size_t)t * world;
         memset(dest, 0, world * sizeof *dest);
         for (uint32_t k = 0; k < k_count; k++)
             if (ids[k] != -1) dest[(uint32_t)ids[k] / per_rank] = true;
         for (uint32_t r = 0; r < world; r++) slot[r] = dest[r] ? (int32_t)next[r]++ : -1;
     }
-    free(next);
     if (dest != seen) free(dest);
+    if (next != next_stack) free(next);
     return EPD_OK;
+}
+
+static epd_status_t host_layout(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
+                                const int32_t *topk_ids, epd_step_layout_t *layout)
+{
+    char err[EPD_ERR_LEN];
+
+    if (!shape_ok(shape) || layout == NULL || layout->send_counts_host == NULL ||
+        layout->send_offsets_host == NULL ||
+        (layout->n_tokens > 0 && (topk_ids == NULL || layout->slot == NULL)))
+        return BAD_ARGS(ctx, "layout");
+    epd_status_t status = epd_layout_host(shape, layout->n_tokens, topk_ids, layout->slot,
+                                          layout->send_counts_host, layout->send_offsets_host,
+                                          &layout->n_send, err);
+    if (status == EPD_ERR_EXPERT_OUT_OF_RANGE) OPS_ERR(ctx, "%s", err);
+    if (status == EPD_ERR_NO_MEMORY) return NO_MEMORY(ctx, "layout");
+    return status;
 }
 
 /* The host layout is complete when host_layout returns. */
@@ -318,6 +424,29 @@ static epd_status_t host_layout_counts(epd_ops_ctx_t *ctx, const epd_moe_shape_t
 {
     if (!shape_ok(shape) || layout == NULL) return BAD_ARGS(ctx, "layout_counts");
     return EPD_OK;
+}
+
+/* Telemetry of one packed token: its error counted once per record it went into. Sums in fp32
+ * per group of 128, then in double. */
+static void add_row_error(const epd_moe_shape_t *shape, const uint16_t *row, const uint8_t *q,
+                          const float *scales, uint32_t n_records, epd_quant_error_t *error)
+{
+    double e2 = 0.0, r2 = 0.0;
+
+    for (uint32_t g = 0; g < shape->hidden / EPD_QUANT_GROUP; g++) {
+        float s = shape->scale == EPD_SCALE_PER_TOKEN ? scales[0] : scales[g];
+        float ge = 0.0f, gr = 0.0f;
+        for (uint32_t i = g * EPD_QUANT_GROUP; i < (g + 1) * EPD_QUANT_GROUP; i++) {
+            float x = epd_bf16_to_f32(row[i]);
+            float d = x - e4m3_values[q[i]] * s;
+            ge = ge + d * d;
+            gr = gr + x * x;
+        }
+        e2 += ge;
+        r2 += gr;
+    }
+    error->dispatch_err2 += e2 * n_records;
+    error->dispatch_ref2 += r2 * n_records;
 }
 
 static epd_status_t host_pack(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, const uint16_t *x,
@@ -352,6 +481,7 @@ static epd_status_t host_pack(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, 
         const uint16_t *row = x + (size_t)t * hidden;
         const int32_t *slot = layout->slot + (size_t)t * world;
         bool quantized = false;
+        uint32_t n_dst = 0;
         for (uint32_t r = 0; r < world; r++) {
             if (slot[r] < 0) continue;
             if ((uint32_t)slot[r] >= layout->n_send) {
@@ -376,7 +506,10 @@ static epd_status_t host_pack(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, 
             memcpy(out + rec.src, &t, sizeof t);
             /* padding is zeroed so records are the same bytes on every implementation */
             memset(out + rec.src + sizeof t, 0, rec.size - rec.src - sizeof t);
+            n_dst++;
         }
+        if (quantized && shape->quant_error && ctx != NULL)
+            add_row_error(shape, row, q, scales, n_dst, &ctx->quant_error);
     }
     free(q);
     free(scales);
@@ -388,7 +521,7 @@ static epd_status_t host_pack(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, 
  * dequantized or widened payload; acc is scratch of hidden floats. */
 static void partial_row(const epd_moe_shape_t *shape, const epd_expert_ops_t *experts,
                         uint32_t rank, const float *x_in, const int32_t *ids,
-                        const float *weights, float *acc, uint16_t *partial)
+                        const float *weights, float *acc, uint8_t *partial, double *error_p)
 {
     uint32_t hidden = shape->hidden;
     uint32_t per_rank = shape->num_experts / shape->world;
@@ -401,13 +534,15 @@ static void partial_row(const epd_moe_shape_t *shape, const epd_expert_ops_t *ex
         if (e == -1 || e < lo || e >= hi) continue;
         experts->accumulate(shape, e, w, x_in, acc);
     }
-    for (uint32_t i = 0; i < hidden; i++) partial[i] = epd_f32_to_bf16(acc[i]);
+    epd_partial_store_host(shape, acc, partial, error_p);
 }
 
 static epd_status_t host_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
-                                 const void *recv_buf, uint32_t n_records, uint16_t *partials)
+                                 const void *recv_buf, uint32_t n_records, void *partials)
 {
     epd_record_layout_t rec;
+    epd_partial_layout_t pl;
+    double error[2] = {0.0, 0.0}, *error_p = NULL;
     const epd_expert_ops_t *experts;
     float *x_in, *acc;
     int32_t *ids;
@@ -418,6 +553,9 @@ static epd_status_t host_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
     if (recv_buf == NULL || partials == NULL) return BAD_ARGS(ctx, "experts");
     experts = epd_expert_ops_find(shape->expert_kind);
     epd_record_layout(shape, &rec);
+    epd_partial_layout(shape, &pl);
+    if (shape->quant_error && shape->combine_dtype == EPD_COMBINE_FP8 && ctx != NULL)
+        error_p = error;
     x_in = malloc((size_t)shape->hidden * sizeof *x_in);
     acc = malloc((size_t)shape->hidden * sizeof *acc);
     ids = malloc(shape->topk * sizeof *ids);
@@ -459,7 +597,11 @@ static epd_status_t host_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
             }
         }
         partial_row(shape, experts, shape->rank, x_in, ids, weights, acc,
-                    partials + (size_t)j * shape->hidden);
+                    (uint8_t *)partials + (size_t)j * pl.size, error_p);
+    }
+    if (error_p != NULL) {
+        ctx->quant_error.combine_err2 += error[0];
+        ctx->quant_error.combine_ref2 += error[1];
     }
     free(x_in);
     free(acc);
@@ -469,10 +611,11 @@ static epd_status_t host_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
 }
 
 static epd_status_t host_combine(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
-                                 const epd_step_layout_t *layout, const uint16_t *partials_back,
+                                 const epd_step_layout_t *layout, const void *partials_back,
                                  uint16_t *y)
 {
     uint32_t hidden, world;
+    epd_partial_layout_t pl;
     float *acc;
 
     if (!shape_ok(shape) || layout == NULL) return BAD_ARGS(ctx, "combine");
@@ -481,6 +624,7 @@ static epd_status_t host_combine(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
         return BAD_ARGS(ctx, "combine");
     hidden = shape->hidden;
     world = shape->world;
+    epd_partial_layout(shape, &pl);
     acc = malloc((size_t)hidden * sizeof *acc);
     if (acc == NULL) return NO_MEMORY(ctx, "combine");
     for (uint32_t t = 0; t < layout->n_tokens; t++) {
@@ -492,13 +636,21 @@ static epd_status_t host_combine(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
                 free(acc);
                 return BAD_SLOT(ctx, "combine");
             }
-            const uint16_t *p = partials_back + (size_t)slot[r] * hidden;
-            for (uint32_t i = 0; i < hidden; i++) acc[i] = acc[i] + epd_bf16_to_f32(p[i]);
+            epd_partial_add_host(shape, (const uint8_t *)partials_back + (size_t)slot[r] * pl.size,
+                                 acc);
         }
         uint16_t *out = y + (size_t)t * hidden;
         for (uint32_t i = 0; i < hidden; i++) out[i] = epd_f32_to_bf16(acc[i]);
     }
     free(acc);
+    return EPD_OK;
+}
+
+static epd_status_t host_quant_error_take(epd_ops_ctx_t *ctx, epd_quant_error_t *error_p)
+{
+    if (ctx == NULL || error_p == NULL) return EPD_ERR_INVALID_ARG;
+    *error_p = ctx->quant_error;
+    memset(&ctx->quant_error, 0, sizeof ctx->quant_error);
     return EPD_OK;
 }
 
@@ -555,6 +707,7 @@ const epd_ops_t epd_ops_host = {
     .pack = host_pack,
     .experts = host_experts,
     .combine = host_combine,
+    .quant_error_take = host_quant_error_take,
     .stream = host_stream,
     .event_create = host_event_create,
     .event_destroy = host_event_destroy,
@@ -564,6 +717,7 @@ const epd_ops_t epd_ops_host = {
     .copy_to_ops_async = host_copy_async,
     .copy_ops_to_ops_async = host_copy_async,
     .last_error = host_last_error,
+    .copy_queued = host_copy_queued,
 };
 
 epd_status_t epd_moe_reference(const epd_moe_shape_t *shape, uint32_t n_tokens, const uint16_t *x,
@@ -571,8 +725,9 @@ epd_status_t epd_moe_reference(const epd_moe_shape_t *shape, uint32_t n_tokens, 
 {
     uint32_t hidden, per_rank, n_scales;
     const epd_expert_ops_t *experts;
-    float *x_in = NULL, *sum = NULL, *scales = NULL;
-    uint8_t *q = NULL;
+    float *x_in = NULL, *sum = NULL, *scales = NULL, *part = NULL;
+    uint8_t *q = NULL, *pq = NULL;
+    epd_partial_layout_t pl;
     epd_status_t status = EPD_ERR_NO_MEMORY;
 
     if (!shape_ok(shape)) return EPD_ERR_INVALID_ARG;
@@ -587,7 +742,11 @@ epd_status_t epd_moe_reference(const epd_moe_shape_t *shape, uint32_t n_tokens, 
     sum = malloc((size_t)hidden * sizeof *sum);
     q = malloc(hidden);
     scales = malloc(n_scales * sizeof *scales);
-    if (x_in == NULL || sum == NULL || q == NULL || scales == NULL) goto out;
+    epd_partial_layout(shape, &pl);
+    part = malloc((size_t)hidden * sizeof *part);
+    pq = malloc(pl.size);
+    if (x_in == NULL || sum == NULL || q == NULL || scales == NULL || part == NULL || pq == NULL)
+        goto out;
 
     for (uint32_t t = 0; t < n_tokens; t++) {
         const uint16_t *row = x + (size_t)t * hidden;
@@ -609,7 +768,8 @@ epd_status_t epd_moe_reference(const epd_moe_shape_t *shape, uint32_t n_tokens, 
         for (uint32_t i = 0; i < hidden; i++) sum[i] = 0.0f;
         /* Written element by element, independently of partial_row, so that the ops are checked
          * against a second formulation: each owner rank's partial (its experts in ascending k),
-         * rounded to bf16, summed in ascending rank order. */
+         * rounded to bf16 (or, FP8 combine, quantized group128 and dequantized), summed in
+         * ascending rank order. */
         for (uint32_t r = 0; r < shape->world; r++) {
             bool owns = false;
             for (uint32_t k = 0; k < shape->topk; k++)
@@ -623,7 +783,21 @@ epd_status_t epd_moe_reference(const epd_moe_shape_t *shape, uint32_t n_tokens, 
                     float wy = weights[k] * expert_y;
                     a = a + wy;
                 }
-                sum[i] = sum[i] + epd_bf16_to_f32(epd_f32_to_bf16(a));
+                part[i] = a;
+            }
+            if (shape->combine_dtype == EPD_COMBINE_FP8) {
+                /* quantized per group of 128 with an fp32 scale, as a dispatched row is */
+                for (uint32_t g = 0; g < hidden / EPD_QUANT_GROUP; g++) {
+                    float s;
+                    uint32_t off = g * EPD_QUANT_GROUP;
+                    epd_quant_row_f32_host(part + off, EPD_QUANT_GROUP, EPD_SCALE_GROUP128,
+                                           EPD_SCALE_FMT_FP32, pq + off, &s);
+                    for (uint32_t i = off; i < off + EPD_QUANT_GROUP; i++)
+                        sum[i] = sum[i] + epd_e4m3_to_f32(pq[i]) * s;
+                }
+            } else {
+                for (uint32_t i = 0; i < hidden; i++)
+                    sum[i] = sum[i] + epd_bf16_to_f32(epd_f32_to_bf16(part[i]));
             }
         }
         for (uint32_t i = 0; i < hidden; i++) y[(size_t)t * hidden + i] = epd_f32_to_bf16(sum[i]);
@@ -634,5 +808,7 @@ out:
     free(sum);
     free(q);
     free(scales);
+    free(part);
+    free(pq);
     return status;
 }

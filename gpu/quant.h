@@ -30,6 +30,11 @@ uint32_t epd_quant_n_scales(uint32_t hidden, epd_scale_kind_t kind);
 void epd_quant_row_host(const uint16_t *x, uint32_t hidden, epd_scale_kind_t kind,
                         epd_scale_fmt_t fmt, uint8_t *q, float *scales);
 
+/* Quantizes one row of `hidden` fp32 values (an expert partial) like epd_quant_row_host: the
+ * same amax floor, scale rule and rounding, with no BF16 rounding first. */
+void epd_quant_row_f32_host(const float *x, uint32_t hidden, epd_scale_kind_t kind,
+                            epd_scale_fmt_t fmt, uint8_t *q, float *scales);
+
 /* Dequantizes one row: out[i] = (float)q[i] * scale of i's group (or the token). */
 void epd_dequant_row_host(const uint8_t *q, const float *scales, uint32_t hidden,
                           epd_scale_kind_t kind, float *out);

@@ -46,6 +46,33 @@ static float quant_group(const uint16_t *x, uint32_t n, int ue8m0, uint8_t *q)
     return scale;
 }
 
+/* The same for fp32 values (expert partials): no BF16 step in between. */
+static float quant_group_f32(const float *x, uint32_t n, int ue8m0, uint8_t *q)
+{
+    float amax = 0.0f, scale, mult;
+    for (uint32_t i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        if (a > amax) amax = a;
+    }
+    epd_quant_scale(amax, ue8m0, &scale, &mult);
+    for (uint32_t i = 0; i < n; i++) q[i] = epd_e4m3_from_f32(x[i] * mult);
+    return scale;
+}
+
+void epd_quant_row_f32_host(const float *x, uint32_t hidden, epd_scale_kind_t kind,
+                            epd_scale_fmt_t fmt, uint8_t *q, float *scales)
+{
+    int ue8m0 = fmt == EPD_SCALE_FMT_UE8M0;
+    if (kind == EPD_SCALE_PER_TOKEN) {
+        scales[0] = quant_group_f32(x, hidden, ue8m0, q);
+        return;
+    }
+    for (uint32_t g = 0; g < hidden / EPD_QUANT_GROUP; g++) {
+        size_t off = (size_t)g * EPD_QUANT_GROUP;
+        scales[g] = quant_group_f32(x + off, EPD_QUANT_GROUP, ue8m0, q + off);
+    }
+}
+
 void epd_quant_row_host(const uint16_t *x, uint32_t hidden, epd_scale_kind_t kind,
                         epd_scale_fmt_t fmt, uint8_t *q, float *scales)
 {

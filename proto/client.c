@@ -542,8 +542,20 @@ static int reply_from_frame(epd_client_t *c, epd_frame_t *frame, epd_client_repl
                          err);
         goto out;
     }
-    if (y.dtype != EPD_DTYPE_BF16 || y.ndim != 2 || y.begin != 0 || y.end != frame->payload_len ||
-        y.shape[0] > UINT32_MAX || y.shape[1] > UINT32_MAX) {
+    if (y.in_region && y.dtype == EPD_DTYPE_BF16 && y.ndim == 2 && frame->payload_len == 0 &&
+        y.shape[0] <= UINT32_MAX && y.shape[1] <= UINT32_MAX) {
+        /* the daemon wrote y into a region of this connection */
+        r->status = EPD_CLIENT_OK;
+        r->n_tokens = (uint32_t)y.shape[0];
+        r->hidden = (uint32_t)y.shape[1];
+        r->y_region = y.region;
+        r->y_offset = y.begin;
+        r->step = cJSON_IsNumber(step) && step->valuedouble >= 0 ? (uint64_t)step->valuedouble : 0;
+        client_ok(c);
+        goto out;
+    }
+    if (y.in_region || y.dtype != EPD_DTYPE_BF16 || y.ndim != 2 || y.begin != 0 ||
+        y.end != frame->payload_len || y.shape[0] > UINT32_MAX || y.shape[1] > UINT32_MAX) {
         rc = client_fail(c, EPD_CLIENT_ERR_PROTOCOL, NULL,
                          "bad RESULT %" PRIu64 ": y must be bf16 [N, H] filling the payload",
                          r->id);

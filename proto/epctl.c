@@ -21,6 +21,7 @@
 #include "common/clock.h"
 #include "common/parse.h"
 #include "common/rng.h"
+#include "proto/cuda_dl.h"
 #include "proto/epd.h"
 
 enum { EXIT_DAEMON = 1, EXIT_USAGE = 2, EXIT_CONNECT = 3 };
@@ -44,6 +45,8 @@ typedef struct options {
     uint64_t concurrency;
     uint64_t pipeline;
     double duration;         /* seconds; 0: not given */
+    const char *data;        /* bench: "payload" (default), "host" or "cuda" */
+    uint64_t cuda_device;    /* bench --data cuda: the GPU of the daemon's rank */
 } options_t;
 
 /* The model shape every batch must match, from the daemon's config reply. */
@@ -61,7 +64,10 @@ static const struct {
 } commands[] = {
     {"health", "is the daemon serving? (exit 0 when it answers)",
      "usage: epctl [--socket PATH]... [--json] health\n"
-     "Asks each daemon socket for its health and prints the reply.\n"},
+     "Asks each daemon socket for its health and prints the reply. With --json, for one socket or\n"
+     "many (the same for stats, config and metrics), one document:\n"
+     "  {\"command\": \"health\", \"sockets\": [{\"socket\": PATH, \"reply\": {...}},\n"
+     "                                     {\"socket\": PATH, \"error\": {\"code\", \"message\"}}]}\n"},
     {"stats", "counters: requests, tokens, steps, queue, errors, latencies",
      "usage: epctl [--socket PATH]... [--json] stats\n"
      "Prints the daemon's statistics reply (JSON with --json).\n"},
@@ -70,8 +76,9 @@ static const struct {
      "Prints every setting of the running daemon, one `key = value` a line (JSON with --json).\n"},
     {"metrics", "Prometheus text exposition of the daemon's metrics",
      "usage: epctl [--socket PATH]... [--json] metrics\n"
-     "Prints the daemon's metrics in the Prometheus text format (with --json: a JSON object\n"
-     "{\"reply\": <meta>, \"text\": <exposition>}).\n"},
+     "Prints the daemon's metrics in the Prometheus text format. Several sockets give one valid\n"
+     "exposition: each family once, every sample labelled socket=\"PATH\". With --json the entry\n"
+     "of each socket also has \"text\": the exposition.\n"},
     {"submit", "send one random batch and summarize the output",
      "usage: epctl [--socket PATH] [--json] submit [--tokens N] [--seed S] [--id ID]\n"
      "Reads H, K and E from the daemon's config, sends one batch of N tokens (default 16): x\n"
@@ -81,11 +88,18 @@ static const struct {
     {"bench", "load generator: tokens/s, requests/s, latency percentiles",
      "usage: epctl [--socket PATH[,PATH...]]... [--json] bench [--tokens N] [--requests R]\n"
      "             [--concurrency C] [--duration S] [--pipeline D] [--seed S]\n"
+     "             [--data payload|host|cuda] [--cuda-device N]\n"
      "Opens C connections (one thread each, default 1), spread round-robin over the sockets, and\n"
      "sends R requests of N tokens in total (defaults 128 tokens, 1000 requests), or runs for S\n"
      "seconds when --duration is given (whichever ends first when both are). Each connection keeps\n"
-     "up to D requests in flight (default 1). Reports tokens/s, requests/s, latency p50/p90/p99\n"
-     "and errors by code; a progress line is shown when stderr is a terminal.\n"},
+     "up to D requests in flight (default 1). The clock starts once every connection is open with\n"
+     "its batch built. Reports tokens/s, requests/s, latency p50/p90/p99, the tensor bytes of the\n"
+     "answered requests (x, ids, weights out; y back) with their GB/s, and errors by code; a\n"
+     "progress line is shown when stderr is a terminal.\n"
+     "--data says where the tensors are (DESIGN.md section 4b): payload (in each frame, the\n"
+     "default), host (a shared memfd region per connection, y written into it) or cuda (device\n"
+     "memory on GPU --cuda-device, default 0, shared by CUDA IPC: the daemon's rank must run on\n"
+     "that GPU). The batch is put in place once; each request names it.\n"},
 };
 
 static void usage_main(FILE *out)
@@ -192,7 +206,8 @@ static int parse_args(int argc, char **argv, options_t *o)
                          strcmp(a, "--timeout") == 0 || strcmp(a, "--tokens") == 0 ||
                          strcmp(a, "--seed") == 0 || strcmp(a, "--id") == 0 ||
                          strcmp(a, "--requests") == 0 || strcmp(a, "--concurrency") == 0 ||
-                         strcmp(a, "--duration") == 0 || strcmp(a, "--pipeline") == 0;
+                         strcmp(a, "--duration") == 0 || strcmp(a, "--pipeline") == 0 ||
+                         strcmp(a, "--data") == 0 || strcmp(a, "--cuda-device") == 0;
             if (known) return usage_error("%s needs a value", a);
             return usage_error("unknown option \"%s\"", a);
         }
@@ -216,6 +231,13 @@ static int parse_args(int argc, char **argv, options_t *o)
             if ((rc = parse_number(a, val, 1, MAX_CONCURRENCY, &o->concurrency)) != 0) return rc;
         } else if (strcmp(a, "--pipeline") == 0 && is_bench) {
             if ((rc = parse_number(a, val, 1, MAX_PIPELINE, &o->pipeline)) != 0) return rc;
+        } else if (strcmp(a, "--data") == 0 && is_bench) {
+            if (strcmp(val, "payload") != 0 && strcmp(val, "host") != 0 &&
+                strcmp(val, "cuda") != 0)
+                return usage_error("--data: \"%s\" is not payload, host or cuda", val);
+            o->data = val;
+        } else if (strcmp(a, "--cuda-device") == 0 && is_bench) {
+            if ((rc = parse_number(a, val, 0, 1023, &o->cuda_device)) != 0) return rc;
         } else if (strcmp(a, "--duration") == 0 && is_bench) {
             char err[EPD_ERR_LEN];
             if (epd_parse_double(val, 0.001, 1e7, &o->duration, err) != EPD_OK) {
@@ -320,6 +342,149 @@ static int fetch_model(epd_client_t *c, const char *socket, model_t *m)
     return 0;
 }
 
+/* ---- metrics of several sockets, merged into one exposition ---- */
+
+/* One metric family: its HELP and TYPE lines (from the first exposition that has them) and the
+ * samples of every socket, each labelled socket="PATH". */
+typedef struct family {
+    char *name;
+    char *help;
+    char *type;
+    char **samples;
+    size_t n_samples, cap_samples;
+} family_t;
+
+typedef struct exposition {
+    family_t *families;
+    size_t n, cap;
+} exposition_t;
+
+static family_t *family_get(exposition_t *x, const char *name, size_t len)
+{
+    for (size_t i = 0; i < x->n; i++)
+        if (strlen(x->families[i].name) == len && strncmp(x->families[i].name, name, len) == 0)
+            return &x->families[i];
+    if (x->n == x->cap) {
+        size_t cap = x->cap ? x->cap * 2 : 64;
+        family_t *f = realloc(x->families, cap * sizeof(*f));
+        if (f == NULL) return NULL;
+        x->families = f;
+        x->cap = cap;
+    }
+    family_t *f = &x->families[x->n];
+    memset(f, 0, sizeof(*f));
+    f->name = strndup(name, len);
+    if (f->name == NULL) return NULL;
+    x->n++;
+    return f;
+}
+
+static bool family_add_sample(family_t *f, char *line)
+{
+    if (f->n_samples == f->cap_samples) {
+        size_t cap = f->cap_samples ? f->cap_samples * 2 : 16;
+        char **p = realloc(f->samples, cap * sizeof(*p));
+        if (p == NULL) return false;
+        f->samples = p;
+        f->cap_samples = cap;
+    }
+    f->samples[f->n_samples++] = line;
+    return true;
+}
+
+/* The socket path as a label value: backslash, quote and newline escaped. */
+static char *label_value(const char *text)
+{
+    size_t n = strlen(text);
+    char *out = malloc(2 * n + 1), *o = out;
+    if (out == NULL) return NULL;
+    for (const char *p = text; *p; p++) {
+        if (*p == '\\' || *p == '"') *o++ = '\\';
+        if (*p == '\n') {
+            *o++ = '\\';
+            *o++ = 'n';
+            continue;
+        }
+        *o++ = *p;
+    }
+    *o = '\0';
+    return out;
+}
+
+/* Adds one socket's exposition: HELP/TYPE lines name the family the samples after them belong
+ * to; each sample gets socket="PATH" as its first label. False when out of memory. */
+static bool exposition_add(exposition_t *x, const char *text, size_t len, const char *socket)
+{
+    char *value = label_value(socket);
+    family_t *cur = NULL;
+    const char *p = text, *end = text + len;
+    bool ok = value != NULL;
+
+    while (ok && p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        const char *next = nl ? nl + 1 : end;
+        if (n == 0) {
+            p = next;
+            continue;
+        }
+        if (p[0] == '#') {
+            bool help = n > 7 && strncmp(p, "# HELP ", 7) == 0;
+            bool type = n > 7 && strncmp(p, "# TYPE ", 7) == 0;
+            if (help || type) {
+                const char *name = p + 7;
+                size_t nlen = strcspn(name, " \n");
+                cur = family_get(x, name, nlen);
+                if (cur == NULL) {
+                    ok = false;
+                    break;
+                }
+                char **slot = help ? &cur->help : &cur->type;
+                if (*slot == NULL && (*slot = strndup(p, n)) == NULL) ok = false;
+            }
+            p = next;
+            continue;
+        }
+        size_t nlen = strcspn(p, "{ ");
+        if (nlen > n) nlen = n;
+        if (cur == NULL) cur = family_get(x, p, nlen);
+        char *line = NULL;
+        int w;
+        if (nlen < n && p[nlen] == '{')
+            w = asprintf(&line, "%.*s{socket=\"%s\",%.*s", (int)nlen, p, value,
+                         (int)(n - nlen - 1), p + nlen + 1);
+        else
+            w = asprintf(&line, "%.*s{socket=\"%s\"}%.*s", (int)nlen, p, value,
+                         (int)(n - nlen), p + nlen);
+        if (cur == NULL || w < 0 || !family_add_sample(cur, line)) {
+            if (w >= 0) free(line);
+            ok = false;
+        }
+        p = next;
+    }
+    free(value);
+    return ok;
+}
+
+static void exposition_print_free(exposition_t *x, bool print)
+{
+    for (size_t i = 0; i < x->n; i++) {
+        family_t *f = &x->families[i];
+        if (print && f->help) printf("%s\n", f->help);
+        if (print && f->type) printf("%s\n", f->type);
+        for (size_t j = 0; j < f->n_samples; j++) {
+            if (print) printf("%s\n", f->samples[j]);
+            free(f->samples[j]);
+        }
+        free(f->samples);
+        free(f->help);
+        free(f->type);
+        free(f->name);
+    }
+    free(x->families);
+    memset(x, 0, sizeof(*x));
+}
+
 /* ---- control commands ---- */
 
 static void print_value_human(const char *key, const cJSON *v, int indent)
@@ -335,11 +500,34 @@ static void print_value_human(const char *key, const cJSON *v, int indent)
     free(text);
 }
 
+/* A failed socket in the --json document: {"socket", "error": {"code", "message"}}. */
+static void json_add_failure(cJSON *list, const char *sock, epd_client_t *c, int exit_code)
+{
+    cJSON *entry = cJSON_CreateObject(), *error = cJSON_CreateObject();
+    cJSON_AddStringToObject(entry, "socket", sock);
+    cJSON_AddStringToObject(error, "code", c == NULL ? (exit_code == EXIT_CONNECT ? "connect"
+                                                                                 : "client")
+                                                     : epd_client_last_error(c));
+    cJSON_AddStringToObject(error, "message", c == NULL ? "" : epd_client_last_message(c));
+    cJSON_AddItemToObject(entry, "error", error);
+    cJSON_AddItemToArray(list, entry);
+}
+
+/* health, stats, config, metrics on every socket. With --json: one document always,
+ * {"command": C, "sockets": [{"socket": P, "reply": {...}} or {"socket": P, "error": {...}}]}
+ * (metrics entries also carry "text"). metrics of several sockets without --json: one valid
+ * exposition, every sample labelled socket="PATH". */
 static int run_control(const options_t *o)
 {
     int status = 0;
-    cJSON *all = o->json && o->n_sockets > 1 ? cJSON_CreateObject() : NULL;
+    bool metrics = strcmp(o->command, "metrics") == 0;
+    bool merge = metrics && !o->json && o->n_sockets > 1;
+    cJSON *doc = o->json ? cJSON_CreateObject() : NULL;
+    cJSON *list = doc ? cJSON_AddArrayToObject(doc, "sockets") : NULL;
+    exposition_t merged;
 
+    memset(&merged, 0, sizeof(merged));
+    if (doc) cJSON_AddStringToObject(doc, "command", o->command);
     for (int s = 0; s < o->n_sockets; s++) {
         const char *sock = o->sockets[s];
         int exit_code = 0;
@@ -348,38 +536,36 @@ static int run_control(const options_t *o)
         epd_client_t *c = open_client(o, sock, &exit_code);
         if (c == NULL) {
             if (exit_code > status) status = exit_code;
+            if (list) json_add_failure(list, sock, NULL, exit_code);
             continue;
         }
         int rc = epd_client_control(c, o->command, &json, &payload, &len);
         if (rc != EPD_CLIENT_OK) {
             int e = report_failure(c, rc, sock);
             if (e > status) status = e;
+            if (list) json_add_failure(list, sock, c, e);
             epd_client_destroy(c);
             continue;
         }
         cJSON *meta = cJSON_Parse(json);
-        bool metrics = strcmp(o->command, "metrics") == 0;
-        if (o->json) {
-            cJSON *doc = meta;
-            if (metrics) {
-                doc = cJSON_CreateObject();
-                cJSON_AddItemToObject(doc, "reply", meta);
-                cJSON_AddStringToObject(doc, "text", payload ? payload : "");
+        if (list) {
+            cJSON *entry = cJSON_CreateObject();
+            cJSON_AddStringToObject(entry, "socket", sock);
+            cJSON_AddItemToObject(entry, "reply", meta ? meta : cJSON_CreateNull());
+            if (metrics) cJSON_AddStringToObject(entry, "text", payload ? payload : "");
+            cJSON_AddItemToArray(list, entry);
+        } else if (merge) {
+            if (!exposition_add(&merged, payload ? payload : "", len, sock)) {
+                fprintf(stderr, "epctl: out of memory merging the metrics\n");
+                status = EXIT_DAEMON;
             }
-            if (all) {
-                cJSON_AddItemToObject(all, sock, doc);
-            } else {
-                char *text = cJSON_PrintUnformatted(doc);
-                printf("%s\n", text ? text : "null");
-                free(text);
-                cJSON_Delete(doc);
-            }
+            cJSON_Delete(meta);
         } else {
             if (o->n_sockets > 1) printf("== %s ==\n", sock);
             if (metrics) {
                 fwrite(payload, 1, len, stdout);
                 if (len > 0 && payload[len - 1] != '\n') putchar('\n');
-            } else {
+            } else if (meta != NULL) {
                 const cJSON *child;
                 cJSON_ArrayForEach(child, meta) print_value_human(child->string, child, 0);
             }
@@ -389,11 +575,12 @@ static int run_control(const options_t *o)
         epd_client_free(payload);
         epd_client_destroy(c);
     }
-    if (all) {
-        char *text = cJSON_PrintUnformatted(all);
+    if (merge) exposition_print_free(&merged, true);
+    if (doc) {
+        char *text = cJSON_PrintUnformatted(doc);
         printf("%s\n", text ? text : "null");
         free(text);
-        cJSON_Delete(all);
+        cJSON_Delete(doc);
     }
     return status;
 }
@@ -530,6 +717,11 @@ typedef struct bench_shared {
     atomic_uint_fast64_t done;
     atomic_uint_fast64_t finished; /* workers that returned */
     atomic_bool stop;
+    /* The clock starts once every worker has connected and built its batch: */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t ready;          /* workers set up (or failed to), under mu */
+    bool go;                 /* the clock has started, under mu */
 } bench_shared_t;
 
 typedef struct bench_worker {
@@ -582,12 +774,105 @@ static bool worker_claim(bench_worker_t *w)
 
 static void *worker_run(bench_worker_t *w);
 
+/* Says this worker is set up (or gave up) and waits for the start. */
+static void worker_ready_wait(bench_shared_t *sh)
+{
+    pthread_mutex_lock(&sh->mu);
+    sh->ready++;
+    pthread_cond_broadcast(&sh->cv);
+    while (!sh->go) pthread_cond_wait(&sh->cv, &sh->mu);
+    pthread_mutex_unlock(&sh->mu);
+}
+
 static void *worker_main(void *arg)
 {
     bench_worker_t *w = arg;
     worker_run(w);
     atomic_fetch_add(&w->sh->finished, 1);
     return NULL;
+}
+
+/* Where a worker's batch sits for --data host|cuda: one slot per request in flight, each holding
+ * x, ids, weights and room for y, filled once. */
+typedef struct bench_place {
+    uint32_t region;
+    uint64_t slot_bytes, x, ids, w, y;
+    void *dev; /* cuda: the device allocation */
+    epd_cuda_dl_t cu;
+} bench_place_t;
+
+static uint64_t up16(uint64_t v)
+{
+    return (v + 15) & ~UINT64_C(15);
+}
+
+/* Registers the worker's region and puts `depth` copies of the batch in it. */
+static int place_setup(bench_worker_t *w, epd_client_t *c, const batch_t *bt, uint64_t depth,
+                       bench_place_t *pl)
+{
+    const options_t *o = w->sh->o;
+    uint64_t n = bt->b.n_tokens, hk = (uint64_t)bt->b.topk;
+    char err[256];
+
+    pl->x = 0;
+    pl->ids = up16(n * bt->b.hidden * 2);
+    pl->w = pl->ids + up16(n * hk * 4);
+    pl->y = pl->w + up16(n * hk * 4);
+    pl->slot_bytes = pl->y + up16(n * bt->b.hidden * 2);
+    uint64_t bytes = pl->slot_bytes * depth;
+    uint8_t *stage = malloc(bytes);
+    if (stage == NULL) return snprintf(w->fatal_msg, sizeof w->fatal_msg, "out of memory"), -1;
+    for (uint64_t s = 0; s < depth; s++) {
+        uint8_t *slot = stage + s * pl->slot_bytes;
+        memcpy(slot + pl->x, bt->x, n * bt->b.hidden * 2);
+        memcpy(slot + pl->ids, bt->ids, n * hk * 4);
+        memcpy(slot + pl->w, bt->w, n * hk * 4);
+    }
+    int rc;
+    if (strcmp(o->data, "host") == 0) {
+        void *mem = NULL;
+        rc = epd_client_register_host(c, bytes, &pl->region, &mem);
+        if (rc == EPD_CLIENT_OK) memcpy(mem, stage, bytes);
+    } else {
+        uint8_t handle[64];
+        if (!epd_cuda_dl_open(&pl->cu, err, sizeof err)) {
+            snprintf(w->fatal_msg, sizeof w->fatal_msg, "--data cuda: %s", err);
+            free(stage);
+            return -1;
+        }
+        int cr = pl->cu.set_device((int)o->cuda_device);
+        if (cr == 0) cr = pl->cu.malloc(&pl->dev, bytes);
+        if (cr == 0) cr = pl->cu.memcpy(pl->dev, stage, bytes, 1);
+        if (cr == 0) cr = pl->cu.device_synchronize(); /* landed before the first SUBMIT */
+        if (cr == 0) cr = pl->cu.ipc_get_mem_handle(handle, pl->dev);
+        if (cr != 0) {
+            snprintf(w->fatal_msg, sizeof w->fatal_msg, "--data cuda: device %" PRIu64 ": %s",
+                     o->cuda_device, pl->cu.error_string(cr));
+            free(stage);
+            return -1;
+        }
+        rc = epd_client_register_cuda(c, handle, 0, bytes, &pl->region);
+    }
+    free(stage);
+    if (rc != EPD_CLIENT_OK) {
+        snprintf(w->fatal_msg, sizeof w->fatal_msg, "registering a %s region: %s (%s)", o->data,
+                 epd_client_last_message(c), epd_client_last_error(c));
+        return -1;
+    }
+    return 0;
+}
+
+static epd_client_request_t place_request(const bench_place_t *pl, const batch_t *bt, uint64_t id,
+                                          uint64_t slot)
+{
+    uint64_t at = slot * pl->slot_bytes;
+    epd_client_request_t r = {.id = id, .n_tokens = bt->b.n_tokens, .hidden = bt->b.hidden,
+                              .topk = bt->b.topk, .layer = -1};
+    r.x = (epd_client_tensor_t){.region = pl->region, .offset = at + pl->x};
+    r.topk_ids = (epd_client_tensor_t){.region = pl->region, .offset = at + pl->ids};
+    r.topk_weights = (epd_client_tensor_t){.region = pl->region, .offset = at + pl->w};
+    r.y = (epd_client_tensor_t){.region = pl->region, .offset = at + pl->y};
+    return r;
 }
 
 static void *worker_run(bench_worker_t *w)
@@ -599,7 +884,12 @@ static void *worker_run(bench_worker_t *w)
     struct {
         uint64_t id;
         double t;
+        uint64_t slot;
     } inflight[MAX_PIPELINE];
+    bool slot_busy[MAX_PIPELINE] = {false};
+    bench_place_t place;
+    bool placed = o->data != NULL && strcmp(o->data, "payload") != 0;
+    memset(&place, 0, sizeof place);
     uint64_t n_inflight = 0, seq = 0;
     batch_t bt;
     epd_client_t *c = epd_client_create();
@@ -609,20 +899,37 @@ static void *worker_run(bench_worker_t *w)
         w->fatal = EXIT_DAEMON;
         snprintf(w->fatal_msg, sizeof(w->fatal_msg), "out of memory");
         epd_client_destroy(c);
+        worker_ready_wait(sh);
         return NULL;
     }
+    /* connected, and the batch in place, before the clock starts */
     int rc = epd_client_connect(c, sock, o->timeout_ms);
+    bool place_failed = rc == EPD_CLIENT_OK && placed && place_setup(w, c, &bt, depth, &place) != 0;
+    worker_ready_wait(sh);
     if (rc != EPD_CLIENT_OK) {
         w->fatal = EXIT_CONNECT;
         snprintf(w->fatal_msg, sizeof(w->fatal_msg), "%s", epd_client_last_message(c));
         goto out;
     }
+    if (place_failed) {
+        w->fatal = EXIT_DAEMON;
+        goto out;
+    }
     for (;;) {
         while (n_inflight < depth && worker_claim(w)) {
             bt.b.id = ((uint64_t)w->index << 40) | seq++;
-            rc = epd_client_send(c, &bt.b);
+            uint64_t slot = 0;
+            if (placed) {
+                while (slot_busy[slot]) slot++;
+                epd_client_request_t req = place_request(&place, &bt, bt.b.id, slot);
+                rc = epd_client_send_request(c, &req);
+            } else {
+                rc = epd_client_send(c, &bt.b);
+            }
             if (rc != EPD_CLIENT_OK) goto conn_failed;
+            slot_busy[slot] = placed;
             inflight[n_inflight].id = bt.b.id;
+            inflight[n_inflight].slot = slot;
             inflight[n_inflight].t = now_s();
             n_inflight++;
         }
@@ -640,6 +947,7 @@ static void *worker_run(bench_worker_t *w)
         for (uint64_t i = 0; i < n_inflight; i++) {
             if (inflight[i].id == r.id) {
                 t = inflight[i].t;
+                slot_busy[inflight[i].slot] = false;
                 inflight[i] = inflight[--n_inflight];
                 break;
             }
@@ -666,7 +974,8 @@ conn_failed:
              epd_client_last_error(c));
 out:
     batch_free(&bt);
-    epd_client_destroy(c);
+    epd_client_destroy(c); /* releases the region on the daemon's side */
+    if (place.dev != NULL) place.cu.free(place.dev);
     return NULL;
 }
 
@@ -709,8 +1018,8 @@ static int run_bench(const options_t *o)
         fprintf(stderr, "epctl: out of memory\n");
         return EXIT_DAEMON;
     }
-    double t0 = now_s();
-    if (o->duration > 0) sh.deadline = t0 + o->duration;
+    pthread_mutex_init(&sh.mu, NULL);
+    pthread_cond_init(&sh.cv, NULL);
     uint64_t started = 0;
     for (uint64_t i = 0; i < conc; i++) {
         w[i].sh = &sh;
@@ -723,6 +1032,14 @@ static int run_bench(const options_t *o)
         }
         started++;
     }
+    /* every worker connected with its batch built: the clock starts now, not before */
+    pthread_mutex_lock(&sh.mu);
+    while (sh.ready < started) pthread_cond_wait(&sh.cv, &sh.mu);
+    double t0 = now_s();
+    if (o->duration > 0) sh.deadline = t0 + o->duration;
+    sh.go = true;
+    pthread_cond_broadcast(&sh.cv);
+    pthread_mutex_unlock(&sh.mu);
     if (tty) {
         /* progress on the terminal only, never into a pipe or file */
         for (;;) {
@@ -763,6 +1080,9 @@ static int run_bench(const options_t *o)
     double p99 = lat ? percentile(lat, n_lat, 99) : 0;
     double max = lat && n_lat ? lat[n_lat - 1] : 0;
     double tok_s = wall > 0 ? (double)ok * sh.tokens / wall : 0;
+    /* payload bytes of the answered requests: x, ids and weights out, y back */
+    double bytes_out = (double)ok * sh.tokens * (m.hidden * 2.0 + m.topk * 8.0);
+    double bytes_back = (double)ok * sh.tokens * m.hidden * 2.0;
     double req_s = wall > 0 ? (double)ok / wall : 0;
 
     /* errors by code over all workers */
@@ -790,24 +1110,32 @@ static int run_bench(const options_t *o)
     if (o->json) {
         printf("{\"sockets\":%d,\"connections\":%" PRIu64 ",\"pipeline\":%" PRIu64
                ",\"tokens_per_request\":%u,\"hidden\":%u,\"topk\":%u,\"num_experts\":%u,"
-               "\"dispatch_dtype\":\"%s\",\"requests_ok\":%" PRIu64 ",\"errors\":%" PRIu64
+               "\"dispatch_dtype\":\"%s\",\"data\":\"%s\",\"requests_ok\":%" PRIu64
+               ",\"errors\":%" PRIu64
                ",\"seconds\":%.6f,\"tokens_per_s\":%.3f,\"requests_per_s\":%.3f,"
                "\"latency_ms\":{\"p50\":%.4f,\"p90\":%.4f,\"p99\":%.4f,\"max\":%.4f},"
+               "\"payload_bytes\":{\"sent\":%.0f,\"received\":%.0f},"
+               "\"payload_gb_per_s\":{\"sent\":%.6f,\"received\":%.6f},"
                "\"errors_by_code\":{", o->n_sockets, conc, o->pipeline ? o->pipeline : 1,
-               sh.tokens, m.hidden, m.topk, m.num_experts, m.dtype, ok, errors, wall, tok_s,
-               req_s, p50, p90, p99, max);
+               sh.tokens, m.hidden, m.topk, m.num_experts, m.dtype,
+               o->data ? o->data : "payload", ok, errors, wall, tok_s,
+               req_s, p50, p90, p99, max, bytes_out, bytes_back,
+               wall > 0 ? bytes_out / wall / 1e9 : 0, wall > 0 ? bytes_back / wall / 1e9 : 0);
         for (int j = 0; j < MAX_CODES && codes[j][0]; j++) {
             printf("%s\"%s\":%" PRIu64, j ? "," : "", codes[j], counts[j]);
         }
         printf("}}\n");
     } else {
         printf("bench: %d socket%s, %" PRIu64 " connection%s, pipeline %" PRIu64
-               ", %u tokens/request, H %u K %u E %u, dispatch %s\n", o->n_sockets,
+               ", %u tokens/request, H %u K %u E %u, dispatch %s, data %s\n", o->n_sockets,
                o->n_sockets > 1 ? "s" : "", conc, conc > 1 ? "s" : "",
                o->pipeline ? o->pipeline : 1, sh.tokens, m.hidden, m.topk, m.num_experts,
-               m.dtype);
+               m.dtype, o->data ? o->data : "payload");
         printf("requests: %" PRIu64 " ok, %" PRIu64 " errors in %.3f s\n", ok, errors, wall);
         printf("throughput: %.0f tokens/s, %.1f requests/s\n", tok_s, req_s);
+        printf("payload: %.3f MB sent (%.3f GB/s), %.3f MB received (%.3f GB/s)\n",
+               bytes_out / 1e6, wall > 0 ? bytes_out / wall / 1e9 : 0, bytes_back / 1e6,
+               wall > 0 ? bytes_back / wall / 1e9 : 0);
         printf("latency ms: p50 %.3f  p90 %.3f  p99 %.3f  max %.3f\n", p50, p90, p99, max);
         for (int j = 0; j < MAX_CODES && codes[j][0]; j++) {
             printf("errors %s: %" PRIu64 "\n", codes[j], counts[j]);
@@ -816,6 +1144,8 @@ static int run_bench(const options_t *o)
     free(lat);
     for (uint64_t i = 0; i < started; i++) free(w[i].lat_ms);
     free(w);
+    pthread_cond_destroy(&sh.cv);
+    pthread_mutex_destroy(&sh.mu);
     return exit_code;
 }
 

@@ -3,7 +3,7 @@
 
 PROTO_SRCS := proto/frame.c proto/json_strict.c proto/tensor.c proto/submit.c proto/base64.c
 LIBEPD_SRCS := $(PROTO_SRCS) proto/client.c common/status.c common/parse.c
-EPCTL_SRCS := proto/epctl.c
+EPCTL_SRCS := proto/epctl.c proto/cuda_dl.c
 
 # libepd needs cJSON and pthreads only: never MPI, libevent or CUDA.
 LIBEPD_LIBS = $(shell pkg-config --libs libcjson 2>/dev/null) -lpthread -lm

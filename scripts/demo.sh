@@ -82,7 +82,9 @@ import json, sys
 dtype, tmp = sys.argv[1], sys.argv[2]
 bench = json.load(open("%s/%s.bench.json" % (tmp, dtype)))
 ranks = [json.load(open("%s/%s.stats%d.json" % (tmp, dtype, r))) for r in (0, 1)]
-def unwrap(d):  # epctl --json may wrap one reply per socket
+def unwrap(d):  # epctl --json: {"command", "sockets": [{"socket", "reply"}]}
+    if isinstance(d, dict) and isinstance(d.get("sockets"), list):
+        return unwrap(d["sockets"][0])
     for key in ("reply", "stats"):
         if isinstance(d, dict) and key in d and isinstance(d[key], dict):
             return d[key]

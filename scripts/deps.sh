@@ -11,8 +11,13 @@ packages=(
     libevent-dev libyaml-dev libcjson-dev libcmocka-dev
     clang                               # libFuzzer harness (make fuzz)
     procps psmisc                       # ps, pkill, killall in the integration tests
-    systemd                             # systemd-analyze verify of systemd/epd.service
+    systemd                             # systemd-analyze verify/security of the units
+    prometheus                          # promtool check metrics on a live /metrics
+    man-db                              # man -l on the man pages
+    iproute2                            # ip netns: the two-node test
     python3                             # the tests' reference checks and helpers
+    python3-numpy python3-setuptools    # the Python client package (python/) and its tests
+    python3-pip                         # make install of the Python package
 )
 
 if [[ "${1:-}" == "--list" ]]; then

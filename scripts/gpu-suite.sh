@@ -6,12 +6,14 @@
 #   mpi      tests/gpu/mpi_cuda_aware with the stock MPI and with the CUDA-aware one
 #   daemon   tests/gpu/daemon_gpu.sh: the daemon on 2 GPUs through its sockets, every transport
 #   bench    epd --bench on 2 ranks for each transport (staged mpi, direct mpi, nccl)
+#   accuracy epd --accuracy on 2 ranks (the table of docs/accuracy.md)
+#   python   tests/gpu/python_cuda.sh: the Python client's device regions and examples/torch_moe.py
 # Usage: scripts/gpu-suite.sh [STAGE...]   (default: all). Logs go to $OUT (or build/gpu-suite).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu-suite}
 mkdir -p "$out"
-stages=${*:-build unit kbench mpi daemon bench}
+stages=${*:-build unit kbench mpi daemon bench accuracy python}
 cuda_mpi=/opt/epd-cuda-mpi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mpi_args=(--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any)
@@ -65,6 +67,16 @@ for s in $stages; do
                 --bench-tokens "$tokens" --set device.backend=cuda --set dispatch.transport=mpi \
                 --set dispatch.mpi_cuda_aware=true
         fi
+        ;;
+    accuracy)
+        # both ranks on GPU 0 when there is one GPU
+        one_gpu=()
+        (($(nvidia-smi -L 2>/dev/null | grep -c '^GPU ') < 2)) && one_gpu=(--set device.id=0)
+        stage accuracy mpirun -np 2 "${mpi_args[@]}" build/epd --accuracy --set device.backend=cuda \
+            "${one_gpu[@]}"
+        ;;
+    python)
+        stage python env BUILD=build MPIRUN=mpirun bash tests/gpu/python_cuda.sh
         ;;
     *)
         echo "unknown stage $s" >&2

@@ -3,9 +3,9 @@
 # ranks sharing one, on every GPU transport this build has: staged mpi (dispatch.mpi_cuda_aware =
 # false, small chunks), direct mpi (when the MPI it was built with is CUDA-aware: make
 # MPI_HOME=<scripts/cuda-mpi.sh prefix>), nccl (when built with NCCL); on one GPU staged only.
-# BF16 and FP8 (group128 / per_token, fp32 / ue8m0), identity and scale experts, random batches
-# with empty slots, checked bit for bit against the reference by build/tests/check_client. Skips
-# visibly without a GPU; says which transports it could not try.
+# BF16 and FP8 (group128 / per_token, fp32 / ue8m0), BF16 and FP8 combine, identity and scale
+# experts, random batches with empty slots, checked bit for bit against the reference by
+# build/tests/check_client. Skips visibly without a GPU; says which transports it could not try.
 source "$(dirname "$(readlink -f "$0")")/../integration/daemon_lib.bash"
 
 n_gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
@@ -24,6 +24,8 @@ wires=(
     "--set dispatch.dtype=fp8 --set dispatch.scale=group128 --set dispatch.scale_format=ue8m0 --set experts.kind=identity"
     "--set dispatch.dtype=fp8 --set dispatch.scale=per_token --set dispatch.scale_format=fp32 --set experts.kind=identity"
     "--set dispatch.dtype=fp8 --set dispatch.scale=per_token --set dispatch.scale_format=ue8m0 --set experts.kind=scale"
+    "--set dispatch.dtype=fp8 --set dispatch.scale=group128 --set combine.dtype=fp8 --set experts.kind=scale"
+    "--set dispatch.dtype=bf16 --set combine.dtype=fp8 --set experts.kind=identity --set telemetry.quant_error=false"
 )
 
 # gpu_start ARGS...: 2 ranks on GPUs 0 and 1 (both on GPU 0 when there is one), waits (90 s at most: CUDA and NCCL start-up) until

@@ -5,9 +5,12 @@
  * the reverse move and combine. Slots, counts, records, partials and outputs must be identical.
  * Cases: BF16 and FP8 (group128 / per_token x fp32 / ue8m0), identity and scale experts,
  * W in {1,2,4,8}, N in {1,7,128,4096}, H in {128,7168}, K=8, E=256, with empty slots and tokens
- * whose slots are all empty. Also the transport hooks (events, async copies) and a bad id.
+ * whose slots are all empty; the same with FP8 partials (combine.dtype fp8) after three of the
+ * dispatch formats; the telemetry sums (telemetry.quant_error) against the host's in half of
+ * them, and all zero in the others. Also the transport hooks (events, async copies) and a bad id.
  * Prints one line per case and 'N passed, N failed'; exit 77 with 'SKIP: no GPU' without one. */
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -126,12 +129,14 @@ typedef struct sim_rank {
     uint8_t *send_h, *send_d;
     uint8_t *recv_h, *recv_d;
     uint32_t n_recv;
-    uint16_t *part_h, *part_d;
-    uint16_t *back_h, *back_d;
+    uint8_t *part_h, *part_d;
+    uint8_t *back_h, *back_d;
     uint16_t *y_h, *y_d;
 } sim_rank_t;
 
-static epd_ops_ctx_t *hctx, *dctx;
+/* hctx for allocations; hctxs[r] for the ops of simulated host rank r (their telemetry sums
+ * are per context, and the host ranks run in parallel threads) */
+static epd_ops_ctx_t *hctx, *dctx, *hctxs[MAX_WORLD];
 
 /* layout, then layout_counts: the first failure of the two */
 static epd_status_t layout_all(const epd_ops_t *ops, const epd_moe_shape_t *shape, const int32_t *ids,
@@ -199,9 +204,14 @@ static bool run_case(const epd_moe_shape_t *base, uint32_t n, uint64_t seed, sim
     const uint32_t world = base->world, hidden = base->hidden;
     const size_t xb = (size_t)n * hidden * 2, kb = (size_t)n * TOPK * 4, sb = (size_t)n * world * 4;
     epd_record_layout_t rec;
+    epd_partial_layout_t pl;
     epd_moe_shape_t shape[MAX_WORLD];
+    epd_quant_error_t qe_h = {0, 0, 0, 0}, qe_d, qe_r;
 
     epd_record_layout(base, &rec);
+    epd_partial_layout(base, &pl);
+    for (uint32_t r = 0; r < world; r++) OPS_OK(h, hctxs[r], h->quant_error_take(hctxs[r], &qe_r), "take");
+    OPS_OK(d, dctx, d->quant_error_take(dctx, &qe_d), "quant_error_take");
     for (uint32_t r = 0; r < world; r++) {
         shape[r] = *base;
         shape[r].rank = r;
@@ -225,7 +235,7 @@ static bool run_case(const epd_moe_shape_t *base, uint32_t n, uint64_t seed, sim
         s->send_h = (uint8_t *)h->alloc(hctx, pb);
         if (!s->send_h) return host_failf(r, "alloc");
         memset(s->send_h, 0, pb);
-        st = h->pack(hctx, &shape[r], s->x_h, s->ids_h, s->w_h, &s->lay_h, s->send_h);
+        st = h->pack(hctxs[r], &shape[r], s->x_h, s->ids_h, s->w_h, &s->lay_h, s->send_h);
         if (st != EPD_OK) return host_failf(r, "pack: %s", epd_status_name(st));
     });
     if (!ok) return false;
@@ -266,7 +276,7 @@ static bool run_case(const epd_moe_shape_t *base, uint32_t n, uint64_t seed, sim
         s->n_recv = 0;
         for (uint32_t src = 0; src < world; src++) s->n_recv += sim[src].counts_h[dst];
         s->recv_h = (uint8_t *)h->alloc(hctx, (size_t)s->n_recv * rec.size);
-        s->part_h = (uint16_t *)h->alloc(hctx, (size_t)s->n_recv * hidden * 2);
+        s->part_h = (uint8_t *)h->alloc(hctx, (size_t)s->n_recv * pl.size);
         if (!s->recv_h || !s->part_h) return host_failf(dst, "alloc");
         size_t at = 0;
         for (uint32_t src = 0; src < world; src++) {
@@ -274,14 +284,14 @@ static bool run_case(const epd_moe_shape_t *base, uint32_t n, uint64_t seed, sim
             memcpy(s->recv_h + at, sim[src].send_h + (size_t)sim[src].offs_h[dst] * rec.size, bytes);
             at += bytes;
         }
-        epd_status_t st = h->experts(hctx, &shape[dst], s->recv_h, s->n_recv, s->part_h);
+        epd_status_t st = h->experts(hctxs[dst], &shape[dst], s->recv_h, s->n_recv, s->part_h);
         if (st != EPD_OK) return host_failf(dst, "experts: %s", epd_status_name(st));
     });
     if (!ok) return false;
     for (uint32_t dst = 0; dst < world; dst++) {
         sim_rank_t *s = &sim[dst];
         s->recv_d = (uint8_t *)d->alloc(dctx, (size_t)s->n_recv * rec.size);
-        s->part_d = (uint16_t *)d->alloc(dctx, (size_t)s->n_recv * hidden * 2);
+        s->part_d = (uint8_t *)d->alloc(dctx, (size_t)s->n_recv * pl.size);
         if (!s->recv_d || !s->part_d) return failf("alloc of the receive buffers");
         size_t at = 0;
         for (uint32_t src = 0; src < world; src++) {
@@ -298,29 +308,29 @@ static bool run_case(const epd_moe_shape_t *base, uint32_t n, uint64_t seed, sim
         OPS_OK(d, dctx, d->sync(dctx), "sync after experts");
         char what[64];
         snprintf(what, sizeof what, "rank %u partials", dst);
-        if (!same_bytes(s->part_d, s->part_h, (size_t)s->n_recv * hidden * 2, what)) return false;
+        if (!same_bytes(s->part_d, s->part_h, (size_t)s->n_recv * pl.size, what)) return false;
     }
 
     /* combine: the partials go back to their sources, at the records' send positions; `at` is
      * the first row of dst's partials that came from src */
     ok = host_parallel(world, [&](uint32_t src) {
         sim_rank_t *s = &sim[src];
-        s->back_h = (uint16_t *)h->alloc(hctx, (size_t)s->lay_h.n_send * hidden * 2);
+        s->back_h = (uint8_t *)h->alloc(hctx, (size_t)s->lay_h.n_send * pl.size);
         s->y_h = (uint16_t *)h->alloc(hctx, xb);
         if (!s->back_h || !s->y_h) return host_failf(src, "alloc");
         for (uint32_t dst = 0; dst < world; dst++) {
             size_t at = 0;
             for (uint32_t o = 0; o < src; o++) at += sim[o].counts_h[dst];
-            memcpy(s->back_h + (size_t)s->offs_h[dst] * hidden, sim[dst].part_h + at * hidden,
-                   (size_t)s->counts_h[dst] * hidden * 2);
+            memcpy(s->back_h + (size_t)s->offs_h[dst] * pl.size, sim[dst].part_h + at * pl.size,
+                   (size_t)s->counts_h[dst] * pl.size);
         }
-        epd_status_t st = h->combine(hctx, &shape[src], &s->lay_h, s->back_h, s->y_h);
+        epd_status_t st = h->combine(hctxs[src], &shape[src], &s->lay_h, s->back_h, s->y_h);
         if (st != EPD_OK) return host_failf(src, "combine: %s", epd_status_name(st));
     });
     if (!ok) return false;
     for (uint32_t src = 0; src < world; src++) {
         sim_rank_t *s = &sim[src];
-        s->back_d = (uint16_t *)d->alloc(dctx, (size_t)s->lay_h.n_send * hidden * 2);
+        s->back_d = (uint8_t *)d->alloc(dctx, (size_t)s->lay_h.n_send * pl.size);
         s->y_d = (uint16_t *)d->alloc(dctx, xb);
         if (!s->back_d || !s->y_d) return failf("alloc of the outputs");
         for (uint32_t dst = 0; dst < world; dst++) {
@@ -328,8 +338,8 @@ static bool run_case(const epd_moe_shape_t *base, uint32_t n, uint64_t seed, sim
             for (uint32_t o = 0; o < src; o++) at += sim[o].counts_h[dst];
             size_t rows = s->counts_h[dst];
             if (rows == 0) continue;
-            CUDA_OK(cudaMemcpy(s->back_d + (size_t)s->offs_h[dst] * hidden, sim[dst].part_d + at * hidden,
-                               rows * hidden * 2, cudaMemcpyDeviceToDevice));
+            CUDA_OK(cudaMemcpy(s->back_d + (size_t)s->offs_h[dst] * pl.size, sim[dst].part_d + at * pl.size,
+                               rows * pl.size, cudaMemcpyDeviceToDevice));
         }
         CUDA_OK(cudaMemset(s->y_d, 0x5a, xb));
         CUDA_OK(cudaDeviceSynchronize()); /* as above: the copies and the memset are not on the ops stream */
@@ -338,6 +348,28 @@ static bool run_case(const epd_moe_shape_t *base, uint32_t n, uint64_t seed, sim
         char what[64];
         snprintf(what, sizeof what, "rank %u output y", src);
         if (!same_bytes(s->y_d, s->y_h, xb, what)) return false;
+    }
+    /* telemetry: the same sums up to the order of the additions (fp32 per thread on the GPU) */
+    for (uint32_t r = 0; r < world; r++) {
+        OPS_OK(h, hctxs[r], h->quant_error_take(hctxs[r], &qe_r), "quant_error_take");
+        qe_h.dispatch_err2 += qe_r.dispatch_err2;
+        qe_h.dispatch_ref2 += qe_r.dispatch_ref2;
+        qe_h.combine_err2 += qe_r.combine_err2;
+        qe_h.combine_ref2 += qe_r.combine_ref2;
+    }
+    OPS_OK(d, dctx, d->quant_error_take(dctx, &qe_d), "quant_error_take");
+    const double got[4] = {qe_d.dispatch_err2, qe_d.dispatch_ref2, qe_d.combine_err2, qe_d.combine_ref2};
+    const double want[4] = {qe_h.dispatch_err2, qe_h.dispatch_ref2, qe_h.combine_err2, qe_h.combine_ref2};
+    const bool on[4] = {base->quant_error && base->dtype == EPD_WIRE_FP8,
+                        base->quant_error && base->dtype == EPD_WIRE_FP8,
+                        base->quant_error && base->combine_dtype == EPD_COMBINE_FP8,
+                        base->quant_error && base->combine_dtype == EPD_COMBINE_FP8};
+    static const char *const names[4] = {"dispatch err2", "dispatch ref2", "combine err2", "combine ref2"};
+    for (int k = 0; k < 4; k++) {
+        if (!on[k] && (got[k] != 0.0 || want[k] != 0.0))
+            return failf("telemetry %s: %g (cuda) %g (host) while off", names[k], got[k], want[k]);
+        if (on[k] && !(fabs(got[k] - want[k]) <= 1e-4 * fabs(want[k]) + 1e-30))
+            return failf("telemetry %s: cuda %.9g host %.9g", names[k], got[k], want[k]);
     }
     return true;
 }
@@ -511,6 +543,12 @@ int main(void)
         printf("init: %s\n", err);
         return 1;
     }
+    for (uint32_t r = 0; r < MAX_WORLD; r++) {
+        if (epd_ops_host.init(-1, &hctxs[r], err) != EPD_OK) {
+            printf("init: %s\n", err);
+            return 1;
+        }
+    }
     memset(sim, 0, sizeof sim);
     report(hooks_case(), "hooks: events and async copies round-trip 3 MiB");
     report(bad_id_case(), "layout: expert id out of range -> expert_out_of_range");
@@ -527,15 +565,39 @@ int main(void)
                     for (size_t ni = 0; ni < sizeof tokens / sizeof tokens[0]; ni++) {
                         epd_moe_shape_t shape = { hiddens[hi], TOPK, EXPERTS, worlds[w], 0,
                                                   wires[wi].dtype, wires[wi].scale, wires[wi].fmt,
-                                                  kind ? EPD_EXPERTS_SCALE : EPD_EXPERTS_IDENTITY };
+                                                  kind ? EPD_EXPERTS_SCALE : EPD_EXPERTS_IDENTITY,
+                                                  EPD_COMBINE_BF16, (ni % 2) == 1 };
                         char name[160];
-                        snprintf(name, sizeof name, "%-20s %-8s W=%u N=%-4u H=%u", wires[wi].name,
-                                 kind ? "scale" : "identity", worlds[w], tokens[ni], hiddens[hi]);
+                        snprintf(name, sizeof name, "%-20s %-8s W=%u N=%-4u H=%u%s", wires[wi].name,
+                                 kind ? "scale" : "identity", worlds[w], tokens[ni], hiddens[hi],
+                                 shape.quant_error ? " telemetry" : "");
+                        bool ok = run_case(&shape, tokens[ni], seed++, sim);
+                        for (uint32_t r = 0; r < MAX_WORLD; r++) sim_free(&sim[r]);
+                        report(ok, name);
+                    }
+    /* FP8 partials (combine.dtype fp8) after BF16 and FP8 group128 dispatch (scale experts) and
+     * FP8 per_token ue8m0 (identity experts) */
+    static const size_t fp8p_wires[] = { 0, 1, 4 };
+    for (size_t hi = 0; hi < sizeof hiddens / sizeof hiddens[0]; hi++)
+        for (size_t wj = 0; wj < sizeof fp8p_wires / sizeof fp8p_wires[0]; wj++)
+            for (int kind = wj == 2 ? 0 : 1, once = 1; once; once = 0)
+                for (size_t w = 0; w < sizeof worlds / sizeof worlds[0]; w++)
+                    for (size_t ni = 0; ni < sizeof tokens / sizeof tokens[0]; ni++) {
+                        size_t wi = fp8p_wires[wj];
+                        epd_moe_shape_t shape = { hiddens[hi], TOPK, EXPERTS, worlds[w], 0,
+                                                  wires[wi].dtype, wires[wi].scale, wires[wi].fmt,
+                                                  kind ? EPD_EXPERTS_SCALE : EPD_EXPERTS_IDENTITY,
+                                                  EPD_COMBINE_FP8, (ni % 2) == 0 };
+                        char name[160];
+                        snprintf(name, sizeof name, "%-20s %-8s W=%u N=%-4u H=%u fp8 combine%s",
+                                 wires[wi].name, kind ? "scale" : "identity", worlds[w], tokens[ni],
+                                 hiddens[hi], shape.quant_error ? " telemetry" : "");
                         bool ok = run_case(&shape, tokens[ni], seed++, sim);
                         for (uint32_t r = 0; r < MAX_WORLD; r++) sim_free(&sim[r]);
                         report(ok, name);
                     }
 
+    for (uint32_t r = 0; r < MAX_WORLD; r++) epd_ops_host.fini(hctxs[r]);
     epd_ops_cuda.fini(dctx);
     epd_ops_host.fini(hctx);
     printf("%d passed, %d failed\n", n_passed, n_failed);

@@ -225,6 +225,8 @@ static bool describe_target(target_t *t, char err[EPD_ERR_LEN])
                                     ? EPD_SCALE_FMT_UE8M0 : EPD_SCALE_FMT_FP32;
         t->shape.expert_kind = strcmp(json_str(cfg, "experts.kind"), "identity") == 0
                                    ? EPD_EXPERTS_IDENTITY : EPD_EXPERTS_SCALE;
+        t->shape.combine_dtype = strcmp(json_str(cfg, "combine.dtype"), "fp8") == 0
+                                     ? EPD_COMBINE_FP8 : EPD_COMBINE_BF16;
         if (!ok)
             snprintf(err, EPD_ERR_LEN, "%s: config/health replies lack expected keys", t->path);
     }

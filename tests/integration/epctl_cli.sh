@@ -141,6 +141,22 @@ expect 0 "$EPCTL" --socket "$s0" config && contains out "model.hidden = 64" && c
 expect 0 "$EPCTL" --socket "$s0" metrics && contains out "epd_steps_total 5"
 expect 0 "$EPCTL" --socket "$s0" --json metrics && contains out '"text":"# TYPE'
 expect 0 "$EPCTL" --socket "$s0,$s1" --json health && contains out "$s1"
+# --json: one document of one shape, whether one socket, several, or one of them down
+json_shape() { # N_OK N_ERR: the last output is {"command", "sockets": [...]} with that many
+    python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert set(d) == {"command", "sockets"}, d
+ok = [e for e in d["sockets"] if set(e) >= {"socket", "reply"} and "error" not in e]
+bad = [e for e in d["sockets"] if set(e) == {"socket", "error"}]
+assert (len(ok), len(bad)) == (int(sys.argv[2]), int(sys.argv[3])), d
+assert d["command"] != "health" or all(e["reply"]["status"] == "ok" for e in ok), d
+' "$tmp/out" "$1" "$2" || fail "--json document: $(cat "$tmp/out")"
+}
+expect 0 "$EPCTL" --socket "$s0" --json health && json_shape 1 0
+expect 0 "$EPCTL" --socket "$s0,$s1" --json health && json_shape 2 0
+expect 3 "$EPCTL" --socket "$s0,$tmp/missing.sock" --json health && json_shape 1 1
+expect 0 "$EPCTL" --socket "$s0,$s1" --json metrics && json_shape 2 0
 expect 0 "$EPCTL" --socket "$s0" --json submit --tokens 8 --seed 3 --id 42 &&
     contains out '"id":42' && contains out '"tokens":8' && contains out '"step":7'
 # y = x here: the summary depends on the seed only
@@ -192,6 +208,16 @@ if command -v "$MPIRUN" >/dev/null 2>&1 && [[ -x $BUILD/epd ]]; then
             contains out '"hidden":256' && contains out '"topk":4'
         expect 0 "$EPCTL" --socket "$r0,$r1" --json bench --tokens 16 --requests 40 --concurrency 4 \
             --pipeline 2 && contains out '"requests_ok":40' && contains out '"errors":0'
+        # 200 connections for 1 s: the clock starts once all are connected, so requests count
+        expect 0 "$EPCTL" --socket "$r0,$r1" --json bench --tokens 4 --duration 1 --concurrency 200 &&
+            python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["requests_ok"] > 0 and d["errors"] == 0 and d["seconds"] >= 1.0, d
+assert d["payload_bytes"]["sent"] > 0 and d["payload_gb_per_s"]["received"] > 0, d
+' "$tmp/out" || fail "bench --duration 1 --concurrency 200: $(cat "$tmp/out")"
+        expect 0 "$EPCTL" --socket "$r0" bench --tokens 4 --requests 10 &&
+            contains out "MB sent (.* GB/s), .* MB received (.* GB/s)"
         # a request-level error from the real daemon: exit 1 naming its code
         expect 1 "$EPCTL" --socket "$r0" submit --tokens 5000 && contains err "too_many_tokens"
         expect 0 "$EPCTL" --socket "$r0" metrics && contains out "# TYPE"

@@ -51,13 +51,27 @@ int main(int argc, char **argv)
         epd_scale_kind_t scale;
         epd_scale_fmt_t fmt;
         epd_expert_kind_t kind;
+        epd_combine_dtype_t combine;
     } cases[] = {
-        {EPD_WIRE_FP8, EPD_SCALE_GROUP128, EPD_SCALE_FMT_FP32, EPD_EXPERTS_SCALE},
-        {EPD_WIRE_FP8, EPD_SCALE_PER_TOKEN, EPD_SCALE_FMT_UE8M0, EPD_EXPERTS_IDENTITY},
-        {EPD_WIRE_FP8, EPD_SCALE_GROUP128, EPD_SCALE_FMT_UE8M0, EPD_EXPERTS_SCALE},
-        {EPD_WIRE_FP8, EPD_SCALE_PER_TOKEN, EPD_SCALE_FMT_FP32, EPD_EXPERTS_SCALE},
-        {EPD_WIRE_BF16, EPD_SCALE_GROUP128, EPD_SCALE_FMT_FP32, EPD_EXPERTS_SCALE},
-        {EPD_WIRE_BF16, EPD_SCALE_GROUP128, EPD_SCALE_FMT_FP32, EPD_EXPERTS_IDENTITY},
+        {EPD_WIRE_FP8, EPD_SCALE_GROUP128, EPD_SCALE_FMT_FP32, EPD_EXPERTS_SCALE,
+         EPD_COMBINE_BF16},
+        {EPD_WIRE_FP8, EPD_SCALE_PER_TOKEN, EPD_SCALE_FMT_UE8M0, EPD_EXPERTS_IDENTITY,
+         EPD_COMBINE_BF16},
+        {EPD_WIRE_FP8, EPD_SCALE_GROUP128, EPD_SCALE_FMT_UE8M0, EPD_EXPERTS_SCALE,
+         EPD_COMBINE_BF16},
+        {EPD_WIRE_FP8, EPD_SCALE_PER_TOKEN, EPD_SCALE_FMT_FP32, EPD_EXPERTS_SCALE,
+         EPD_COMBINE_BF16},
+        {EPD_WIRE_BF16, EPD_SCALE_GROUP128, EPD_SCALE_FMT_FP32, EPD_EXPERTS_SCALE,
+         EPD_COMBINE_BF16},
+        {EPD_WIRE_BF16, EPD_SCALE_GROUP128, EPD_SCALE_FMT_FP32, EPD_EXPERTS_IDENTITY,
+         EPD_COMBINE_BF16},
+        /* FP8 partials (combine.dtype fp8), after FP8 and BF16 dispatch */
+        {EPD_WIRE_FP8, EPD_SCALE_GROUP128, EPD_SCALE_FMT_FP32, EPD_EXPERTS_SCALE,
+         EPD_COMBINE_FP8},
+        {EPD_WIRE_FP8, EPD_SCALE_PER_TOKEN, EPD_SCALE_FMT_UE8M0, EPD_EXPERTS_IDENTITY,
+         EPD_COMBINE_FP8},
+        {EPD_WIRE_BF16, EPD_SCALE_GROUP128, EPD_SCALE_FMT_FP32, EPD_EXPERTS_SCALE,
+         EPD_COMBINE_FP8},
     };
     char err[EPD_ERR_LEN];
     epd_ops_ctx_t *octx = NULL;
@@ -90,6 +104,8 @@ int main(int argc, char **argv)
             .scale = cases[c].scale,
             .scale_format = cases[c].fmt,
             .expert_kind = cases[c].kind,
+            .combine_dtype = cases[c].combine,
+            .quant_error = c % 2 == 0, /* the telemetry changes no byte */
         };
         epd_step_t *step = NULL;
         if (epd_step_create(&shape, MAX_TOKENS, &epd_ops_host, octx, &epd_transport_mpi, tctx,

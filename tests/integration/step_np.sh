@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The collective step under real mpirun at 1, 2 and 4 ranks: build/tests/step_check runs random
 # batches (different N per rank, 0 included) through epd_step_run and checks every rank's output
-# bit for bit against epd_moe_reference, BF16 and FP8, identity and scale experts.
+# bit for bit against epd_moe_reference, BF16 and FP8, identity and scale experts, BF16 and FP8
+# combine.
 set -u
 BUILD=${BUILD:-build}
 MPIRUN=${MPIRUN:-mpirun}

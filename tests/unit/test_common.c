@@ -5,6 +5,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <string.h>
+
 #include "common/parse.h"
 #include "common/status.h"
 
@@ -77,6 +79,31 @@ static void test_common__parse_numbers__signed_and_double(void **state)
     assert_int_equal(epd_parse_double("nan", -1, 1, &d, err), EPD_ERR_INVALID_ARG);
 }
 
+static void test_common__parse_host_port__ipv4_ipv6_and_errors(void **state)
+{
+    (void)state;
+    char host[64], err[EPD_ERR_LEN];
+    uint16_t port = 0;
+    assert_int_equal(epd_parse_host_port("127.0.0.1:9400", host, sizeof host, &port, err), EPD_OK);
+    assert_string_equal(host, "127.0.0.1");
+    assert_int_equal(port, 9400);
+    assert_int_equal(epd_parse_host_port("[::1]:1", host, sizeof host, &port, err), EPD_OK);
+    assert_string_equal(host, "::1");
+    assert_int_equal(port, 1);
+    assert_int_equal(epd_parse_host_port("gpu1.example:65535", host, sizeof host, &port, err),
+                     EPD_OK);
+    const char *bad[] = {"", "9400", ":9400", "host:", "host:0", "host:65536", "host:9x",
+                         "::1:9400", "[::1]9400", "[::1", "a b:1", "host:-1"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = '\0';
+        if (epd_parse_host_port(bad[i], host, sizeof host, &port, err) != EPD_ERR_INVALID_ARG)
+            fail_msg("'%s' was accepted", bad[i]);
+        assert_true(err[0] != '\0');
+    }
+    assert_int_equal(epd_parse_host_port("abcdefgh:1", host, 4, &port, err), EPD_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "too long"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -84,6 +111,7 @@ int main(void)
         cmocka_unit_test(test_common__parse_u64__checks_range_and_junk),
         cmocka_unit_test(test_common__parse_bool__every_spelling),
         cmocka_unit_test(test_common__parse_numbers__signed_and_double),
+        cmocka_unit_test(test_common__parse_host_port__ipv4_ipv6_and_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -571,7 +571,7 @@ static void test_config__yaml__unknown_section__error_with_line(void **state)
 {
     (void)state;
     expect_yaml_error("model:\n  topk: 2\nrouter:\n  port: 1\n", 3, "unknown section 'router'",
-                      "socket, model, dispatch, experts, device, log");
+                      "socket, model, dispatch, combine, experts, device, telemetry, log");
     /* a top-level dotted key is no section either */
     expect_yaml_error("model.topk: 2\n", 1, "unknown section 'model.topk'", NULL);
 }
@@ -1175,9 +1175,21 @@ static void test_config__args__usage_mentions_sigusr1_and_settings(void **state)
     free(text);
 }
 
+static void test_config__metrics_listen__off_or_host_port(void **state)
+{
+    (void)state;
+    expect_set_error("metrics.listen=localhost", "metrics.listen", "HOST:PORT");
+    expect_set_error("metrics.listen=127.0.0.1:0", "metrics.listen", "port");
+    expect_set_error("metrics.listen=::1:9400", "metrics.listen", "[]");
+    char *envp[] = {"EPD_METRICS_LISTEN=0.0.0.0:70000", NULL};
+    expect_env_error(envp, "EPD_METRICS_LISTEN", "65535");
+    expect_yaml_error("metrics:\n  listen: on\n", 2, "metrics.listen", "off or HOST:PORT");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_config__metrics_listen__off_or_host_port),
         cmocka_unit_test(test_config__defaults__match_the_design),
         cmocka_unit_test(test_config__table__every_row_is_well_formed),
         cmocka_unit_test(test_config__no_sources__all_defaults),

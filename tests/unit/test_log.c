@@ -6,6 +6,7 @@
 #include <cmocka.h>
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -30,8 +31,10 @@ static const char *capture(void (*fn)(void))
     return buf;
 }
 
+/* The journal style: a syslog priority prefix, no timestamp (journald stamps lines itself). */
 static void log_levels(void)
 {
+    epd_log_set_style(EPD_LOG_STYLE_JOURNAL);
     epd_log_init(3, EPD_LOG_INFO);
     epd_log_error("bad %d", 1);
     epd_log_warn("careful");
@@ -43,9 +46,9 @@ static void test_log__rank_known__prefix_and_level_filter(void **state)
 {
     (void)state;
     const char *out = capture(log_levels);
-    assert_string_equal(out, "epd[rank 3] ERROR: bad 1\n"
-                             "epd[rank 3] WARN: careful\n"
-                             "epd[rank 3] INFO: hello world\n");
+    assert_string_equal(out, "<3>epd[rank 3] ERROR: bad 1\n"
+                             "<4>epd[rank 3] WARN: careful\n"
+                             "<6>epd[rank 3] INFO: hello world\n");
 }
 
 static void log_debug_on(void)
@@ -60,7 +63,7 @@ static void test_log__set_level__debug_shown(void **state)
 {
     (void)state;
     const char *out = capture(log_debug_on);
-    assert_string_equal(out, "epd[rank 0] DEBUG: shown\n");
+    assert_string_equal(out, "<7>epd[rank 0] DEBUG: shown\n");
     assert_true(epd_log_enabled(EPD_LOG_DEBUG));
 }
 
@@ -74,7 +77,7 @@ static void test_log__no_rank_and_newline__one_line(void **state)
 {
     (void)state;
     const char *out = capture(log_no_rank);
-    assert_string_equal(out, "epd: INFO: line one line two\n");
+    assert_string_equal(out, "<6>epd: INFO: line one line two\n");
 }
 
 static void log_long(void)
@@ -97,6 +100,46 @@ static void test_log__long_message__cut_with_ellipsis(void **state)
     assert_int_equal(strchr(out, '\n') - out, (long)len - 1);
 }
 
+static void log_timestamped(void)
+{
+    epd_log_set_style(EPD_LOG_STYLE_TIMESTAMP);
+    epd_log_init(2, EPD_LOG_INFO);
+    epd_log_warn("stamped");
+    epd_log_set_style(EPD_LOG_STYLE_JOURNAL);
+}
+
+/* RFC 3339 in UTC with microseconds, then the rank and level: 2026-12-01T09:21:08.123456Z */
+static void test_log__timestamp_style__rfc3339_utc_microseconds(void **state)
+{
+    (void)state;
+    const char *out = capture(log_timestamped);
+    const char *pattern = "dddd-dd-ddTdd:dd:dd.ddddddZ ";
+    assert_true(strlen(out) > strlen(pattern));
+    for (size_t i = 0; pattern[i]; i++) {
+        if (pattern[i] == 'd')
+            assert_true(out[i] >= '0' && out[i] <= '9');
+        else
+            assert_int_equal(out[i], pattern[i]);
+    }
+    assert_string_equal(out + strlen(pattern), "epd[rank 2] WARN: stamped\n");
+}
+
+static void log_auto(void)
+{
+    epd_log_set_style(EPD_LOG_STYLE_AUTO);
+    setenv("JOURNAL_STREAM", "8:12345", 1);
+    epd_log_init(0, EPD_LOG_INFO);
+    epd_log_error("to the journal");
+    unsetenv("JOURNAL_STREAM");
+    epd_log_set_style(EPD_LOG_STYLE_JOURNAL);
+}
+
+static void test_log__journal_stream_set__priority_prefix(void **state)
+{
+    (void)state;
+    assert_string_equal(capture(log_auto), "<3>epd[rank 0] ERROR: to the journal\n");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -104,6 +147,8 @@ int main(void)
         cmocka_unit_test(test_log__set_level__debug_shown),
         cmocka_unit_test(test_log__no_rank_and_newline__one_line),
         cmocka_unit_test(test_log__long_message__cut_with_ellipsis),
+        cmocka_unit_test(test_log__timestamp_style__rfc3339_utc_microseconds),
+        cmocka_unit_test(test_log__journal_stream_set__priority_prefix),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,6 +15,7 @@
 #include "common/rng.h"
 #include "gpu/fp8.h"
 #include "gpu/ops.h"
+#include "gpu/quant.h"
 
 static float rng_uniform(uint64_t *r, float lo, float hi)
 {
@@ -74,7 +75,7 @@ typedef struct sim_rank {
     float *w;
     epd_step_layout_t layout;
     uint8_t *send, *recv;
-    uint16_t *partials, *partials_back;
+    uint8_t *partials, *partials_back;
     uint32_t n_recv;
     uint32_t *recv_from; /* [W] records received from each source */
 } sim_rank_t;
@@ -88,12 +89,14 @@ static void run_simulated(epd_moe_shape_t shape, const uint32_t *n, uint64_t see
     char err[EPD_ERR_LEN];
     uint32_t world = shape.world;
     epd_record_layout_t rec;
+    epd_partial_layout_t pl;
     sim_rank_t *ranks = calloc(world, sizeof *ranks);
     uint64_t rng = seed;
 
     assert_non_null(ranks);
     assert_int_equal(ops->init(-1, &ctx, err), EPD_OK);
     epd_record_layout(&shape, &rec);
+    epd_partial_layout(&shape, &pl);
 
     for (uint32_t r = 0; r < world; r++) {
         sim_rank_t *sr = &ranks[r];
@@ -108,7 +111,7 @@ static void run_simulated(epd_moe_shape_t shape, const uint32_t *n, uint64_t see
         sr->layout.slot = malloc(nn * world * 4);
         sr->layout.n_tokens = sr->n;
         sr->send = malloc(nn * world * rec.size);
-        sr->partials_back = malloc(nn * world * shape.hidden * 2);
+        sr->partials_back = malloc(nn * world * pl.size);
         sr->recv_from = calloc(world, 4);
         assert_non_null(sr->x);
         assert_non_null(sr->send);
@@ -123,7 +126,7 @@ static void run_simulated(epd_moe_shape_t shape, const uint32_t *n, uint64_t see
         sim_rank_t *dr = &ranks[d];
         for (uint32_t s = 0; s < world; s++) dr->n_recv += ranks[s].layout.send_counts_host[d];
         dr->recv = malloc((dr->n_recv ? dr->n_recv : 1) * rec.size);
-        dr->partials = malloc((dr->n_recv ? dr->n_recv : 1) * (size_t)shape.hidden * 2);
+        dr->partials = malloc((dr->n_recv ? dr->n_recv : 1) * pl.size);
         size_t at = 0;
         for (uint32_t s = 0; s < world; s++) {
             uint32_t c = ranks[s].layout.send_counts_host[d];
@@ -141,9 +144,8 @@ static void run_simulated(epd_moe_shape_t shape, const uint32_t *n, uint64_t see
         size_t at = 0;
         for (uint32_t s = 0; s < world; s++) {
             uint32_t c = ranks[d].recv_from[s];
-            memcpy(ranks[s].partials_back +
-                       (size_t)ranks[s].layout.send_offsets_host[d] * shape.hidden,
-                   ranks[d].partials + at * shape.hidden, (size_t)c * shape.hidden * 2);
+            memcpy(ranks[s].partials_back + (size_t)ranks[s].layout.send_offsets_host[d] * pl.size,
+                   ranks[d].partials + at * pl.size, (size_t)c * pl.size);
             at += c;
         }
     }
@@ -535,6 +537,214 @@ static void test_ops_host__world4_with_idle_rank__equals_reference(void **state)
                   n, 8);
 }
 
+static void test_ops_host__world2_and_world4_fp8_combine__equals_reference(void **state)
+{
+    const uint32_t n2[] = {29, 17}, n4[] = {19, 0, 33, 5};
+    const epd_wire_dtype_t dtypes[] = {EPD_WIRE_FP8, EPD_WIRE_BF16};
+    uint64_t seed = 300;
+
+    for (int d = 0; d < 2; d++) {
+        for (int e = 0; e < 2; e++) {
+            epd_moe_shape_t s = make_shape(384, 4, 16, 2, dtypes[d], EPD_SCALE_GROUP128,
+                                           EPD_SCALE_FMT_FP32,
+                                           e ? EPD_EXPERTS_IDENTITY : EPD_EXPERTS_SCALE);
+            s.combine_dtype = EPD_COMBINE_FP8;
+            run_simulated(s, n2, seed++);
+            s = make_shape(256, 8, 32, 4, dtypes[d], EPD_SCALE_PER_TOKEN, EPD_SCALE_FMT_UE8M0,
+                           e ? EPD_EXPERTS_IDENTITY : EPD_EXPERTS_SCALE);
+            s.combine_dtype = EPD_COMBINE_FP8;
+            s.quant_error = true; /* the telemetry changes no byte */
+            run_simulated(s, n4, seed++);
+        }
+    }
+}
+
+static void test_ops_host__partial_layout__bf16_2h_fp8_h_plus_scales_padded(void **state)
+{
+    epd_moe_shape_t s = make_shape(128, 2, 4, 1, EPD_WIRE_FP8, EPD_SCALE_GROUP128,
+                                   EPD_SCALE_FMT_FP32, EPD_EXPERTS_SCALE);
+    epd_partial_layout_t pl;
+
+    epd_partial_layout(&s, &pl);
+    assert_int_equal(pl.size, 256);
+    assert_int_equal(pl.n_scales, 0);
+    s.combine_dtype = EPD_COMBINE_FP8;
+    epd_partial_layout(&s, &pl);
+    assert_int_equal(pl.scales, 128);
+    assert_int_equal(pl.n_scales, 1);
+    assert_int_equal(pl.size, 144); /* 128 + 4, padded to 16 */
+    s.hidden = 7168;
+    epd_partial_layout(&s, &pl);
+    assert_int_equal(pl.n_scales, 56);
+    assert_int_equal(pl.size, 7392); /* 7168 + 224: 0.516 of BF16's 14336 */
+}
+
+static void test_ops_host__partial_store_fp8__dispatch_bytes_and_scales(void **state)
+{
+    /* values exact in bf16: the FP8 partial must be the bytes and scales dispatch writes for the
+     * same row (group128, fp32), and adding it back must give (float)q * s */
+    epd_moe_shape_t s = make_shape(384, 2, 4, 1, EPD_WIRE_FP8, EPD_SCALE_GROUP128,
+                                   EPD_SCALE_FMT_FP32, EPD_EXPERTS_SCALE);
+    epd_partial_layout_t pl;
+    float acc[384], back[384];
+    uint16_t xb[384];
+    uint8_t part[512], q[384];
+    float scales[3];
+    double error[2] = {0.0, 0.0};
+    uint64_t r = 5;
+
+    s.combine_dtype = EPD_COMBINE_FP8;
+    epd_partial_layout(&s, &pl);
+    assert_true(pl.size <= sizeof part);
+    for (int i = 0; i < 384; i++) {
+        xb[i] = epd_f32_to_bf16(rng_uniform(&r, -5.0f, 5.0f) * (i >= 256 ? 1e-6f : 1.0f));
+        acc[i] = epd_bf16_to_f32(xb[i]);
+    }
+    memset(part, 0xab, sizeof part);
+    epd_partial_store_host(&s, acc, part, error);
+    epd_quant_row_host(xb, 384, EPD_SCALE_GROUP128, EPD_SCALE_FMT_FP32, q, scales);
+    assert_memory_equal(part, q, 384);
+    assert_memory_equal(part + pl.scales, scales, sizeof scales);
+    /* the last group is below the amax floor: its scale is 1e-4 / 448 */
+    assert_true(scales[2] == 1e-4f * (1.0f / 448.0f));
+    for (size_t i = pl.scales + sizeof scales; i < pl.size; i++) assert_int_equal(part[i], 0);
+    for (int i = 0; i < 384; i++) back[i] = 0.0f;
+    epd_partial_add_host(&s, part, back);
+    double e2 = 0.0, r2 = 0.0;
+    for (int i = 0; i < 384; i++) {
+        float want = epd_e4m3_to_f32(q[i]) * scales[i / 128];
+        assert_true(back[i] == want);
+        e2 += (double)(acc[i] - want) * (acc[i] - want);
+        r2 += (double)acc[i] * acc[i];
+    }
+    /* the sums run in fp32 per group of 128 */
+    assert_true(fabs(error[0] - e2) <= 1e-5 * e2);
+    assert_true(fabs(error[1] - r2) <= 1e-5 * r2);
+    assert_true(error[0] > 0.0);
+}
+
+static void test_ops_host__reference_fp8_combine__partial_quantized_not_bf16(void **state)
+{
+    /* one rank, identity expert, weight 1: the partial is x. Group 0 has amax 448, so its scale
+     * is 448 * (1/448) = 1 and 17 (exact in bf16) is a tie between the e4m3 neighbours 16 and
+     * 18: FP8 combine gives 16 (even), BF16 combine keeps 17. */
+    epd_moe_shape_t s = make_shape(128, 1, 4, 1, EPD_WIRE_BF16, EPD_SCALE_GROUP128,
+                                   EPD_SCALE_FMT_FP32, EPD_EXPERTS_IDENTITY);
+    uint16_t x[128], y[128];
+    const int32_t ids[] = {1};
+    const float w[] = {1.0f};
+
+    for (int i = 0; i < 128; i++) x[i] = epd_f32_to_bf16(i == 0 ? 448.0f : 17.0f);
+    assert_int_equal(epd_moe_reference(&s, 1, x, ids, w, y), EPD_OK);
+    assert_true(epd_bf16_to_f32(y[1]) == 17.0f);
+    s.combine_dtype = EPD_COMBINE_FP8;
+    assert_int_equal(epd_moe_reference(&s, 1, x, ids, w, y), EPD_OK);
+    assert_true(epd_bf16_to_f32(y[0]) == 448.0f);
+    for (int i = 1; i < 128; i++) assert_true(epd_bf16_to_f32(y[i]) == 16.0f);
+}
+
+/* Sum over the FP8 records in buf of (x - dequant)^2 and x^2, read back from the bytes. */
+static void record_error(const epd_moe_shape_t *s, const uint8_t *buf, uint32_t n_records,
+                         const uint16_t *x, double *e2_p, double *r2_p)
+{
+    epd_record_layout_t rec;
+    epd_record_layout(s, &rec);
+    *e2_p = *r2_p = 0.0;
+    for (uint32_t j = 0; j < n_records; j++) {
+        const uint8_t *in = buf + (size_t)j * rec.size;
+        uint32_t src;
+        float scales[8];
+        memcpy(&src, in + rec.src, 4);
+        memcpy(scales, in + rec.scales, rec.n_scales * 4);
+        for (uint32_t i = 0; i < s->hidden; i++) {
+            float v = epd_bf16_to_f32(x[(size_t)src * s->hidden + i]);
+            float d = v - epd_e4m3_to_f32(in[i]) * scales[rec.n_scales == 1 ? 0 : i / 128];
+            *e2_p += (double)d * d;
+            *r2_p += (double)v * v;
+        }
+    }
+}
+
+static void test_ops_host__quant_error_telemetry__sums_of_what_was_quantized(void **state)
+{
+    epd_moe_shape_t s = make_shape(256, 4, 16, 2, EPD_WIRE_FP8, EPD_SCALE_GROUP128,
+                                   EPD_SCALE_FMT_FP32, EPD_EXPERTS_IDENTITY);
+    const epd_ops_t *ops = &epd_ops_host;
+    epd_ops_ctx_t *ctx = NULL;
+    epd_quant_error_t qe;
+    epd_record_layout_t rec;
+    epd_partial_layout_t pl;
+    char err[EPD_ERR_LEN];
+    enum { N = 21 };
+    uint16_t x[N * 256];
+    int32_t ids[N * 4], slot[N * 2];
+    float w[N * 4];
+    uint32_t counts[2], offsets[2];
+    epd_step_layout_t l = {
+        .n_tokens = N, .send_counts_host = counts, .send_offsets_host = offsets, .slot = slot};
+    uint64_t r = 77;
+    double e2, r2;
+
+    assert_int_equal(ops->init(-1, &ctx, err), EPD_OK);
+    random_batch(&r, &s, N, x, ids, w);
+    s.combine_dtype = EPD_COMBINE_FP8;
+    for (int k = 0; k < 2; k++) {
+        s.scale = k ? EPD_SCALE_PER_TOKEN : EPD_SCALE_GROUP128;
+        epd_record_layout(&s, &rec);
+        epd_partial_layout(&s, &pl);
+        uint8_t *buf = malloc((size_t)N * 2 * rec.size);
+        uint8_t *parts = malloc((size_t)N * 2 * pl.size);
+        assert_non_null(buf);
+        assert_non_null(parts);
+        assert_int_equal(ops->layout(ctx, &s, ids, &l), EPD_OK);
+        /* off: nothing is summed */
+        s.quant_error = false;
+        assert_int_equal(ops->pack(ctx, &s, x, ids, w, &l, buf), EPD_OK);
+        assert_int_equal(ops->experts(ctx, &s, buf, l.n_send, parts), EPD_OK);
+        assert_int_equal(ops->quant_error_take(ctx, &qe), EPD_OK);
+        assert_true(qe.dispatch_err2 == 0.0 && qe.dispatch_ref2 == 0.0);
+        assert_true(qe.combine_err2 == 0.0 && qe.combine_ref2 == 0.0);
+        /* on: the pack's sums are those of the records' bytes, each record counted */
+        s.quant_error = true;
+        assert_int_equal(ops->pack(ctx, &s, x, ids, w, &l, buf), EPD_OK);
+        record_error(&s, buf, l.n_send, x, &e2, &r2);
+        assert_int_equal(ops->quant_error_take(ctx, &qe), EPD_OK);
+        assert_true(r2 > 0.0 && e2 > 0.0);
+        assert_true(fabs(qe.dispatch_err2 - e2) <= 1e-5 * e2);
+        assert_true(fabs(qe.dispatch_ref2 - r2) <= 1e-5 * r2);
+        assert_true(qe.combine_ref2 == 0.0);
+        /* relative RMS of e4m3 (3 mantissa bits) on these values: a few percent */
+        double dispatch_rms = sqrt(qe.dispatch_err2 / qe.dispatch_ref2);
+        assert_true(dispatch_rms > 0.005 && dispatch_rms < 0.05);
+        /* the experts' FP8 partials: rank 0 of 2, some records have no local expert (zeros) */
+        s.rank = 0;
+        assert_int_equal(ops->experts(ctx, &s, buf, l.n_send, parts), EPD_OK);
+        assert_int_equal(ops->quant_error_take(ctx, &qe), EPD_OK);
+        assert_true(qe.dispatch_ref2 == 0.0);
+        assert_true(qe.combine_ref2 > 0.0 && qe.combine_err2 > 0.0);
+        assert_true(sqrt(qe.combine_err2 / qe.combine_ref2) < 0.05);
+        /* taken: zero again */
+        assert_int_equal(ops->quant_error_take(ctx, &qe), EPD_OK);
+        assert_true(qe.dispatch_err2 == 0.0 && qe.combine_err2 == 0.0);
+        free(buf);
+        free(parts);
+    }
+    /* BF16 dispatch and BF16 partials quantize nothing */
+    s = make_shape(256, 4, 16, 2, EPD_WIRE_BF16, EPD_SCALE_GROUP128, EPD_SCALE_FMT_FP32,
+                   EPD_EXPERTS_IDENTITY);
+    s.quant_error = true;
+    epd_record_layout(&s, &rec);
+    uint8_t *buf = malloc((size_t)N * 2 * rec.size), *parts = malloc((size_t)N * 2 * 512);
+    assert_int_equal(ops->layout(ctx, &s, ids, &l), EPD_OK);
+    assert_int_equal(ops->pack(ctx, &s, x, ids, w, &l, buf), EPD_OK);
+    assert_int_equal(ops->experts(ctx, &s, buf, l.n_send, parts), EPD_OK);
+    assert_int_equal(ops->quant_error_take(ctx, &qe), EPD_OK);
+    assert_true(qe.dispatch_ref2 == 0.0 && qe.combine_ref2 == 0.0);
+    free(buf);
+    free(parts);
+    ops->fini(ctx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -553,6 +763,11 @@ int main(void)
         cmocka_unit_test(test_ops_host__world1_bf16_and_fp8__equals_reference),
         cmocka_unit_test(test_ops_host__world2_every_format__equals_reference),
         cmocka_unit_test(test_ops_host__world4_with_idle_rank__equals_reference),
+        cmocka_unit_test(test_ops_host__world2_and_world4_fp8_combine__equals_reference),
+        cmocka_unit_test(test_ops_host__partial_layout__bf16_2h_fp8_h_plus_scales_padded),
+        cmocka_unit_test(test_ops_host__partial_store_fp8__dispatch_bytes_and_scales),
+        cmocka_unit_test(test_ops_host__reference_fp8_combine__partial_quantized_not_bf16),
+        cmocka_unit_test(test_ops_host__quant_error_telemetry__sums_of_what_was_quantized),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

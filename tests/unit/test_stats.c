@@ -1,4 +1,5 @@
 /* Unit tests of daemon/stats: the health and stats JSON documents and the Prometheus text. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -94,12 +95,12 @@ static void test_stats__stats__counters_exact_and_nested(void **state)
 static void check_exposition(const char *text)
 {
     char *copy = strdup(text);
-    char typed[64][64];
+    char typed[128][64];
     int n_typed = 0;
     for (char *line = strtok(copy, "\n"); line != NULL; line = strtok(NULL, "\n")) {
         if (strncmp(line, "# HELP ", 7) == 0) continue;
         if (strncmp(line, "# TYPE ", 7) == 0) {
-            assert_true(n_typed < 64);
+            assert_true(n_typed < 128);
             sscanf(line + 7, "%63s", typed[n_typed++]);
             continue;
         }
@@ -109,7 +110,14 @@ static void check_exposition(const char *text)
         memcpy(name, line, len);
         name[len] = '\0';
         bool found = false;
-        for (int i = 0; i < n_typed; i++) found = found || strcmp(typed[i], name) == 0;
+        for (int i = 0; i < n_typed; i++) {
+            size_t n = strlen(typed[i]);
+            /* a histogram's samples are NAME_bucket, NAME_sum and NAME_count */
+            found = found || strcmp(typed[i], name) == 0 ||
+                    (strncmp(typed[i], name, n) == 0 &&
+                     (strcmp(name + n, "_bucket") == 0 || strcmp(name + n, "_sum") == 0 ||
+                      strcmp(name + n, "_count") == 0));
+        }
         if (!found) fail_msg("sample '%s' has no TYPE line", line);
     }
     free(copy);
@@ -147,12 +155,141 @@ static void test_stats__metrics__prometheus_text(void **state)
     free(text);
 }
 
+static void test_stats__recorder__histograms_and_expert_counters(void **state)
+{
+    (void)state;
+    epd_stats_view_t view = make_view();
+    epd_metrics_t *m = epd_metrics_create(8, 2);
+    assert_non_null(m);
+    server.metrics = m;
+    epd_metrics_observe_request(m, 2000000);           /* 2 ms */
+    epd_metrics_observe_request(m, 20000000000ull);    /* 20 s: only +Inf */
+    epd_step_timing_t tm = {.total_ns = 1000000, .n_tokens = 3};
+    tm.phase_ns[EPD_PHASE_DISPATCH] = 30000;           /* 30 us */
+    const int32_t ids[] = {0, 1, 3, -1, 0, 7};
+    epd_metrics_observe_step(m, &tm, 5, ids, 3);
+    epd_step_timing_t idle = {.total_ns = 100000};
+    epd_metrics_observe_step(m, &idle, 2, NULL, 0);     /* took part with nothing */
+    epd_metrics_observe_step(m, &tm, 1, ids, 1);        /* another layer, first token only */
+
+    char *text = epd_stats_metrics(&view);
+    assert_non_null(text);
+    check_exposition(text);
+    const char *expected[] = {
+        "# TYPE epd_request_latency_seconds histogram\n",
+        "epd_request_latency_seconds_bucket{le=\"0.001\"} 0\n",
+        "epd_request_latency_seconds_bucket{le=\"0.0025\"} 1\n",
+        "epd_request_latency_seconds_bucket{le=\"10\"} 1\n",
+        "epd_request_latency_seconds_bucket{le=\"+Inf\"} 2\n",
+        "epd_request_latency_seconds_sum 20.002\n",
+        "epd_request_latency_seconds_count 2\n",
+        "epd_step_duration_seconds_bucket{le=\"0.0001\"} 1\n",
+        "epd_step_duration_seconds_bucket{le=\"0.001\"} 3\n",
+        "epd_step_duration_seconds_count 3\n",
+        "epd_step_phase_duration_seconds_bucket{phase=\"dispatch\",le=\"2.5e-05\"} 1\n",
+        "epd_step_phase_duration_seconds_bucket{phase=\"dispatch\",le=\"5e-05\"} 3\n",
+        "epd_step_phase_duration_seconds_count{phase=\"dispatch\"} 3\n",
+        "epd_step_phase_duration_seconds_sum{phase=\"reduce\"} 0\n",
+        "epd_step_tokens_bucket{le=\"0\"} 1\n",
+        "epd_step_tokens_bucket{le=\"1\"} 2\n",
+        "epd_step_tokens_bucket{le=\"2\"} 2\n",
+        "epd_step_tokens_bucket{le=\"4\"} 3\n",
+        "epd_step_tokens_sum 4\n",
+        "# TYPE epd_expert_routed_tokens_total counter\n",
+        "epd_expert_routed_tokens_total{layer=\"5\",expert=\"0\"} 2\n",
+        "epd_expert_routed_tokens_total{layer=\"5\",expert=\"1\"} 1\n",
+        "epd_expert_routed_tokens_total{layer=\"5\",expert=\"2\"} 0\n",
+        "epd_expert_routed_tokens_total{layer=\"5\",expert=\"7\"} 1\n",
+        "epd_expert_routed_tokens_total{layer=\"1\",expert=\"0\"} 1\n",
+        "epd_expert_untracked_tokens_total 0\n",
+    };
+    for (size_t i = 0; i < sizeof(expected) / sizeof(expected[0]); i++)
+        if (strstr(text, expected[i]) == NULL) fail_msg("missing: %s", expected[i]);
+    /* layers in order, a layer without tokens has no series, empty slots are not counted */
+    assert_true(strstr(text, "layer=\"1\"") < strstr(text, "layer=\"5\""));
+    assert_null(strstr(text, "layer=\"2\""));
+    assert_null(strstr(text, "expert=\"8\""));
+    free(text);
+    server.metrics = NULL;
+    epd_metrics_free(m);
+}
+
+static void test_stats__quant_error__per_step_folded_and_documented(void **state)
+{
+    (void)state;
+    epd_stats_view_t view = make_view();
+    /* two FP8-dispatch steps (relative RMS 0.03 then 0.01), one of them with FP8 partials
+     * (0.02); a step with nothing quantized changes nothing */
+    const epd_quant_error_t steps[] = {
+        {.dispatch_err2 = 0.09, .dispatch_ref2 = 100.0, .combine_err2 = 0.04,
+         .combine_ref2 = 100.0},
+        {.dispatch_err2 = 0.0, .dispatch_ref2 = 0.0, .combine_err2 = 0.0, .combine_ref2 = 0.0},
+        {.dispatch_err2 = 0.03, .dispatch_ref2 = 300.0},
+    };
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++)
+        epd_quant_stats_add(&engine.quant_error, &steps[i]);
+    const epd_quant_stats_t *q = &engine.quant_error;
+    assert_int_equal(q->steps[EPD_QUANT_DISPATCH], 2);
+    assert_int_equal(q->steps[EPD_QUANT_COMBINE], 1);
+    assert_true(fabs(q->last[EPD_QUANT_DISPATCH] - 0.01) < 1e-12);
+    assert_true(fabs(q->max[EPD_QUANT_DISPATCH] - 0.03) < 1e-12);
+    assert_true(epd_quant_relative_rms(0.0, 0.0) < 0.0);
+
+    char *text = epd_stats_json(&view);
+    assert_non_null(text);
+    cJSON *doc = cJSON_Parse(text);
+    assert_non_null(doc);
+    cJSON *qe = cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "engine"), "quant_error");
+    cJSON *disp = cJSON_GetObjectItem(qe, "dispatch"), *comb = cJSON_GetObjectItem(qe, "combine");
+    assert_non_null(disp);
+    assert_non_null(comb);
+    assert_int_equal(cJSON_GetObjectItem(disp, "steps")->valueint, 2);
+    assert_true(fabs(cJSON_GetObjectItem(disp, "max")->valuedouble - 0.03) < 1e-6);
+    /* overall: sqrt(0.12 / 400) */
+    assert_true(fabs(cJSON_GetObjectItem(disp, "overall")->valuedouble - sqrt(0.12 / 400.0)) <
+                1e-6);
+    assert_true(fabs(cJSON_GetObjectItem(comb, "last")->valuedouble - 0.02) < 1e-6);
+    cJSON_Delete(doc);
+    free(text);
+
+    /* before any step: steps 0 and the values 0 (numbers always, never NaN or null) */
+    memset(&engine.quant_error, 0, sizeof engine.quant_error);
+    text = epd_stats_json(&view);
+    doc = cJSON_Parse(text);
+    assert_non_null(doc);
+    qe = cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "engine"), "quant_error");
+    const cJSON *comb0 = cJSON_GetObjectItem(qe, "combine");
+    assert_true(cJSON_IsNumber(cJSON_GetObjectItem(comb0, "last")));
+    assert_true(cJSON_GetObjectItem(comb0, "last")->valuedouble == 0.0);
+    assert_true(cJSON_GetObjectItem(comb0, "steps")->valuedouble == 0.0);
+    cJSON_Delete(doc);
+    free(text);
+
+    epd_quant_stats_add(&engine.quant_error, &steps[0]);
+    text = epd_stats_metrics(&view);
+    assert_non_null(text);
+    check_exposition(text);
+    const char *expected[] = {
+        "# TYPE epd_quant_error_relative_rms gauge\n",
+        "epd_quant_error_relative_rms{direction=\"dispatch\"} 0.03\n",
+        "epd_quant_error_relative_rms{direction=\"combine\"} 0.02\n",
+        "epd_quant_error_steps_total{direction=\"combine\"} 1\n",
+        "# TYPE epd_quant_error_squared_sum_total counter\n",
+        "epd_quant_reference_squared_sum_total{direction=\"dispatch\"} 100\n",
+    };
+    for (size_t i = 0; i < sizeof(expected) / sizeof(expected[0]); i++)
+        if (strstr(text, expected[i]) == NULL) fail_msg("missing: %s", expected[i]);
+    free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stats__health__valid_json_with_identity),
         cmocka_unit_test(test_stats__stats__counters_exact_and_nested),
         cmocka_unit_test(test_stats__metrics__prometheus_text),
+        cmocka_unit_test(test_stats__recorder__histograms_and_expert_counters),
+        cmocka_unit_test(test_stats__quant_error__per_step_folded_and_documented),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

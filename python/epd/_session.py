@@ -1,0 +1,499 @@
+"""The protocol state one connection keeps, shared by Client and AsyncClient (no I/O here):
+request ids, requests in flight and their answers, registered regions, how each tensor travels
+(payload bytes, or a host or device region and an offset), SUBMIT and CONTROL frames, and the
+meaning of every frame the daemon sends."""
+import base64
+import collections
+
+import numpy as np
+
+from . import frame as fr
+from .errors import (ConnectionClosed, FramingError, InvalidArgument, ProtocolError,
+                     error_from_meta)
+
+_NP_WIRE = {np.dtype(np.uint16): "bf16", np.dtype(np.float16): "f16",
+            np.dtype(np.float32): "f32", np.dtype(np.float64): "f64", np.dtype(np.int8): "i8",
+            np.dtype(np.uint8): "u8", np.dtype(np.int16): "i16", np.dtype(np.int32): "i32",
+            np.dtype(np.uint32): "u32", np.dtype(np.int64): "i64", np.dtype(np.uint64): "u64",
+            np.dtype(np.bool_): "bool"}
+_I32 = (-(1 << 31), (1 << 31) - 1)
+
+
+def torch_module(obj):
+    """The epd._torch module when obj is a torch tensor, else None (torch is never imported for
+    numpy callers)."""
+    if type(obj).__module__.split(".")[0] != "torch":
+        return None
+    from . import _torch
+    return _torch if _torch.is_tensor(obj) else None
+
+
+class Pending:
+    """One request in flight: a SUBMIT (its result is y) or a CONTROL (its result is (meta,
+    payload)). result(timeout) waits for the answer and returns it or raises its EpdError;
+    step is the daemon's step of a RESULT, meta the answer's meta."""
+
+    def __init__(self, req_id, kind, op=None):
+        # kind: "submit", "control", or "raw" (a hand-made frame: the answer is (meta, payload))
+        self.id = req_id
+        self.kind = kind
+        self.op = op
+        self.step = None
+        self.meta = None
+        self.arrival = None     # order of arrival among this connection's answers
+        self._done = False
+        self._value = None
+        self._exc = None
+        self._wait = None       # the client's way to drive I/O until this is done
+        self._callbacks = []
+        # submit only
+        self.n_tokens = self.hidden = None
+        self.out = None          # caller's y (any kind), returned as the result
+        self.out_view = None     # writable bytes of out when y comes in the payload
+        self.y_region = False    # y named in a region: the daemon writes it there
+        self.y_torch = False     # return y as a torch tensor (CPU)
+        self.keep = ()           # objects that must live until the answer (payload buffers)
+        self.on_result = None    # a hook run with the answer's meta before callbacks
+
+    def done(self):
+        return self._done
+
+    def result(self, timeout=None):
+        """The answer (y for a SUBMIT), waiting at most timeout seconds (None: no limit);
+        raises the request's EpdError, or epd.Timeout."""
+        if not self._done:
+            self._wait(self, timeout)
+        if self._exc is not None:
+            raise self._exc
+        return self._value
+
+    def exception(self, timeout=None):
+        """The request's EpdError or None, waiting like result()."""
+        if not self._done:
+            self._wait(self, timeout)
+        return self._exc
+
+    def add_done_callback(self, fn):
+        if self._done:
+            fn(self)
+        else:
+            self._callbacks.append(fn)
+
+    def _finish(self, value=None, exc=None):
+        if self._done:
+            return
+        self._done, self._value, self._exc = True, value, exc
+        self.keep = ()
+        for fn in self._callbacks:
+            fn(self)
+        self._callbacks = []
+
+    def __repr__(self):
+        state = "pending" if not self._done else ("error" if self._exc else "done")
+        return "<epd.Pending %s id=%d %s>" % (self.op or self.kind, self.id, state)
+
+
+class _Placement:
+    """How one tensor travels: in the payload (data: its bytes) or in a region."""
+    __slots__ = ("dtype", "shape", "data", "region", "offset")
+
+    def __init__(self, dtype, shape, data=None, region=None, offset=None):
+        self.dtype, self.shape, self.data = dtype, [int(d) for d in shape], data
+        self.region, self.offset = region, offset
+
+    def descriptor(self, begin=None):
+        if self.region is not None:
+            return fr.region_tensor(self.dtype, self.shape, self.region, self.offset)
+        return fr.payload_tensor(self.dtype, self.shape, begin, begin + len(self.data))
+
+
+class DeviceNeed:
+    """A CUDA allocation a SUBMIT names that this connection has not registered yet."""
+
+    def __init__(self, key, meta):
+        self.key, self.meta = key, meta
+        self.base = self.nbytes = None
+
+
+class Session:
+    """One connection's protocol state; the clients own the socket and call in."""
+
+    def __init__(self):
+        self._next_id = 1
+        self.pending = {}
+        self.controls = collections.deque()
+        self.host = []                                 # [(HostRegion, region id)]
+        self.device = collections.OrderedDict()        # handle -> (region id, base, bytes)
+        self.stale = []                                # device region ids to unregister
+        self.max_device_regions = 32
+        self.failure = None
+        self.arrivals = 0
+
+    # ---- ids and requests ------------------------------------------------------------------
+
+    def new_id(self):
+        req_id = self._next_id
+        self._next_id += 1
+        return req_id
+
+    def check_usable(self):
+        if self.failure is not None:
+            raise self.failure
+
+    def _track(self, p):
+        self.pending[p.id] = p
+        if p.kind == "control":
+            self.controls.append(p.id)
+        return p
+
+    def control(self, op, fields=None, payload=b""):
+        """(Pending, frame bytes) of a CONTROL {"op", "id", **fields}."""
+        if not isinstance(op, str):
+            raise InvalidArgument("a CONTROL op is a string, got %r" % (op,))
+        meta = {"op": op}
+        meta.update(fields or {})
+        p = Pending(self.new_id(), "control", op)
+        meta["id"] = p.id
+        data = fr.encode(fr.CONTROL, meta, payload)
+        return self._track(p), data
+
+    def raw(self, data, req_id):
+        """A Pending for a hand-made frame whose meta carries req_id: its answer (RESULT,
+        REPLY, or ERROR raised) is (meta, payload)."""
+        p = Pending(req_id, "raw")
+        if req_id in self.pending:
+            raise InvalidArgument("id %d is already in flight" % req_id)
+        self.pending[req_id] = p
+        if len(data) >= 8 and data[6] == fr.CONTROL and data[7] == 0:
+            self.controls.append(req_id)
+        return p
+
+    # ---- regions ---------------------------------------------------------------------------
+
+    def host_region_id(self, region):
+        for r, rid in self.host:
+            if r is region:
+                return rid
+        return None
+
+    def register_host(self, region):
+        """(Pending, frame bytes, fd): the CONTROL register of a HostRegion; the fd travels in
+        SCM_RIGHTS with the frame's first bytes."""
+        if region.fd is None:
+            raise InvalidArgument("this host region is closed")
+        if self.host_region_id(region) is not None:
+            raise InvalidArgument("this host region is already registered on this connection")
+        p, data = self.control("register", {"kind": "host", "bytes": region.nbytes})
+
+        def registered(meta):
+            rid = _region_id(meta)
+            self.host.append((region, rid))
+            return rid
+        p.on_result = registered
+        return p, data, region.fd
+
+    def unregister_host(self, region):
+        rid = self.host_region_id(region)
+        if rid is None:
+            raise InvalidArgument("this host region is not registered on this connection")
+        self.host = [(r, i) for r, i in self.host if r is not region]
+        return self.control("unregister", {"region": rid})
+
+    def register_device(self, need):
+        p, data = self.control("register", need.meta)
+
+        def registered(meta):
+            rid = _region_id(meta)
+            old = self.device.pop(need.key, None)
+            if old is not None:
+                self.stale.append(old[0])  # a smaller region of the same allocation
+            self.device[need.key] = (rid, need.base, need.nbytes)
+            return rid
+        p.on_result = registered
+        return p, data
+
+    def limit_device_regions(self, cfg):
+        """At most half of the daemon's socket.max_regions for device regions (the rest is left
+        to host regions); the least recently used go first."""
+        limit = cfg.get("socket.max_regions")
+        if isinstance(limit, int) and limit > 0:
+            self.max_device_regions = max(1, limit // 2)
+
+    def evictions(self):
+        """CONTROL unregister frames for the least recently used device regions over the
+        limit (the daemon releases each once the requests naming it are answered)."""
+        out = []
+        while len(self.device) > self.max_device_regions:
+            self.stale.append(self.device.popitem(last=False)[1][0])
+        while self.stale:
+            p, data = self.control("unregister", {"region": self.stale.pop()})
+            p.on_result = lambda meta: None
+            out.append((p, data))
+        return out
+
+    def _host_place(self, arr, dtype_name):
+        address = arr.__array_interface__["data"][0]
+        for region, rid in self.host:
+            off = region.contains(address, arr.nbytes)
+            if off is not None:
+                return _Placement(dtype_name, arr.shape, region=rid, offset=off)
+        return None
+
+    def _device_place(self, t, tm, needs):
+        """The placement of a CUDA tensor in the registered region of its allocation, or None
+        after adding that allocation to needs."""
+        handle, base, nbytes = tm.device_allocation(t)
+        ptr, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+        entry = self.device.get(handle)
+        if entry is not None and entry[1] == base and end <= base + entry[2]:
+            self.device.move_to_end(handle)
+            return _Placement(tm.wire_dtype(t), t.shape, region=entry[0], offset=ptr - base)
+        if entry is not None and entry[1] == base:
+            nbytes = max(nbytes, entry[2])  # a region that grows (torch's handle: see _torch)
+        for need in needs:
+            if need.key == handle:
+                need.nbytes = need.meta["bytes"] = max(need.nbytes, nbytes)
+                return None
+        need = DeviceNeed(handle, {"kind": "cuda", "handle": base64.b64encode(handle).decode(),
+                                   "offset": 0, "bytes": nbytes})
+        need.base, need.nbytes = base, nbytes
+        needs.append(need)
+        return None
+
+    # ---- SUBMIT ----------------------------------------------------------------------------
+
+    def place(self, obj, role, needs):
+        """The _Placement of one tensor, or None after appending a DeviceNeed to needs."""
+        tm = torch_module(obj)
+        if tm is not None:
+            if obj.is_cuda:
+                if not obj.is_contiguous():
+                    raise InvalidArgument("%s: a CUDA tensor must be contiguous" % role)
+                return self._device_place(obj, tm, needs)
+            arr = tm.host_array(obj)
+            name = tm.wire_dtype(obj)
+        else:
+            arr = _as_array(obj, role)
+            name = _NP_WIRE.get(arr.dtype)
+            if name is None:
+                raise InvalidArgument("%s: numpy dtype %s has no wire name" % (role, arr.dtype))
+        if arr.flags.c_contiguous:
+            placed = self._host_place(arr, name)
+            if placed is not None:
+                return placed
+        if role == "y":
+            raise InvalidArgument("y (out=) must be in a registered region, or a contiguous "
+                                  "numpy uint16 array for a payload result")
+        arr = np.ascontiguousarray(arr)
+        if role == "topk_ids" and arr.dtype == np.int64 and arr.size:
+            lo, hi = int(arr.min()), int(arr.max())
+            if _I32[0] <= lo and hi <= _I32[1]:
+                arr, name = arr.astype(np.int32), "i32"
+        return _Placement(name, arr.shape, data=byte_view(arr))
+
+    def plan_submit(self, x, topk_ids, topk_weights, out):
+        """The placements of x, topk_ids, topk_weights (and out when it is in a region), and
+        the DeviceNeeds to register first (plan again after registering them)."""
+        needs = []
+        placed = {"x": self.place(x, "x", needs), "topk_ids": self.place(topk_ids, "topk_ids",
+                                                                      needs),
+                  "topk_weights": self.place(topk_weights, "topk_weights", needs)}
+        if out is not None:
+            tm = torch_module(out)
+            in_region = tm is not None and out.is_cuda
+            if not in_region:
+                arr = tm.host_array(out) if tm is not None else out
+                if not isinstance(arr, np.ndarray):
+                    raise InvalidArgument("out must be a numpy uint16 array or a torch bfloat16 "
+                                          "tensor")
+                in_region = arr.flags.c_contiguous and self._host_place(arr, "bf16") is not None
+            if in_region:
+                placed["y"] = self.place(out, "y", needs)
+        return placed, needs
+
+    def submit(self, placed, x, out, layer):
+        """(Pending, list of buffers of the SUBMIT frame) once every placement is known."""
+        shape = placed["x"].shape
+        n_tokens, hidden = (shape[0], shape[1]) if len(shape) == 2 else (None, None)
+        p = Pending(self.new_id(), "submit")
+        p.n_tokens, p.hidden = n_tokens, hidden
+        tensors, parts, at = {}, [], 0
+        # payload tensors by decreasing element size: every offset aligned, no gap
+        order = sorted((k for k in ("x", "topk_ids", "topk_weights") if placed[k].data is not None),
+                       key=lambda k: -fr.DTYPE_SIZES.get(placed[k].dtype, 1))
+        for name in ("x", "topk_ids", "topk_weights", "y"):
+            if name in placed and placed[name].data is None:
+                tensors[name] = placed[name].descriptor()
+        for name in order:
+            tensors[name] = placed[name].descriptor(at)
+            parts.append(placed[name].data)
+            at += len(placed[name].data)
+        meta = {"id": p.id, "tensors": tensors}
+        if layer is not None:
+            if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < 1 << 31:
+                raise InvalidArgument("layer must be an integer in [0, 2^31), got %r" % (layer,))
+            meta["layer"] = layer
+        if out is not None:
+            tm = torch_module(out)
+            want = (n_tokens, hidden)
+            got = tuple(out.shape)
+            if got != want:
+                raise InvalidArgument("out has shape %s, y is %s" % (list(got), list(want)))
+            if tm is not None:
+                import torch
+                if out.dtype != torch.bfloat16:
+                    raise InvalidArgument("out must be a torch.bfloat16 tensor")
+            elif out.dtype != np.uint16:
+                raise InvalidArgument("out must be uint16 (bf16 bit patterns)")
+            p.out = out
+            if "y" in placed:
+                p.y_region = True
+            else:
+                host = tm.host_array(out) if tm is not None else out
+                if not host.flags.c_contiguous or (tm is not None and not out.is_contiguous()):
+                    raise InvalidArgument("out must be contiguous")
+                p.out_view = byte_view(host)
+        else:
+            p.y_torch = torch_module(x) is not None
+        head_meta = fr.encode_meta(meta)
+        bufs = [fr.encode_header(fr.SUBMIT, len(head_meta), at) + head_meta] + parts
+        p.keep = tuple(parts)
+        return self._track(p), bufs
+
+    # ---- frames from the daemon ------------------------------------------------------------
+
+    def place_payload(self, ftype, meta, length):
+        """Where a RESULT's payload goes: straight into the caller's out when it has one."""
+        if ftype != fr.RESULT:
+            return None
+        p = self.pending.get(meta.get("id"))
+        if p is None or p.out_view is None or len(p.out_view) != length:
+            return None
+        return p.out_view
+
+    def on_frame(self, ftype, meta, payload):
+        """Handles one frame; ProtocolError when it makes no sense (the caller closes)."""
+        self.arrivals += 1
+        if ftype == fr.RESULT:
+            p = self.pending.get(meta.get("id"))
+            if p is None or p.kind == "control":
+                raise ProtocolError("RESULT for id %r, which is not a request in flight"
+                                    % (meta.get("id"),))
+            del self.pending[p.id]
+            if p.kind == "raw":
+                p.arrival, p.meta = self.arrivals, meta
+                p._finish((meta, bytes(payload)))
+            else:
+                self._result(p, meta, payload)
+        elif ftype == fr.ERROR:
+            exc = error_from_meta(meta)
+            p = self.pending.get(exc.id) if exc.id is not None else None
+            if p is not None:
+                self._drop(p)
+                p.arrival = self.arrivals
+                p.meta = meta
+                p._finish(exc=exc)
+                if isinstance(exc, FramingError):
+                    self.failure = ConnectionClosed(
+                        "the daemon closes the connection after %s" % exc)
+            else:
+                self.fail(exc)
+        elif ftype == fr.REPLY:
+            p = self.pending.get(meta.get("id"))
+            if p is None or p.kind == "submit":
+                if not self.controls:
+                    raise ProtocolError("REPLY with no CONTROL in flight")
+                p = self.pending[self.controls[0]]
+            self._drop(p)
+            p.arrival, p.meta = self.arrivals, meta
+            value = (meta, bytes(payload))
+            if p.on_result is not None:
+                try:
+                    value = p.on_result(meta)
+                except ProtocolError as e:
+                    p._finish(exc=e)
+                    return
+            p._finish(value)
+        else:
+            raise ProtocolError("the daemon sent a %s frame, which this client does not take"
+                                % fr.TYPE_NAMES.get(ftype, ftype))
+
+    def _drop(self, p):
+        self.pending.pop(p.id, None)
+        if p.kind != "submit":
+            try:
+                self.controls.remove(p.id)
+            except ValueError:
+                pass
+
+    def _result(self, p, meta, payload):
+        p.arrival, p.meta, p.step = self.arrivals, meta, meta.get("step")
+        y = (meta.get("tensors") or {}).get("y") if isinstance(meta.get("tensors"), dict) else None
+        want = [p.n_tokens, p.hidden]
+        if not isinstance(y, dict) or y.get("dtype") != "bf16" or y.get("shape") != want:
+            p._finish(exc=ProtocolError("RESULT's y is %r, expected bf16 %s" % (y, want), id=p.id))
+            return
+        if p.y_region:
+            if "region" not in y or len(payload):
+                p._finish(exc=ProtocolError("RESULT did not use the y region", id=p.id))
+                return
+            p._finish(p.out)
+            return
+        nbytes = 2 * p.n_tokens * p.hidden
+        if y.get("data_offsets") != [0, nbytes] or len(payload) != nbytes:
+            p._finish(exc=ProtocolError("RESULT payload of %d bytes for y of %d"
+                                        % (len(payload), nbytes), id=p.id))
+            return
+        if p.out is not None:
+            if p.out_view is not None and payload is not p.out_view:
+                p.out_view[:] = payload
+            p._finish(p.out)
+            return
+        arr = np.frombuffer(payload, dtype=np.uint16).reshape(p.n_tokens, p.hidden)
+        if p.y_torch:
+            from . import _torch
+            arr = _torch.from_host(arr, None)
+        p._finish(arr)
+
+    def fail(self, exc):
+        """Fails every request in flight with exc; the connection is unusable from now on."""
+        if self.failure is None:
+            self.failure = exc if isinstance(exc, ConnectionClosed) else ConnectionClosed(
+                "the connection is closed after %s" % exc)
+        pending = list(self.pending.values())
+        self.pending.clear()
+        self.controls.clear()
+        for p in pending:
+            self.arrivals += 1
+            p.arrival = self.arrivals
+            p._finish(exc=exc)
+
+    def on_eof(self, why="the daemon closed the connection"):
+        """The connection ended: every request still in flight fails with ConnectionClosed (its
+        message names the error that explained the close, if one came), and so does every
+        later call."""
+        self.fail(self.failure if self.failure is not None else ConnectionClosed(why))
+
+
+def byte_view(arr):
+    """A flat writable-if-arr-is memoryview of a contiguous array's bytes (any shape, empty
+    included)."""
+    return memoryview(arr.reshape(-1).view(np.uint8))
+
+
+def _region_id(meta):
+    rid = meta.get("region")
+    if not isinstance(rid, int) or isinstance(rid, bool) or rid < 0:
+        raise ProtocolError("register REPLY without a region id: %r" % (meta,))
+    return rid
+
+
+def _as_array(obj, role):
+    if isinstance(obj, np.ndarray):
+        return obj
+    if role == "topk_ids":
+        return np.asarray(obj, dtype=np.int32)
+    if role == "topk_weights":
+        return np.asarray(obj, dtype=np.float32)
+    raise InvalidArgument("%s must be a numpy array (bf16 as uint16) or a torch tensor, got %s"
+                          % (role, type(obj).__name__))

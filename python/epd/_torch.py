@@ -1,0 +1,161 @@
+"""PyTorch glue, imported only when a torch tensor is passed: wire dtypes of torch dtypes, host
+views of CPU tensors, and the CUDA IPC handle of a tensor's memory for device regions (DESIGN.md
+4b: `untyped_storage()._share_cuda_()`; torch 2.x gives 2 prefix bytes, version 2 and 'c' for a
+cudaMalloc'd block, then the 64-byte cudaIpcMemHandle_t)."""
+import ctypes
+
+import numpy as np
+import torch
+
+from .errors import InvalidArgument
+
+IPC_HANDLE_LEN = 64
+
+_WIRE = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32", torch.float64: "f64",
+         torch.int8: "i8", torch.uint8: "u8", torch.int16: "i16", torch.int32: "i32",
+         torch.int64: "i64", torch.bool: "bool"}
+for _name, _wire in (("float8_e4m3fn", "f8_e4m3"), ("float8_e5m2", "f8_e5m2")):
+    if hasattr(torch, _name):
+        _WIRE[getattr(torch, _name)] = _wire
+
+
+def is_tensor(obj):
+    return isinstance(obj, torch.Tensor)
+
+
+def wire_dtype(t):
+    try:
+        return _WIRE[t.dtype]
+    except KeyError:
+        raise InvalidArgument("tensor dtype %s has no wire name" % t.dtype) from None
+
+
+def host_array(t):
+    """A numpy view of a CPU tensor (bf16 as uint16 bit patterns); contiguous (copied if not)."""
+    t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    if t.dtype in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)):
+        return t.view(torch.uint8).numpy()
+    return t.numpy()
+
+
+def from_host(a, like):
+    """A CPU torch tensor of the bf16 bit patterns a (uint16 numpy array)."""
+    return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+
+
+def empty_like_y(x, n_tokens, hidden):
+    return torch.empty((n_tokens, hidden), dtype=torch.bfloat16, device=x.device)
+
+
+def stream_sync(tensors):
+    """Waits for the current stream of every CUDA device the tensors live on (DESIGN.md 4b: the
+    inputs are complete before SUBMIT is sent)."""
+    seen = set()
+    for t in tensors:
+        if t.is_cuda and t.device.index not in seen:
+            seen.add(t.device.index)
+            torch.cuda.current_stream(t.device).synchronize()
+
+
+def torch_ipc_handle(storage):
+    """(the 64 bytes of cudaIpcMemHandle_t, the storage's offset in its cudaMalloc'd block) from
+    torch itself (`_share_cuda_()`); InvalidArgument for memory torch cannot share that way
+    (expandable segments). torch counts the share as a consumer's reference; it is given back at
+    once (as a consumer would), else the storage's memory would never return to the caching
+    allocator (torch's "limbo" of shared blocks)."""
+    info = storage._share_cuda_()
+    handle, offset = info[1], info[3]
+    try:
+        type(storage)._release_ipc_counter_cuda(info[4], info[5])
+    except (AttributeError, RuntimeError, TypeError):
+        pass
+    if not isinstance(handle, (bytes, bytearray)):
+        raise InvalidArgument("torch gave no CUDA IPC handle for this storage")
+    handle = bytes(handle)
+    if len(handle) == IPC_HANDLE_LEN + 2 and handle[:2] == b"\x02c":
+        return handle[2:], int(offset)
+    if len(handle) == IPC_HANDLE_LEN:
+        return handle, int(offset)  # older torch: the bare cudaIpcMemHandle_t
+    if len(handle) >= 2 and handle[1:2] == b"e":
+        raise InvalidArgument(
+            "this CUDA tensor lives in a torch expandable segment, which has no "
+            "cudaIpcMemHandle_t: epd's device regions need cudaMalloc'd memory (run with "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False)")
+    raise InvalidArgument("unknown torch CUDA IPC handle format (%d bytes, prefix %s); epd "
+                          "understands 66 bytes starting 02 63 ('c', a cudaMalloc'd block)"
+                          % (len(handle), handle[:2].hex(" ")))
+
+
+class _Driver:
+    """The two CUDA driver calls device regions need (libcuda.so.1 through ctypes): the
+    allocation a pointer lies in, and its IPC handle."""
+
+    def __init__(self):
+        lib = ctypes.CDLL("libcuda.so.1")
+        self.get_range = lib.cuMemGetAddressRange_v2
+        self.get_range.argtypes = [ctypes.POINTER(ctypes.c_uint64),
+                                   ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint64]
+        self.get_range.restype = ctypes.c_int
+        self.get_handle = lib.cuIpcGetMemHandle
+        self.get_handle.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
+        self.get_handle.restype = ctypes.c_int
+        self.error_name = lib.cuGetErrorName
+        self.error_name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        self.error_name.restype = ctypes.c_int
+
+    def name(self, rc):
+        s = ctypes.c_char_p()
+        if self.error_name(rc, ctypes.byref(s)) == 0 and s.value:
+            return s.value.decode()
+        return "CUDA error %d" % rc
+
+
+_driver_state = None
+
+
+def _driver():
+    global _driver_state
+    if _driver_state is None:
+        try:
+            _driver_state = _Driver()
+        except (OSError, AttributeError):
+            _driver_state = False
+    return _driver_state
+
+
+def device_allocation(t):
+    """(the 64-byte cudaIpcMemHandle_t, base pointer, bytes) of the cudaMalloc'd allocation a
+    CUDA tensor lives in. The CUDA driver answers (cuMemGetAddressRange, cuIpcGetMemHandle on
+    the base: the handle torch's `_share_cuda_()` gives after its 2-byte prefix, without torch's
+    cross-process reference counting); without the driver library, torch's handle of the
+    storage is used and the region covers the allocation up to the storage's end."""
+    drv = _driver()
+    if drv:
+        base, size = ctypes.c_uint64(), ctypes.c_size_t()
+        handle = ctypes.create_string_buffer(IPC_HANDLE_LEN)
+        guard = torch.cuda.device(t.device) if t.device.index != torch.cuda.current_device() \
+            else None
+        if guard is not None:
+            guard.__enter__()
+        try:
+            rc = drv.get_range(ctypes.byref(base), ctypes.byref(size), t.data_ptr())
+            if rc == 0:
+                rc = drv.get_handle(handle, base.value)
+                if rc != 0:
+                    raise InvalidArgument(
+                        "cuIpcGetMemHandle failed (%s): this CUDA tensor's memory cannot be "
+                        "shared with the daemon. epd's device regions need cudaMalloc'd memory: "
+                        "torch's expandable segments (PYTORCH_CUDA_ALLOC_CONF="
+                        "expandable_segments:True) and the cudaMallocAsync backend are not"
+                        % drv.name(rc))
+                return handle.raw, base.value, size.value
+        finally:
+            if guard is not None:
+                guard.__exit__(None, None, None)
+    storage = t.untyped_storage()
+    handle, offset = torch_ipc_handle(storage)
+    return handle, storage.data_ptr() - offset, offset + storage.nbytes()

@@ -1,0 +1,365 @@
+"""The blocking client: one connection to one rank's socket. Requests pipeline (submit_async
+returns a Pending; as_completed yields answers in arrival order); while a large SUBMIT waits for
+room in the socket, answers that arrive are read, so pipelining never deadlocks with the
+daemon's backpressure. One Client must not be used by two threads at once."""
+import array
+import errno
+import os
+import select
+import socket
+import time
+
+from . import frame as fr
+from ._session import Session, torch_module
+from .errors import ConnectError, ConnectionClosed, ProtocolError, Timeout, UnknownOp
+from .regions import HostRegion
+
+DEFAULT_SOCKET = "/run/epd/epd-0.sock"
+_STAGE = 65536
+
+
+def _deadline(timeout):
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def _left_ms(deadline):
+    if deadline is None:
+        return -1
+    return max(0, int((deadline - time.monotonic()) * 1000 + 0.999))
+
+
+def connect_unix(path, timeout):
+    """A connected non-blocking AF_UNIX socket; waits up to timeout seconds while the daemon's
+    accept queue is full. ConnectError names the path and the reason."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock.setblocking(False)
+    deadline = _deadline(timeout)
+    while True:
+        try:
+            sock.connect(path)
+            return sock
+        except InterruptedError:
+            continue
+        except BlockingIOError:
+            # a full accept queue answers EAGAIN on a non-blocking Unix socket: retry until the end
+            if deadline is not None and time.monotonic() >= deadline:
+                sock.close()
+                raise ConnectError("cannot connect to %s: the daemon's accept queue stayed full"
+                                   % path) from None
+            time.sleep(0.005)
+        except OSError as e:
+            sock.close()
+            raise ConnectError("cannot connect to %s: %s" % (path, e.strerror or e)) from None
+
+
+class Client:
+    """A connection to the epd rank listening on path.
+
+    timeout: how long a call waits for the daemon, in seconds (None: no limit); connect_timeout:
+    how long connecting may wait while the daemon's accept queue is full."""
+
+    def __init__(self, path=DEFAULT_SOCKET, timeout=None, connect_timeout=10.0):
+        self.path = os.fspath(path)
+        self.timeout = timeout
+        self._s = Session()
+        self._rx = fr.Receiver(self._s.place_payload)
+        self._stage = bytearray(_STAGE)
+        self._stage_view = memoryview(self._stage)
+        self._s0 = self._s1 = 0
+        self._sock = connect_unix(self.path, connect_timeout)
+        self._config = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return "<epd.Client %s, %d in flight>" % (self.path, self.in_flight)
+
+    @property
+    def in_flight(self):
+        """Requests sent whose answer has not arrived."""
+        return len(self._s.pending)
+
+    def close(self):
+        """Closes the connection; requests in flight fail with ConnectionClosed."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+            self._s.on_eof("the client was closed")
+
+    # ---- requests --------------------------------------------------------------------------
+
+    def submit(self, x, topk_ids, topk_weights, layer=None, out=None, timeout=None):
+        """Runs one MoE layer call and returns y (bf16 [N, H]): x bf16 [N, H] (numpy uint16 bit
+        patterns, or a torch bfloat16 tensor), topk_ids [N, K] (int32 or int64; -1 = empty
+        slot), topk_weights float32 [N, K]; layer groups requests into steps (default 0). out:
+        where y goes (in a registered region the daemon writes it there; a numpy array gets the
+        payload). Raises the daemon's error as its EpdError subclass."""
+        return self.submit_async(x, topk_ids, topk_weights, layer, out).result(
+            self.timeout if timeout is None else timeout)
+
+    def submit_async(self, x, topk_ids, topk_weights, layer=None, out=None):
+        """Sends one SUBMIT and returns its Pending at once (result() waits for y)."""
+        self._s.check_usable()
+        tm = torch_module(x)
+        if out is None and tm is not None and x.is_cuda and x.dim() == 2:
+            out = tm.empty_like_y(x, x.shape[0], x.shape[1])
+        placed, needs = self._s.plan_submit(x, topk_ids, topk_weights, out)
+        if needs:
+            self._register_devices(needs)
+            placed, needs = self._s.plan_submit(x, topk_ids, topk_weights, out)
+            if needs:
+                raise ProtocolError("device regions registered, yet still unknown")
+        cuda = [t for t in (x, topk_ids, topk_weights, out)
+                if torch_module(t) is not None and t.is_cuda]
+        if cuda:
+            torch_module(cuda[0]).stream_sync(cuda)
+        p, bufs = self._s.submit(placed, x, out, layer)
+        p._wait = self._wait_for
+        self._send(bufs)
+        return p
+
+    def as_completed(self, pendings, timeout=None):
+        """Yields the given Pendings as their answers arrive (in arrival order: errors can
+        overtake results); timeout bounds the whole wait (epd.Timeout)."""
+        deadline = _deadline(self.timeout if timeout is None else timeout)
+        waiting = list(pendings)
+        while waiting:
+            done = sorted((p for p in waiting if p.done()), key=lambda p: p.arrival)
+            for p in done:
+                waiting.remove(p)
+                yield p
+            if waiting:
+                self._pump(lambda: any(p.done() for p in waiting), deadline)
+
+    def wait_all(self, pendings, timeout=None):
+        """Waits for every Pending (their answers or errors stay in them)."""
+        for _ in self.as_completed(pendings, timeout):
+            pass
+
+    # ---- CONTROL ---------------------------------------------------------------------------
+
+    def control_async(self, op, **fields):
+        """Sends CONTROL {"op": op, **fields}; the Pending's result is (meta, payload)."""
+        self._s.check_usable()
+        p, data = self._s.control(op, fields)
+        p._wait = self._wait_for
+        self._send([data])
+        return p
+
+    def control(self, op, timeout=None, **fields):
+        """A CONTROL query: (REPLY meta dict, payload bytes)."""
+        return self.control_async(op, **fields).result(self.timeout if timeout is None
+                                                       else timeout)
+
+    def health(self):
+        return self.control("health")[0]
+
+    def stats(self):
+        return self.control("stats")[0]
+
+    def config(self):
+        """The daemon's settings, {"model.hidden": 7168, ...}."""
+        self._config = self.control("config")[0]
+        return self._config
+
+    def metrics(self):
+        """The Prometheus text exposition."""
+        return self.control("metrics")[1].decode()
+
+    def supports_regions(self):
+        """True when the daemon serves shared regions: a 4 KiB host region is registered and
+        released again; False when the daemon answers register with unknown_op. Any other
+        failure is raised (the daemon has regions, and they do not work)."""
+        region = HostRegion(4096, "epd-probe")
+        try:
+            self.register(region)
+        except UnknownOp:
+            return False
+        finally:
+            if self._s.host_region_id(region) is not None:
+                self.unregister(region)
+            region.close()
+        return True
+
+    # ---- regions ---------------------------------------------------------------------------
+
+    def register(self, region):
+        """Registers a HostRegion with this rank (its fd travels in SCM_RIGHTS); returns the
+        region id. Tensors inside it are then named by (region, offset) and y is written there
+        when out= lies in it."""
+        p, data, fd = self._s.register_host(region)
+        p._wait = self._wait_for
+        self._send([data], fds=[fd])
+        return p.result(self.timeout)
+
+    def host_region(self, nbytes):
+        """A new HostRegion of nbytes, registered with this rank."""
+        region = HostRegion(nbytes)
+        try:
+            self.register(region)
+        except BaseException:
+            region.close()
+            raise
+        return region
+
+    def unregister(self, region):
+        """Releases a HostRegion on this rank (once the requests using it are answered)."""
+        p, data = self._s.unregister_host(region)
+        p._wait = self._wait_for
+        self._send([data])
+        p.result(self.timeout)
+
+    def _register_devices(self, needs):
+        if self._config is None:
+            self._s.limit_device_regions(self.config())
+        pendings = []
+        for need in needs:
+            p, data = self._s.register_device(need)
+            p._wait = self._wait_for
+            self._send([data])
+            pendings.append(p)
+        for p in pendings:
+            p.result(self.timeout)
+        for p, data in self._s.evictions():
+            p._wait = self._wait_for
+            self._send([data])
+
+    # ---- raw frames (tools and tests) ------------------------------------------------------
+
+    def new_id(self):
+        """A request id no other request of this connection uses (for send_raw)."""
+        return self._s.new_id()
+
+    def send_raw(self, data, fds=None, id=None):
+        """Sends bytes as they are (a tool's or a test's hand-made frame), fds in SCM_RIGHTS
+        with the first bytes. With id (from new_id(), the one in the frame's meta) it returns a
+        Pending whose result is the answer's (meta, payload), or raises its ERROR. An ERROR
+        about no request fails every request in flight and, for a framing error, every later
+        call."""
+        p = None
+        if id is not None:
+            p = self._s.raw(data, id)
+            p._wait = self._wait_for
+        self._send([data], fds=fds)
+        return p
+
+    # ---- I/O -------------------------------------------------------------------------------
+
+    def _wait_for(self, p, timeout):
+        self._pump(p.done, _deadline(timeout))
+
+    def _pump(self, pred, deadline):
+        """Reads and handles frames until pred() (or the connection ends)."""
+        while not pred():
+            if self._sock is None:
+                self._s.on_eof()
+                return
+            if not self._read_some():
+                self._wait_io(select.POLLIN, deadline)
+
+    def _wait_io(self, events, deadline):
+        poller = select.poll()
+        poller.register(self._sock, events)
+        ready = poller.poll(_left_ms(deadline))
+        if not ready:
+            raise Timeout("no answer from %s within the timeout" % self.path)
+        return ready[0][1]
+
+    def _read_some(self):
+        """Handles what one recv brings; False when nothing was there (EAGAIN)."""
+        if self._s0 == self._s1:
+            target = self._rx.want()
+            into = target if len(target) >= _STAGE else self._stage_view
+            try:
+                n = self._sock.recv_into(into)
+            except (BlockingIOError, InterruptedError):
+                return False
+            except OSError as e:
+                self._lost("reading from %s failed: %s" % (self.path, e.strerror or e))
+                return True
+            if n == 0:
+                self._lost("the daemon closed the connection")
+                return True
+            if into is target:
+                self._got(n)
+                return True
+            self._s0, self._s1 = 0, n
+        while self._s0 < self._s1 and self._sock is not None:
+            target = self._rx.want()
+            n = min(len(target), self._s1 - self._s0)
+            target[:n] = self._stage_view[self._s0:self._s0 + n]
+            self._s0 += n
+            self._got(n)
+        return True
+
+    def _got(self, n):
+        try:
+            frame = self._rx.got(n)
+            if frame is not None:
+                self._s.on_frame(*frame)
+        except ProtocolError as e:
+            self._s.fail(e)
+            self._lost("protocol error: %s" % e.message)
+
+    def _lost(self, why):
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._s0 = self._s1 = 0
+        self._s.on_eof(why)
+
+    def _send(self, bufs, fds=None):
+        """Sends the buffers as one frame, reading answers while the socket is full."""
+        self._s.check_usable()
+        if self._sock is None:
+            raise ConnectionClosed("the connection is closed")
+        views = [v if v.ndim == 1 and v.itemsize == 1 else v.cast("B")
+                 for v in map(memoryview, bufs) if v.nbytes]
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+        deadline = _deadline(self.timeout)
+        while views:
+            try:
+                n = self._sock.sendmsg(views, anc)
+            except (BlockingIOError, InterruptedError):
+                try:
+                    got = self._wait_io(select.POLLIN | select.POLLOUT, deadline)
+                except Timeout:
+                    self._s.fail(Timeout("sending to %s timed out mid-frame" % self.path))
+                    self._lost("a frame was cut by a send timeout")
+                    raise
+                if got & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                    self._read_some()
+                    if self._sock is None:
+                        break
+                continue
+            except OSError as e:
+                if e.errno not in (errno.EPIPE, errno.ECONNRESET):
+                    raise
+                # the daemon closed on us: read what it said first (a framing ERROR, say)
+                self._drain()
+                break
+            anc = []
+            while n:
+                if n >= len(views[0]):
+                    n -= len(views[0])
+                    views.pop(0)
+                else:
+                    views[0] = views[0][n:]
+                    n = 0
+        # when the daemon closed during the send, the frame's request has failed with the reason
+        # (its result() raises it); the next call raises ConnectionClosed
+
+    def _drain(self):
+        """Reads until EOF (bounded by the timeout) after the peer stopped reading."""
+        deadline = _deadline(5.0 if self.timeout is None else self.timeout)
+        try:
+            while self._sock is not None:
+                if not self._read_some():
+                    self._wait_io(select.POLLIN, deadline)
+        except Timeout:
+            self._lost("the daemon stopped reading")
+

@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""The client's device-region code without a GPU: a stand-in `torch` module (CUDA tensors that
+are only pointers, storages whose `_share_cuda_()` gives torch 2.x's 66-byte handle) drives
+epd._torch and the session through the path torch takes when the CUDA driver library is absent:
+the handle's prefix parsed, torch's reference count given back, one registration per allocation
+reused, tensors named by offset, y written in its region, the current streams synchronized,
+expandable segments and unknown handle formats refused before anything is sent. A scripted
+daemon (fake_daemon.py) checks every frame. The driver path itself runs on the GPU machine
+(tests/gpu/test_python_cuda.py)."""
+import asyncio
+import base64
+import os
+import sys
+import types
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+sys.path.insert(0, HERE)
+
+# ---- the stand-in torch --------------------------------------------------------------------
+torch = types.ModuleType("torch")
+class DType:
+    def __init__(self, name):
+        self.name = name
+
+
+for _name in ("bfloat16", "float16", "float32", "float64", "int8", "uint8", "int16", "int32",
+              "int64", "bool", "float8_e4m3fn", "float8_e5m2"):
+    setattr(torch, _name, DType(_name))
+SIZES = {"bfloat16": 2, "float32": 4, "int64": 8, "int32": 4}
+events = {"synced": [], "released": []}
+
+
+class Device:
+    def __init__(self, index):
+        self.index, self.type = index, "cuda"
+
+
+class Storage:
+    def __init__(self, block, block_base, offset, nbytes, prefix=b"\x02c"):
+        self.block, self.block_base, self.offset, self._nbytes = block, block_base, offset, nbytes
+        self.prefix = prefix
+
+    def _share_cuda_(self):
+        return (0, self.prefix + self.block, self._nbytes, self.offset, b"/torch_ref", 8, None,
+                False)
+
+    @classmethod
+    def _release_ipc_counter_cuda(cls, handle, offset):
+        events["released"].append((handle, offset))
+
+    def data_ptr(self):
+        return self.block_base + self.offset
+
+    def nbytes(self):
+        return self._nbytes
+
+
+class Tensor:
+    """A contiguous CUDA tensor at storage.data_ptr() + byte offset."""
+
+    def __init__(self, storage, byte_offset, shape, dtype):
+        self.storage, self.byte_offset, self.shape, self.dtype = storage, byte_offset, shape, dtype
+        self.is_cuda, self.device = True, Device(0)
+
+    def is_contiguous(self):
+        return True
+
+    def untyped_storage(self):
+        return self.storage
+
+    def data_ptr(self):
+        return self.storage.data_ptr() + self.byte_offset
+
+    def element_size(self):
+        return SIZES[self.dtype.name]
+
+    def numel(self):
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def dim(self):
+        return len(self.shape)
+
+
+class _Stream:
+    def __init__(self, device):
+        self.device = device
+
+    def synchronize(self):
+        events["synced"].append(self.device.index)
+
+
+class _DeviceGuard:
+    def __init__(self, device):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+Tensor.__module__ = "torch"  # as torch.Tensor says of itself
+torch.Tensor = Tensor
+torch.cuda = types.SimpleNamespace(current_device=lambda: 0, device=_DeviceGuard,
+                                   current_stream=_Stream)
+sys.modules["torch"] = torch
+
+import epd  # noqa: E402
+from epd import _torch  # noqa: E402
+from epd import frame as fr  # noqa: E402
+from fake_daemon import FakeDaemon  # noqa: E402
+
+H, K = 256, 4
+BLOCK_A, BLOCK_B = bytes(range(64)), bytes(range(64, 128))
+
+
+def tensors(n, block=BLOCK_A, base=1 << 40, prefix=b"\x02c"):
+    """x, ids, w, out: four storages of one 2 MiB block (as the caching allocator lays them)."""
+    sizes = [n * H * 2, n * K * 8, n * K * 4, n * H * 2]
+    out, at = [], 4096
+    for size, (shape, dtype) in zip(sizes, [((n, H), torch.bfloat16), ((n, K), torch.int64),
+                                            ((n, K), torch.float32), ((n, H), torch.bfloat16)]):
+        out.append(Tensor(Storage(block, base, at, size, prefix), 0, shape, dtype))
+        at += (size + 511) // 512 * 512
+    return out
+
+
+class TestFakeTorch(unittest.TestCase):
+    def test_device_regions__async_client__registers_then_names_by_offset(self):
+        got = []
+
+        def handler(peer):
+            while True:
+                ftype, meta, _ = peer.read()
+                got.append(meta.get("op", "submit"))
+                if ftype == fr.SUBMIT:
+                    peer.send(fr.RESULT, {"id": meta["id"], "step": 1,
+                                          "tensors": {"y": meta["tensors"]["y"]}})
+                else:
+                    peer.send(fr.REPLY, {"id": meta["id"], "region": 3, "bytes": 1})
+
+        async def main(path):
+            c = await epd.AsyncClient.connect(path, timeout=10)
+            x, ids, w, out = tensors(3)
+            ys = [await c.submit(x, ids, w, out=out) for _ in range(2)]
+            await c.close()
+            return ys, out
+
+        fake = FakeDaemon(handler)
+        with fake as path:
+            ys, out = asyncio.run(main(path))
+        self.assertEqual(fake.errors, [])
+        self.assertTrue(all(y is out for y in ys))
+        self.assertEqual(got, ["config", "register", "submit", "submit"])
+
+    def test_device_regions__one_block__registered_once_and_named_by_offset(self):
+        seen = {"registers": [], "submits": []}
+
+        def handler(peer):
+            while True:
+                ftype, meta, payload = peer.read()
+                if ftype == fr.CONTROL and meta["op"] == "config":
+                    peer.send(fr.REPLY, {"id": meta["id"], "socket.max_regions": 4})
+                elif ftype == fr.CONTROL and meta["op"] == "register":
+                    seen["registers"].append(meta)
+                    peer.send(fr.REPLY, {"id": meta["id"], "region": 10 + len(seen["registers"]),
+                                         "bytes": meta["bytes"]})
+                elif ftype == fr.SUBMIT:
+                    assert payload == b""
+                    seen["submits"].append(meta["tensors"])
+                    peer.send(fr.RESULT, {"id": meta["id"], "step": 1,
+                                          "tensors": {"y": meta["tensors"]["y"]}})
+                else:
+                    seen.setdefault("other", []).append(meta)
+                    peer.send(fr.REPLY, {"id": meta["id"]})
+
+        fake = FakeDaemon(handler)
+        with fake as path:
+            with epd.Client(path, timeout=10) as c:
+                x, ids, w, out = tensors(8)
+                for _ in range(3):
+                    self.assertIs(c.submit(x, ids, w, out=out), out)
+                x2, ids2, w2, out2 = tensors(4, BLOCK_B, base=1 << 41)
+                self.assertIs(c.submit(x2, ids2, w2, out=out2), out2)
+                # a third allocation: over half of socket.max_regions, A (least recent) goes
+                x3, ids3, w3, out3 = tensors(2, bytes(range(128, 192)), base=1 << 42)
+                self.assertIs(c.submit(x3, ids3, w3, out=out3), out3)
+                c.health()  # the unregister's REPLY has come back by now
+                for prefix, says in ((b"\x02e", "expandable"), (b"\x03c", "format")):
+                    xe, ie, we, oe = tensors(2, bytes(64), prefix=prefix)
+                    with self.assertRaises(epd.InvalidArgument) as cm:
+                        c.submit(xe, ie, we, out=oe)
+                    self.assertIn(says, str(cm.exception))
+                self.assertEqual(c.in_flight, 0)
+        self.assertEqual(fake.errors, [])
+        # one registration per allocation, over the storages' bytes from the block's start
+        regs = seen["registers"]
+        self.assertEqual(len(regs), 3, regs)
+        self.assertEqual([base64.b64decode(r["handle"]) for r in regs][:2], [BLOCK_A, BLOCK_B])
+        self.assertEqual([(m["op"], m.get("region")) for m in seen["other"]],
+                         [("unregister", 11), ("health", None)])
+        self.assertEqual({(r["kind"], r["offset"]) for r in regs}, {("cuda", 0)})
+        self.assertEqual(regs[0]["bytes"], out.storage.offset + out.storage.nbytes())
+        t = seen["submits"][0]
+        self.assertEqual(t["x"], fr.region_tensor("bf16", [8, H], 11, 4096))
+        self.assertEqual(t["topk_ids"]["dtype"], "i64")
+        self.assertEqual(t["y"]["offset"], out.storage.offset)
+        self.assertEqual({d["region"] for d in seen["submits"][3].values()}, {12})
+        self.assertEqual(len(seen["submits"]), 5)
+        self.assertTrue(events["synced"])
+        self.assertTrue(events["released"])
+
+    def test_device_regions__handles__parsed_as_torch_2_gives_them(self):
+        h, off = _torch.torch_ipc_handle(Storage(BLOCK_A, 1 << 40, 512, 100))
+        self.assertEqual((h, off), (BLOCK_A, 512))
+        h, off = _torch.torch_ipc_handle(Storage(BLOCK_A, 1 << 40, 0, 100, prefix=b""))
+        self.assertEqual(h, BLOCK_A)
+        self.assertEqual(_torch.wire_dtype(Tensor(None, 0, (1,), torch.int64)), "i64")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
