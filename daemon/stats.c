@@ -420,6 +420,12 @@ char *epd_stats_metrics(const epd_stats_view_t *view)
                "Answers dropped because their client had disconnected.", s->results_discarded);
     metric_u64(f, "epd_buffered_bytes", "gauge",
                "Payload bytes held by unfinished frames, all connections.", s->buffered_bytes);
+    metric_u64(f, "epd_stalls_total", "counter",
+               "Agreements or steps that waited dispatch.stall_warn_ms for the other ranks.",
+               s->stalls);
+    metric_u64(f, "epd_stalled", "gauge",
+               "1 while an agreement or step has waited dispatch.stall_warn_ms or longer.",
+               s->stalled_phase != NULL ? 1 : 0);
     metric_head(f, "epd_connections_timed_out_total", "counter",
                 "Connections closed by socket.idle_timeout_ms (idle) or frame_timeout_ms (frame).");
     fprintf(f, "epd_connections_timed_out_total{reason=\"idle\"} %" PRIu64 "\n", s->closed_idle);
