@@ -219,10 +219,11 @@ static void conn_answer_queued(epd_conn_t *c, bool result)
 }
 
 /* Answers written whole by now are sent; with discard_rest (the connection is going), the others
- * are discarded. */
-static void conn_answers_settle(epd_conn_t *c, bool discard_rest)
+ * are discarded. Returns how many were discarded. */
+static uint64_t conn_answers_settle(epd_conn_t *c, bool discard_rest)
 {
     uint64_t written = c->out_queued - conn_output_len(c);
+    uint64_t discarded = 0;
 
     while (c->answers_count > 0) {
         uint64_t entry = c->answers[c->answers_head];
@@ -231,12 +232,14 @@ static void conn_answers_settle(epd_conn_t *c, bool discard_rest)
             if (result) c->ctx->stats->results_sent++;
         } else if (discard_rest) {
             c->ctx->stats->results_discarded++;
+            discarded++;
         } else {
-            return;
+            return discarded;
         }
         c->answers_head = (c->answers_head + 1) % c->answers_cap;
         c->answers_count--;
     }
+    return discarded;
 }
 
 /* Queues an ERROR frame and counts it by code. */
@@ -703,7 +706,10 @@ static void conn_drive(epd_conn_t *c)
         case CONN_CLOSED:
         case CONN_STATE_MAX:
         default:
-            conn_answers_settle(c, true);
+            uint64_t unwritten = conn_answers_settle(c, true);
+            if (unwritten > 0)
+                epd_log_info("conn %" PRIu64 " closed with %" PRIu64 " requests in flight to it: "
+                             "answered, not written whole; discarded", c->id, unwritten);
             evbuffer_remove_cb_entry(bufferevent_get_output(c->bev), c->output_cb);
             conn_release_reserved(c);
             c->ctx->closed(c->ctx->arg, c);
@@ -914,7 +920,7 @@ static void conn_write_cb(struct bufferevent *bev, void *arg)
 static void conn_output_cb(struct evbuffer *output, const struct evbuffer_cb_info *info,
                            void *arg)
 {
-    if (info->n_deleted > 0) conn_answers_settle(arg, false);
+    if (info->n_deleted > 0) (void)conn_answers_settle(arg, false);
 }
 
 static void conn_event_cb(struct bufferevent *bev, short what, void *arg)
