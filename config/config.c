@@ -334,6 +334,9 @@ static epd_status_t check_combinations(const epd_config_state_t *state, char err
         {"dispatch.max_tokens_per_request", "dispatch.max_tokens_per_step",
          "a request fits in one step", cfg->dispatch.max_tokens_per_request,
          cfg->dispatch.max_tokens_per_step},
+        {"socket.max_frame_bytes", "socket.max_buffered_bytes",
+         "a largest frame fits in the buffer budget", cfg->socket.max_frame_bytes,
+         cfg->socket.max_buffered_bytes},
     };
     for (size_t i = 0; i < EPD_ARRAY_SIZE(pairs); i++) {
         if (pairs[i].larger_value <= pairs[i].smaller_value) continue;
@@ -356,6 +359,22 @@ static epd_status_t check_combinations(const epd_config_state_t *state, char err
                              "only with experts.kind = ffn", a, b);
             return EPD_ERR_CONFIG;
         }
+    }
+    /* An idle daemon's agreement may wait out the other ranks' back-off: not a stall. */
+    if ((uint64_t)cfg->dispatch.stall_warn_ms * 1000 <= cfg->dispatch.idle_backoff_us) {
+        describe(state, "dispatch.stall_warn_ms", a, sizeof a);
+        describe(state, "dispatch.idle_backoff_us", b, sizeof b);
+        epd_config_textf(err, EPD_ERR_LEN, "%s is not longer than %s; allowed: stall_warn_ms * "
+                         "1000 > idle_backoff_us", a, b);
+        return EPD_ERR_CONFIG;
+    }
+    if (cfg->dispatch.step_timeout_ms != 0 &&
+        cfg->dispatch.step_timeout_ms <= cfg->dispatch.stall_warn_ms) {
+        describe(state, "dispatch.step_timeout_ms", a, sizeof a);
+        describe(state, "dispatch.stall_warn_ms", b, sizeof b);
+        epd_config_textf(err, EPD_ERR_LEN, "%s is not longer than %s; allowed: 0 (never) or "
+                         "step_timeout_ms > stall_warn_ms", a, b);
+        return EPD_ERR_CONFIG;
     }
     /* a SUBMIT payload: x bf16 [N,H], topk_ids i32 [N,K], topk_weights f32 [N,K] */
     uint64_t n = cfg->dispatch.max_tokens_per_request;

@@ -33,6 +33,9 @@ typedef struct epd_config {
         uint64_t max_frame_bytes;       /* largest payload_len accepted */
         uint32_t max_clients;           /* connections per rank; more are answered busy */
         uint64_t max_output_bytes;      /* per-connection unsent reply bytes before reads pause */
+        uint64_t max_buffered_bytes;    /* incoming frame bytes, all connections together */
+        uint32_t idle_timeout_ms;       /* close an idle connection after this; 0: never */
+        uint32_t frame_timeout_ms;      /* close when a started frame takes longer; 0: never */
         uint32_t max_regions;           /* shared regions per connection */
         uint32_t allow_uids[EPD_CONFIG_MAX_UIDS]; /* empty list: any peer the file mode lets in */
         uint32_t n_allow_uids;
@@ -53,6 +56,8 @@ typedef struct epd_config {
         epd_transport_kind_t transport;
         epd_tristate_t mpi_cuda_aware;
         uint32_t idle_backoff_us; /* longest wait between agreements while every rank is idle */
+        uint32_t stall_warn_ms;   /* health says stalled after an agreement/step waits this long */
+        uint32_t step_timeout_ms; /* MPI_Abort after an agreement/step waits this long; 0: never */
         uint32_t hot_ms;          /* back-to-back agreements while work was seen this recently */
     } dispatch;
     struct {

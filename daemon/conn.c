@@ -2,7 +2,10 @@
  * bufferevent. Bytes go to the frame decoder as they arrive, a bounded number of frames per event;
  * SUBMITs are validated at ingest and queued on the engine, CONTROLs answered at once; framing
  * errors are answered, then the connection closes once its output is flushed; unsent output above
- * socket.max_output_bytes pauses reading until the client catches up. */
+ * socket.max_output_bytes pauses reading until the client catches up. A frame whose payload would
+ * take all connections together over socket.max_buffered_bytes is read, thrown away and answered
+ * busy; idle connections and frames that take too long are closed (socket.idle_timeout_ms,
+ * socket.frame_timeout_ms). Answers count as sent once written whole, as discarded otherwise. */
 #include "daemon/conn.h"
 
 #include <assert.h>
@@ -27,6 +30,12 @@
 
 /* How long a closing connection (framing error, daemon stopping) may take to read its answers. */
 #define CONN_FLUSH_TIMEOUT_S 5
+
+/* Connections closed by a timeout are logged at most this often (the others are counted). */
+#define CONN_TIMEOUT_LOG_MS 1000
+
+/* A timeout timer this late means the daemon itself did not run meanwhile (500 ms). */
+#define CONN_LATE_NS (UINT64_C(500) * 1000000u)
 
 /* Frames one connection handles per event before the others get their turn (memcached's
  * reqs_per_event): a client that pipelines a long burst does not hold up the loop, whose other
@@ -89,9 +98,34 @@ struct epd_conn {
     uid_t uid;
     pid_t pid;
     bool driving;       /* inside conn_drive: callbacks re-entering it only mark work */
+    bool answer_input;  /* closing for the shutdown: frames already read are still answered */
+
+    uint64_t reserved;  /* payload bytes of the frame being read, in stats->buffered_bytes */
+
+    /* the timeouts: one timer, armed for the earliest deadline (deadline_ns, 0: not armed) */
+    struct event *deadline;
+    uint64_t deadline_ns;
+    uint64_t active_ns;      /* last byte read, answer queued or output written */
+    uint64_t frame_start_ns; /* the frame being read started (0: between frames) */
+
+    /* Answers queued and not yet written whole, oldest first: the output stream offset where
+     * each ends, the top bit set for a RESULT (a ring of answers_cap entries). */
+    uint64_t out_queued;     /* bytes ever added to the output */
+    struct evbuffer_cb_entry *output_cb; /* settles the answers as the output is written */
+    uint64_t *answers;
+    size_t answers_cap, answers_head, answers_count;
 };
 
+#define CONN_ANSWER_RESULT (UINT64_C(1) << 63)
+
+/* Timeout closes logged since the last line (loop thread only, like every connection). */
+static uint64_t conn_timeout_log_ns;
+static uint64_t conn_timeout_unlogged;
+
+
+
 static void conn_drive(epd_conn_t *c);
+static void conn_arm_deadline(epd_conn_t *c, uint64_t now);
 
 /* The one place a connection's state changes: asserts, traces and assigns; conn_drive does what
  * the new state needs. */
@@ -152,12 +186,60 @@ static void conn_queue_frame(epd_conn_t *c, epd_frame_out_t *out,
         if (rc == 0) queued += out->part_len[i];
     }
     c->ctx->stats->bytes_out += queued;
+    c->out_queued += queued;
     if (rc != 0) {
         epd_log_error("conn %" PRIu64 ": out of memory queueing a reply; closing", c->id);
         conn_set_state(c, CONN_CLOSED);
     }
     if (!released && release != NULL) release(NULL, 0, release_arg);
     epd_frame_out_free(out);
+}
+
+/* Remembers that an answer to a request ends at the current end of the output. Without memory for
+ * the entry the answer is taken as sent at once (only the counters are then off). */
+static void conn_answer_queued(epd_conn_t *c, bool result)
+{
+    if (c->answers_count == c->answers_cap) {
+        size_t cap = c->answers_cap ? 2 * c->answers_cap : 16;
+        uint64_t *ring = malloc(cap * sizeof(*ring));
+        if (ring == NULL) {
+            if (result) c->ctx->stats->results_sent++;
+            return;
+        }
+        for (size_t i = 0; i < c->answers_count; i++)
+            ring[i] = c->answers[(c->answers_head + i) % c->answers_cap];
+        free(c->answers);
+        c->answers = ring;
+        c->answers_cap = cap;
+        c->answers_head = 0;
+    }
+    c->answers[(c->answers_head + c->answers_count) % c->answers_cap] =
+        c->out_queued | (result ? CONN_ANSWER_RESULT : 0);
+    c->answers_count++;
+}
+
+/* Answers written whole by now are sent; with discard_rest (the connection is going), the others
+ * are discarded. Returns how many were discarded. */
+static uint64_t conn_answers_settle(epd_conn_t *c, bool discard_rest)
+{
+    uint64_t written = c->out_queued - conn_output_len(c);
+    uint64_t discarded = 0;
+
+    while (c->answers_count > 0) {
+        uint64_t entry = c->answers[c->answers_head];
+        bool result = (entry & CONN_ANSWER_RESULT) != 0;
+        if ((entry & ~CONN_ANSWER_RESULT) <= written) {
+            if (result) c->ctx->stats->results_sent++;
+        } else if (discard_rest) {
+            c->ctx->stats->results_discarded++;
+            discarded++;
+        } else {
+            return discarded;
+        }
+        c->answers_head = (c->answers_head + 1) % c->answers_cap;
+        c->answers_count--;
+    }
+    return discarded;
 }
 
 /* Queues an ERROR frame and counts it by code. */
@@ -435,6 +517,13 @@ static void conn_handle_frame(epd_conn_t *c, epd_frame_t *frame)
     char err[EPD_ERR_LEN];
 
     c->ctx->stats->frames_in++;
+    if (frame->dropped && (frame->type == EPD_FRAME_SUBMIT || frame->type == EPD_FRAME_CONTROL)) {
+        snprintf(err, sizeof(err), "the daemon holds too many unfinished frames (a payload of %"
+                 PRIu64 " bytes would take all connections over socket.max_buffered_bytes = %"
+                 PRIu64 "); retry later", frame->payload_len, c->ctx->cfg->socket.max_buffered_bytes);
+        conn_send_error(c, frame->id_kind == EPD_FRAME_ID_VALID, frame->id, EPD_ERR_BUSY, err);
+        return;
+    }
     switch (frame->type) {
     case EPD_FRAME_SUBMIT:
         conn_handle_submit(c, frame);
@@ -452,6 +541,26 @@ static void conn_handle_frame(epd_conn_t *c, epd_frame_t *frame)
                           err);
         break;
     }
+}
+
+/* The decoder's admit callback: reserves the frame's payload in the budget of all connections
+ * together, or refuses it (the frame is then read, thrown away and answered busy). */
+static bool conn_admit(void *arg, const epd_frame_header_t *header)
+{
+    epd_conn_t *c = arg;
+    epd_server_stats_t *stats = c->ctx->stats;
+
+    if (header->payload_len > c->ctx->cfg->socket.max_buffered_bytes - stats->buffered_bytes)
+        return false;
+    stats->buffered_bytes += header->payload_len;
+    c->reserved = header->payload_len;
+    return true;
+}
+
+static void conn_release_reserved(epd_conn_t *c)
+{
+    c->ctx->stats->buffered_bytes -= c->reserved;
+    c->reserved = 0;
 }
 
 /* Feeds buffered input to the decoder and handles whole frames, until the input is used up, the
@@ -482,6 +591,8 @@ static void conn_read_frames(epd_conn_t *c)
         c->ctx->stats->bytes_in += used;
         if (status == EPD_ERR_AGAIN) continue;
         if (status == EPD_OK) {
+            conn_release_reserved(c);
+            c->frame_start_ns = 0;
             conn_handle_frame(c, &frame);
             epd_frame_free(&frame);
             handled++;
@@ -494,6 +605,34 @@ static void conn_read_frames(epd_conn_t *c)
         }
         conn_fail_framing(c, false, 0, status, err);
         return;
+    }
+}
+
+/* The daemon is stopping: every whole frame left in the input is handled (the engine refuses
+ * SUBMITs with shutting_down now); a partial frame at the end is not answered. */
+static void conn_answer_read_input(epd_conn_t *c)
+{
+    struct evbuffer *input = c->input;
+    char err[EPD_ERR_LEN];
+
+    while (c->state == CONN_CLOSING && evbuffer_get_length(input) > 0) {
+        struct evbuffer_iovec vec;
+        if (evbuffer_peek(input, -1, NULL, &vec, 1) < 1) return;
+        size_t used = 0;
+        epd_frame_t frame;
+        epd_status_t status = epd_decoder_feed(&c->decoder, vec.iov_base, vec.iov_len, &used,
+                                               &frame, err);
+        evbuffer_drain(input, used);
+        c->ctx->stats->bytes_in += used;
+        if (status == EPD_ERR_AGAIN) continue;
+        if (status != EPD_OK) {
+            conn_send_error(c, false, 0, epd_status_is_wire_code(status) ? status
+                                                                         : EPD_ERR_INTERNAL, err);
+            return;
+        }
+        conn_release_reserved(c);
+        conn_handle_frame(c, &frame);
+        epd_frame_free(&frame);
     }
 }
 
@@ -512,6 +651,11 @@ static void conn_drive(epd_conn_t *c)
             }
             conn_read_frames(c);
             if (c->state != CONN_READING) continue;
+            if (c->frame_start_ns == 0 && !epd_decoder_idle(&c->decoder)) {
+                uint64_t now = epd_now_ns();
+                c->frame_start_ns = now;
+                conn_arm_deadline(c, now);
+            }
             c->driving = false; /* input used up: wait for more */
             return;
         case CONN_YIELDED: {
@@ -526,7 +670,12 @@ static void conn_drive(epd_conn_t *c)
         case CONN_PAUSED:
             conn_set_reading(c, false);
             if (!conn_output_over_limit(c)) {
-                /* Back under the limit: read again, starting with what is already buffered. */
+                /* Back under the limit: read again, starting with what is already buffered. The
+                 * time paused was the client's not reading, not its frame being slow. */
+                uint64_t now = epd_now_ns();
+                if (c->frame_start_ns != 0) c->frame_start_ns = now;
+                c->active_ns = now;
+                conn_arm_deadline(c, now);
                 conn_set_state(c, CONN_READING);
                 continue;
             }
@@ -534,7 +683,11 @@ static void conn_drive(epd_conn_t *c)
             return;
         case CONN_CLOSING: {
             conn_set_reading(c, false);
-            /* Whatever else the client sent is not answered. */
+            if (c->deadline != NULL) evtimer_del(c->deadline);
+            c->deadline_ns = 0;
+            /* Stopping: whole frames already read are answered (SUBMITs get shutting_down,
+             * DESIGN.md section 5). After a framing error the rest of the stream is not. */
+            if (c->answer_input) conn_answer_read_input(c);
             evbuffer_drain(c->input, evbuffer_get_length(c->input));
             /* Be told when the output is completely written, and give up after a while. */
             bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
@@ -553,8 +706,16 @@ static void conn_drive(epd_conn_t *c)
         case CONN_CLOSED:
         case CONN_STATE_MAX:
         default:
+            uint64_t unwritten = conn_answers_settle(c, true);
+            if (unwritten > 0)
+                epd_log_info("conn %" PRIu64 " closed with %" PRIu64 " requests in flight to it: "
+                             "answered, not written whole; discarded", c->id, unwritten);
+            evbuffer_remove_cb_entry(bufferevent_get_output(c->bev), c->output_cb);
+            conn_release_reserved(c);
             c->ctx->closed(c->ctx->arg, c);
             epd_decoder_free(&c->decoder);
+            free(c->answers);
+            if (c->deadline != NULL) event_free(c->deadline);
             event_free(c->resume);
             event_free(c->rev);
             evbuffer_free(c->input);
@@ -566,6 +727,101 @@ static void conn_drive(epd_conn_t *c)
             return;
         }
     }
+}
+
+/* Arms the timer for the earliest deadline of this connection if it is not armed for one at
+ * least as early: the frame being read (frame_timeout_ms after its first byte), or the idle
+ * limit (idle_timeout_ms after the last activity). The timer re-checks when it fires. */
+static void conn_arm_deadline(epd_conn_t *c, uint64_t now)
+{
+    const epd_config_t *cfg = c->ctx->cfg;
+    uint64_t due = 0;
+
+    if (c->deadline == NULL || conn_closing(c)) return;
+    if (cfg->socket.frame_timeout_ms != 0 && c->frame_start_ns != 0)
+        due = c->frame_start_ns + (uint64_t)cfg->socket.frame_timeout_ms * 1000000u;
+    if (cfg->socket.idle_timeout_ms != 0) {
+        uint64_t idle_due = c->active_ns + (uint64_t)cfg->socket.idle_timeout_ms * 1000000u;
+        if (due == 0 || idle_due < due) due = idle_due;
+    }
+    if (due == 0 || (c->deadline_ns != 0 && c->deadline_ns <= due)) return;
+    uint64_t wait_us = due > now ? (due - now) / 1000u : 0;
+    struct timeval tv = {(time_t)(wait_us / 1000000u), (suseconds_t)(wait_us % 1000000u)};
+    c->deadline_ns = due;
+    evtimer_add(c->deadline, &tv);
+}
+
+/* Closes c for a timeout: counted, logged (at most once a second, the others summed up). */
+static void conn_time_out(epd_conn_t *c, bool idle, uint64_t waited_ns)
+{
+    const epd_config_t *cfg = c->ctx->cfg;
+    uint64_t now = epd_now_ns();
+
+    if (idle)
+        c->ctx->stats->closed_idle++;
+    else
+        c->ctx->stats->closed_frame_timeout++;
+    if (conn_timeout_log_ns == 0 || now - conn_timeout_log_ns >= CONN_TIMEOUT_LOG_MS * 1000000ull) {
+        char more[96] = "";
+        if (conn_timeout_unlogged > 0)
+            snprintf(more, sizeof(more), " (and %" PRIu64 " more closed by a timeout since the "
+                     "last such line)", conn_timeout_unlogged);
+        if (idle)
+            epd_log_info("conn %" PRIu64 " (pid %ld): idle for %" PRIu64 " ms "
+                         "(socket.idle_timeout_ms = %" PRIu32 "); closing%s", c->id, (long)c->pid,
+                         waited_ns / 1000000u, cfg->socket.idle_timeout_ms, more);
+        else
+            epd_log_info("conn %" PRIu64 " (pid %ld): a frame not complete after %" PRIu64 " ms "
+                         "(socket.frame_timeout_ms = %" PRIu32 "); closing%s", c->id, (long)c->pid,
+                         waited_ns / 1000000u, cfg->socket.frame_timeout_ms, more);
+        conn_timeout_log_ns = now;
+        conn_timeout_unlogged = 0;
+    } else {
+        conn_timeout_unlogged++;
+    }
+    /* What is queued still goes out (answers to earlier requests); nothing more is read. */
+    conn_set_state(c, CONN_CLOSING);
+    conn_drive(c);
+}
+
+static void conn_deadline_cb(evutil_socket_t fd, short what, void *arg)
+{
+    epd_conn_t *c = arg;
+    const epd_config_t *cfg = c->ctx->cfg;
+    uint64_t now = epd_now_ns();
+    uint64_t due = c->deadline_ns;
+
+    c->deadline_ns = 0;
+    /* Much later than due: this process was not running (stopped, starved); that time is not the
+     * client's, so the clocks of the frame and of the idle limit move on by it. */
+    if (due != 0 && now > due + CONN_LATE_NS) {
+        uint64_t late = now - due;
+        if (c->frame_start_ns != 0)
+            c->frame_start_ns = c->frame_start_ns + late < now ? c->frame_start_ns + late : now;
+        c->active_ns = c->active_ns + late < now ? c->active_ns + late : now;
+    }
+    /* Paused or yielded: the daemon, not the client, holds the bytes up; re-armed on reading. */
+    if (c->state != CONN_READING) {
+        if (c->state == CONN_YIELDED) conn_arm_deadline(c, now);
+        return;
+    }
+    if (cfg->socket.frame_timeout_ms != 0 && c->frame_start_ns != 0 &&
+        now - c->frame_start_ns >= (uint64_t)cfg->socket.frame_timeout_ms * 1000000u) {
+        conn_time_out(c, false, now - c->frame_start_ns);
+        return;
+    }
+    /* A connection that registered regions holds them open: closing it would release them under
+     * a client that merely has nothing to submit now. */
+    bool idle = c->in_flight == 0 && conn_output_len(c) == 0 && epd_decoder_idle(&c->decoder) &&
+                c->regions == NULL;
+    if (cfg->socket.idle_timeout_ms != 0 && idle &&
+        now - c->active_ns >= (uint64_t)cfg->socket.idle_timeout_ms * 1000000u) {
+        conn_time_out(c, true, now - c->active_ns);
+        return;
+    }
+    /* Not idle (answers due, output unsent): it counts as active until then. */
+    if (!idle) c->active_ns = now;
+    conn_arm_deadline(c, now);
 }
 
 static void conn_resume_cb(evutil_socket_t fd, short what, void *arg)
@@ -643,6 +899,7 @@ static void conn_read_ev(evutil_socket_t fd, short what, void *arg)
             left -= take;
         }
         evbuffer_commit_space(c->input, vec, n_vec);
+        c->active_ns = epd_now_ns();
         if (msg.msg_flags & MSG_CTRUNC)
             epd_log_info("conn %" PRIu64 ": file descriptors beyond %d in one message were "
                          "dropped", c->id, CONN_MAX_FDS);
@@ -652,7 +909,18 @@ static void conn_read_ev(evutil_socket_t fd, short what, void *arg)
 
 static void conn_write_cb(struct bufferevent *bev, void *arg)
 {
-    conn_drive(arg);
+    epd_conn_t *c = arg;
+
+    c->active_ns = epd_now_ns();
+    conn_drive(c);
+}
+
+/* The output changed: what was written counts as sent as soon as it is (the write callback only
+ * runs below the output limit). */
+static void conn_output_cb(struct evbuffer *output, const struct evbuffer_cb_info *info,
+                           void *arg)
+{
+    if (info->n_deleted > 0) (void)conn_answers_settle(arg, false);
 }
 
 static void conn_event_cb(struct bufferevent *bev, short what, void *arg)
@@ -678,6 +946,10 @@ epd_conn_t *epd_conn_create(const epd_conn_ctx_t *ctx, int fd, uint64_t conn_id,
     if (c == NULL) goto out_close;
     c->resume = evtimer_new(ctx->base, conn_resume_cb, c);
     if (c->resume == NULL) goto out_free;
+    if (cfg->socket.idle_timeout_ms != 0 || cfg->socket.frame_timeout_ms != 0) {
+        c->deadline = evtimer_new(ctx->base, conn_deadline_cb, c);
+        if (c->deadline == NULL) goto out_free_resume;
+    }
     c->input = evbuffer_new();
     if (c->input == NULL) goto out_free_resume;
     c->rev = event_new(ctx->base, fd, EV_READ | EV_PERSIST, conn_read_ev, c);
@@ -691,23 +963,33 @@ epd_conn_t *epd_conn_create(const epd_conn_ctx_t *ctx, int fd, uint64_t conn_id,
     c->pid = pid;
     c->state = CONN_READING;
     epd_decoder_init(&c->decoder, cfg->socket.max_frame_bytes, EPD_FRAME_MAX_META);
+    epd_decoder_set_admit(&c->decoder, conn_admit, c);
+    c->active_ns = epd_now_ns();
+    conn_arm_deadline(c, c->active_ns);
     /* Told whenever a write leaves the output at or under the limit (to resume a paused reader). */
     bufferevent_setwatermark(c->bev, EV_WRITE, cfg->socket.max_output_bytes, 0);
+    c->output_cb = evbuffer_add_cb(bufferevent_get_output(c->bev), conn_output_cb, c);
+    if (c->output_cb == NULL) goto out_free_bev;
     bufferevent_setcb(c->bev, NULL, conn_write_cb, conn_event_cb, c);
     bufferevent_enable(c->bev, EV_WRITE);
     conn_set_reading(c, true);
     return c;
+
+out_free_bev:
+    bufferevent_free(c->bev);
+    fd = -1; /* closed with the bufferevent */
 
 out_free_rev:
     event_free(c->rev);
 out_free_input:
     evbuffer_free(c->input);
 out_free_resume:
+    if (c->deadline != NULL) event_free(c->deadline);
     event_free(c->resume);
 out_free:
     free(c);
 out_close:
-    close(fd);
+    if (fd >= 0) close(fd);
     return NULL;
 }
 
@@ -738,8 +1020,10 @@ void epd_conn_deliver(epd_conn_t *c, epd_result_t *result)
         conn_drive(c);
         return;
     }
+    c->active_ns = epd_now_ns();
     if (result->status != EPD_OK) {
         conn_send_error(c, true, result->id, result->status, result->message);
+        conn_answer_queued(c, false);
         epd_result_free(result);
     } else {
         epd_frame_out_t out;
@@ -752,10 +1036,11 @@ void epd_conn_deliver(epd_conn_t *c, epd_result_t *result)
                                           cfg->model.hidden, result->y, &out, err);
         if (status != EPD_OK) {
             conn_send_error(c, true, result->id, EPD_ERR_INTERNAL, err);
+            conn_answer_queued(c, false);
             epd_result_free(result);
         } else {
-            c->ctx->stats->results_sent++;
             conn_queue_frame(c, &out, result_release, result);
+            conn_answer_queued(c, true);
         }
     }
     /* Pauses reads if the client is now too far behind (or frees c if queueing failed). */
@@ -764,7 +1049,10 @@ void epd_conn_deliver(epd_conn_t *c, epd_result_t *result)
 
 void epd_conn_shutdown(epd_conn_t *c)
 {
-    if (!conn_closing(c)) conn_set_state(c, CONN_CLOSING);
+    if (!conn_closing(c)) {
+        c->answer_input = true;
+        conn_set_state(c, CONN_CLOSING);
+    }
     conn_drive(c);
 }
 

@@ -1,6 +1,7 @@
-/* The listening socket (daemon/listener.h): preparing the socket file, bind and listen with the
- * file's mode, and accepting connections behind the uid check and the client limit; refused
- * clients are counted (and, over the limit, told busy). */
+/* The listening socket (daemon/listener.h): checking the socket's directory, preparing the socket
+ * file, bind with the file's mode set through the umask, and accepting connections behind the uid
+ * check and the client limit; refused clients are counted (over the limit, told busy) and logged
+ * at most once a second with a count. */
 #include "daemon/listener.h"
 
 #include <errno.h>
@@ -20,11 +21,13 @@
 #include <event2/event.h>
 #include <event2/listener.h>
 
+#include "common/clock.h"
 #include "daemon/log.h"
 #include "proto/frame.h"
 
 #define LISTENER_BACKLOG 1024
 #define LISTENER_RETRY_MS 100 /* pause after accept() fails (e.g. out of descriptors) */
+#define LISTENER_REFUSED_LOG_MS 1000 /* at most one line about refused peers this often */
 
 struct epd_listener {
     const epd_config_t *cfg;
@@ -40,9 +43,17 @@ struct epd_listener {
     struct evconnlistener *evl;
     struct event *retry;          /* re-enables accepting after an accept() failure */
     time_t last_error_log;
+
+    /* Refusals are logged at most once per LISTENER_REFUSED_LOG_MS: the first of a period says
+     * who, the others are counted and summed up in one line when the period ends. */
+    uint64_t refused_log_ns;      /* when the last refusal line was written (0: never) */
+    uint64_t refused_unlogged;    /* refusals since then, not in any line yet */
+    char refused_last[160];       /* the latest of those, for the summing-up line */
+    struct event *refused_flush;  /* writes the summing-up line */
 };
 
 static void listener_retry_cb(evutil_socket_t fd, short what, void *arg);
+static void listener_refused_flush_cb(evutil_socket_t fd, short what, void *arg);
 
 /* ---- the socket file ---- */
 
@@ -61,6 +72,29 @@ static void addr_of(const char *path, struct sockaddr_un *addr_p)
     memset(addr_p, 0, sizeof(*addr_p));
     addr_p->sun_family = AF_UNIX;
     snprintf(addr_p->sun_path, sizeof(addr_p->sun_path), "%s", path);
+}
+
+/* Whoever may write the socket's directory may rename the socket away and listen in its place,
+ * reading what clients send: the directory must be writable by nobody but root and the daemon's
+ * user, unless it is sticky (like /tmp: others cannot rename or remove our file there) and owned
+ * by root or the daemon's user. */
+static epd_status_t socket_dir_check(const char *path, const char *dir, const struct stat *st,
+                                     char err[EPD_ERR_LEN])
+{
+    uid_t me = geteuid();
+    bool owner_ok = st->st_uid == 0 || st->st_uid == me;
+    bool others_write = (st->st_mode & (S_IWGRP | S_IWOTH)) != 0;
+
+    if (owner_ok && (!others_write || (st->st_mode & S_ISVTX) != 0)) return EPD_OK;
+    if (!owner_ok)
+        set_err(err, "socket.path '%s': directory '%s' belongs to uid %ld, not to root or the "
+                "daemon's user (uid %ld): its owner could replace the socket", path, dir,
+                (long)st->st_uid, (long)me);
+    else
+        set_err(err, "socket.path '%s': directory '%s' (mode %04o) is writable by other users "
+                "and not sticky: they could replace the socket (chmod go-w it, or use a "
+                "directory like /run/epd)", path, dir, (unsigned)(st->st_mode & 07777));
+    return EPD_ERR_CONFIG;
 }
 
 /* The directory must exist; an existing socket file nobody answers on is removed; anything else
@@ -85,6 +119,8 @@ static epd_status_t socket_file_prepare(const char *path, char err[EPD_ERR_LEN])
         set_err(err, "socket.path '%s': '%s' is not a directory", path, dir);
         return EPD_ERR_CONFIG;
     }
+    epd_status_t status = socket_dir_check(path, dir, &st, err);
+    if (status != EPD_OK) return status;
 
     if (lstat(path, &st) != 0) {
         if (errno == ENOENT) return EPD_OK;
@@ -148,7 +184,8 @@ epd_status_t epd_listener_open(const epd_config_t *cfg, struct event_base *base,
     listener = calloc(1, sizeof(*listener));
     if (listener == NULL) goto out_nomem;
     listener->retry = evtimer_new(base, listener_retry_cb, listener);
-    if (listener->retry == NULL) goto out_free_nomem;
+    listener->refused_flush = evtimer_new(base, listener_refused_flush_cb, listener);
+    if (listener->retry == NULL || listener->refused_flush == NULL) goto out_free_nomem;
     CHECK_GOTO(socket_file_prepare(path, err), out_free);
 
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -158,7 +195,8 @@ epd_status_t epd_listener_open(const epd_config_t *cfg, struct event_base *base,
         goto out_free;
     }
     addr_of(path, &addr);
-    /* The file is created with the right mode from the start (no window where it is wider). */
+    /* The file is created with its mode (the umask masks bind's 0777), never chmod'ed by path
+     * afterwards: a path can be swapped for a symlink between bind and a chmod. */
     mode_t old_umask = umask((mode_t)(~mode & 0777));
     int rc = bind(fd, (struct sockaddr *)&addr, sizeof(addr));
     int saved = errno;
@@ -169,9 +207,14 @@ epd_status_t epd_listener_open(const epd_config_t *cfg, struct event_base *base,
         status = EPD_ERR_IO;
         goto out_close;
     }
-    if (chmod(path, mode) != 0 || lstat(path, &st) != 0) {
-        set_err(err, "socket.path '%s': chmod %04o: %s", path, (unsigned)mode,
-                 strerror(errno));
+    if (lstat(path, &st) != 0) {
+        set_err(err, "socket.path '%s': stat after bind: %s", path, strerror(errno));
+        status = EPD_ERR_IO;
+        goto out_unlink;
+    }
+    if (!S_ISSOCK(st.st_mode) || (st.st_mode & 0777) != mode) {
+        set_err(err, "socket.path '%s': the bound socket has mode %04o, not socket.mode %04o",
+                path, (unsigned)(st.st_mode & 07777), (unsigned)mode);
         status = EPD_ERR_IO;
         goto out_unlink;
     }
@@ -197,10 +240,13 @@ out_unlink:
 out_close:
     close(fd);
 out_free:
+    event_free(listener->refused_flush);
     event_free(listener->retry);
     free(listener);
     return status;
 out_free_nomem:
+    if (listener->retry != NULL) event_free(listener->retry);
+    if (listener->refused_flush != NULL) event_free(listener->refused_flush);
     free(listener);
 out_nomem:
     set_err(err, "out of memory creating the server");
@@ -228,11 +274,40 @@ static bool uid_allowed(const epd_config_t *cfg, uid_t uid)
     return false;
 }
 
-/* Every refusal ends here: counted, and the connection closed. */
-static void listener_refuse(epd_listener_t *listener, int fd)
+static void listener_refused_flush_cb(evutil_socket_t fd, short what, void *arg)
 {
+    epd_listener_t *listener = arg;
+
+    if (listener->refused_unlogged == 0) return;
+    epd_log_warn("refused %" PRIu64 " more connections in the last %d ms (the latest: %s); "
+                 "%" PRIu64 " refused since start", listener->refused_unlogged,
+                 LISTENER_REFUSED_LOG_MS, listener->refused_last, listener->stats->clients_refused);
+    listener->refused_unlogged = 0;
+    listener->refused_log_ns = epd_now_ns();
+}
+
+/* Every refusal ends here: counted, logged (at most once a second, the rest summed up), and the
+ * connection closed. why says who was refused and why. */
+static void listener_refuse(epd_listener_t *listener, int fd, const char *why)
+{
+    uint64_t now = epd_now_ns();
+
     listener->stats->clients_refused++;
     close(fd);
+    if (listener->refused_log_ns == 0 ||
+        now - listener->refused_log_ns >= (uint64_t)LISTENER_REFUSED_LOG_MS * 1000000u) {
+        if (listener->refused_unlogged > 0) listener_refused_flush_cb(-1, 0, listener);
+        epd_log_warn("refused a connection %s", why);
+        listener->refused_log_ns = now;
+        return;
+    }
+    if (listener->refused_unlogged++ == 0) {
+        uint64_t period_ns = (uint64_t)LISTENER_REFUSED_LOG_MS * 1000000u;
+        uint64_t left_us = (period_ns - (now - listener->refused_log_ns)) / 1000u;
+        struct timeval tv = {(time_t)(left_us / 1000000u), (suseconds_t)(left_us % 1000000u)};
+        evtimer_add(listener->refused_flush, &tv);
+    }
+    snprintf(listener->refused_last, sizeof(listener->refused_last), "%s", why);
 }
 
 /* Over socket.max_clients: the client is told busy before it is closed. */
@@ -256,9 +331,9 @@ static void listener_refuse_busy(epd_listener_t *listener, int fd, pid_t pid)
         epd_frame_out_free(&out);
     }
     listener->stats->errors[EPD_ERR_BUSY]++;
-    epd_log_info("refused a connection from pid %ld: %" PRIu64
-                 " clients already (socket.max_clients)", (long)pid, listener->stats->clients);
-    listener_refuse(listener, fd);
+    snprintf(message, sizeof(message), "from pid %ld: %" PRIu64
+             " clients already (socket.max_clients)", (long)pid, listener->stats->clients);
+    listener_refuse(listener, fd, message);
 }
 
 static void listener_accept_cb(struct evconnlistener *evl, evutil_socket_t fd,
@@ -268,15 +343,17 @@ static void listener_accept_cb(struct evconnlistener *evl, evutil_socket_t fd,
     struct ucred cred = {.pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1};
     socklen_t cred_len = sizeof(cred);
 
+    char why[160];
+
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) != 0) {
-        epd_log_warn("refused a connection: SO_PEERCRED failed: %s", strerror(errno));
-        listener_refuse(listener, fd);
+        snprintf(why, sizeof(why), "(SO_PEERCRED failed: %s)", strerror(errno));
+        listener_refuse(listener, fd, why);
         return;
     }
     if (!uid_allowed(listener->cfg, cred.uid)) {
-        epd_log_warn("refused a connection from uid %ld (pid %ld): not in socket.allow_uids",
-                     (long)cred.uid, (long)cred.pid);
-        listener_refuse(listener, fd);
+        snprintf(why, sizeof(why), "from uid %ld (pid %ld): not in socket.allow_uids",
+                 (long)cred.uid, (long)cred.pid);
+        listener_refuse(listener, fd, why);
         return;
     }
     if (listener->stats->clients >= listener->cfg->socket.max_clients) {
@@ -328,6 +405,8 @@ void epd_listener_free(epd_listener_t *listener)
     if (listener->evl != NULL) evconnlistener_free(listener->evl);
     else close(listener->fd);
     listener_unlink(listener);
+    listener_refused_flush_cb(-1, 0, listener);
+    event_free(listener->refused_flush);
     event_free(listener->retry);
     free(listener);
 }

@@ -22,6 +22,8 @@
 #include "daemon/log.h"
 #include "daemon/notify.h"
 #include "daemon/stats.h"
+#include "daemon/trim.h"
+#include "daemon/watchdog.h"
 #include "common/parse.h"
 #include "proto/frame.h"
 
@@ -41,6 +43,8 @@ struct epd_server {
     epd_listener_t *listener;
     epd_conn_table_t *conns;
     epd_control_t *control;
+    epd_watchdog_t *watchdog;     /* stalls of the engine's agreements and steps */
+    epd_trim_t trim;              /* memory back to the system after a burst */
     epd_http_t *http;             /* metrics.listen; NULL when off */
     epd_conn_ctx_t conn_ctx;      /* shared by every connection */
     uint64_t next_conn_id;
@@ -140,6 +144,8 @@ static void server_stop(epd_server_t *server)
                       server->stats.requests_accepted - server->answered_total);
     epd_listener_free(server->listener);
     server->listener = NULL;
+    epd_watchdog_free(server->watchdog);
+    server->watchdog = NULL;
     if (server->housekeeping != NULL) event_del(server->housekeeping);
 
     epd_conn_table_each(server->conns, epd_conn_shutdown);
@@ -199,7 +205,12 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
 
 static void housekeeping_cb(evutil_socket_t fd, short what, void *arg)
 {
-    server_check_engine(arg);
+    epd_server_t *server = arg;
+
+    server_check_engine(server);
+    if (server->engine != NULL && !server->stopping)
+        epd_trim_tick(&server->trim, server->stats.bytes_in + server->stats.bytes_out,
+                      server->in_flight > 0 || server->stats.buffered_bytes > 0);
 }
 
 void epd_server_wake(void *arg)
@@ -351,6 +362,9 @@ epd_status_t epd_server_start(epd_server_t *server, epd_engine_t *engine, char e
     epd_engine_set_step_observer(engine, epd_metrics_observe_step, server->stats.metrics);
     epd_status_t status = epd_listener_start(server->listener, err);
     if (status != EPD_OK) return status;
+    status = epd_watchdog_create(server->cfg, server->base, engine, &server->stats, server->rank,
+                                 &server->watchdog, err);
+    if (status != EPD_OK) return status;
     struct timeval tv = {0, SERVER_HOUSEKEEPING_MS * 1000};
     event_add(server->housekeeping, &tv);
     if (server->signal_pending) {
@@ -366,6 +380,7 @@ void epd_server_free(epd_server_t *server)
     server->stopping = false; /* no loopbreak from here */
     if (server->conns != NULL) epd_conn_table_each(server->conns, epd_conn_abort);
     epd_listener_free(server->listener);
+    epd_watchdog_free(server->watchdog);
     for (size_t i = 0; i < EPD_ARRAY_SIZE(server_signals); i++)
         if (server->signal_ev[i] != NULL) event_free(server->signal_ev[i]);
     if (server->drain_timer != NULL) event_free(server->drain_timer);

@@ -188,8 +188,14 @@ char *epd_stats_health_json(const epd_stats_view_t *view)
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     if (f == NULL) return NULL;
+    const epd_server_stats_t *s = view->server;
+    if (s->stalled_phase != NULL)
+        fprintf(f, "{\"status\":\"stalled\",\"stalled_phase\":\"%s\",\"stalled_ms\":%" PRIu64 ",",
+                s->stalled_phase, s->stalled_ms);
+    else
+        fprintf(f, "{\"status\":\"ok\",");
     fprintf(f,
-            "{\"status\":\"ok\",\"rank\":%d,\"world\":%d,\"pid\":%ld,\"shutting_down\":%s,"
+            "\"rank\":%d,\"world\":%d,\"pid\":%ld,\"shutting_down\":%s,"
             "\"version\":\"%s\",\"uptime_s\":%.3f,\"clients\":%" PRIu64
             ",\"queued_tokens\":%" PRIu64 ",\"queued_requests\":%" PRIu64 ",\"steps\":%" PRIu64 "}",
             view->rank, view->world, (long)getpid(),
@@ -238,9 +244,11 @@ char *epd_stats_json(const epd_stats_view_t *view)
             ",\"clients_refused\":%" PRIu64 ",\"requests_accepted\":%" PRIu64
             ",\"results_sent\":%" PRIu64 ",\"results_discarded\":%" PRIu64
             ",\"control_requests\":%" PRIu64 ",\"frames_in\":%" PRIu64 ",\"bytes_in\":%" PRIu64
-            ",\"bytes_out\":%" PRIu64 ",\"errors\":{",
+            ",\"bytes_out\":%" PRIu64 ",\"buffered_bytes\":%" PRIu64 ",\"closed_idle\":%" PRIu64
+            ",\"closed_frame_timeout\":%" PRIu64 ",\"stalls\":%" PRIu64 ",\"errors\":{",
             s->clients, s->clients_total, s->clients_refused, s->requests_accepted, s->results_sent,
-            s->results_discarded, s->control_requests, s->frames_in, s->bytes_in, s->bytes_out);
+            s->results_discarded, s->control_requests, s->frames_in, s->bytes_in, s->bytes_out,
+            s->buffered_bytes, s->closed_idle, s->closed_frame_timeout, s->stalls);
     bool first = true;
     for (int c = 0; c < EPD_STATUS_MAX; c++) {
         if (!epd_status_is_wire_code((epd_status_t)c)) continue;
@@ -412,10 +420,23 @@ char *epd_stats_metrics(const epd_stats_view_t *view)
                s->clients_refused);
     metric_u64(f, "epd_requests_total", "counter", "SUBMIT requests accepted into the queue.",
                s->requests_accepted);
-    metric_u64(f, "epd_results_total", "counter", "RESULT frames sent to clients.",
+    metric_u64(f, "epd_results_total", "counter", "RESULT frames written whole to clients.",
                s->results_sent);
     metric_u64(f, "epd_results_discarded_total", "counter",
                "Answers dropped because their client had disconnected.", s->results_discarded);
+    metric_u64(f, "epd_buffered_bytes", "gauge",
+               "Payload bytes held by unfinished frames, all connections.", s->buffered_bytes);
+    metric_u64(f, "epd_stalls_total", "counter",
+               "Agreements or steps that waited dispatch.stall_warn_ms for the other ranks.",
+               s->stalls);
+    metric_u64(f, "epd_stalled", "gauge",
+               "1 while an agreement or step has waited dispatch.stall_warn_ms or longer.",
+               s->stalled_phase != NULL ? 1 : 0);
+    metric_head(f, "epd_connections_timed_out_total", "counter",
+                "Connections closed by socket.idle_timeout_ms (idle) or frame_timeout_ms (frame).");
+    fprintf(f, "epd_connections_timed_out_total{reason=\"idle\"} %" PRIu64 "\n", s->closed_idle);
+    fprintf(f, "epd_connections_timed_out_total{reason=\"frame\"} %" PRIu64 "\n",
+            s->closed_frame_timeout);
     metric_u64(f, "epd_received_bytes_total", "counter", "Bytes read from clients.", s->bytes_in);
     metric_u64(f, "epd_transmitted_bytes_total", "counter", "Bytes queued to clients.",
                s->bytes_out);

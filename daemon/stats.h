@@ -36,13 +36,21 @@ typedef struct epd_server_stats {
     uint64_t clients_total;           /* accepted since start */
     uint64_t clients_refused;         /* turned away: too many clients, or uid not allowed */
     uint64_t requests_accepted;       /* SUBMITs handed to the engine */
-    uint64_t results_sent;            /* RESULT frames queued to clients */
+    uint64_t results_sent;            /* RESULT frames written to clients (whole) */
     uint64_t results_discarded;       /* results and errors whose client had gone */
     uint64_t errors[EPD_STATUS_MAX];  /* ERROR frames sent, by wire code */
     uint64_t control_requests;        /* CONTROL frames answered */
     uint64_t frames_in;               /* whole frames decoded */
     uint64_t bytes_in;                /* bytes read from clients */
     uint64_t bytes_out;               /* bytes queued to clients */
+    uint64_t buffered_bytes;          /* now: payload bytes reserved by unfinished frames, all
+                                       * connections (socket.max_buffered_bytes) */
+    uint64_t closed_idle;             /* connections closed by socket.idle_timeout_ms */
+    uint64_t closed_frame_timeout;    /* connections closed by socket.frame_timeout_ms */
+    const char *stalled_phase;        /* now: what has waited for the other ranks longer than
+                                       * dispatch.stall_warn_ms ("agreement", "step"), or NULL */
+    uint64_t stalled_ms;              /* how long it has waited (when stalled_phase is set) */
+    uint64_t stalls;                  /* stalls seen since start (daemon/watchdog.c) */
     epd_metrics_t *metrics;           /* histograms and expert counters (NULL: none) */
 } epd_server_stats_t;
 
@@ -56,7 +64,8 @@ typedef struct epd_stats_view {
     const epd_server_stats_t *server;
 } epd_stats_view_t;
 
-/* {"status":"ok","rank":R,"world":W,"pid":P,"shutting_down":bool,"version":..,"uptime_s":..,
+/* {"status":"ok" (or "stalled", then also "stalled_phase" and "stalled_ms"),
+ *  "rank":R,"world":W,"pid":P,"shutting_down":bool,"version":..,"uptime_s":..,
  *  "clients":..,"queued_tokens":..,"queued_requests":..,"steps":..} */
 char *epd_stats_health_json(const epd_stats_view_t *view);
 

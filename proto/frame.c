@@ -3,6 +3,7 @@
  * it), the exact uint64 "id" read from the JSON text. Tensor descriptors live in tensor.c, SUBMIT
  * validation and encoders in submit.c. */
 #include "proto/frame.h"
+#include "proto/json_strict.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -269,6 +270,12 @@ void epd_decoder_init(epd_decoder_t *dec, uint64_t max_payload, uint32_t max_met
     dec->state = EPD_DECODER_HEADER;
 }
 
+void epd_decoder_set_admit(epd_decoder_t *dec, epd_decoder_admit_fn admit, void *arg)
+{
+    dec->admit = admit;
+    dec->admit_arg = arg;
+}
+
 void epd_decoder_free(epd_decoder_t *dec)
 {
     if (dec == NULL) return;
@@ -321,6 +328,8 @@ static epd_status_t decoder_parse_meta(epd_decoder_t *dec, char err[EPD_ERR_LEN]
                  (uint8_t)text[bad], bad);
         return EPD_ERR_BAD_JSON;
     }
+    /* cJSON is lenient (BOM, leading zeros, escaped NULs): the strict grammar first. */
+    if (epd_json_strict_check(text, len, err) != EPD_OK) return EPD_ERR_BAD_JSON;
     meta = cJSON_ParseWithLengthOpts(text, len + 1, &end, 1);
     if (meta == NULL) {
         size_t at = end != NULL && end >= text ? (size_t)(end - text) : 0;
@@ -434,13 +443,19 @@ epd_status_t epd_decoder_feed(epd_decoder_t *dec, const void *data, size_t len, 
             if (dec->meta_have < dec->header.meta_len) return EPD_ERR_AGAIN;
             status = decoder_parse_meta(dec, err);
             if (status != EPD_OK) return decoder_fail(dec, status);
+            dec->frame.dropped = dec->header.payload_len > 0 && dec->admit != NULL &&
+                                 !dec->admit(dec->admit_arg, &dec->header);
             dec->state = EPD_DECODER_PAYLOAD;
             break;
         }
         case EPD_DECODER_PAYLOAD: {
             uint64_t left = dec->header.payload_len - dec->payload_have;
             uint64_t take = left < (uint64_t)(len - used) ? left : (uint64_t)(len - used);
-            if (take > 0) {
+            if (take > 0 && dec->frame.dropped) {
+                dec->payload_have += take;
+                used += (size_t)take;
+                *used_p = used;
+            } else if (take > 0) {
                 status = decoder_grow_payload(dec, take, err);
                 if (status != EPD_OK) return decoder_fail(dec, status);
                 memcpy(dec->frame.payload + dec->payload_have, in + used, (size_t)take);

@@ -70,6 +70,7 @@ typedef struct epd_frame {
     uint8_t *payload;
     epd_frame_id_kind_t id_kind;
     uint64_t id;  /* meaningful when id_kind == EPD_FRAME_ID_VALID */
+    bool dropped; /* the decoder's admit callback refused it: payload read and thrown away */
 } epd_frame_t;
 
 /* Frees meta and payload and zeroes the frame; safe on a zeroed frame and on NULL. */
@@ -84,6 +85,11 @@ typedef enum {
     EPD_DECODER_FAILED,     /* a framing error was found; sticky until reset */
 } epd_decoder_state_t;
 
+/* Asked once a frame's meta is parsed, before any payload byte is kept: false makes the decoder
+ * read the payload and throw it away, then hand over the frame with payload NULL and dropped set
+ * (e.g. the daemon's socket.max_buffered_bytes, all connections together). */
+typedef bool (*epd_decoder_admit_fn)(void *arg, const epd_frame_header_t *header);
+
 typedef struct epd_decoder {
     uint64_t max_payload;
     uint32_t max_meta;
@@ -97,11 +103,16 @@ typedef struct epd_decoder {
     uint64_t payload_have;
     uint64_t payload_cap;   /* grows geometrically up to payload_len as bytes arrive */
     epd_status_t failure;   /* the sticky framing error in EPD_DECODER_FAILED */
+    epd_decoder_admit_fn admit; /* NULL: every frame is admitted */
+    void *admit_arg;
 } epd_decoder_t;
 
 /* Sets up a decoder. max_payload is socket.max_frame_bytes; max_meta is at most
  * EPD_FRAME_MAX_META (larger values are lowered to it). */
 void epd_decoder_init(epd_decoder_t *dec, uint64_t max_payload, uint32_t max_meta);
+
+/* Sets the admit callback (NULL: admit all); kept across epd_decoder_reset. */
+void epd_decoder_set_admit(epd_decoder_t *dec, epd_decoder_admit_fn admit, void *arg);
 
 /* Frees any partial frame; the decoder can be initialized again or dropped. */
 void epd_decoder_free(epd_decoder_t *dec);

@@ -1,7 +1,7 @@
 # proto/: the wire codec (PROTO_SRCS, linked by the daemon too), libepd (static, shared, pkg-config),
 # epctl, the codec's unit tests, and `make fuzz` (libFuzzer harness of the decoder).
 
-PROTO_SRCS := proto/frame.c proto/tensor.c proto/submit.c proto/base64.c
+PROTO_SRCS := proto/frame.c proto/json_strict.c proto/tensor.c proto/submit.c proto/base64.c
 LIBEPD_SRCS := $(PROTO_SRCS) proto/client.c common/status.c common/parse.c
 EPCTL_SRCS := proto/epctl.c proto/cuda_dl.c
 
@@ -43,8 +43,8 @@ UNIT_TESTS += frame client
 test_frame_SRCS := $(PROTO_SRCS) common/status.c common/parse.c
 test_client_SRCS := $(LIBEPD_SRCS)
 
-# make fuzz [FUZZ_SECONDS=60]: the decoder + SUBMIT validation under libFuzzer, ASan and UBSan,
-# on a copy of tests/fuzz/corpus in $(BUILD)/fuzz/corpus.
+# The fuzz harnesses (libFuzzer, ASan and UBSan): the decoder + SUBMIT validation, on a copy of
+# tests/fuzz/corpus in $(BUILD)/fuzz/corpus.
 FUZZ_SECONDS ?= 60
 FUZZ_CC ?= clang
 FUZZ_SRCS := tests/fuzz/fuzz_frame.c $(PROTO_SRCS) common/status.c common/parse.c
@@ -55,5 +55,17 @@ $(BUILD)/fuzz/fuzz_frame: $(FUZZ_SRCS) $(wildcard proto/*.h common/*.h)
 	    -ffp-contract=off -D_GNU_SOURCE -I. $(shell pkg-config --cflags libcjson 2>/dev/null) \
 	    -o $@ $(FUZZ_SRCS) $(shell pkg-config --libs libcjson 2>/dev/null) -lm
 
-fuzz: $(BUILD)/fuzz/fuzz_frame
-	@BUILD=$(BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh
+# The CONTROL meta path: the strict JSON checker against cJSON, and the decoder on CONTROL meta.
+FUZZ_META_SRCS := tests/fuzz/fuzz_meta.c $(PROTO_SRCS) common/status.c common/parse.c
+
+$(BUILD)/fuzz/fuzz_meta: $(FUZZ_META_SRCS) $(wildcard proto/*.h common/*.h)
+	@mkdir -p $(dir $@)
+	$(call say,FUZZ)$(FUZZ_CC) -std=gnu11 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	    -ffp-contract=off -D_GNU_SOURCE -I. $(shell pkg-config --cflags libcjson 2>/dev/null) \
+	    -o $@ $(FUZZ_META_SRCS) $(shell pkg-config --libs libcjson 2>/dev/null) -lm
+
+# make fuzz [FUZZ_SECONDS=60] [FUZZ_HARNESSES="frame meta config"]: each harness in turn, for
+# FUZZ_SECONDS each, on a fresh copy of its corpus (tests/fuzz/run.sh).
+FUZZ_HARNESSES ?= frame meta config
+fuzz: $(BUILD)/fuzz/fuzz_frame $(BUILD)/fuzz/fuzz_meta $(BUILD)/fuzz-config/fuzz_config
+	@BUILD=$(BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh $(FUZZ_HARNESSES)

@@ -488,6 +488,8 @@ static void test_config__env__unknown_epd_variable__warned_test_bench_ignored(vo
 static void test_config__yaml__all_types_with_origins(void **state)
 {
     (void)state;
+    /* a 1 TiB frame needs as large a buffer budget (the file then leaves it alone) */
+    const char *budget_set[] = {"socket.max_buffered_bytes=1099511627776"};
     epd_config_state_t *st = NULL;
     warnings_t w;
     char err[EPD_ERR_LEN], path[64], where[96];
@@ -512,7 +514,8 @@ static void test_config__yaml__all_types_with_origins(void **state)
                          "  backend: cpu\n"
                          "  id: 1023\n"
                          "log:\n"
-                         "  level: debug\n"};
+                         "  level: debug\n",
+                     .sets = budget_set, .n_sets = 1};
     assert_int_equal(load(&a, &st, &w, err, path), EPD_OK);
     const epd_config_t *cfg = epd_config_get(st);
     assert_string_equal(cfg->socket.path, "/tmp/epd-%h-%l-%r.sock");
@@ -823,6 +826,15 @@ static void test_config__cross_field__errors_name_both_keys(void **state)
     char *e4[] = {"EPD_SOCKET_MAX_FRAME_BYTES=58982399", NULL};
     expect_env_error(e4, "socket.max_frame_bytes = 58982399", "58982400");
     expect_env_error(e4, "dispatch.max_tokens_per_request = 4096", NULL);
+    /* issue 20's settings: a largest frame fits the buffer budget, the stall limits are ordered */
+    char *e5[] = {"EPD_SOCKET_MAX_BUFFERED_BYTES=268435455", NULL};
+    expect_env_error(e5, "socket.max_frame_bytes = 268435456 (default)",
+                     "socket.max_buffered_bytes = 268435455 (env");
+    char *e6[] = {"EPD_DISPATCH_STALL_WARN_MS=100", "EPD_DISPATCH_IDLE_BACKOFF_US=100000", NULL};
+    expect_env_error(e6, "dispatch.stall_warn_ms = 100 (env", "dispatch.idle_backoff_us = 100000");
+    char *e7[] = {"EPD_DISPATCH_STEP_TIMEOUT_MS=5000", NULL};
+    expect_env_error(e7, "dispatch.step_timeout_ms = 5000 (env",
+                     "dispatch.stall_warn_ms = 5000 (default)");
 
     epd_config_state_t *st = NULL;
     warnings_t w;

@@ -509,6 +509,44 @@ static void test_frame__bad_meta_json__is_bad_json(void **state)
                      EPD_OK);
 }
 
+/* Issue 20 item 9: meta cJSON took although it is not RFC 8259 JSON. */
+static void test_frame__meta_not_strict_json__is_bad_json(void **state)
+{
+    (void)state;
+    static const char *const cases[] = {
+        "\xef\xbb\xbf{\"op\":\"health\"}",       /* UTF-8 byte-order mark */
+        "{\"op\":\"health\",\"id\":007}",        /* leading zeros */
+        "{\"op\":\"health\",\"id\":-01}",        /* leading zero after '-' */
+        "{\"op\":\"heal\\u0000th\"}",          /* NUL inside the op, escaped */
+        "{\"op\":\"health\",\"x\":1.}",          /* fraction without digits */
+        "{\"op\":\"health\",\"x\":.5}",          /* number without an integer part */
+        "{\"op\":\"health\",\"x\":+1}",          /* leading '+' */
+        "{\"op\":\"health\",\"x\":1e}",          /* exponent without digits */
+        "{\"op\":\"he\tlth\"}",                 /* raw control character */
+        "{\"op\":\"\\ud800\"}",                /* unpaired high surrogate */
+        "{\"op\":\"\\udc00x\"}",               /* unpaired low surrogate */
+        "{\"op\":\"health\",}",                  /* trailing comma */
+        "{\"op\":\"health\",\"x\":[1,]}",        /* trailing comma in an array */
+        "{\"op\":\"\\x41\"}",                  /* unknown escape */
+        "{\"op\":tru}",                          /* bad literal */
+    };
+    for (size_t i = 0; i < EPD_ARRAY_SIZE(cases); i++) {
+        epd_frame_t frame = {0};
+        char err[EPD_ERR_LEN] = "";
+        epd_status_t status = decode_bytes(
+            raw_frame(NULL, 1, EPD_FRAME_CONTROL, 0, cases[i], strlen(cases[i]), NULL, 0), &frame,
+            err);
+        if (status != EPD_ERR_BAD_JSON)
+            fail_msg("case %zu (%s): got %s", i, cases[i], epd_status_name(status));
+        assert_non_null(strstr(err, "strict JSON"));
+    }
+    /* strict JSON that cJSON also takes still passes: escapes, pairs, exponents, nesting */
+    assert_int_equal(decode_meta(EPD_FRAME_CONTROL,
+                                 "{\"op\":\"health\",\"id\":0,\"a\":[-0.5e+3,1E2,0,true,false,"
+                                 "null,{}],\"s\":\"\\\"\\\\\\/\\b\\f\\n\\r\\t\\u00e9\\ud83d\\ude00\"}"),
+                     EPD_OK);
+}
+
 static void test_frame__truncated_stream__is_reported(void **state)
 {
     bytes_t b = sample_submit(1, 2);
@@ -1164,6 +1202,7 @@ int main(void)
         cmocka_unit_test(test_frame__reserved_nonzero__is_bad_header),
         cmocka_unit_test(test_frame__oversize__is_frame_too_large_before_allocation),
         cmocka_unit_test(test_frame__bad_meta_json__is_bad_json),
+        cmocka_unit_test(test_frame__meta_not_strict_json__is_bad_json),
         cmocka_unit_test(test_frame__truncated_stream__is_reported),
         cmocka_unit_test(test_frame__submit_id__missing_or_invalid_is_bad_json),
         cmocka_unit_test(test_frame__submit_tensors__missing_is_bad_json),
