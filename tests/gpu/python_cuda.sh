@@ -31,7 +31,7 @@ for wire in "--set dispatch.dtype=bf16" "--set dispatch.dtype=fp8" \
     EPDPY_SOCKETS="$(sock 0):$(sock 1)" EPDPY_DEVICES=$devices timeout 300 \
         "$PY" tests/gpu/test_python_cuda.py 2>&1 || rc=$?
     if [[ $rc == 77 ]]; then
-        epd_stop
+        epd_stop_ranks  # Ubuntu 24.04's mpirun does not forward SIGUSR1: signal the ranks
         exit 77
     fi
     [[ $rc == 0 ]] || die "test_python_cuda.py ($wire)"
@@ -54,6 +54,6 @@ py = float(re.search(r"device regions p50 ([0-9.]+) ms", sys.argv[2]).group(1))
 print("same run, 128 tokens: torch_moe (python, device regions) p50 %.3f ms, epctl bench "
       "--data cuda p50 %.3f ms: %.2fx" % (py, lib, py / lib))
 PY
-    epd_stop
+    epd_stop_ranks
 done
 echo "PASS: device regions and the torch MoE example, BF16, FP8, FP8 with FP8 combine"
