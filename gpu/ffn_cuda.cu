@@ -616,10 +616,22 @@ extern "C" epd_status_t epd_ffn_cuda_create(const epd_ffn_weights_t *w, void *st
             if (ok && fp8) {
                 cublasLtMatmulMatrixScale_t am = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
                 cublasLtMatmulMatrixScale_t bm = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+                /* The heuristic refuses block scale modes (status 7, invalid value) until the
+                 * scale pointers are set (seen on an H200, cuBLASLt 13.1): any device pointer
+                 * here; each GEMM sets the real ones before it runs. */
+                void *placeholder = f->workspace;
                 ok = cublasLtMatmulDescSetAttribute(f->desc[p], CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
                                                     &am, sizeof am) == CUBLAS_STATUS_SUCCESS &&
                      cublasLtMatmulDescSetAttribute(f->desc[p], CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
-                                                    &bm, sizeof bm) == CUBLAS_STATUS_SUCCESS;
+                                                    &bm, sizeof bm) == CUBLAS_STATUS_SUCCESS &&
+                     cublasLtMatmulDescSetAttribute(f->desc[p],
+                                                    CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                    &placeholder, sizeof placeholder) ==
+                         CUBLAS_STATUS_SUCCESS &&
+                     cublasLtMatmulDescSetAttribute(f->desc[p],
+                                                    CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                    &placeholder, sizeof placeholder) ==
+                         CUBLAS_STATUS_SUCCESS;
             }
             if (!ok) {
                 snprintf(err, EPD_ERR_LEN, "ffn experts: cuBLASLt descriptors");
