@@ -62,9 +62,11 @@ static const struct {
     const char *summary;
     const char *help;
 } commands[] = {
-    {"health", "is the daemon serving? (exit 0 when it answers)",
+    {"health", "is the daemon serving? (exit 0 when every socket answers ok)",
      "usage: epctl [--socket PATH]... [--json] health\n"
-     "Asks each daemon socket for its health and prints the reply. With --json, for one socket or\n"
+     "Asks each daemon socket for its health and prints the reply. Exits 0 when every one answers\n"
+     "\"status\": \"ok\", 1 when one answers another status (\"stalled\": a rank waits for the\n"
+     "others, the reply names the phase), 3 when one cannot be reached. With --json, for one socket or\n"
      "many (the same for stats, config and metrics), one document:\n"
      "  {\"command\": \"health\", \"sockets\": [{\"socket\": PATH, \"reply\": {...}},\n"
      "                                     {\"socket\": PATH, \"error\": {\"code\", \"message\"}}]}\n"},
@@ -548,6 +550,18 @@ static int run_control(const options_t *o)
             continue;
         }
         cJSON *meta = cJSON_Parse(json);
+        if (strcmp(o->command, "health") == 0) {
+            /* a daemon that answers but is not ok (stalled) is a failure for scripts */
+            const cJSON *st = cJSON_GetObjectItemCaseSensitive(meta, "status");
+            if (!cJSON_IsString(st) || strcmp(st->valuestring, "ok") != 0) {
+                const cJSON *phase = cJSON_GetObjectItemCaseSensitive(meta, "stalled_phase");
+                fprintf(stderr, "epctl: %s: status %s%s%s\n", sock,
+                        cJSON_IsString(st) ? st->valuestring : "(none)",
+                        cJSON_IsString(phase) ? ", waiting in the " : "",
+                        cJSON_IsString(phase) ? phase->valuestring : "");
+                if (status < EXIT_DAEMON) status = EXIT_DAEMON;
+            }
+        }
         if (list) {
             cJSON *entry = cJSON_CreateObject();
             cJSON_AddStringToObject(entry, "socket", sock);

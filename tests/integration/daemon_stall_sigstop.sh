@@ -31,6 +31,11 @@ wait_health 0 stalled 3
 phase=$(field 0 stalled_phase)
 [[ $phase == agreement ]] || die "stalled_phase is '$phase', want 'agreement'"
 echo "rank 0 health: $($WIRE health "$(sock 0)")"
+# epctl says so too, and exits 1 (scripts and probes see the stall)
+rc=0
+"$BUILD/epctl" --socket "$(sock 0)" health >"$TMP/h.out" 2>"$TMP/h.err" || rc=$?
+[[ $rc == 1 ]] || die "epctl health exited $rc while the rank is stalled, want 1"
+grep -q "status stalled, waiting in the agreement" "$TMP/h.err" || die "epctl health: $(cat "$TMP/h.err")"
 grep -q "stalled: the agreement has waited" "$EPD_LOG" || die "no 'stalled' line in the log"
 
 echo "== SIGCONT: ok again, and it still serves"
