@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "common/parse.h"
+#include "daemon/engine.h"
 
 epd_status_t epd_experts_open(const epd_config_t *cfg, uint32_t world, uint32_t rank,
                               const epd_ops_t *ops, epd_ops_ctx_t *ops_ctx,
@@ -56,17 +57,7 @@ epd_status_t epd_experts_open(const epd_config_t *cfg, uint32_t world, uint32_t 
         snprintf(err, EPD_ERR_LEN, "experts.weights: %.230s", why);
         goto out;
     }
-    shape = (epd_moe_shape_t){
-        .hidden = cfg->model.hidden,
-        .topk = cfg->model.topk,
-        .num_experts = cfg->model.num_experts,
-        .world = world,
-        .rank = rank,
-        .dtype = cfg->dispatch.dtype,
-        .scale = cfg->dispatch.scale,
-        .scale_format = cfg->dispatch.scale_format,
-        .expert_kind = cfg->experts.kind,
-    };
+    shape = epd_moe_shape_from_config(cfg, world, rank);
     status = ops->experts_load(ops_ctx, &shape, w, why);
     if (status != EPD_OK) {
         snprintf(err, EPD_ERR_LEN, "ffn experts (%llu bytes on this rank): %.200s",
