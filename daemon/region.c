@@ -28,7 +28,6 @@ struct epd_region {
 
 struct epd_region_table {
     uint32_t max_regions;
-    uint32_t count;
     uint32_t next_id; /* ids are never reused within a connection */
     const epd_ops_t *ops;
     epd_ops_ctx_t *ops_ctx;
@@ -74,16 +73,6 @@ void epd_region_unref(epd_region_t *region)
     if (region != NULL && atomic_fetch_sub(&region->refs, 1) == 1) region_release(region);
 }
 
-uint32_t epd_region_id(const epd_region_t *region)
-{
-    return region->id;
-}
-
-uint32_t epd_region_count(const epd_region_table_t *table)
-{
-    return table->count;
-}
-
 void epd_region_table_free(epd_region_table_t *table)
 {
     if (table == NULL) return;
@@ -113,7 +102,6 @@ static void table_put(epd_region_table_t *table, uint32_t slot, epd_region_t *re
     region->id = table->next_id++;
     atomic_init(&region->refs, 1);
     table->slots[slot] = region;
-    table->count++;
     *id_p = region->id;
 }
 
@@ -228,7 +216,6 @@ epd_status_t epd_region_unregister(epd_region_table_t *table, uint32_t id, char 
         if (table->slots[i] != NULL && table->slots[i]->id == id) {
             epd_region_unref(table->slots[i]);
             table->slots[i] = NULL;
-            table->count--;
             return EPD_OK;
         }
     }

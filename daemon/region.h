@@ -38,7 +38,6 @@ epd_status_t epd_region_register_cuda(epd_region_table_t *table, const uint8_t h
 /* Removes region id from the table (bad_region when there is none); its memory goes once the
  * last request using it is answered. */
 epd_status_t epd_region_unregister(epd_region_table_t *table, uint32_t id, char err[EPD_ERR_LEN]);
-uint32_t epd_region_count(const epd_region_table_t *table);
 
 /* The epd_submit_regions_t of this table, for epd_submit_validate_regions. */
 void epd_region_submit_hooks(epd_region_table_t *table, epd_submit_regions_t *hooks_p);
@@ -46,6 +45,5 @@ void epd_region_submit_hooks(epd_region_table_t *table, epd_submit_regions_t *ho
 /* References of a request on the regions its tensors named (span.region values). */
 void epd_region_ref(epd_region_t *region);
 void epd_region_unref(epd_region_t *region);
-uint32_t epd_region_id(const epd_region_t *region);
 
 #endif
