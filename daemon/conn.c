@@ -345,16 +345,6 @@ static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
     c->ctx->request_accepted(c->ctx->arg);
 }
 
-/* A JSON number that is an exact integer in [0, 2^53]. */
-static bool json_u64(const cJSON *item, uint64_t *out_p)
-{
-    if (!cJSON_IsNumber(item)) return false;
-    double v = item->valuedouble;
-    if (!(v >= 0.0 && v <= 9007199254740992.0) || v != (double)(uint64_t)v) return false;
-    *out_p = (uint64_t)v;
-    return true;
-}
-
 /* CONTROL register (DESIGN.md section 4b): a host region from the oldest file descriptor that
  * came with the input, or a device region from a CUDA IPC handle. The REPLY meta in *reply_p. */
 static epd_status_t conn_register(epd_conn_t *c, const cJSON *meta, char **reply_p,
@@ -371,7 +361,7 @@ static epd_status_t conn_register(epd_conn_t *c, const cJSON *meta, char **reply
         snprintf(err, EPD_ERR_LEN, "register needs \"kind\": \"host\" or \"cuda\"");
         return EPD_ERR_BAD_REGION;
     }
-    if (!json_u64(cJSON_GetObjectItemCaseSensitive(meta, "bytes"), &bytes) || bytes == 0) {
+    if (!epd_json_to_u64(cJSON_GetObjectItemCaseSensitive(meta, "bytes"), &bytes) || bytes == 0) {
         snprintf(err, EPD_ERR_LEN, "register needs \"bytes\", an integer >= 1");
         return EPD_ERR_BAD_REGION;
     }
@@ -410,7 +400,7 @@ static epd_status_t conn_register(epd_conn_t *c, const cJSON *meta, char **reply
                      "cudaIpcMemHandle_t");
             return EPD_ERR_BAD_REGION;
         }
-        if (off != NULL && !json_u64(off, &offset)) {
+        if (off != NULL && !epd_json_to_u64(off, &offset)) {
             snprintf(err, EPD_ERR_LEN, "\"offset\" must be a non-negative integer");
             return EPD_ERR_BAD_REGION;
         }
@@ -431,7 +421,8 @@ static epd_status_t conn_unregister(epd_conn_t *c, const cJSON *meta, char **rep
 {
     uint64_t id;
 
-    if (!json_u64(cJSON_GetObjectItemCaseSensitive(meta, "region"), &id) || id > UINT32_MAX) {
+    const cJSON *region = cJSON_GetObjectItemCaseSensitive(meta, "region");
+    if (!epd_json_to_u64(region, &id) || id > UINT32_MAX) {
         snprintf(err, EPD_ERR_LEN, "unregister needs \"region\", a region id");
         return EPD_ERR_BAD_REGION;
     }

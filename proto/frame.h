@@ -166,6 +166,9 @@ const char *epd_dtype_name(epd_dtype_t dtype);
 /* Bytes per element; 0 for EPD_DTYPE_UNKNOWN. */
 size_t epd_dtype_size(epd_dtype_t dtype);
 
+/* A JSON number that is an exact integer in [0, 2^53] (every such double is exact): *out_p. */
+bool epd_json_to_u64(const cJSON *item, uint64_t *out_p);
+
 #define EPD_TENSOR_MAX_DIMS 8
 
 /* One parsed descriptor. In the payload, [begin, end) are payload offsets; in a shared region

@@ -43,8 +43,7 @@ size_t epd_dtype_size(epd_dtype_t dtype)
     return dtypes[dtype].size;
 }
 
-/* A JSON number that is an exact integer in [0, 2^53] (every such double is exact). */
-static bool json_to_u64(const cJSON *item, uint64_t *out_p)
+bool epd_json_to_u64(const cJSON *item, uint64_t *out_p)
 {
     double v;
     if (!cJSON_IsNumber(item)) return false;
@@ -93,7 +92,7 @@ epd_status_t epd_tensor_parse(const cJSON *desc, const char *name, uint64_t payl
     }
     cJSON_ArrayForEach(dim, shape) {
         uint64_t d;
-        if (!json_to_u64(dim, &d)) {
+        if (!epd_json_to_u64(dim, &d)) {
             snprintf(err, EPD_ERR_LEN,
                      "tensor %.40s: shape entry %u is not a non-negative integer", name, t.ndim);
             return EPD_ERR_BAD_TENSOR;
@@ -112,12 +111,12 @@ epd_status_t epd_tensor_parse(const cJSON *desc, const char *name, uint64_t payl
                      name);
             return EPD_ERR_BAD_TENSOR;
         }
-        if (!json_to_u64(region, &id) || id > UINT32_MAX) {
+        if (!epd_json_to_u64(region, &id) || id > UINT32_MAX) {
             snprintf(err, EPD_ERR_LEN, "tensor %.40s: \"region\" must be a region id", name);
             return EPD_ERR_BAD_TENSOR;
         }
         t.begin = 0;
-        if (offset != NULL && !json_to_u64(offset, &t.begin)) {
+        if (offset != NULL && !epd_json_to_u64(offset, &t.begin)) {
             snprintf(err, EPD_ERR_LEN,
                      "tensor %.40s: \"offset\" must be a non-negative integer", name);
             return EPD_ERR_BAD_TENSOR;
@@ -133,8 +132,8 @@ epd_status_t epd_tensor_parse(const cJSON *desc, const char *name, uint64_t payl
         return EPD_OK;
     }
     if (!cJSON_IsArray(offsets) || cJSON_GetArraySize(offsets) != 2 ||
-        !json_to_u64(cJSON_GetArrayItem(offsets, 0), &t.begin) ||
-        !json_to_u64(cJSON_GetArrayItem(offsets, 1), &t.end)) {
+        !epd_json_to_u64(cJSON_GetArrayItem(offsets, 0), &t.begin) ||
+        !epd_json_to_u64(cJSON_GetArrayItem(offsets, 1), &t.end)) {
         snprintf(err, EPD_ERR_LEN,
                  "tensor %.40s: \"data_offsets\" must be [begin, end] with non-negative integers",
                  name);
