@@ -288,6 +288,7 @@ static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
     epd_submit_regions_t hooks;
     char err[EPD_ERR_LEN];
     epd_status_t status;
+    uint64_t read_ns = epd_now_ns();
 
     memset(&view, 0, sizeof(view));
     if (c->regions != NULL) epd_region_submit_hooks(c->regions, &hooks);
@@ -328,6 +329,7 @@ static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
         req->regions[k] = view.regions[k];
         if (view.regions[k] != NULL) epd_region_ref(view.regions[k]);
     }
+    req->read_ns = read_ns;
     req->enqueued_ns = epd_now_ns();
     frame->payload = NULL; /* the request owns it now */
 

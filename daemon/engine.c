@@ -274,6 +274,10 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
         res->n_tokens = req->n_tokens;
         res->status = EPD_OK;
         res->latency_ns = now - req->enqueued_ns;
+        res->read_ns = req->read_ns;
+        res->enqueued_ns = req->enqueued_ns;
+        res->taken_ns = req->taken_ns;
+        res->done_ns = now;
         res->y_in_region = req->y_dst != NULL;
         res->y_region = req->y_region;
         res->y_offset = req->y_offset;
@@ -347,6 +351,8 @@ static bool step_layer(epd_engine_t *engine, uint32_t layer)
     uint32_t n, n_reqs;
     epd_request_t *taken = take_layer(engine, layer, &n, &n_reqs);
     pthread_mutex_unlock(&engine->mu);
+    uint64_t taken_ns = epd_now_ns();
+    for (epd_request_t *req = taken; req != NULL; req = req->next) req->taken_ns = taken_ns;
 
     epd_result_t *head = NULL, *tail = NULL;
     epd_step_timing_t tm;

@@ -36,7 +36,9 @@ typedef struct epd_request {
      * freed (after its answer is complete, y included). */
     void *regions[4];
     void (*unref)(void *region);
+    uint64_t read_ns;      /* CLOCK_MONOTONIC when its frame was read (before validation) */
     uint64_t enqueued_ns;  /* CLOCK_MONOTONIC when queued */
+    uint64_t taken_ns;     /* when a step took it */
     struct epd_request *next;
 } epd_request_t;
 
@@ -53,6 +55,8 @@ typedef struct epd_result {
     epd_status_t status;   /* EPD_OK, or the code to send in an ERROR frame */
     char message[EPD_ERR_LEN];
     uint64_t latency_ns;   /* queued to answered */
+    /* the request's times (daemon/trace.h): frame read, queued, taken, step done */
+    uint64_t read_ns, enqueued_ns, taken_ns, done_ns;
     struct epd_result *next;
 } epd_result_t;
 
