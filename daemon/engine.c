@@ -760,6 +760,13 @@ void epd_engine_set_step_observer(epd_engine_t *engine, epd_engine_step_observer
     pthread_mutex_unlock(&engine->mu);
 }
 
+bool epd_engine_hot(epd_engine_t *engine)
+{
+    uint64_t hot_ns = (uint64_t)engine->cfg.dispatch.hot_ms * 1000000u;
+    return !engine->oversubscribed && hot_ns != 0 &&
+           epd_now_ns() - atomic_load(&engine->last_work_ns) < hot_ns;
+}
+
 const char *epd_engine_activity(epd_engine_t *engine, uint64_t *since_ns_p)
 {
     int activity = atomic_load(&engine->activity);

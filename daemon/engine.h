@@ -118,6 +118,11 @@ void epd_result_free(epd_result_t *result);
 void epd_engine_request_shutdown(epd_engine_t *engine);
 bool epd_engine_stopped(epd_engine_t *engine);
 
+/* True while this rank saw work (a submit accepted or a step with tokens) within
+ * dispatch.hot_ms and its node has a core for every thread that would spin: the loop thread may
+ * poll its sockets without sleeping then, as the worker polls its agreements. */
+bool epd_engine_hot(epd_engine_t *engine);
+
 /* True when a step failed (a transport, MPI or device error): the requests it held and every
  * queued one were answered with EPD_ERR_INTERNAL, and the engine stopped. The ranks are out of
  * step then, so the daemon must end the job with MPI_Abort (DESIGN.md section 8) rather than exit

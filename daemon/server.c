@@ -223,6 +223,17 @@ static void housekeeping_cb(evutil_socket_t fd, short what, void *arg)
                       server->in_flight > 0 || server->stats.buffered_bytes > 0);
 }
 
+int epd_server_run(epd_server_t *server)
+{
+    for (;;) {
+        bool hot = server->engine != NULL && !server->stopping && epd_engine_hot(server->engine);
+        int rc = event_base_loop(server->base, hot ? EVLOOP_NONBLOCK : EVLOOP_ONCE);
+        if (rc < 0) return -1;
+        if (rc == 1 || event_base_got_break(server->base) || event_base_got_exit(server->base))
+            return 0;
+    }
+}
+
 void epd_server_wake(void *arg)
 {
     epd_server_t *server = arg;
