@@ -48,8 +48,11 @@ mpirun -np 1 --bind-to none --mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_de
     --set device.backend=cuda --bench-tokens "$tokens" --bench-iters "$iters" >"$out/bench.log" 2>&1
 rc=$?
 ((rc == 0)) || { summary+=("FAIL  bench: exit $rc ($(tail -n 1 "$out/bench.log"))"); status=1; }
-# the table as printed, without the key=value lines
-grep -vE '^ffn-(result|baseline|accuracy)' "$out/bench.log" | grep -vE '^\s*$' | head -n 200
+# the table of the default tuning as printed (every tuning's rows are in bench.log), skips and
+# errors, the baselines and the accuracy
+grep -E '^(weights|bf16 +default|fp8-block +default|accuracy|read baseline)|skipped|rror' \
+    "$out/bench.log" | head -n 60
+grep -E '^ffn-baseline' "$out/bench.log"
 
 # Done when (one H200, one rank, E_local 32, H 7168, I 2048):
 #   bf16, <= 128 rows/expert: experts <= 1.25 x weight read     (worst vs_read over those rows)
