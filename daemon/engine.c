@@ -246,8 +246,10 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
     }
     /* the ids are on the host: the step lays the tokens out there */
     epd_step_set_host_ids(engine->step, ids_stage);
+    uint64_t step_begin_ns = epd_now_ns();
     CHECK_GOTO(epd_step_run(engine->step, n, x, io->topk_ids, io->topk_weights, y, timing_p, err),
                out_results);
+    uint64_t step_end_ns = epd_now_ns();
     /* a step serves one layer: its requests' (none on a rank that only takes part) */
     pthread_mutex_lock(&engine->mu);
     epd_engine_step_observer_fn observe = engine->observe;
@@ -284,6 +286,8 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
         res->enqueued_ns = req->enqueued_ns;
         res->taken_ns = req->taken_ns;
         res->done_ns = now;
+        res->step_begin_ns = step_begin_ns;
+        res->step_end_ns = step_end_ns;
         res->y_in_region = req->y_dst != NULL;
         res->y_region = req->y_region;
         res->y_offset = req->y_offset;
@@ -400,6 +404,8 @@ static bool step_layer(epd_engine_t *engine, uint32_t layer)
         engine->queued_tokens = engine->queued_requests = 0;
     }
     if (head != NULL) {
+        uint64_t handed_ns = epd_now_ns();
+        for (epd_result_t *res = head; res != NULL; res = res->next) res->handed_ns = handed_ns;
         if (engine->results_tail != NULL)
             engine->results_tail->next = head;
         else

@@ -59,6 +59,8 @@ typedef struct epd_result {
     uint64_t latency_ns;   /* queued to answered */
     /* the request's times (daemon/trace.h): frame read, queued, taken, step done */
     uint64_t read_ns, enqueued_ns, taken_ns, done_ns;
+    uint64_t step_begin_ns, step_end_ns; /* epd_step_run called and returned */
+    uint64_t handed_ns;                  /* queued for the loop thread */
     struct epd_result *next;
 } epd_result_t;
 

@@ -9,13 +9,16 @@
 
 #define TRACE_MAX 65536
 
-enum { T_VALIDATE, T_QUEUE, T_STEP, T_HANDOVER, T_DELIVER, T_TOTAL, T_N };
+enum { T_VALIDATE, T_QUEUE, T_GATHER, T_STEP, T_Y, T_HAND, T_HANDOVER, T_DELIVER, T_TOTAL, T_N };
 
 static const char *const names[T_N] = {
     [T_VALIDATE] = "read -> queued (validate, ingest)",
     [T_QUEUE] = "queued -> taken by a step",
-    [T_STEP] = "taken -> step done (step, y out)",
-    [T_HANDOVER] = "step done -> loop thread has it",
+    [T_GATHER] = "taken -> step begins (gather, copies)",
+    [T_STEP] = "step (epd_step_run)",
+    [T_Y] = "step end -> y out, synced",
+    [T_HAND] = "y out -> handed to the loop",
+    [T_HANDOVER] = "handed -> loop thread has it",
     [T_DELIVER] = "loop thread -> RESULT written",
     [T_TOTAL] = "read -> RESULT written",
 };
@@ -60,8 +63,11 @@ void epd_trace_result(const epd_result_t *r, uint64_t delivered_ns, uint64_t wri
     uint32_t at = n_samples++;
     samples[T_VALIDATE][at] = span(r->read_ns, r->enqueued_ns);
     samples[T_QUEUE][at] = span(r->enqueued_ns, r->taken_ns);
-    samples[T_STEP][at] = span(r->taken_ns, r->done_ns);
-    samples[T_HANDOVER][at] = span(r->done_ns, delivered_ns);
+    samples[T_GATHER][at] = span(r->taken_ns, r->step_begin_ns);
+    samples[T_STEP][at] = span(r->step_begin_ns, r->step_end_ns);
+    samples[T_Y][at] = span(r->step_end_ns, r->done_ns);
+    samples[T_HAND][at] = span(r->done_ns, r->handed_ns);
+    samples[T_HANDOVER][at] = span(r->handed_ns, delivered_ns);
     samples[T_DELIVER][at] = span(delivered_ns, written_ns);
     samples[T_TOTAL][at] = span(r->read_ns, written_ns);
     if (trace_every != 0 && n_samples == trace_every) epd_trace_report();
