@@ -1046,8 +1046,13 @@ void epd_conn_deliver(epd_conn_t *c, epd_result_t *result)
             conn_answer_queued(c, false);
             epd_result_free(result);
         } else {
+            struct evbuffer *output = bufferevent_get_output(c->bev);
+            bool was_empty = evbuffer_get_length(output) == 0;
             conn_queue_frame(c, &out, result_release, result);
             conn_answer_queued(c, true);
+            /* Nothing ahead of it: write now rather than on the loop's next turn (a write event
+             * and its epoll round); what the socket does not take the bufferevent writes later. */
+            if (was_empty && c->state != CONN_CLOSED) (void)evbuffer_write(output, c->fd);
         }
     }
     /* Pauses reads if the client is now too far behind (or frees c if queueing failed). */
