@@ -79,7 +79,8 @@ static void buffer_sizes(const epd_moe_shape_t *shape, uint32_t max_tokens, size
     sizes[3] = mul_sat(*send_cap_p, part.size);
     sizes[4] = mul_sat(mul_sat(max_tokens, shape->world), sizeof(int32_t));
     sizes[5] = mul_sat(max_tokens, row);
-    sizes[6] = mul_sat(mul_sat(max_tokens, shape->topk), sizeof(int32_t));
+    /* room for the weights after the ids too, so that both go in one copy (epd_step_io_t) */
+    sizes[6] = mul_sat(mul_sat(max_tokens, shape->topk), sizeof(int32_t) + sizeof(float));
     sizes[7] = mul_sat(mul_sat(max_tokens, shape->topk), sizeof(float));
     sizes[8] = mul_sat(max_tokens, row);
 }

@@ -53,7 +53,8 @@ typedef struct epd_step_timing {
 /* The step's input and output buffers in ops memory, each sized for max_tokens rows. */
 typedef struct epd_step_io {
     uint16_t *x;         /* bf16 [max_tokens, H] */
-    int32_t *topk_ids;   /* [max_tokens, K] */
+    int32_t *topk_ids;   /* [max_tokens, K], then room for as many floats: a step of n tokens
+                          * may put its weights at topk_ids + n K and copy both at once */
     float *topk_weights; /* [max_tokens, K] */
     uint16_t *y;         /* bf16 [max_tokens, H] */
 } epd_step_io_t;

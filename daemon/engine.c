@@ -221,10 +221,11 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
     const uint16_t *x = alone && reqs->x_device ? reqs->x : io->x;
     uint16_t *y = alone && reqs->y_dst != NULL && reqs->y_device ? reqs->y_dst : io->y;
 
-    /* ids and weights (small, always on the host) gathered in pinned memory, one copy each */
-    size_t max_tokens = engine->cfg.dispatch.max_tokens_per_step;
+    /* ids and weights (small, always on the host) gathered in pinned memory, the weights right
+     * after the ids, and sent in one copy to the same layout on the device (epd_step_io_t) */
     int32_t *ids_stage = (int32_t *)engine->stage;
-    float *w_stage = (float *)(ids_stage + max_tokens * topk);
+    float *w_stage = (float *)(ids_stage + (size_t)n * topk);
+    float *w_dev = (float *)(io->topk_ids + (size_t)n * topk);
     for (epd_request_t *req = reqs; req != NULL; req = req->next) {
         size_t rows = req->n_tokens;
         memcpy(ids_stage + at * topk, req->topk_ids, rows * topk * sizeof(int32_t));
@@ -236,18 +237,14 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
                        out_copy);
         at += rows;
     }
-    if (n > 0) {
+    if (n > 0)
         CHECK_GOTO(copy_queued(engine, io->topk_ids, ids_stage,
-                               (size_t)n * topk * sizeof(int32_t), false),
+                               (size_t)n * topk * (sizeof(int32_t) + sizeof(float)), false),
                    out_copy);
-        CHECK_GOTO(copy_queued(engine, io->topk_weights, w_stage, (size_t)n * topk * sizeof(float),
-                               false),
-                   out_copy);
-    }
     /* the ids are on the host: the step lays the tokens out there */
     epd_step_set_host_ids(engine->step, ids_stage);
     uint64_t step_begin_ns = epd_now_ns();
-    CHECK_GOTO(epd_step_run(engine->step, n, x, io->topk_ids, io->topk_weights, y, timing_p, err),
+    CHECK_GOTO(epd_step_run(engine->step, n, x, io->topk_ids, w_dev, y, timing_p, err),
                out_results);
     uint64_t step_end_ns = epd_now_ns();
     /* a step serves one layer: its requests' (none on a rank that only takes part) */

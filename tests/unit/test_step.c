@@ -190,8 +190,9 @@ static void test_step__memory_bytes__counts_every_buffer(void **state)
     epd_record_layout_t rec;
 
     epd_record_layout(&s, &rec);
-    /* world 1, 10 tokens: 10 send + 10 recv records, 20 partial rows, slots, x, ids, weights, y */
-    size_t want = 20 * rec.size + 20 * 512 + 10 * 4 + 10 * 512 + 10 * 16 + 10 * 16 + 10 * 512 +
+    /* world 1, 10 tokens: 10 send + 10 recv records, 20 partial rows, slots, x, ids (with room
+     * for the weights behind them), weights, y */
+    size_t want = 20 * rec.size + 20 * 512 + 10 * 4 + 10 * 512 + 10 * 32 + 10 * 16 + 10 * 512 +
                   1 * (2 * 4 + 7 * 8);
     assert_int_equal(epd_step_memory_bytes(&s, 10), want);
     s.world = 8;
