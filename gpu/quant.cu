@@ -338,7 +338,7 @@ __global__ void requant_kernel(const uint4 *q, const float *__restrict__ scales,
 
 /* The tiles of one launch, in its parameters (constant memory, read with the launch): tile i is
  * rows[i] consecutive rows of one expert from row first[i] of the layout. TABLE is the most a
- * launch holds; two sizes, so a decode launch does not carry 24 KB of parameters. */
+ * launch holds; three sizes, so a decode launch does not carry 24 KB of parameters. */
 template <int TABLE>
 struct requant_tiles {
     uint32_t first[TABLE];
@@ -800,8 +800,8 @@ out:
     return status;
 }
 
-/* The layout-aware requant: tiles on the host, then live_queue with the smaller table when the
- * tiles fit it. scale_dev != NULL: the step scale reduced on the device (scale ignored). */
+/* The layout-aware requant: tiles on the host, then live_queue with the smallest table that
+ * holds them. scale_dev != NULL: the step scale reduced on the device (scale ignored). */
 static epd_status_t requant_live(const uint8_t *q, const float *scales, const int32_t *counts_host,
                                  uint32_t n_experts, uint32_t capacity, uint32_t hidden,
                                  epd_scale_kind_t kind, float scale, uint8_t *q_out,
@@ -843,6 +843,9 @@ static epd_status_t requant_live(const uint8_t *q, const float *scales, const in
     if (n_tiles <= 256)
         return live_queue<256>(all, n_tiles, q, scales, hidden, kind, scale, q_out, scale_dev, l,
                                st, err);
+    if (n_tiles <= 1024)
+        return live_queue<1024>(all, n_tiles, q, scales, hidden, kind, scale, q_out, scale_dev, l,
+                                st, err);
     return live_queue<EPD_REQUANT_LIVE_TILES>(all, n_tiles, q, scales, hidden, kind, scale, q_out,
                                               scale_dev, l, st, err);
 out:

@@ -236,8 +236,11 @@ int main(int argc, char **argv)
             goto usage;
     }
     if (sweep) {
-        parse_geoms("group:128:2:1,group:512:2:1,group:256:2:2,group:128:2:2,group:256:4:1,"
-                    "group:128:4:1,group:256:1:1,group:128:4:2,group:64:2:1,group:256:2:4,"
+        /* group: 448 x 2, 896 x 1 and 224 x 4 are a row of H 7168 a block (M blocks, one wave
+         * at decode sizes); token: 32 lanes a row is a row a warp */
+        parse_geoms("group:448:2:1,group:896:1:1,group:224:4:1,group:128:2:1,group:512:2:1,"
+                    "group:256:2:2,group:128:2:2,group:256:4:1,group:128:4:1,group:256:1:1,"
+                    "group:128:4:2,group:64:2:1,group:256:2:4,"
                     "token:32:32:1,token:64:32:2,token:128:32:4,token:64:16:1,token:128:16:2,"
                     "token:128:8:1,token:256:4:1,token:448:2:1,token:896:1:1",
                     true, &qgeoms);
