@@ -372,15 +372,16 @@ __global__ void scale_max_tiles_kernel(const float *__restrict__ scales, uint32_
 /* Block b does tiles b, b + gridDim.x, ...; a tile's rows are one contiguous run of one expert,
  * so vector f of it has the scale f / 8 (group-128: 8 vectors a scale) or f / nvr of the tile's
  * first scale. Nothing is read before the first loads of the data: the tile comes with the
- * launch. STEP: S is the reduction's, read from *s_dev after the first pass's loads are issued
- * (griddepcontrol.wait: the reduction grid is complete). */
+ * launch, and so does 1/S when S is given (given_inv: the host's IEEE division, the same bits as
+ * __fdiv_rn). STEP: S is the reduction's, read from *s_dev after the first pass's loads are
+ * issued (griddepcontrol.wait: the reduction grid is complete). */
 template <int VPT, int TABLE, bool STEP>
 __global__ void requant_live_kernel(const uint4 *q, const float *__restrict__ scales,
                                     uint32_t n_tiles, uint32_t nvr, epd_fast_div row_of,
-                                    uint32_t ns, int per_token, float given_s, const float *s_dev,
+                                    uint32_t ns, int per_token, float given_inv, const float *s_dev,
                                     uint4 *q_out, const __grid_constant__ requant_tiles<TABLE> tiles)
 {
-    float inv = STEP ? 0.0f : __fdiv_rn(1.0f, given_s);
+    float inv = given_inv;
     bool have_s = !STEP;
     for (uint32_t t = blockIdx.x; t < n_tiles; t += gridDim.x) {
         const uint64_t first = (uint64_t)tiles.first[t] * nvr;
@@ -792,7 +793,8 @@ static epd_status_t live_queue(const requant_tiles<EPD_REQUANT_LIVE_TILES> &all,
         /* a failed launch is also the last error, which launch_result reports and clears */
         (void)cudaLaunchKernelEx(&cfg, kernel, reinterpret_cast<const uint4 *>(q), scales, n_tiles,
                                  nvr, epd_fast_div_make(nvr), ns,
-                                 kind == EPD_SCALE_PER_TOKEN ? 1 : 0, scale,
+                                 kind == EPD_SCALE_PER_TOKEN ? 1 : 0,
+                                 step ? 0.0f : 1.0f / scale, /* scale > 0 when given */
                                  (const float *)scale_dev, reinterpret_cast<uint4 *>(q_out), tiles);
     }
     return launch_result("requantize", err);
