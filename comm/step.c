@@ -27,9 +27,10 @@ struct epd_step {
     const int32_t *ids_host;  /* the next run's ids on the host (epd_step_set_host_ids), or NULL */
     uint32_t *recv_counts32;  /* [W] from the count exchange */
     /* The count exchange's blocks, one per peer: [records, rows of each of the peer's E/W
-     * experts] (sent: this rank's records for the peer; received: the peer's for this rank). */
-    uint32_t *xsend_block;    /* [W * (1 + E/W)] */
-    uint32_t *xrecv_block;    /* [W * (1 + E/W)] */
+     * experts, with the scale exchange the largest scale] (sent: this rank's records for the
+     * peer; received: the peer's for this rank). */
+    uint32_t *xsend_block;    /* [W * (2 + E/W)] */
+    uint32_t *xrecv_block;    /* [W * (2 + E/W)] */
     uint32_t *expert_rows;    /* [E/W] rows per local expert of the records one experts op gets */
     /* The step scale (DESIGN.md section 3), with epd_step_set_scale_exchange: each block of the
      * count exchange then ends with one more word, the bits of the largest scale of the records
