@@ -22,8 +22,10 @@
 #include "daemon/log.h"
 #include "daemon/notify.h"
 #include "daemon/stats.h"
+#include "daemon/trace.h"
 #include "daemon/trim.h"
 #include "daemon/watchdog.h"
+#include "common/clock.h"
 #include "common/parse.h"
 #include "proto/frame.h"
 
@@ -135,6 +137,7 @@ static void drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
 static void server_stop(epd_server_t *server)
 {
     server->stopping = true;
+    epd_trace_report();
     epd_log_info("drained: answered %" PRIu64 " requests, exiting (since start: accepted %" PRIu64
                  ", answered %" PRIu64 ", results discarded %" PRIu64 ")",
                  server->answered_in_drain, server->stats.requests_accepted,
@@ -198,6 +201,13 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
         if (server->draining || server->shutdown_requested) server->answered_in_drain++;
         if (result->status == EPD_OK)
             epd_metrics_observe_request(server->stats.metrics, result->latency_ns);
+        if (epd_trace_on()) {
+            epd_result_t copy = *result; /* delivered results are freed or kept by the conn */
+            uint64_t delivered_ns = epd_now_ns();
+            epd_conn_table_deliver(server->conns, result);
+            epd_trace_result(&copy, delivered_ns, epd_now_ns());
+            continue;
+        }
         epd_conn_table_deliver(server->conns, result);
     }
     server_check_engine(server);
@@ -211,6 +221,17 @@ static void housekeeping_cb(evutil_socket_t fd, short what, void *arg)
     if (server->engine != NULL && !server->stopping)
         epd_trim_tick(&server->trim, server->stats.bytes_in + server->stats.bytes_out,
                       server->in_flight > 0 || server->stats.buffered_bytes > 0);
+}
+
+int epd_server_run(epd_server_t *server)
+{
+    for (;;) {
+        bool hot = server->engine != NULL && !server->stopping && epd_engine_hot(server->engine);
+        int rc = event_base_loop(server->base, hot ? EVLOOP_NONBLOCK : EVLOOP_ONCE);
+        if (rc < 0) return -1;
+        if (rc == 1 || event_base_got_break(server->base) || event_base_got_exit(server->base))
+            return 0;
+    }
 }
 
 void epd_server_wake(void *arg)
