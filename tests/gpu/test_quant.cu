@@ -326,8 +326,10 @@ static void case_requant_live(uint32_t E, uint32_t cap, uint32_t hidden, epd_sca
 {
     uint32_t ns = epd_quant_n_scales(hidden, kind);
     size_t nq = (size_t)E * cap * hidden, nsc = (size_t)E * cap * ns;
-    uint8_t *q = (uint8_t *)malloc(nq), *ref = (uint8_t *)malloc(nq), *got = (uint8_t *)malloc(nq);
-    float *s = (float *)malloc(nsc * 4);
+    /* (+16: never a NULL buffer, also for no expert) */
+    uint8_t *q = (uint8_t *)malloc(nq + 16), *ref = (uint8_t *)malloc(nq + 16);
+    uint8_t *got = (uint8_t *)malloc(nq + 16);
+    float *s = (float *)malloc(nsc * 4 + 16);
     int32_t *counts = (int32_t *)malloc(E * 4 + 4);
     uint16_t *x = (uint16_t *)malloc((size_t)hidden * 2);
     char err[EPD_ERR_LEN] = "", msg[256] = "";

@@ -141,9 +141,26 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return 2;
     }
-    if (ref == NULL || x == NULL || y == NULL || ids == NULL || w == NULL ||
-        ops->init(device, &octx, err) != EPD_OK ||
-        transport->init(MPI_COMM_WORLD, ops, octx, &tctx, err) != EPD_OK) {
+    if (ref == NULL || x == NULL || y == NULL || ids == NULL || w == NULL) {
+        fprintf(stderr, "rank %d: out of memory\n", rank);
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    {
+        /* the CUDA ops on a machine without a usable GPU: every rank skips together */
+        int ok = ops->init(device, &octx, err) == EPD_OK, all_ok = 0;
+        MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        if (!all_ok) {
+            if (device >= 0) {
+                if (!ok) printf("SKIP: rank %d: %s\n", rank, err);
+                if (ok) ops->fini(octx);
+                MPI_Finalize();
+                return 77;
+            }
+            fprintf(stderr, "rank %d: setup failed: %s\n", rank, err);
+            MPI_Abort(MPI_COMM_WORLD, 2);
+        }
+    }
+    if (transport->init(MPI_COMM_WORLD, ops, octx, &tctx, err) != EPD_OK) {
         fprintf(stderr, "rank %d: setup failed: %s\n", rank, err);
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
