@@ -135,8 +135,9 @@ typedef struct epd_quant_launch {
 /* Name of a kernel kind ("quant_token", ...). */
 const char *epd_quant_kernel_name(epd_quant_kernel_t kernel);
 
-/* Launch parameters for a kernel on rows x hidden (rows = live rows or capacity for requant) on a
- * device of sm_count SMs (cudaDevAttrMultiProcessorCount, read from the device; 0 is taken as 1). */
+/* Launch parameters for a kernel on rows x hidden (rows = capacity for requant, all the live
+ * rows together for requant_live) on a device of sm_count SMs (cudaDevAttrMultiProcessorCount,
+ * read from the device; 0 is taken as 1). */
 epd_quant_launch_t epd_quant_launch_pick(epd_quant_kernel_t kernel, uint32_t hidden, uint32_t rows,
                                          uint32_t sm_count);
 
