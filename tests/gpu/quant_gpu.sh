@@ -15,7 +15,8 @@
 #          cudaMemcpy, both shown)
 #        quantize at M=128: within 1 us of the copy kernel of the same (input) bytes, graph mode
 # Usage: tests/gpu/quant_gpu.sh [kbench options...]   (default: --sweep; logs in $OUT or
-# build/quant_gpu). Exit 0 when tests pass and every criterion is met by the picked geometry.
+# build/quant_gpu; QUANT_GPU_STAGES="test step kbench" picks stages, e.g. to split them over two
+# calls). Exit 0 when the tests pass and every criterion is met by the picked geometries.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -25,6 +26,7 @@ mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 [[ -f /tmp/epd-env.sh ]] && source /tmp/epd-env.sh
 status=0
+stages=" ${QUANT_GPU_STAGES:-test step kbench} "
 
 for b in "$BUILD/tests/gpu/test_quant" "$BUILD/kbench" "$BUILD/tests/step_check"; do
     [[ -x $b ]] || { echo "FAIL: $b is not built (scripts/gpu-node-build.sh all)"; exit 1; }
@@ -34,26 +36,34 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
     exit 77
 fi
 
-echo "== test_quant"
-"$BUILD/tests/gpu/test_quant" >"$out/test_quant.log" 2>&1
-rc=$?
-grep -E '^FAIL' "$out/test_quant.log" | head -20
-echo "test_quant: $(tail -n 1 "$out/test_quant.log") (exit $rc; log $out/test_quant.log)"
-[[ $rc -eq 0 ]] || status=1
+if [[ $stages == *" test "* ]]; then
+    echo "== test_quant"
+    start=$SECONDS
+    "$BUILD/tests/gpu/test_quant" >"$out/test_quant.log" 2>&1
+    rc=$?
+    grep -E '^FAIL' "$out/test_quant.log" | head -20
+    echo "test_quant: $(tail -n 1 "$out/test_quant.log") (exit $rc, $((SECONDS - start)) s; log $out/test_quant.log)"
+    [[ $rc -eq 0 ]] || status=1
+fi
 
-echo "== step scale from the count exchange, 2 ranks on GPU 0 (cuda ops, staged mpi)"
-timeout 300 "$MPIRUN" --oversubscribe -np 2 --mca pml ucx --mca pml_ucx_tls any \
-    --mca pml_ucx_devices any "$BUILD/tests/step_check" --ops cuda >"$out/step_cuda.log" 2>&1
-rc=$?
-grep -E 'rank|FAIL|SKIP' "$out/step_cuda.log" | head -10
-echo "step_check --ops cuda: exit $rc (log $out/step_cuda.log)"
-[[ $rc -eq 0 ]] || status=1
+if [[ $stages == *" step "* ]]; then
+    echo "== step scale from the count exchange, 2 ranks on GPU 0 (cuda ops, staged mpi)"
+    start=$SECONDS
+    timeout 300 "$MPIRUN" --oversubscribe -np 2 --mca pml ucx --mca pml_ucx_tls any \
+        --mca pml_ucx_devices any "$BUILD/tests/step_check" --ops cuda >"$out/step_cuda.log" 2>&1
+    rc=$?
+    grep -E '^rank|FAIL|SKIP' "$out/step_cuda.log" | head -10
+    echo "step_check --ops cuda: exit $rc, $((SECONDS - start)) s (log $out/step_cuda.log)"
+    [[ $rc -eq 0 ]] || status=1
+fi
 
+[[ $stages == *" kbench "* ]] || exit $status
 echo "== kbench ${*:---sweep}"
+start=$SECONDS
 "$BUILD/kbench" "${@:---sweep}" >"$out/kbench.log" 2>&1
 rc=$?
 grep -vE '^R ' "$out/kbench.log" | grep -E '^(device|host|cudaMemcpy|done)'
-echo "kbench: exit $rc (full table in $out/kbench.log)"
+echo "kbench: exit $rc, $((SECONDS - start)) s (full table in $out/kbench.log)"
 [[ $rc -eq 0 ]] || status=1
 
 python3 - "$out/kbench.log" <<'EOF' || status=1
