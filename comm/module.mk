@@ -8,12 +8,15 @@ test_step_SRCS := comm/transport.c comm/transport_mpi.c comm/step.c gpu/ops_host
                   gpu/safetensors.c gpu/quant_host.c common/status.c common/parse.c
 
 # MPI test programs run by tests/integration/step_np.sh and engine_np.sh under mpirun.
+# With CUDA, step_check --ops cuda runs the step on the CUDA ops (staged mpi; the step scale on
+# the GPU, tests/gpu/quant_gpu.sh).
 STEP_CHECK_SRCS := tests/integration/step_check.c comm/transport.c comm/transport_mpi.c \
                    comm/step.c gpu/ops_host.c gpu/quant_host.c gpu/ffn.c gpu/safetensors.c \
-                   common/status.c common/parse.c
+                   common/status.c common/parse.c comm/transport_staged.c \
+                   $(if $(filter 1,$(CUDA)),gpu/ops_cuda.cu gpu/ffn_cuda.cu)
 $(BUILD)/tests/step_check: $(call obj,$(STEP_CHECK_SRCS))
 	@mkdir -p $(dir $@)
-	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
+	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) $(if $(filter 1,$(CUDA)),-lstdc++)
 BINS += $(BUILD)/tests/step_check
 
 # The engine (daemon/engine.c) on a real event loop without sockets, at np = 2.

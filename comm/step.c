@@ -27,10 +27,18 @@ struct epd_step {
     const int32_t *ids_host;  /* the next run's ids on the host (epd_step_set_host_ids), or NULL */
     uint32_t *recv_counts32;  /* [W] from the count exchange */
     /* The count exchange's blocks, one per peer: [records, rows of each of the peer's E/W
-     * experts] (sent: this rank's records for the peer; received: the peer's for this rank). */
-    uint32_t *xsend_block;    /* [W * (1 + E/W)] */
-    uint32_t *xrecv_block;    /* [W * (1 + E/W)] */
+     * experts, with the scale exchange the largest scale] (sent: this rank's records for the
+     * peer; received: the peer's for this rank). */
+    uint32_t *xsend_block;    /* [W * (2 + E/W)] */
+    uint32_t *xrecv_block;    /* [W * (2 + E/W)] */
     uint32_t *expert_rows;    /* [E/W] rows per local expert of the records one experts op gets */
+    /* The step scale (DESIGN.md section 3), with epd_step_set_scale_exchange: each block of the
+     * count exchange then ends with one more word, the bits of the largest scale of the records
+     * for that peer (positive floats order like their bits), and S is the largest received. */
+    bool scale_exchange;
+    float *scale_max_host;    /* [W] pinned: the pack's maxima per destination */
+    float scale;              /* S of the last run (0: off, BF16, or nothing received) */
+    size_t xblock;            /* words a peer of the last count exchange (1 + E/W [+ 1]) */
     uint64_t *send_counts;    /* [W] in records, for the transport */
     uint64_t *send_displs;
     uint64_t *recv_counts;
@@ -104,6 +112,7 @@ void epd_step_destroy(epd_step_t *step)
     for (size_t i = 0; i < EPD_ARRAY_SIZE(ops_bufs); i++)
         if (ops_bufs[i] != NULL) step->ops->free(step->ops_ctx, ops_bufs[i]);
     if (step->slot_host != NULL) step->ops->free_host(step->ops_ctx, step->slot_host);
+    if (step->scale_max_host != NULL) step->ops->free_host(step->ops_ctx, step->scale_max_host);
     free(step->layout.send_counts_host);
     free(step->layout.send_offsets_host);
     free(step->recv_counts32);
@@ -172,7 +181,7 @@ epd_status_t epd_step_create(const epd_moe_shape_t *shape, uint32_t max_tokens,
     step->layout.send_offsets_host = calloc(shape->world, sizeof(uint32_t));
     step->recv_counts32 = calloc(shape->world, sizeof(uint32_t));
     {
-        size_t block = 1 + shape->num_experts / shape->world;
+        size_t block = 2 + shape->num_experts / shape->world; /* with the scale word */
         step->layout.expert_counts_host = calloc(shape->num_experts, sizeof(uint32_t));
         step->xsend_block = calloc(shape->world * block, sizeof(uint32_t));
         step->xrecv_block = calloc(shape->world * block, sizeof(uint32_t));
@@ -217,7 +226,8 @@ epd_status_t epd_step_create(const epd_moe_shape_t *shape, uint32_t max_tokens,
     }
     step->slot_host = ops->alloc_host(ops_ctx, mul_sat(mul_sat(max_tokens, shape->world),
                                                        sizeof(int32_t)));
-    if (step->slot_host == NULL) {
+    step->scale_max_host = ops->alloc_host(ops_ctx, shape->world * sizeof(float));
+    if (step->slot_host == NULL || step->scale_max_host == NULL) {
         snprintf(err, EPD_ERR_LEN, "step: cannot allocate pinned host memory for the slots");
         epd_step_destroy(step);
         return EPD_ERR_NO_MEMORY;
@@ -246,6 +256,16 @@ void epd_step_set_layer(epd_step_t *step, uint32_t layer)
     step->shape.layer = layer;
 }
 
+void epd_step_set_scale_exchange(epd_step_t *step, bool on)
+{
+    step->scale_exchange = on;
+}
+
+float epd_step_scale(const epd_step_t *step)
+{
+    return step->scale;
+}
+
 void epd_step_last_exchange(const epd_step_t *step, epd_step_exchange_t *exchange_p)
 {
     exchange_p->send_counts = step->send_counts;
@@ -269,7 +289,7 @@ static epd_status_t run_experts(epd_step_t *step, void *records, uint64_t first,
                                 uint32_t src_lo, uint32_t src_hi, void *out)
 {
     uint32_t per_rank = step->shape.num_experts / step->shape.world;
-    size_t block = 1 + per_rank;
+    size_t block = step->xblock;
 
     if (count == 0) return EPD_OK;
     for (uint32_t e = 0; e < per_rank; e++) step->expert_rows[e] = 0;
@@ -339,6 +359,12 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
      * waits for layout and pack, less the count exchange. */
     t[0] = epd_now_ns();
     step->layout.n_tokens = n_tokens;
+    /* the scale maxima only when asked for: they cost a wait for the pack before the count
+     * exchange (which otherwise overlaps it) */
+    const bool scale_on = step->scale_exchange && shape->dtype == EPD_WIRE_FP8;
+    step->scale = 0.0f;
+    step->layout.scale_max_host = scale_on ? step->scale_max_host : NULL;
+    if (scale_on) memset(step->scale_max_host, 0, world * sizeof(float));
     const int32_t *ids_host = step->ids_host;
     step->ids_host = NULL; /* for this run only */
     if (ids_host != NULL && ops->copy_queued != NULL) {
@@ -361,17 +387,25 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
         status = ops->layout_counts(octx, shape, &step->layout);
         if (status != EPD_OK) return op_failed(step, status, "layout", err);
     }
+    if (scale_on) {
+        /* the maxima come with the pack (cuda: read back behind it) */
+        status = ops->sync(octx);
+        if (status != EPD_OK) return op_failed(step, status, "sync after pack", err);
+    }
     counts_begin = epd_now_ns();
     {
         /* per peer: its records, then the rows of each of its experts (the experts op of a
-         * weights kind groups its rows per expert without reading counts back) */
+         * weights kind groups its rows per expert without reading counts back), then with the
+         * scale exchange the largest scale of its records */
         uint32_t per_rank = shape->num_experts / world;
-        int block = (int)(1 + per_rank);
+        int block = (int)(1 + per_rank + (scale_on ? 1 : 0));
+        step->xblock = (size_t)block;
         for (uint32_t r = 0; r < world; r++) {
             uint32_t *b = step->xsend_block + (size_t)r * (size_t)block;
             b[0] = step->layout.send_counts_host[r];
             memcpy(b + 1, step->layout.expert_counts_host + (size_t)r * per_rank,
                    per_rank * sizeof(uint32_t));
+            if (scale_on) memcpy(b + 1 + per_rank, &step->scale_max_host[r], sizeof(uint32_t));
         }
         rc = MPI_Alltoall(step->xsend_block, block, MPI_UINT32_T, step->xrecv_block, block,
                           MPI_UINT32_T, step->comm);
@@ -381,6 +415,14 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
         }
         for (uint32_t r = 0; r < world; r++)
             step->recv_counts32[r] = step->xrecv_block[(size_t)r * (size_t)block];
+        if (scale_on) {
+            uint32_t big = 0;
+            for (uint32_t r = 0; r < world; r++) {
+                uint32_t v = step->xrecv_block[(size_t)r * (size_t)block + 1 + per_rank];
+                if (v > big) big = v;
+            }
+            memcpy(&step->scale, &big, sizeof big);
+        }
     }
     counts_ns = epd_now_ns() - counts_begin;
     /* the transport reads send_buf: pack must be complete first, unless no record leaves or

@@ -9,6 +9,7 @@
 #define EPD_COMM_STEP_H
 
 #include <mpi.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -112,6 +113,19 @@ void epd_step_set_host_ids(epd_step_t *step, const int32_t *ids_host);
 /* The layer the next runs serve (shape.layer as the ops see it); 0 until set. Every rank of a
  * step sets the same one (the agreement chose it). */
 void epd_step_set_layer(epd_step_t *step, uint32_t layer);
+
+/* The step scale (DESIGN.md section 3): on (the default is off), each FP8 run's pack also finds
+ * the largest scale of the records for each rank, those maxima travel with the record counts
+ * (one more word a peer in the same MPI_Alltoall) and S = the largest this rank received, its
+ * own records' included. It costs the run a wait for the pack before the count exchange, which
+ * otherwise overlaps the pack. Every rank of comm sets the same; for external experts and the
+ * accuracy study, whose experts take one per-tensor input scale. */
+void epd_step_set_scale_exchange(epd_step_t *step, bool on);
+
+/* S of the last run: the largest scale of the records this rank received (those from itself
+ * included), as the senders reported it; 0 when the exchange is off, the wire is BF16, or no
+ * record arrived. What epd_requant_given_host/_cuda take as the step scale. */
+float epd_step_scale(const epd_step_t *step);
 
 /* The per-peer counts and buffers of the last run. */
 void epd_step_last_exchange(const epd_step_t *step, epd_step_exchange_t *exchange_p);

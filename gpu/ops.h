@@ -136,6 +136,10 @@ typedef struct epd_step_layout {
      * (layout_counts). They travel with the count exchange, so the experts op knows its rows
      * per expert without reading them back from the device. */
     uint32_t *expert_counts_host;
+    /* [W] host memory (pinned for cuda) or NULL: with FP8, pack raises entry r to the largest
+     * scale of the records it writes for rank r (the caller zeroes it first; cuda: the values
+     * land with the ops' next sync). The step's scale exchange (DESIGN.md section 3). */
+    float *scale_max_host;
 } epd_step_layout_t;
 
 typedef struct epd_ops_ctx epd_ops_ctx_t;

@@ -30,6 +30,7 @@ extern "C" {
 #define PACK_MAX_DESTS 1024   /* destination ranks of one token the row pack holds */
 #define EXPERT_TABLE 1024     /* local experts whose factors the experts kernel tabulates */
 #define EXPERT_MAX_K 64       /* top-k slots the experts kernel's mask holds */
+#define SCALE_MAX_AT (2 * LAYOUT_MAX_WORLD + 2) /* in layout_dev */
 #define QE_SLOTS EPD_QE_SLOTS
 #define QE_SUMS EPD_QE_SUMS
 
@@ -38,7 +39,8 @@ struct epd_ops_ctx {
     cudaStream_t stream; /* every op */
     cudaStream_t down;   /* copy_to_host_async */
     cudaStream_t up;     /* copy_to_ops_async, copy_ops_to_ops_async */
-    uint32_t *layout_dev;  /* [2W + 2]: counts, offsets, records, tokens with bad ids */
+    uint32_t *layout_dev;  /* [2W + 2]: counts, offsets, records, tokens with bad ids; then at
+                            * SCALE_MAX_AT [W]: the pack's scale maxima per destination */
     uint32_t *layout_host; /* pinned mirror, read back after the layout kernels */
     uint32_t *tile_counts; /* [LAYOUT_MAX_TILES][W] records per layout tile and rank */
     cudaEvent_t layout_done; /* the read-back of the last layout landed in layout_host */
@@ -414,6 +416,7 @@ struct pack_args {
     uint32_t tail_words; /* 4-byte words from rec_ids to the end: ids, weights, src, padding */
     int ue8m0;
     double *qe; /* telemetry sums (QE_SLOTS x QE_SUMS), NULL when off */
+    uint32_t *smax; /* [world] largest scale (fp32 bits) of the records to each rank, or NULL */
 };
 
 /* The metadata words of token t handled by thread `part` of `parts`: ids, weights (bit copies),
@@ -449,6 +452,8 @@ template <bool FP8>
 __global__ void __launch_bounds__(PACK_MAX_THREADS) pack_row_kernel(pack_args a, uint32_t passes)
 {
     __shared__ int32_t s_dst[PACK_MAX_DESTS], s_slot[PACK_MAX_DESTS];
+    __shared__ uint16_t s_rank[PACK_MAX_DESTS];
+    __shared__ float s_wmax[PACK_MAX_THREADS / 32];
     __shared__ uint32_t s_n;
     float qe_e2 = 0.0f, qe_r2 = 0.0f; /* telemetry of this thread's elements, records counted */
     for (uint32_t t = blockIdx.x; t < a.n; t += gridDim.x) {
@@ -458,13 +463,18 @@ __global__ void __launch_bounds__(PACK_MAX_THREADS) pack_row_kernel(pack_args a,
         __syncthreads();
         if (threadIdx.x == 0) {
             uint32_t n = 0;
-            for (uint32_t r = 0; r < a.world && r < PACK_MAX_DESTS; r++)
-                if (s_slot[r] >= 0) s_dst[n++] = s_slot[r];
+            for (uint32_t r = 0; r < a.world && r < PACK_MAX_DESTS; r++) {
+                if (s_slot[r] >= 0) {
+                    s_rank[n] = (uint16_t)r;
+                    s_dst[n++] = s_slot[r];
+                }
+            }
             s_n = n;
         }
         __syncthreads();
         const uint32_t n_dst = s_n;
         const uint16_t *row = a.x + (size_t)t * a.hidden;
+        float tok_smax = 0.0f; /* the largest of this thread's group scales of the token */
         /* two passes at a time: both chunks' loads are in flight before either is used */
         for (uint32_t p = 0; p < passes; p += 2) {
             const bool second = p + 1 < passes; /* uniform over the block */
@@ -493,6 +503,7 @@ __global__ void __launch_bounds__(PACK_MAX_THREADS) pack_row_kernel(pack_args a,
                     if (!active[k]) continue;
                     float scale, mult;
                     epd_quant_scale(__uint_as_float(m << 16), a.ue8m0, &scale, &mult);
+                    tok_smax = fmaxf(tok_smax, scale);
                     uint4 q = quant16(lo[k], hi[k], mult);
                     if (a.qe != NULL && n_dst > 0) {
                         float xv[CHUNK], e2 = 0.0f, r2 = 0.0f;
@@ -515,6 +526,19 @@ __global__ void __launch_bounds__(PACK_MAX_THREADS) pack_row_kernel(pack_args a,
                         dst[1] = hi[k];
                     }
                 }
+            }
+        }
+        if (FP8 && a.smax != NULL) {
+            /* the token's largest scale to each of its ranks: a block max, then one atomic a
+             * destination (positive floats order like their bits) */
+            for (int off = 16; off > 0; off >>= 1)
+                tok_smax = fmaxf(tok_smax, __shfl_xor_sync(0xffffffffu, tok_smax, off));
+            if ((threadIdx.x & 31) == 0) s_wmax[threadIdx.x / 32] = tok_smax;
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                for (uint32_t w = 1; w < blockDim.x / 32; w++) tok_smax = fmaxf(tok_smax, s_wmax[w]);
+                for (uint32_t d = 0; d < n_dst; d++)
+                    atomicMax(a.smax + s_rank[d], __float_as_uint(tok_smax));
             }
         }
         pack_tail(a, t, threadIdx.x, blockDim.x);
@@ -590,7 +614,10 @@ __global__ void __launch_bounds__(TOKEN_MAX_THREADS) pack_token_kernel(pack_args
         if (lt == 0) {
             for (uint32_t r = 0; r < a.world; r++) {
                 int32_t s = slot[r];
-                if (s >= 0) *reinterpret_cast<float *>(a.send + (size_t)s * a.rec_size + a.rec_scales) = scale;
+                if (s >= 0) {
+                    *reinterpret_cast<float *>(a.send + (size_t)s * a.rec_size + a.rec_scales) = scale;
+                    if (a.smax != NULL) atomicMax(a.smax + r, __float_as_uint(scale));
+                }
             }
         }
         pack_tail(a, t, lt, tpt);
@@ -930,7 +957,8 @@ static epd_status_t cuda_init(int device_id, epd_ops_ctx_t **ctx_p, char err[EPD
         what = "cudaStreamCreateWithFlags";
         goto err_down;
     }
-    if ((rc = cudaMalloc(&ctx->layout_dev, (2 * LAYOUT_MAX_WORLD + 2) * sizeof(uint32_t))) != cudaSuccess) {
+    if ((rc = cudaMalloc(&ctx->layout_dev, (SCALE_MAX_AT + LAYOUT_MAX_WORLD) * sizeof(uint32_t))) !=
+        cudaSuccess) {
         what = "cudaMalloc";
         goto err_up;
     }
@@ -1255,6 +1283,11 @@ static epd_status_t cuda_pack(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, 
     a.tail_words = (uint32_t)((rec.size - rec.ids) / 4);
     a.ue8m0 = shape->scale_format == EPD_SCALE_FMT_UE8M0;
     a.qe = shape->quant_error && shape->dtype == EPD_WIRE_FP8 ? ctx->qe_dev : NULL;
+    if (layout->scale_max_host != NULL && shape->dtype == EPD_WIRE_FP8) {
+        a.smax = ctx->layout_dev + SCALE_MAX_AT;
+        CUDA_TRY(ctx, cudaMemsetAsync(a.smax, 0, shape->world * sizeof(uint32_t), ctx->stream),
+                 "cudaMemsetAsync of the scale maxima");
+    }
 
     if (shape->dtype == EPD_WIRE_BF16 || shape->scale == EPD_SCALE_GROUP128) {
         uint32_t threads = row_threads(a.h16, PACK_MAX_THREADS);
@@ -1279,6 +1312,10 @@ static epd_status_t cuda_pack(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, 
         pack_token_kernel<<<blocks, tpt * per_block, 0, ctx->stream>>>(a, tpt, iters);
     }
     CUDA_TRY(ctx, cudaGetLastError(), "pack kernel launch");
+    if (a.smax != NULL)
+        CUDA_TRY(ctx, cudaMemcpyAsync(layout->scale_max_host, a.smax, shape->world * sizeof(float),
+                                      cudaMemcpyDeviceToHost, ctx->stream),
+                 "cudaMemcpyAsync of the scale maxima");
 out:
     return status;
 }

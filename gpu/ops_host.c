@@ -507,6 +507,10 @@ static epd_status_t host_pack(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, 
                 }
                 memcpy(out + rec.payload, q, hidden);
                 memcpy(out + rec.scales, scales, rec.n_scales * sizeof(float));
+                if (layout->scale_max_host != NULL)
+                    for (size_t g = 0; g < rec.n_scales; g++)
+                        if (scales[g] > layout->scale_max_host[r])
+                            layout->scale_max_host[r] = scales[g];
             } else {
                 memcpy(out + rec.payload, row, (size_t)hidden * 2);
             }

@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "gpu/fp8.h"
 #include "gpu/quant.h"
@@ -80,57 +81,70 @@ __global__ void quant_token_kernel(const uint16_t *__restrict__ x, uint32_t rows
 /* ---- group-128 quantization ---- */
 
 /* 16 / VPT threads per group of 128 (256 bytes), each VPT consecutive 16-byte vectors; the group
- * amax by shuffles within those lanes. */
-template <int VPT>
+ * amax by shuffles within those lanes. G groups a lane set (strided by the grid's lane sets, so
+ * neighbouring sets still read neighbouring groups): all G groups' loads leave before the first
+ * is used, and the grid is G times smaller (decode sizes: fewer blocks, one wave). */
+template <int VPT, int G>
 __global__ void quant_group_kernel(const uint16_t *__restrict__ x, uint32_t rows, uint32_t gpr,
                                    size_t x_stride, uint8_t *__restrict__ q, size_t q_stride,
                                    float *__restrict__ scales, size_t scale_stride, int ue8m0)
 {
     constexpr uint32_t LANES = 16 / VPT;
     const uint64_t t = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const uint64_t g = t / LANES;
+    const uint64_t sets = (uint64_t)gridDim.x * blockDim.x / LANES;
     const uint32_t part = (uint32_t)(t % LANES);
     const uint64_t n_groups = (uint64_t)rows * gpr;
-    const bool live = g < n_groups;
-    uint64_t row = 0;
-    uint32_t gi = 0;
-    if (live) {
-        if (n_groups <= 0xffffffffull) { /* 32-bit division when it fits (the common case) */
-            row = (uint32_t)g / gpr;
-            gi = (uint32_t)g - (uint32_t)row * gpr;
+    uint64_t row[G];
+    uint32_t gi[G];
+    bool live[G];
+    uint4 v[G][VPT];
+    float amax[G];
+#pragma unroll
+    for (int k = 0; k < G; k++) {
+        const uint64_t g = t / LANES + (uint64_t)k * sets;
+        live[k] = g < n_groups;
+        row[k] = 0;
+        gi[k] = 0;
+        amax[k] = 0.0f;
+        if (live[k]) {
+            if (n_groups <= 0xffffffffull) { /* 32-bit division when it fits (the common case) */
+                row[k] = (uint32_t)g / gpr;
+                gi[k] = (uint32_t)g - (uint32_t)row[k] * gpr;
+            } else {
+                row[k] = g / gpr;
+                gi[k] = (uint32_t)(g - row[k] * gpr);
+            }
+            const size_t col = (size_t)gi[k] * EPD_QUANT_GROUP + (size_t)part * VPT * 8;
+            const uint4 *src = reinterpret_cast<const uint4 *>(x + row[k] * x_stride + col);
+#pragma unroll
+            for (int j = 0; j < VPT; j++) v[k][j] = __ldg(src + j);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < G; k++) {
+        if (live[k]) {
+#pragma unroll
+            for (int j = 0; j < VPT; j++) amax[k] = epd_dev_amax8(v[k][j], amax[k]);
+        }
+#pragma unroll
+        for (uint32_t off = LANES / 2; off > 0; off >>= 1)
+            amax[k] = fmaxf(amax[k], __shfl_xor_sync(0xffffffffu, amax[k], off));
+        if (!live[k]) continue;
+        float s, mult;
+        epd_quant_scale(amax[k], ue8m0, &s, &mult);
+        const size_t col = (size_t)gi[k] * EPD_QUANT_GROUP + (size_t)part * VPT * 8;
+        uint8_t *dst = q + row[k] * q_stride + col;
+        if (VPT == 1) {
+            *reinterpret_cast<uint2 *>(dst) = epd_dev_quant8(v[k][0], mult);
         } else {
-            row = g / gpr;
-            gi = (uint32_t)(g - row * gpr);
-        }
-    }
-    const size_t col = (size_t)gi * EPD_QUANT_GROUP + (size_t)part * VPT * 8;
-    const uint4 *src = reinterpret_cast<const uint4 *>(x + row * x_stride + col);
-    uint4 v[VPT];
-    float amax = 0.0f;
-    if (live) {
 #pragma unroll
-        for (int j = 0; j < VPT; j++) {
-            v[j] = __ldg(src + j);
-            amax = epd_dev_amax8(v[j], amax);
+            for (int j = 0; j < VPT; j += 2) {
+                uint2 a = epd_dev_quant8(v[k][j], mult), b = epd_dev_quant8(v[k][j + 1], mult);
+                reinterpret_cast<uint4 *>(dst)[j / 2] = make_uint4(a.x, a.y, b.x, b.y);
+            }
         }
+        if (part == 0) scales[row[k] * scale_stride + gi[k]] = s;
     }
-#pragma unroll
-    for (uint32_t off = LANES / 2; off > 0; off >>= 1)
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    if (!live) return;
-    float s, mult;
-    epd_quant_scale(amax, ue8m0, &s, &mult);
-    uint8_t *dst = q + row * q_stride + col;
-    if (VPT == 1) {
-        *reinterpret_cast<uint2 *>(dst) = epd_dev_quant8(v[0], mult);
-    } else {
-#pragma unroll
-        for (int j = 0; j < VPT; j += 2) {
-            uint2 a = epd_dev_quant8(v[j], mult), b = epd_dev_quant8(v[j + 1], mult);
-            reinterpret_cast<uint4 *>(dst)[j / 2] = make_uint4(a.x, a.y, b.x, b.y);
-        }
-    }
-    if (part == 0) scales[row * scale_stride + gi] = s;
 }
 
 /* ---- dequantization ---- */
@@ -320,6 +334,85 @@ __global__ void requant_kernel(const uint4 *q, const float *__restrict__ scales,
     }
 }
 
+/* ---- layout-aware requantization: tiles of live rows made on the host ---- */
+
+/* The tiles of one launch, in its parameters (constant memory, read with the launch): tile i is
+ * rows[i] consecutive rows of one expert from row first[i] of the layout. TABLE is the most a
+ * launch holds; three sizes, so a decode launch does not carry 24 KB of parameters. */
+template <int TABLE>
+struct requant_tiles {
+    uint32_t first[TABLE];
+    uint16_t rows[TABLE];
+};
+
+/* S over the tiles' scales: one atomicMax a block into *out (zeroed before). The requant kernel
+ * behind it is a programmatic dependent launch, released once every block has loaded. */
+template <int TABLE>
+__global__ void scale_max_tiles_kernel(const float *__restrict__ scales, uint32_t n_tiles,
+                                       uint32_t ns, float *out,
+                                       const __grid_constant__ requant_tiles<TABLE> tiles)
+{
+    __shared__ float red[32];
+    float m = 0.0f;
+    for (uint32_t t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+        const float *s = scales + (uint64_t)tiles.first[t] * ns;
+        const uint32_t n = (uint32_t)tiles.rows[t] * ns;
+        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, __ldg(s + i));
+    }
+    asm volatile("griddepcontrol.launch_dependents;");
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (uint32_t k = 1; k < blockDim.x / 32; k++) m = fmaxf(m, red[k]);
+        if (m > 0.0f) atomicMax(reinterpret_cast<unsigned int *>(out), __float_as_uint(m));
+    }
+}
+
+/* Block b does tiles b, b + gridDim.x, ...; a tile's rows are one contiguous run of one expert,
+ * so vector f of it has the scale f / 8 (group-128: 8 vectors a scale) or f / nvr of the tile's
+ * first scale. Nothing is read before the first loads of the data: the tile comes with the
+ * launch, and so does 1/S when S is given (given_inv: the host's IEEE division, the same bits as
+ * __fdiv_rn). STEP: S is the reduction's, read from *s_dev after the first pass's loads are
+ * issued (griddepcontrol.wait: the reduction grid is complete). */
+template <int VPT, int TABLE, bool STEP>
+__global__ void requant_live_kernel(const uint4 *q, const float *__restrict__ scales,
+                                    uint32_t n_tiles, uint32_t nvr, epd_fast_div row_of,
+                                    uint32_t ns, int per_token, float given_inv, const float *s_dev,
+                                    uint4 *q_out, const __grid_constant__ requant_tiles<TABLE> tiles)
+{
+    float inv = given_inv;
+    bool have_s = !STEP;
+    for (uint32_t t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+        const uint64_t first = (uint64_t)tiles.first[t] * nvr;
+        const uint32_t n_vec = (uint32_t)tiles.rows[t] * nvr;
+        const float *sc_tile = scales + (uint64_t)tiles.first[t] * ns;
+        for (uint32_t f0 = 0; f0 < n_vec; f0 += blockDim.x * VPT) {
+            uint4 in[VPT];
+            float sc[VPT];
+#pragma unroll
+            for (int j = 0; j < VPT; j++) {
+                const uint32_t f = f0 + (uint32_t)j * blockDim.x + threadIdx.x;
+                if (f < n_vec) {
+                    in[j] = q[first + f];
+                    sc[j] = sc_tile[per_token ? epd_fast_div_of(f, row_of) : f / 8];
+                }
+            }
+            if (STEP && !have_s) {
+                asm volatile("griddepcontrol.wait;" ::: "memory");
+                const float big_s = *s_dev;
+                inv = big_s > 0.0f ? __fdiv_rn(1.0f, big_s) : 0.0f; /* as the host's */
+                have_s = true;
+            }
+#pragma unroll
+            for (int j = 0; j < VPT; j++) {
+                const uint32_t f = f0 + (uint32_t)j * blockDim.x + threadIdx.x;
+                if (f < n_vec) q_out[first + f] = epd_dev_requant16(in[j], sc[j], inv);
+            }
+        }
+    }
+}
+
 /* ---- launchers ---- */
 
 static epd_status_t launch_result(const char *what, char err[EPD_ERR_LEN])
@@ -426,24 +519,31 @@ extern "C" epd_status_t epd_quant_cuda(const uint16_t *x, uint32_t rows, uint32_
                 EPD_TOKEN_CASE(2);
                 EPD_TOKEN_CASE(4);
                 EPD_TOKEN_CASE(8);
+                EPD_TOKEN_CASE(16);
+                EPD_TOKEN_CASE(32);
             }
 #undef EPD_TOKEN_CASE
         } else {
             CHECK_GOTO(pick_launch(EPD_QK_QUANT_GROUP, hidden, rows, launch, &l, err), out);
-            const uint32_t gpr = hidden / EPD_QUANT_GROUP;
-            const uint64_t n_threads = (uint64_t)rows * gpr * (16 / l.vec);
-            const uint64_t blocks = (n_threads + l.threads - 1) / l.threads;
+            const uint32_t gpr = hidden / EPD_QUANT_GROUP, g = l.rows > 1 ? l.rows : 1;
+            const uint64_t n_sets = ((uint64_t)rows * gpr + g - 1) / g;
+            const uint64_t blocks = (n_sets * (16 / l.vec) + l.threads - 1) / l.threads;
             if (blocks > 0x7fffffffull) return bad_arg(err, "quantize: too many rows for one launch");
-#define EPD_GROUP_CASE(V)                                                                      \
-    case V:                                                                                    \
-        quant_group_kernel<V><<<(unsigned)blocks, l.threads, 0, st>>>(x, rows, gpr, x_stride, q, \
-                                                                      q_stride, scales,         \
-                                                                      scale_stride, ue8m0);     \
+#define EPD_GROUP_CASE(V, G)                                                                  \
+    case V * 8 + G:                                                                           \
+        quant_group_kernel<V, G><<<(unsigned)blocks, l.threads, 0, st>>>(                     \
+            x, rows, gpr, x_stride, q, q_stride, scales, scale_stride, ue8m0);                \
         break
-            switch (l.vec) {
-                EPD_GROUP_CASE(1);
-                EPD_GROUP_CASE(2);
-                EPD_GROUP_CASE(4);
+            switch (l.vec * 8 + g) {
+                EPD_GROUP_CASE(1, 1);
+                EPD_GROUP_CASE(1, 2);
+                EPD_GROUP_CASE(1, 4);
+                EPD_GROUP_CASE(2, 1);
+                EPD_GROUP_CASE(2, 2);
+                EPD_GROUP_CASE(2, 4);
+                EPD_GROUP_CASE(4, 1);
+                EPD_GROUP_CASE(4, 2);
+                EPD_GROUP_CASE(4, 4);
             }
 #undef EPD_GROUP_CASE
         }
@@ -631,4 +731,152 @@ extern "C" epd_status_t epd_requant_cuda(const uint8_t *q, const float *scales,
     return launch_result("requantize", err);
 out:
     return status;
+}
+
+/* The kernel of a layout-aware launch: vec x table size x step scale. */
+template <int TABLE>
+static void (*live_kernel(uint32_t vec, bool step))(const uint4 *, const float *, uint32_t, uint32_t,
+                                                    epd_fast_div, uint32_t, int, float,
+                                                    const float *, uint4 *,
+                                                    const requant_tiles<TABLE>)
+{
+    if (step)
+        return vec == 1 ? requant_live_kernel<1, TABLE, true>
+             : vec == 2 ? requant_live_kernel<2, TABLE, true>
+                        : requant_live_kernel<4, TABLE, true>;
+    return vec == 1 ? requant_live_kernel<1, TABLE, false>
+         : vec == 2 ? requant_live_kernel<2, TABLE, false>
+                    : requant_live_kernel<4, TABLE, false>;
+}
+
+/* Queues the reduction (step) and the requant of n_tiles tiles from all (TABLE >= n_tiles). */
+template <int TABLE>
+static epd_status_t live_queue(const requant_tiles<EPD_REQUANT_LIVE_TILES> &all, uint32_t n_tiles,
+                               const uint8_t *q, const float *scales, uint32_t hidden,
+                               epd_scale_kind_t kind, float scale, uint8_t *q_out,
+                               float *scale_dev, const epd_quant_launch_t &l, cudaStream_t st,
+                               char err[EPD_ERR_LEN])
+{
+    epd_status_t status;
+    requant_tiles<TABLE> tiles;
+    const bool step = scale_dev != nullptr;
+    const uint32_t ns = epd_quant_n_scales(hidden, kind), nvr = hidden / 16;
+    memcpy(tiles.first, all.first, n_tiles * sizeof(uint32_t));
+    memcpy(tiles.rows, all.rows, n_tiles * sizeof(uint16_t));
+    if (step) {
+        uint32_t sms = 0;
+        CHECK_GOTO(device_sms(&sms, err), out);
+        cudaError_t rc = cudaMemsetAsync(scale_dev, 0, sizeof(float), st);
+        if (rc != cudaSuccess) {
+            snprintf(err, EPD_ERR_LEN, "step scale: %s", cudaGetErrorString(rc));
+            return EPD_ERR_CUDA;
+        }
+        /* a block a tile up to 8 an SM: each reads its tiles' scales once */
+        const uint32_t grid = n_tiles < sms * 8 ? n_tiles : sms * 8;
+        scale_max_tiles_kernel<TABLE><<<grid, 128, 0, st>>>(scales, n_tiles, ns, scale_dev, tiles);
+        CHECK_GOTO(launch_result("step scale", err), out);
+    }
+    {
+        auto kernel = live_kernel<TABLE>(l.vec, step);
+        uint32_t resident;
+        CHECK_GOTO(device_blocks((const void *)kernel, l.threads, 0, l.blocks, &resident, err), out);
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr[1];
+        cfg.gridDim = dim3(n_tiles < resident ? n_tiles : resident);
+        cfg.blockDim = dim3(l.threads);
+        cfg.dynamicSmemBytes = 0;
+        cfg.stream = st;
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = step ? 1 : 0; /* behind the reduction's kernel */
+        /* a failed launch is also the last error, which launch_result reports and clears */
+        (void)cudaLaunchKernelEx(&cfg, kernel, reinterpret_cast<const uint4 *>(q), scales, n_tiles,
+                                 nvr, epd_fast_div_make(nvr), ns,
+                                 kind == EPD_SCALE_PER_TOKEN ? 1 : 0,
+                                 step ? 0.0f : 1.0f / scale, /* scale > 0 when given */
+                                 (const float *)scale_dev, reinterpret_cast<uint4 *>(q_out), tiles);
+    }
+    return launch_result("requantize", err);
+out:
+    return status;
+}
+
+/* The layout-aware requant: tiles on the host, then live_queue with the smallest table that
+ * holds them. scale_dev != NULL: the step scale reduced on the device (scale ignored). */
+static epd_status_t requant_live(const uint8_t *q, const float *scales, const int32_t *counts_host,
+                                 uint32_t n_experts, uint32_t capacity, uint32_t hidden,
+                                 epd_scale_kind_t kind, float scale, uint8_t *q_out,
+                                 float *scale_dev, const epd_quant_launch_t *launch, void *stream,
+                                 char err[EPD_ERR_LEN])
+{
+    epd_status_t status;
+    epd_quant_launch_t l;
+    cudaStream_t st = (cudaStream_t)stream;
+    static thread_local requant_tiles<EPD_REQUANT_LIVE_TILES> all; /* 24 KB: not on the stack */
+    uint32_t n_tiles = 0, rows_per_tile = 0;
+    uint64_t live = 0;
+
+    CHECK_GOTO(epd_quant_check(hidden, kind, EPD_SCALE_FMT_FP32, err), out);
+    if (!q || !scales || !counts_host || !q_out) return bad_arg(err, "requantize: a NULL buffer");
+    if (!aligned16(q) || !aligned16(q_out))
+        return bad_arg(err, "requantize: q and q_out must be 16-byte aligned");
+    if ((uint64_t)capacity * (hidden / 16) > 0xffffffffull)
+        return bad_arg(err, "requantize: capacity x hidden too large (64 GiB per expert)");
+    for (uint32_t e = 0; e < n_experts; e++) live += counts_host[e] > 0 ? (uint64_t)counts_host[e] : 0;
+    CHECK_GOTO(pick_launch(EPD_QK_REQUANT_LIVE, hidden, live > 0xffffffffull ? 0xffffffffu : (uint32_t)live,
+                           launch, &l, err), out);
+    CHECK_GOTO(epd_requant_tiles_make(counts_host, n_experts, capacity, l.rows,
+                                      EPD_REQUANT_LIVE_TILES, all.first, all.rows, &n_tiles,
+                                      &rows_per_tile, &live, err), out);
+    if ((uint64_t)rows_per_tile * (hidden / 16) > 0xffffffffull)
+        return bad_arg(err, "requantize: rows per tile x hidden too large for one tile");
+    if (scale_dev == nullptr && scale == 0.0f && n_tiles > 0)
+        return bad_arg(err, "requantize: given scale 0 with live rows (S must be > 0)");
+    if (n_tiles == 0) {
+        if (scale_dev == nullptr) return EPD_OK;
+        cudaError_t rc = cudaMemsetAsync(scale_dev, 0, sizeof(float), st);
+        if (rc != cudaSuccess) {
+            snprintf(err, EPD_ERR_LEN, "step scale: %s", cudaGetErrorString(rc));
+            return EPD_ERR_CUDA;
+        }
+        return EPD_OK;
+    }
+    if (n_tiles <= 256)
+        return live_queue<256>(all, n_tiles, q, scales, hidden, kind, scale, q_out, scale_dev, l,
+                               st, err);
+    if (n_tiles <= 1024)
+        return live_queue<1024>(all, n_tiles, q, scales, hidden, kind, scale, q_out, scale_dev, l,
+                                st, err);
+    return live_queue<EPD_REQUANT_LIVE_TILES>(all, n_tiles, q, scales, hidden, kind, scale, q_out,
+                                              scale_dev, l, st, err);
+out:
+    return status;
+}
+
+extern "C" epd_status_t epd_requant_given_cuda(const uint8_t *q, const float *scales,
+                                               const int32_t *counts_host, uint32_t n_experts,
+                                               uint32_t capacity, uint32_t hidden,
+                                               epd_scale_kind_t kind, float scale, uint8_t *q_out,
+                                               const epd_quant_launch_t *launch, void *stream,
+                                               char err[EPD_ERR_LEN])
+{
+    if (!(scale >= 0.0f) || isinf(scale)) {
+        snprintf(err, EPD_ERR_LEN, "given scale %g is not a finite value >= 0", (double)scale);
+        return EPD_ERR_INVALID_ARG;
+    }
+    return requant_live(q, scales, counts_host, n_experts, capacity, hidden, kind, scale, q_out,
+                        nullptr, launch, stream, err);
+}
+
+extern "C" epd_status_t epd_requant_step_cuda(const uint8_t *q, const float *scales,
+                                              const int32_t *counts_host, uint32_t n_experts,
+                                              uint32_t capacity, uint32_t hidden,
+                                              epd_scale_kind_t kind, uint8_t *q_out,
+                                              float *scale_dev, const epd_quant_launch_t *launch,
+                                              void *stream, char err[EPD_ERR_LEN])
+{
+    if (!scale_dev) return bad_arg(err, "requantize: the step scale needs a device scale output");
+    return requant_live(q, scales, counts_host, n_experts, capacity, hidden, kind, 0.0f, q_out,
+                        scale_dev, launch, stream, err);
 }

@@ -78,6 +78,32 @@ epd_status_t epd_requant_host(const uint8_t *q, const float *scales, const int32
                               epd_scale_kind_t kind, float static_scale, uint8_t *q_out,
                               float *scale_p, char err[EPD_ERR_LEN]);
 
+/* Requantizes with S given (not reduced): the experts' static input scale, or the step scale
+ * the count exchange delivered (epd_step_scale). The same bytes as epd_requant_host with
+ * static_scale = scale. scale must be finite and > 0, or 0 when no row is live (the step scale
+ * of a step that received nothing; nothing is written then). counts are host memory, each in
+ * [0, capacity]. */
+epd_status_t epd_requant_given_host(const uint8_t *q, const float *scales, const int32_t *counts,
+                                    uint32_t n_experts, uint32_t capacity, uint32_t hidden,
+                                    epd_scale_kind_t kind, float scale, uint8_t *q_out,
+                                    char err[EPD_ERR_LEN]);
+
+/* The most tiles one layout-aware requant launch holds (they travel in its parameters). */
+#define EPD_REQUANT_LIVE_TILES 4096
+
+/* The tiles of the layout-aware requant launch, made on the host from host counts: a tile is up
+ * to rows_per_tile consecutive live rows of one expert, tiles in expert order. first[i] is the
+ * tile's first row in the layout (e * capacity + r), rows[i] its rows. At most max_tiles tiles:
+ * when the layout needs more, rows_per_tile is doubled until they fit (never above 65535); the
+ * rows per tile used go to *rows_per_tile_p. *n_tiles_p and *live_rows_p receive the counts.
+ * EPD_ERR_INVALID_ARG (err) on a count outside [0, capacity], experts x capacity >= 2^31, or
+ * rows_per_tile 0, or when even 65535 rows a tile make more than max_tiles tiles. */
+epd_status_t epd_requant_tiles_make(const int32_t *counts_host, uint32_t n_experts,
+                                    uint32_t capacity, uint32_t rows_per_tile, uint32_t max_tiles,
+                                    uint32_t *first, uint16_t *rows, uint32_t *n_tiles_p,
+                                    uint32_t *rows_per_tile_p, uint64_t *live_rows_p,
+                                    char err[EPD_ERR_LEN]);
+
 /* Launch parameters of the CUDA kernels: chosen per shape and device by epd_quant_launch_pick
  * (keyed on hidden, rows and the SM count), or given explicitly (kbench sweeps them). Never baked
  * into kernels. */
@@ -87,26 +113,31 @@ typedef enum {
     EPD_QK_DEQUANT,         /* dequantization (fp32 or bf16 out) */
     EPD_QK_REQUANT,         /* requantization of the expert-grouped layout */
     EPD_QK_SCALE_MAX,       /* step-scale reduction over live rows */
+    EPD_QK_REQUANT_LIVE,    /* layout-aware requantization: a grid of the live rows' tiles */
     EPD_QK_MAX
 } epd_quant_kernel_t;
 
 typedef struct epd_quant_launch {
     uint32_t threads; /* threads per block (multiple of 32, <= 1024) */
     uint32_t vec;     /* work each thread keeps in flight: 16-byte vectors per row (per_token:
-                         1|2|4|8, or 0 = two-pass kernel that rereads the row from L2), per group
-                         (group128: 1|2|4, i.e. 16, 8 or 4 lanes a group), per pass (dequant and
-                         requant: 1|2|4); scale_max: floats per thread per pass (1..16) */
-    uint32_t rows;    /* per_token: rows per block (threads/rows lanes a row); requant: rows per
-                         tile (consecutive live rows, expert after expert); unused by the others */
-    uint32_t blocks;  /* requant: at most this many blocks per SM (0: as many as fit); unused by
-                         the others */
+                         1|2|4|8|16|32, or 0 = two-pass kernel that rereads the row from L2), per
+                         group (group128: 1|2|4, i.e. 16, 8 or 4 lanes a group), per pass (dequant
+                         and requant: 1|2|4); scale_max: floats per thread per pass (1..16) */
+    uint32_t rows;    /* per_token: rows per block (threads/rows lanes a row; 32 lanes = a row a
+                         warp); group128: groups a thread's lanes do, loads all in flight first
+                         (1|2|4); requant: rows per tile (consecutive live rows, expert after
+                         expert); requant_live: rows per tile (of one expert); unused by others */
+    uint32_t blocks;  /* requant, requant_live: at most this many blocks per SM (0: as many as
+                         fit); requant_live's grid is the tiles, or fewer (then blocks stride over
+                         them); unused by the others */
 } epd_quant_launch_t;
 
 /* Name of a kernel kind ("quant_token", ...). */
 const char *epd_quant_kernel_name(epd_quant_kernel_t kernel);
 
-/* Launch parameters for a kernel on rows x hidden (rows = live rows or capacity for requant) on a
- * device of sm_count SMs (cudaDevAttrMultiProcessorCount, read from the device; 0 is taken as 1). */
+/* Launch parameters for a kernel on rows x hidden (rows = capacity for requant, all the live
+ * rows together for requant_live) on a device of sm_count SMs (cudaDevAttrMultiProcessorCount,
+ * read from the device; 0 is taken as 1). */
 epd_quant_launch_t epd_quant_launch_pick(epd_quant_kernel_t kernel, uint32_t hidden, uint32_t rows,
                                          uint32_t sm_count);
 
@@ -156,6 +187,28 @@ epd_status_t epd_requant_cuda(const uint8_t *q, const float *scales, const int32
                               epd_scale_kind_t kind, float static_scale, uint8_t *q_out,
                               float *scale_dev, const epd_quant_launch_t *launch, void *stream,
                               char err[EPD_ERR_LEN]);
+
+/* Layout-aware requantization with S given (as epd_requant_given_host): counts_host are host
+ * memory (the step's rows per local expert from the count exchange, say), so the tiles of live
+ * rows are made on the host and travel in the launch itself: the grid is sized to them, no
+ * counts are read on the device, no block scans a prefix. Same bytes as epd_requant_host;
+ * launch is for EPD_QK_REQUANT_LIVE (NULL = picked for the live rows). counts_host may change
+ * once the call returns. */
+epd_status_t epd_requant_given_cuda(const uint8_t *q, const float *scales,
+                                    const int32_t *counts_host, uint32_t n_experts,
+                                    uint32_t capacity, uint32_t hidden, epd_scale_kind_t kind,
+                                    float scale, uint8_t *q_out, const epd_quant_launch_t *launch,
+                                    void *stream, char err[EPD_ERR_LEN]);
+
+/* The same with the step scale reduced on the device over the live tiles (for a caller that has
+ * no S from a count exchange): S is written to *scale_dev (device memory), the requant is a
+ * programmatic dependent launch behind the reduction (its first loads overlap it). */
+epd_status_t epd_requant_step_cuda(const uint8_t *q, const float *scales,
+                                   const int32_t *counts_host, uint32_t n_experts,
+                                   uint32_t capacity, uint32_t hidden, epd_scale_kind_t kind,
+                                   uint8_t *q_out, float *scale_dev,
+                                   const epd_quant_launch_t *launch, void *stream,
+                                   char err[EPD_ERR_LEN]);
 #endif
 
 #ifdef __cplusplus

@@ -235,12 +235,97 @@ out:
     return status;
 }
 
+epd_status_t epd_requant_given_host(const uint8_t *q, const float *scales, const int32_t *counts,
+                                    uint32_t n_experts, uint32_t capacity, uint32_t hidden,
+                                    epd_scale_kind_t kind, float scale, uint8_t *q_out,
+                                    char err[EPD_ERR_LEN])
+{
+    epd_status_t status;
+    float used;
+    if (!(scale >= 0.0f) || isinf(scale)) {
+        snprintf(err, EPD_ERR_LEN, "given scale %g is not a finite value >= 0", (double)scale);
+        return EPD_ERR_INVALID_ARG;
+    }
+    CHECK_GOTO(epd_quant_check(hidden, kind, EPD_SCALE_FMT_FP32, err), out);
+    CHECK_GOTO(check_ptrs(q, scales, counts, "requantize", err), out);
+    CHECK_GOTO(check_counts(counts, n_experts, capacity, err), out);
+    if (scale == 0.0f) {
+        for (uint32_t e = 0; e < n_experts; e++) {
+            if (counts[e] > 0) {
+                snprintf(err, EPD_ERR_LEN,
+                         "given scale 0 with live rows (expert %u has %d): S must be > 0", e,
+                         counts[e]);
+                return EPD_ERR_INVALID_ARG;
+            }
+        }
+        return EPD_OK;
+    }
+    /* S given: the requant without its reduction, the same loop */
+    status = epd_requant_host(q, scales, counts, n_experts, capacity, hidden, kind, scale, q_out,
+                              &used, err);
+out:
+    return status;
+}
+
+epd_status_t epd_requant_tiles_make(const int32_t *counts_host, uint32_t n_experts,
+                                    uint32_t capacity, uint32_t rows_per_tile, uint32_t max_tiles,
+                                    uint32_t *first, uint16_t *rows, uint32_t *n_tiles_p,
+                                    uint32_t *rows_per_tile_p, uint64_t *live_rows_p,
+                                    char err[EPD_ERR_LEN])
+{
+    epd_status_t status;
+    uint64_t live = 0, tiles;
+    uint32_t r = rows_per_tile;
+
+    if (counts_host == NULL || (max_tiles > 0 && (first == NULL || rows == NULL))) {
+        snprintf(err, EPD_ERR_LEN, "requant tiles: a NULL buffer");
+        return EPD_ERR_INVALID_ARG;
+    }
+    if (rows_per_tile == 0 || rows_per_tile > 65535) {
+        snprintf(err, EPD_ERR_LEN, "requant tiles: %u rows a tile (allowed: 1..65535)",
+                 rows_per_tile);
+        return EPD_ERR_INVALID_ARG;
+    }
+    if ((uint64_t)n_experts * capacity > 0x7fffffffull) {
+        snprintf(err, EPD_ERR_LEN, "requant tiles: experts x capacity too large (2^31 rows)");
+        return EPD_ERR_INVALID_ARG;
+    }
+    CHECK_GOTO(check_counts(counts_host, n_experts, capacity, err), out);
+    for (;;) {
+        tiles = 0;
+        for (uint32_t e = 0; e < n_experts; e++) tiles += ((uint64_t)counts_host[e] + r - 1) / r;
+        if (tiles <= max_tiles) break;
+        if (r == 65535) {
+            snprintf(err, EPD_ERR_LEN,
+                     "requant tiles: the layout needs %llu tiles of 65535 rows (allowed: %u)",
+                     (unsigned long long)tiles, max_tiles);
+            return EPD_ERR_INVALID_ARG;
+        }
+        r = r > 65535 / 2 ? 65535 : r * 2;
+    }
+    tiles = 0;
+    for (uint32_t e = 0; e < n_experts; e++) {
+        for (uint32_t k = 0; k < (uint32_t)counts_host[e]; k += r) {
+            uint32_t left = (uint32_t)counts_host[e] - k;
+            first[tiles] = e * capacity + k;
+            rows[tiles] = (uint16_t)(left < r ? left : r);
+            tiles++;
+        }
+        live += (uint64_t)counts_host[e];
+    }
+    *n_tiles_p = (uint32_t)tiles;
+    *rows_per_tile_p = r;
+    *live_rows_p = live;
+out:
+    return status;
+}
+
 /* ---- launch parameters of the CUDA kernels ---- */
 
 static const char *const kernel_names[EPD_QK_MAX] = {
     [EPD_QK_QUANT_TOKEN] = "quant_token", [EPD_QK_QUANT_GROUP] = "quant_group",
     [EPD_QK_DEQUANT] = "dequant",         [EPD_QK_REQUANT] = "requant",
-    [EPD_QK_SCALE_MAX] = "scale_max",
+    [EPD_QK_SCALE_MAX] = "scale_max",     [EPD_QK_REQUANT_LIVE] = "requant_live",
 };
 
 const char *epd_quant_kernel_name(epd_quant_kernel_t kernel)
@@ -338,6 +423,24 @@ epd_quant_launch_t epd_quant_launch_pick(epd_quant_kernel_t kernel, uint32_t hid
         l.threads = 256;
         l.vec = 8; /* independent loads in flight a thread */
         break;
+    case EPD_QK_REQUANT_LIVE: {
+        /* rows = the live rows. A row a tile while the tiles fit in one wave of blocks (decode:
+         * every row's loads leave at once); beyond that 4-row tiles, like the long layouts'
+         * requant. Threads: a row a whole number of passes of 2 vectors (224 at H 7168). */
+        uint32_t nvr = hidden / 16;
+        const uint64_t sms = sm_count > 0 ? sm_count : 1;
+        l.threads = 0;
+        l.vec = 2;
+        l.blocks = 4;
+        for (uint32_t t = 512; t >= 128 && l.threads == 0; t -= 32)
+            if (nvr && nvr % (t * 2) == 0) l.threads = t;
+        if (l.threads == 0) {
+            l.threads = nvr >= 256 ? 256 : 128;
+            l.vec = nvr >= 512 ? 2 : 1;
+        }
+        l.rows = (uint64_t)rows <= sms * l.blocks ? 1 : 4;
+        break;
+    }
     default:
         break;
     }
@@ -360,8 +463,9 @@ epd_status_t epd_quant_launch_check(epd_quant_kernel_t kernel, uint32_t hidden,
     uint32_t v = l->vec;
     switch (kernel) {
     case EPD_QK_QUANT_TOKEN: {
-        if (v != 0 && v != 1 && v != 2 && v != 4 && v != 8) {
-            snprintf(err, EPD_ERR_LEN, "%s: vec %u (allowed: 0 two-pass, 1, 2, 4, 8)", name, v);
+        if (v != 0 && v != 1 && v != 2 && v != 4 && v != 8 && v != 16 && v != 32) {
+            snprintf(err, EPD_ERR_LEN, "%s: vec %u (allowed: 0 two-pass, 1, 2, 4, 8, 16, 32)",
+                     name, v);
             return EPD_ERR_INVALID_ARG;
         }
         if (l->rows < 1 || l->threads % l->rows != 0) {
@@ -386,8 +490,21 @@ epd_status_t epd_quant_launch_check(epd_quant_kernel_t kernel, uint32_t hidden,
     case EPD_QK_QUANT_GROUP:
     case EPD_QK_DEQUANT:
     case EPD_QK_REQUANT:
+    case EPD_QK_REQUANT_LIVE:
         if (v != 1 && v != 2 && v != 4) {
             snprintf(err, EPD_ERR_LEN, "%s: vec %u (allowed: 1, 2, 4)", name, v);
+            return EPD_ERR_INVALID_ARG;
+        }
+        if (kernel == EPD_QK_QUANT_GROUP && l->rows != 0 && l->rows != 1 && l->rows != 2 &&
+            l->rows != 4) {
+            snprintf(err, EPD_ERR_LEN, "%s: %u groups a thread (allowed: 1, 2, 4; 0 = 1)", name,
+                     l->rows);
+            return EPD_ERR_INVALID_ARG;
+        }
+        if (kernel == EPD_QK_REQUANT_LIVE && (l->rows < 1 || l->rows > 65535 || l->blocks > 32)) {
+            snprintf(err, EPD_ERR_LEN,
+                     "%s: %u rows a tile, %u blocks per SM (allowed: 1..65535 rows, 0..32 blocks)",
+                     name, l->rows, l->blocks);
             return EPD_ERR_INVALID_ARG;
         }
         if (kernel == EPD_QK_REQUANT && (l->rows < 1 || l->rows > 65535)) {

@@ -1,11 +1,20 @@
-/* kbench: speed of the FP8 kernels of gpu/quant.cu against a device-to-device copy measured in the
- * same run. Per kernel: median time of >= 20 timed runs after warm-up (cudaEvent), GB/s of bytes
- * read + written, and the ratio to cudaMemcpyAsync D2D of the kernel's input bytes (GB/s counted
- * as 2x bytes). Prints the launch parameters each kernel used. Each timed run starts behind a
- * 50 us device-side hold, so the events time the GPU's work and not the host's submission of it
- * (that cost, a few us a call for the copy and the kernels alike, is printed on its own at the
- * end).
- *   kbench [--runs N] [--sweep]    --sweep also times other launch parameters of each kernel */
+/* kbench: speed of the FP8 kernels of gpu/quant.cu against copies of the same bytes measured in
+ * the same run: cudaMemcpyAsync D2D (ratio `memcpy`) and a plain grid-stride copy kernel on the
+ * SMs (`copyk`, and the difference `d_us` = kernel - copy kernel). Two timing modes, both printed:
+ *   event  median of >= 20 calls, each behind a 50 us device-side hold and timed by two events
+ *          (GPU time; the host's submission, a few us a call, is printed on its own at the end)
+ *   graph  20 calls captured in one CUDA graph, the graph timed the same way, divided by 20: no
+ *          per-call event cost, so microsecond kernels are timed as they run back to back
+ * Every measured line is printed twice: in a table for people, and as one `R` line for scripts
+ * (tests/gpu/quant_gpu.sh): R section kernel layout mode geometry time_us copyk_us memcpy_us.
+ *   kbench [--runs N] [--mode event|graph|both] [--parts quant,requant,long,host]
+ *          [--quant-geom K:T:V:R,...] [--requant-geom T:V:R:B,...] [--sweep]
+ * --quant-geom adds launch geometries for the quantize kernels (K = group or token, T threads,
+ * V vec, R rows: see epd_quant_launch_t), --requant-geom for the layout-aware requant (T threads,
+ * V vectors a pass, R rows a tile, B blocks an SM at most, 0 = as many as fit); the picked
+ * geometry is always measured. --sweep adds a built-in list of both. Parts: quant (decode sizes
+ * and M=4096), requant (the decode layouts), long (the long requant layouts), host (submission
+ * cost and where cudaMemcpy runs). */
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -13,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <string>
 #include <unistd.h>
 #include <vector>
 
@@ -20,7 +30,9 @@
 #include "tests/gpu/cuda_check.cuh"
 
 static int runs = 30;
+static bool mode_event = true, mode_graph = true;
 static cudaStream_t stream;
+static const int GRAPH_CALLS = 20;
 
 /* Spins for ns nanoseconds of the GPU's clock (one thread before each timed call; 2048 / 1024
  * blocks of 1024 an SM to hold every SM's threads in the copy-engine check). */
@@ -33,21 +45,21 @@ __global__ void __launch_bounds__(1024, 2) hold_kernel(unsigned long long ns)
     } while (t - t0 < ns);
 }
 
-/* Median milliseconds of `runs` timed calls of f (after 5 warm-up calls), each queued behind a
- * 50 us hold so that its submission is done before the first event fires. */
-template <typename F>
-static double time_ms(F f)
+/* Median milliseconds of `runs` timed runs of g (after 3 warm-up runs), each queued behind a
+ * 50 us hold so that its submission is done before the first event fires; divided by per. */
+template <typename G>
+static double time_runs(G g, int per)
 {
     cudaEvent_t a, b;
     CUDA_OK(cudaEventCreate(&a));
     CUDA_OK(cudaEventCreate(&b));
-    for (int i = 0; i < 5; i++) f();
+    for (int i = 0; i < 3; i++) g();
     CUDA_OK(cudaStreamSynchronize(stream));
     std::vector<float> t;
     for (int i = 0; i < runs; i++) {
         hold_kernel<<<1, 1, 0, stream>>>(50000);
         CUDA_OK(cudaEventRecord(a, stream));
-        f();
+        g();
         CUDA_OK(cudaEventRecord(b, stream));
         CUDA_OK(cudaEventSynchronize(b));
         float ms = 0;
@@ -57,7 +69,24 @@ static double time_ms(F f)
     CUDA_OK(cudaEventDestroy(a));
     CUDA_OK(cudaEventDestroy(b));
     std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
+    return t[t.size() / 2] / per;
+}
+
+/* Milliseconds of one call of f in event mode (graph = false) or graph mode. */
+template <typename F>
+static double time_ms(F f, bool graph)
+{
+    if (!graph) return time_runs(f, 1);
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+    for (int i = 0; i < GRAPH_CALLS; i++) f();
+    CUDA_OK(cudaStreamEndCapture(stream, &g));
+    CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+    double ms = time_runs([&] { CUDA_OK(cudaGraphLaunch(ge, stream)); }, GRAPH_CALLS);
+    CUDA_OK(cudaGraphExecDestroy(ge));
+    CUDA_OK(cudaGraphDestroy(g));
+    return ms;
 }
 
 static void check(epd_status_t st, const char *err)
@@ -98,184 +127,286 @@ __global__ void sm_copy_kernel(const uint4 *__restrict__ a, uint4 *__restrict__ 
 }
 
 static void *scratch_src, *scratch_dst; /* copy baseline buffers */
+static int sm_count;
 
-/* Copy baseline: D2D of `bytes`, GB/s counted as 2x bytes. */
-static double copy_gbs(size_t bytes)
+/* The two baselines of `bytes` in one mode: copy kernel and cudaMemcpy, ms. The copy kernel's
+ * grid: 4 blocks of 224 an SM, or fewer when the bytes are fewer than one pass. */
+static void baselines(size_t bytes, bool graph, double *copyk_p, double *memcpy_p)
 {
-    double ms = time_ms([&] { CUDA_OK(cudaMemcpyAsync(scratch_dst, scratch_src, bytes, cudaMemcpyDeviceToDevice, stream)); });
-    return 2.0 * (double)bytes / (ms * 1e6);
+    const size_t n = bytes / 16;
+    size_t blocks = (n + 2 * 224 - 1) / (2 * 224);
+    if (blocks > (size_t)sm_count * 4) blocks = (size_t)sm_count * 4;
+    if (blocks == 0) blocks = 1;
+    *copyk_p = time_ms([&] {
+        sm_copy_kernel<<<(unsigned)blocks, 224, 0, stream>>>((const uint4 *)scratch_src,
+                                                              (uint4 *)scratch_dst, n);
+    }, graph);
+    *memcpy_p = time_ms([&] {
+        CUDA_OK(cudaMemcpyAsync(scratch_dst, scratch_src, bytes, cudaMemcpyDeviceToDevice, stream));
+    }, graph);
 }
 
-static void row(const char *name, const char *shape, const epd_quant_launch_t *l, double ms,
-                double bytes, double copy)
+static const char *mode_name(bool graph) { return graph ? "graph" : "event"; }
+
+static std::string geom_str(const epd_quant_launch_t &l)
 {
-    double gbs = bytes / (ms * 1e6);
-    printf("%-22s %-26s %4u %3u %4u %3u %10.2f %9.1f %9.1f %7.3f\n", name, shape, l->threads,
-           l->vec, l->rows, l->blocks, ms * 1e3, gbs, copy, gbs / copy);
-    fflush(stdout);
+    char b[64];
+    snprintf(b, sizeof b, "%u:%u:%u:%u", l.threads, l.vec, l.rows, l.blocks);
+    return b;
 }
 
 static void header(void)
 {
-    printf("%-22s %-26s %4s %3s %4s %3s %10s %9s %9s %7s\n", "kernel", "shape", "thr", "vec",
-           "rows", "blk", "time_us", "GB/s", "copyGB/s", "ratio");
+    printf("%-8s %-20s %-22s %-5s %-13s %9s %9s %7s %7s %7s\n", "section", "kernel", "layout",
+           "mode", "thr:vec:row:blk", "time_us", "copyk_us", "d_us", "/copyk", "/memcpy");
+}
+
+/* One measurement: a table line and an R line. */
+static void row(const char *section, const char *kernel, const char *layout, bool graph,
+                const std::string &geom, double ms, double copyk, double mc)
+{
+    double us = ms * 1e3, cu = copyk * 1e3, mu = mc * 1e3;
+    printf("%-8s %-20s %-22s %-5s %-13s %9.2f %9.2f %7.2f %7.3f %7.3f\n", section, kernel, layout,
+           mode_name(graph), geom.c_str(), us, cu, us - cu, cu / us, mu / us);
+    printf("R %s %s %s %s %s %.3f %.3f %.3f\n", section, kernel, layout, mode_name(graph),
+           geom.c_str(), us, cu, mu);
+    fflush(stdout);
+}
+
+/* "a:b:c[:d],..." into launch parameters (kind prefix for quant: group or token). */
+static bool parse_geoms(const char *s, bool with_kind, std::vector<std::pair<int, epd_quant_launch_t>> *out)
+{
+    std::string all(s);
+    size_t pos = 0;
+    while (pos <= all.size()) {
+        size_t end = all.find(',', pos);
+        if (end == std::string::npos) end = all.size();
+        std::string item = all.substr(pos, end - pos);
+        pos = end + 1;
+        if (item.empty()) continue;
+        int kind = 0;
+        if (with_kind) {
+            if (item.rfind("group:", 0) == 0) kind = 0;
+            else if (item.rfind("token:", 0) == 0) kind = 1;
+            else return false;
+            item = item.substr(6);
+        }
+        unsigned v[4] = {0, 0, 0, 0};
+        int n = sscanf(item.c_str(), "%u:%u:%u:%u", &v[0], &v[1], &v[2], &v[3]);
+        if (n < 3) return false;
+        epd_quant_launch_t l = {v[0], v[1], v[2], v[3]};
+        out->push_back({kind, l});
+    }
+    return true;
+}
+
+struct layout_t {
+    uint32_t E, cap, live; /* live = 0: random counts in [0, 16] */
+};
+
+static void layout_name(const layout_t &lay, char *b, size_t n)
+{
+    if (lay.live == 0) snprintf(b, n, "E%u_cap%u_rand16", lay.E, lay.cap);
+    else snprintf(b, n, "E%u_cap%u_live%u", lay.E, lay.cap, lay.live);
 }
 
 int main(int argc, char **argv)
 {
-    bool sweep = false;
+    bool sweep = false, p_quant = true, p_requant = true, p_long = true, p_host = true;
+    std::vector<std::pair<int, epd_quant_launch_t>> qgeoms, rgeoms;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--sweep")) sweep = true;
         else if (!strcmp(argv[i], "--runs") && i + 1 < argc) runs = std::max(20, atoi(argv[++i]));
-        else {
-            fprintf(stderr, "usage: kbench [--runs N (>= 20)] [--sweep]\n");
-            return 2;
+        else if (!strcmp(argv[i], "--mode") && i + 1 < argc) {
+            const char *m = argv[++i];
+            mode_event = !strcmp(m, "event") || !strcmp(m, "both");
+            mode_graph = !strcmp(m, "graph") || !strcmp(m, "both");
+            if (!mode_event && !mode_graph) goto usage;
+        } else if (!strcmp(argv[i], "--parts") && i + 1 < argc) {
+            const std::string p = "," + std::string(argv[++i]) + ",";
+            p_quant = p.find(",quant,") != std::string::npos;
+            p_requant = p.find(",requant,") != std::string::npos;
+            p_long = p.find(",long,") != std::string::npos;
+            p_host = p.find(",host,") != std::string::npos;
+        } else if (!strcmp(argv[i], "--quant-geom") && i + 1 < argc) {
+            if (!parse_geoms(argv[++i], true, &qgeoms)) goto usage;
+        } else if (!strcmp(argv[i], "--requant-geom") && i + 1 < argc) {
+            if (!parse_geoms(argv[++i], false, &rgeoms)) goto usage;
+        } else
+            goto usage;
+    }
+    if (sweep) {
+        /* group: 448 x 2, 896 x 1 and 224 x 4 are a row of H 7168 a block (M blocks, one wave
+         * at decode sizes); token: 32 lanes a row is a row a warp */
+        parse_geoms("group:448:2:1,group:896:1:1,group:224:4:1,group:128:2:1,group:512:2:1,"
+                    "group:256:2:2,group:128:2:2,group:256:4:1,group:128:4:1,group:256:1:1,"
+                    "group:128:4:2,group:64:2:1,group:256:2:4,"
+                    "token:32:32:1,token:64:32:2,token:128:32:4,token:64:16:1,token:128:16:2,"
+                    "token:128:8:1,token:256:4:1,token:448:2:1,token:896:1:1",
+                    true, &qgeoms);
+        parse_geoms("224:2:1:4,224:2:1:8,224:2:1:0,224:2:2:4,224:2:4:4,224:2:8:4,448:1:1:4,"
+                    "448:1:2:4,128:4:1:0,96:4:1:0,224:1:2:0,224:4:2:4",
+                    false, &rgeoms);
+    }
+    {
+        int n_dev = 0;
+        if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+            printf("SKIP: no GPU\n");
+            return 77;
         }
     }
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-        printf("SKIP: no GPU\n");
-        return 77;
-    }
+    {
     cudaDeviceProp prop;
     CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+    sm_count = prop.multiProcessorCount;
     const uint32_t sms = (uint32_t)prop.multiProcessorCount; /* for the launch picker */
-    printf("device: %s, %d SMs, %.0f MB L2; median of %d runs\n", prop.name, prop.multiProcessorCount,
-           prop.l2CacheSize / 1e6, runs);
+    printf("device: %s, %d SMs, %.0f MB L2; median of %d runs; graph mode: %d calls a graph\n",
+           prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6, runs, GRAPH_CALLS);
     CUDA_OK(cudaStreamCreate(&stream));
     char err[EPD_ERR_LEN] = "";
     const uint32_t H = 7168, M_MAX = 32768;
     const size_t n_max = (size_t)M_MAX * H;
     uint16_t *x;
     uint8_t *q, *q2;
-    float *s, *f32, *big_s;
-    uint16_t *bf;
+    float *s, *big_s;
     CUDA_OK(cudaMalloc(&x, n_max * 2));
     CUDA_OK(cudaMalloc(&q, n_max));
     CUDA_OK(cudaMalloc(&q2, n_max));
     CUDA_OK(cudaMalloc(&s, (size_t)M_MAX * (H / 128) * 4));
-    CUDA_OK(cudaMalloc(&f32, n_max * 4));
-    CUDA_OK(cudaMalloc(&bf, n_max * 2));
     CUDA_OK(cudaMalloc(&big_s, 4));
     CUDA_OK(cudaMalloc(&scratch_src, n_max * 2));
     CUDA_OK(cudaMalloc(&scratch_dst, n_max * 2));
     fill_kernel<<<4096, 256, 0, stream>>>(x, n_max);
     CUDA_OK(cudaMemsetAsync(scratch_src, 1, n_max * 2, stream));
     CUDA_OK(cudaStreamSynchronize(stream));
+    std::vector<bool> modes;
+    if (mode_event) modes.push_back(false);
+    if (mode_graph) modes.push_back(true);
 
     header();
-    const uint32_t ms_list[] = {128, 4096, 32768};
-    for (uint32_t M : ms_list) {
-        size_t n = (size_t)M * H;
-        char shape[64];
-        snprintf(shape, sizeof shape, "M=%u H=%u", M, H);
-        for (int kind = 0; kind < 2; kind++) {
-            for (int fmt = 0; fmt < 2; fmt++) {
-                epd_scale_kind_t k = (epd_scale_kind_t)kind;
-                epd_scale_fmt_t fm = (epd_scale_fmt_t)fmt;
-                epd_quant_kernel_t kk = k == EPD_SCALE_PER_TOKEN ? EPD_QK_QUANT_TOKEN : EPD_QK_QUANT_GROUP;
-                uint32_t ns = epd_quant_n_scales(H, k);
-                double bytes = (double)n * 2 + (double)n + (double)M * ns * 4;
-                double copy = copy_gbs(n * 2);
-                char name[64];
-                snprintf(name, sizeof name, "quant_%s_%s", k == EPD_SCALE_PER_TOKEN ? "token" : "group",
-                         fm == EPD_SCALE_FMT_UE8M0 ? "ue8m0" : "fp32");
-                epd_quant_launch_t l = epd_quant_launch_pick(kk, H, M, sms);
-                double ms = time_ms([&] { check(epd_quant_cuda(x, M, H, 0, k, fm, q, 0, s, 0, &l, stream, err), err); });
-                row(name, shape, &l, ms, bytes, copy);
-                if (sweep && fm == EPD_SCALE_FMT_FP32) {
-                    std::vector<epd_quant_launch_t> vs;
-                    if (k == EPD_SCALE_PER_TOKEN) {
-                        for (uint32_t v : {1u, 2u, 4u, 8u}) {
-                            uint32_t lanes = ((H / 8 + v - 1) / v + 31) / 32 * 32;
-                            if (lanes <= 1024) vs.push_back({lanes, v, 1});
+    /* ---- quantize: decode sizes, and one long size for regressions. Baseline: copies of the
+     * input bytes (2 x M x H). ---- */
+    if (p_quant) {
+        const uint32_t ms_list[] = {32, 64, 128, 256, 4096};
+        for (uint32_t M : ms_list) {
+            size_t n = (size_t)M * H;
+            char shape[64];
+            snprintf(shape, sizeof shape, "M%u_H%u", M, H);
+            for (bool graph : modes) {
+                double ck, mc;
+                baselines(n * 2, graph, &ck, &mc);
+                for (int kind = 0; kind < 2; kind++) {
+                    for (int fmt = 0; fmt < 2; fmt++) {
+                        epd_scale_kind_t k = (epd_scale_kind_t)kind;
+                        epd_scale_fmt_t fm = (epd_scale_fmt_t)fmt;
+                        epd_quant_kernel_t kk = k == EPD_SCALE_PER_TOKEN ? EPD_QK_QUANT_TOKEN : EPD_QK_QUANT_GROUP;
+                        char name[64];
+                        snprintf(name, sizeof name, "quant_%s_%s", k == EPD_SCALE_PER_TOKEN ? "token" : "group",
+                                 fm == EPD_SCALE_FMT_UE8M0 ? "ue8m0" : "fp32");
+                        std::vector<epd_quant_launch_t> ls = {epd_quant_launch_pick(kk, H, M, sms)};
+                        for (auto &g : qgeoms)
+                            if (g.first == kind && epd_quant_launch_check(kk, H, &g.second, err) == EPD_OK)
+                                ls.push_back(g.second);
+                        for (size_t i = 0; i < ls.size(); i++) {
+                            epd_quant_launch_t l = ls[i];
+                            double t = time_ms([&] { check(epd_quant_cuda(x, M, H, 0, k, fm, q, 0, s, 0, &l, stream, err), err); }, graph);
+                            row("quant", name, shape, graph, (i == 0 ? "pick=" : "") + geom_str(l), t, ck, mc);
                         }
-                        vs.push_back({256, 0, 1});
-                        vs.push_back({512, 0, 1});
-                    } else {
-                        for (uint32_t v : {1u, 2u, 4u})
-                            for (uint32_t t : {128u, 256u, 512u}) vs.push_back({t, v, 1});
-                    }
-                    for (const epd_quant_launch_t &lv : vs) {
-                        if (epd_quant_launch_check(kk, H, &lv, err) != EPD_OK) continue;
-                        double t = time_ms([&] { check(epd_quant_cuda(x, M, H, 0, k, fm, q, 0, s, 0, &lv, stream, err), err); });
-                        row("  sweep", shape, &lv, t, bytes, copy);
                     }
                 }
             }
         }
-        CUDA_OK(epd_quant_cuda(x, M, H, 0, EPD_SCALE_GROUP128, EPD_SCALE_FMT_FP32, q, 0, s, 0, NULL,
-                               stream, err) == EPD_OK ? cudaSuccess : cudaErrorUnknown);
-        {
-            epd_quant_launch_t l = epd_quant_launch_pick(EPD_QK_DEQUANT, H, M, sms);
-            double copy = copy_gbs(n);
-            double ms = time_ms([&] { check(epd_dequant_cuda(q, s, M, H, EPD_SCALE_GROUP128, f32, &l, stream, err), err); });
-            row("dequant_group_f32", shape, &l, ms, (double)n * 5 + (double)M * 56 * 4, copy);
-            ms = time_ms([&] { check(epd_dequant_bf16_cuda(q, s, M, H, EPD_SCALE_GROUP128, bf, &l, stream, err), err); });
-            row("dequant_group_bf16", shape, &l, ms, (double)n * 3 + (double)M * 56 * 4, copy);
+    }
+
+    /* ---- requant on the expert-grouped layout: q and scales of every row from a group128
+     * (or per-token) quantization; uniform live counts (the issue's layouts), and one random. ---- */
+    int32_t *counts;
+    CUDA_OK(cudaMalloc(&counts, 256 * 4));
+    std::vector<layout_t> lays;
+    if (p_requant) {
+        lays.insert(lays.end(), {{256, 128, 1}, {256, 128, 8}, {256, 128, 32}, {256, 128, 0}});
+        for (uint32_t E : {16u, 32u, 64u})
+            for (uint32_t live : {1u, 4u, 8u, 16u, 32u}) lays.push_back({E, 128, live});
+    }
+    if (p_long)
+        lays.insert(lays.end(), {{32, 128, 128}, {128, 256, 64}, {128, 256, 256}, {1, 32768, 32768}});
+    uint64_t lcg = 12345;
+    for (int kind = 0; kind < 2 && !lays.empty(); kind++) {
+        epd_scale_kind_t k = (epd_scale_kind_t)kind;
+        check(epd_quant_cuda(x, M_MAX, H, 0, k, EPD_SCALE_FMT_FP32, q, 0, s, 0, NULL, stream, err), err);
+        CUDA_OK(cudaStreamSynchronize(stream));
+        const char *kn = kind == 0 ? "group" : "token";
+        for (const layout_t &lay : lays) {
+            if (kind == 1 && lay.live != 8 && lay.live != 32 && lay.E != 128) continue; /* per-token: a few */
+            std::vector<int32_t> c(lay.E);
+            for (uint32_t e = 0; e < lay.E; e++) {
+                lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+                c[e] = lay.live ? (int32_t)lay.live : (int32_t)((lcg >> 33) % 17);
+            }
+            uint64_t live_rows = 0;
+            for (int32_t v : c) live_rows += (uint64_t)v;
+            CUDA_OK(cudaMemcpy(counts, c.data(), lay.E * 4, cudaMemcpyHostToDevice));
+            const size_t live_n = (size_t)live_rows * H;
+            char lname[64];
+            layout_name(lay, lname, sizeof lname);
+            const char *section = lay.live != 0 && lay.live >= 32 ? "long" : "decode";
+            if (lay.live == 32) section = "decode32"; /* both: <= 32 and >= 32 rows */
+            for (bool graph : modes) {
+                double ck, mc;
+                baselines(live_n, graph, &ck, &mc);
+                std::string kname;
+                /* the kernel before this issue: counts on the device, a prefix in every block */
+                if (kind == 0) {
+                    epd_quant_launch_t l = epd_quant_launch_pick(EPD_QK_REQUANT, H, lay.cap, sms);
+                    double t = time_ms([&] {
+                        check(epd_requant_cuda(q, s, counts, lay.E, lay.cap, H, k, 0.01f, q2, big_s, &l, stream, err), err);
+                    }, graph);
+                    row(section, "old_static_group", lname, graph, "pick=" + geom_str(l), t, ck, mc);
+                    t = time_ms([&] {
+                        check(epd_requant_cuda(q, s, counts, lay.E, lay.cap, H, k, 0.0f, q2, big_s, &l, stream, err), err);
+                    }, graph);
+                    row(section, "old_stepdev_group", lname, graph, "pick=" + geom_str(l), t, ck, mc);
+                }
+                std::vector<epd_quant_launch_t> ls = {epd_quant_launch_pick(EPD_QK_REQUANT_LIVE, H, (uint32_t)live_rows, sms)};
+                if (kind == 0)
+                    for (auto &g : rgeoms)
+                        if (epd_quant_launch_check(EPD_QK_REQUANT_LIVE, H, &g.second, err) == EPD_OK)
+                            ls.push_back(g.second);
+                for (size_t i = 0; i < ls.size(); i++) {
+                    epd_quant_launch_t l = ls[i];
+                    std::string gs = (i == 0 ? "pick=" : "") + geom_str(l);
+                    /* S given: a static scale */
+                    kname = std::string("given_") + kn;
+                    double t = time_ms([&] {
+                        check(epd_requant_given_cuda(q, s, c.data(), lay.E, lay.cap, H, k, 0.01f, q2, &l, stream, err), err);
+                    }, graph);
+                    row(section, kname.c_str(), lname, graph, gs, t, ck, mc);
+                    /* the step scale from the count exchange: S = max of 8 senders' maxima on
+                     * the host (what epd_step_scale does), then the same launch */
+                    kname = std::string("stepexch_") + kn;
+                    float senders[8] = {0.004f, 0.009f, 0.002f, 0.011f, 0.007f, 0.003f, 0.010f, 0.005f};
+                    t = time_ms([&] {
+                        float big = 0.0f;
+                        for (float v : senders) big = v > big ? v : big;
+                        check(epd_requant_given_cuda(q, s, c.data(), lay.E, lay.cap, H, k, big, q2, &l, stream, err), err);
+                    }, graph);
+                    row(section, kname.c_str(), lname, graph, gs, t, ck, mc);
+                    /* the step scale reduced on the device (no count exchange) */
+                    kname = std::string("stepdev_") + kn;
+                    t = time_ms([&] {
+                        check(epd_requant_step_cuda(q, s, c.data(), lay.E, lay.cap, H, k, q2, big_s, &l, stream, err), err);
+                    }, graph);
+                    row(section, kname.c_str(), lname, graph, gs, t, ck, mc);
+                }
+            }
         }
     }
 
-    /* requant on the expert-grouped layout: q and scales of all rows come from a group128 quant */
-    CUDA_OK(epd_quant_cuda(x, M_MAX, H, 0, EPD_SCALE_GROUP128, EPD_SCALE_FMT_FP32, q, 0, s, 0, NULL,
-                           stream, err) == EPD_OK ? cudaSuccess : cudaErrorUnknown);
-    struct { uint32_t E, cap, live; } layouts[] = {{128, 256, 256}, {128, 256, 64}, {1, 32768, 32768}};
-    int32_t *counts;
-    CUDA_OK(cudaMalloc(&counts, 128 * 4));
-    for (auto &lay : layouts) {
-        std::vector<int32_t> c(lay.E, (int32_t)lay.live);
-        CUDA_OK(cudaMemcpy(counts, c.data(), lay.E * 4, cudaMemcpyHostToDevice));
-        size_t live_n = (size_t)lay.E * lay.live * H;
-        double sc_bytes = (double)lay.E * lay.live * (H / 128) * 4;
-        double copy = copy_gbs(live_n);
-        char shape[64];
-        snprintf(shape, sizeof shape, "E=%u cap=%u live=%u", lay.E, lay.cap, lay.live);
-        for (int mode = 0; mode < 2; mode++) {
-            epd_quant_launch_t l = epd_quant_launch_pick(EPD_QK_REQUANT, H, lay.cap, sms);
-            float static_s = mode == 0 ? 0.01f : 0.0f;
-            double ms = time_ms([&] {
-                check(epd_requant_cuda(q, s, counts, lay.E, lay.cap, H, EPD_SCALE_GROUP128, static_s,
-                                       q2, big_s, &l, stream, err), err);
-            });
-            /* the step variant also reads the scales once more for the reduction */
-            row(mode == 0 ? "requant_group_static" : "requant_group_step", shape, &l, ms,
-                2.0 * (double)live_n + sc_bytes * (mode == 0 ? 1 : 2), copy);
-            if (sweep && mode == 0) {
-                for (uint32_t v : {1u, 2u, 4u})
-                    for (uint32_t t : {224u, 256u, 448u, 512u})
-                        for (uint32_t r : {1u, 2u, 4u})
-                            for (uint32_t b : {0u, 3u, 4u, 6u}) {
-                                epd_quant_launch_t lv = {t, v, r, b};
-                                double tv = time_ms([&] {
-                                    check(epd_requant_cuda(q, s, counts, lay.E, lay.cap, H,
-                                                           EPD_SCALE_GROUP128, static_s, q2, big_s,
-                                                           &lv, stream, err),
-                                          err);
-                                });
-                                row("  sweep", shape, &lv, tv, 2.0 * (double)live_n + sc_bytes,
-                                    copy);
-                            }
-            }
-        }
-        epd_quant_launch_t l = epd_quant_launch_pick(EPD_QK_REQUANT, H, lay.cap, sms);
-        double ms = time_ms([&] {
-            check(epd_requant_cuda(q, s, counts, lay.E, lay.cap, H, EPD_SCALE_PER_TOKEN, 0.0f, q2,
-                                   big_s, &l, stream, err), err);
-        });
-        row("requant_token_step", shape, &l, ms, 2.0 * (double)live_n + 2.0 * lay.E * lay.live * 4, copy);
-        /* what a plain SM kernel gets on the same bytes (not a requant: the reference line) */
-        epd_quant_launch_t cl = {224, 2, 0, 4};
-        ms = time_ms([&] {
-            sm_copy_kernel<<<prop.multiProcessorCount * 4, 224, 0, stream>>>(
-                (const uint4 *)scratch_src, (uint4 *)scratch_dst, live_n / 16);
-        });
-        row("(copy kernel, SMs)", shape, &cl, ms, 2.0 * (double)live_n, copy);
-    }
-    /* Host cost of a call (not in the times above): wall clock of 500 submissions, with no live
-     * rows so that the GPU keeps up. */
-    {
-        std::vector<int32_t> none(128, 0);
-        CUDA_OK(cudaMemcpy(counts, none.data(), 128 * 4, cudaMemcpyHostToDevice));
+    if (p_host) {
+        /* Host cost of a call (not in the times above): wall clock of 500 submissions, with no
+         * live rows so that the GPU keeps up. */
+        std::vector<int32_t> none(256, 0), eight(256, 8);
+        CUDA_OK(cudaMemcpy(counts, none.data(), 256 * 4, cudaMemcpyHostToDevice));
         auto per_call_us = [&](auto f) {
             for (int i = 0; i < 50; i++) f();
             CUDA_OK(cudaStreamSynchronize(stream));
@@ -296,38 +427,41 @@ int main(int argc, char **argv)
             check(epd_requant_cuda(q, s, counts, 128, 256, H, EPD_SCALE_GROUP128, 0.0f, q2, big_s,
                                    NULL, stream, err), err);
         });
+        double rg = per_call_us([&] {
+            check(epd_requant_given_cuda(q, s, eight.data(), 256, 128, H, EPD_SCALE_GROUP128, 0.01f, q2,
+                                         NULL, stream, err), err);
+        });
         printf("host submission per call: cudaMemcpyAsync %.2f us, requant static %.2f us, requant "
-               "step %.2f us\n", c, rs, rd);
-    }
-    /* Where the baseline copy runs: a cudaMemcpy queued while another stream's kernel holds every
-     * thread of every SM, and a one-block kernel queued behind it (which must wait: the check of
-     * the hold). A copy that finishes long before the hold ends ran on the copy engines; one that
-     * waits for it is a kernel of the driver's, so the baseline then competes for the SMs like the
-     * kernels it is compared with (what was seen is in docs/notes/kernels.md). */
-    {
+               "step %.2f us, requant given (E=256 x 8 live, tiles made on the host) %.2f us\n",
+               c, rs, rd, rg);
+        /* Where the baseline copy runs: a cudaMemcpy queued while another stream's kernel holds
+         * every thread of every SM, and a one-block kernel queued behind it (which must wait: the
+         * check of the hold). A copy that finishes long before the hold ends ran on the copy
+         * engines; one that waits for it is a kernel of the driver's, so the baseline then
+         * competes for the SMs like the kernels it is compared with (docs/notes/kernels.md). */
         const unsigned long long hold_ns = 400000;
         const size_t bytes = (size_t)8192 * H;
         cudaStream_t other;
-        cudaEvent_t a, b, c;
+        cudaEvent_t a, b, ce;
         CUDA_OK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
         CUDA_OK(cudaEventCreate(&a));
         CUDA_OK(cudaEventCreate(&b));
-        CUDA_OK(cudaEventCreate(&c));
+        CUDA_OK(cudaEventCreate(&ce));
         const int per_sm = prop.maxThreadsPerMultiProcessor / 1024;
         double alone = 1e3 * time_ms([&] {
             CUDA_OK(cudaMemcpyAsync(scratch_dst, scratch_src, bytes, cudaMemcpyDeviceToDevice, stream));
-        });
+        }, false);
         hold_kernel<<<prop.multiProcessorCount * (per_sm > 0 ? per_sm : 1), 1024, 0, other>>>(hold_ns);
         usleep(50); /* (no kernel can mark the hold's start on `stream`: it would wait for it) */
         CUDA_OK(cudaEventRecord(a, stream));
         CUDA_OK(cudaMemcpyAsync(scratch_dst, scratch_src, bytes, cudaMemcpyDeviceToDevice, stream));
         CUDA_OK(cudaEventRecord(b, stream));
         hold_kernel<<<1, 1, 0, stream>>>(0);
-        CUDA_OK(cudaEventRecord(c, stream));
+        CUDA_OK(cudaEventRecord(ce, stream));
         CUDA_OK(cudaDeviceSynchronize());
         float copy_ms = 0, kernel_ms = 0;
         CUDA_OK(cudaEventElapsedTime(&copy_ms, a, b));
-        CUDA_OK(cudaEventElapsedTime(&kernel_ms, a, c));
+        CUDA_OK(cudaEventElapsedTime(&kernel_ms, a, ce));
         const bool held = kernel_ms * 1e6 > hold_ns / 2, waited = copy_ms * 1e6 > hold_ns / 2;
         printf("cudaMemcpy D2D of %.1f MB while every SM is held %.0f us: %.1f us (alone %.1f us); a "
                "1-block kernel behind it ended after %.1f us: the copy baseline runs on %s\n",
@@ -337,10 +471,16 @@ int main(int argc, char **argv)
                         : "the copy engines (it did not wait for the SMs)");
         CUDA_OK(cudaEventDestroy(a));
         CUDA_OK(cudaEventDestroy(b));
-        CUDA_OK(cudaEventDestroy(c));
+        CUDA_OK(cudaEventDestroy(ce));
         CUDA_OK(cudaStreamDestroy(other));
     }
     CUDA_OK(cudaStreamSynchronize(stream));
     printf("done\n");
     return 0;
+    }
+usage:
+    fprintf(stderr, "usage: kbench [--runs N (>= 20)] [--mode event|graph|both] "
+                    "[--parts quant,requant,long,host] [--quant-geom group|token:T:V:R,...] "
+                    "[--requant-geom T:V:R:B,...] [--sweep]\n");
+    return 2;
 }

@@ -126,6 +126,7 @@ typedef struct sim_rank {
     float *w_h, *w_d;
     epd_step_layout_t lay_h, lay_d;
     uint32_t counts_h[MAX_WORLD], offs_h[MAX_WORLD], counts_d[MAX_WORLD], offs_d[MAX_WORLD];
+    float smax_h[MAX_WORLD], smax_d[MAX_WORLD]; /* the packs' scale maxima per destination */
     uint8_t *send_h, *send_d;
     uint8_t *recv_h, *recv_d;
     uint32_t n_recv;
@@ -235,6 +236,8 @@ static bool run_case(const epd_moe_shape_t *base, uint32_t n, uint64_t seed, sim
         s->send_h = (uint8_t *)h->alloc(hctx, pb);
         if (!s->send_h) return host_failf(r, "alloc");
         memset(s->send_h, 0, pb);
+        memset(s->smax_h, 0, sizeof s->smax_h);
+        s->lay_h.scale_max_host = s->smax_h;
         st = h->pack(hctxs[r], &shape[r], s->x_h, s->ids_h, s->w_h, &s->lay_h, s->send_h);
         if (st != EPD_OK) return host_failf(r, "pack: %s", epd_status_name(st));
     });
@@ -263,11 +266,17 @@ static bool run_case(const epd_moe_shape_t *base, uint32_t n, uint64_t seed, sim
         s->send_d = (uint8_t *)d->alloc(dctx, pb);
         if (!s->send_d) return failf("alloc of the send buffers");
         CUDA_OK(cudaMemset(s->send_d, 0, pb < 256 ? 256 : pb));
+        memset(s->smax_d, 0, sizeof s->smax_d);
+        s->lay_d.scale_max_host = s->smax_d;
         OPS_OK(d, dctx, d->pack(dctx, &shape[r], s->x_d, s->ids_d, s->w_d, &s->lay_d, s->send_d), "pack");
         OPS_OK(d, dctx, d->sync(dctx), "sync after pack");
         char what[64];
         snprintf(what, sizeof what, "rank %u records", r);
         if (!same_bytes(s->send_d, s->send_h, pb, what)) return false;
+        for (uint32_t k = 0; k < world; k++)
+            if (memcmp(&s->smax_d[k], &s->smax_h[k], sizeof(float)) != 0)
+                return failf("rank %u: scale max for rank %u: cuda %.9g host %.9g", r, k,
+                             s->smax_d[k], s->smax_h[k]);
     }
 
     /* dispatch: destination dst receives the records of sources 0..W-1 in order */

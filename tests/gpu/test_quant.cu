@@ -316,6 +316,151 @@ static void case_requant(uint32_t E, uint32_t cap, uint32_t hidden, epd_scale_ki
     free(x);
 }
 
+/* The layout-aware requant (epd_requant_given_cuda, epd_requant_step_cuda) on (E, cap, H) with
+ * counts `live` per expert (live < 0: random in [0, -live]), against the host: S given (mode 0:
+ * the host step scale, i.e. what the count exchange delivers; 1: a quarter of it, saturating;
+ * 2: three times it) or reduced on the device (mode 3). Dead rows hold garbage with huge scales
+ * and must come out untouched. */
+static void case_requant_live(uint32_t E, uint32_t cap, uint32_t hidden, epd_scale_kind_t kind,
+                              int live, int s_mode, bool in_place, const epd_quant_launch_t *l)
+{
+    uint32_t ns = epd_quant_n_scales(hidden, kind);
+    size_t nq = (size_t)E * cap * hidden, nsc = (size_t)E * cap * ns;
+    /* (+16: never a NULL buffer, also for no expert) */
+    uint8_t *q = (uint8_t *)malloc(nq + 16), *ref = (uint8_t *)malloc(nq + 16);
+    uint8_t *got = (uint8_t *)malloc(nq + 16);
+    float *s = (float *)malloc(nsc * 4 + 16);
+    int32_t *counts = (int32_t *)malloc(E * 4 + 4);
+    uint16_t *x = (uint16_t *)malloc((size_t)hidden * 2);
+    char err[EPD_ERR_LEN] = "", msg[256] = "";
+    uint64_t live_rows = 0;
+    for (uint32_t e = 0; e < E; e++) {
+        counts[e] = live >= 0 ? live : (int32_t)(rnd() % (uint32_t)(1 - live));
+        live_rows += (uint64_t)counts[e];
+        for (uint32_t r = 0; r < cap; r++) {
+            size_t row = (size_t)e * cap + r;
+            if ((int32_t)r < counts[e]) {
+                gen_rows(x, 1, hidden, hidden);
+                epd_quant_row_host(x, hidden, kind, EPD_SCALE_FMT_FP32, q + row * hidden, s + row * ns);
+                if (row % 5 == 2) {
+                    q[row * hidden + row % hidden] = 0xff;
+                    q[row * hidden + (row + 1) % hidden] = 0x7f;
+                }
+            } else {
+                const uint32_t g = rnd();
+                for (uint32_t i = 0; i < hidden; i++) q[row * hidden + i] = (uint8_t)(g + i * 131u);
+                for (uint32_t k = 0; k < ns; k++) s[row * ns + k] = 1e30f;
+            }
+        }
+    }
+    float step = 0, given = 0, ref_s = -1, got_s = -1;
+    epd_requant_step_scale_host(s, counts, E, cap, hidden, kind, &step, err);
+    given = s_mode == 0 ? step : s_mode == 1 ? step / 4 : s_mode == 2 ? step * 3 : 0.0f;
+    memset(ref, 0x5a, nq);
+    memset(got, 0x5a, nq);
+    if (in_place) {
+        memcpy(ref, q, nq);
+        memcpy(got, q, nq);
+    }
+    epd_status_t st = s_mode == 3 ? epd_requant_host(in_place ? ref : q, s, counts, E, cap, hidden,
+                                                     kind, 0.0f, ref, &ref_s, err)
+                                  : epd_requant_given_host(in_place ? ref : q, s, counts, E, cap,
+                                                           hidden, kind, given, ref, err);
+    bool ok = st == EPD_OK;
+    if (!ok) snprintf(msg, sizeof msg, "host status %d: %s", (int)st, err);
+    if (ok) {
+        void *dq = dev_copy(q, nq), *ds = dev_copy(s, nsc * 4), *dbig = dev_copy(NULL, 4);
+        void *dout = in_place ? dq : dev_copy(got, nq);
+        CUDA_OK(cudaMemset(dbig, 0xff, 4));
+        st = s_mode == 3 ? epd_requant_step_cuda((const uint8_t *)dq, (const float *)ds, counts, E,
+                                                 cap, hidden, kind, (uint8_t *)dout, (float *)dbig,
+                                                 l, NULL, err)
+                         : epd_requant_given_cuda((const uint8_t *)dq, (const float *)ds, counts, E,
+                                                  cap, hidden, kind, given, (uint8_t *)dout, l,
+                                                  NULL, err);
+        CUDA_OK(cudaDeviceSynchronize());
+        if (!in_place) {
+            uint8_t *q_back = (uint8_t *)malloc(nq);
+            CUDA_OK(cudaMemcpy(q_back, dq, nq, cudaMemcpyDeviceToHost));
+            if (memcmp(q_back, q, nq) != 0 && st == EPD_OK) {
+                st = EPD_ERR_INTERNAL;
+                snprintf(err, sizeof err, "the input q was modified");
+            }
+            free(q_back);
+            dev_back(got, dout, nq);
+            CUDA_OK(cudaFree(dq));
+        } else {
+            dev_back(got, dq, nq);
+        }
+        CUDA_OK(cudaFree(ds));
+        dev_back(&got_s, dbig, 4);
+        ok = st == EPD_OK;
+        if (!ok) snprintf(msg, sizeof msg, "status %d: %s", (int)st, err);
+    }
+    if (ok) ok = same_bytes(ref, got, nq, hidden, 1, msg, sizeof msg);
+    if (ok && s_mode == 3 && memcmp(&ref_s, &got_s, 4) != 0) {
+        ok = false;
+        snprintf(msg, sizeof msg, "S: host %.9g (0x%08x), device %.9g (0x%08x)", ref_s,
+                 epd_f32_bits(ref_s), got_s, epd_f32_bits(got_s));
+    }
+    epd_quant_launch_t used = l ? *l : epd_quant_launch_pick(EPD_QK_REQUANT_LIVE, hidden,
+                                                             (uint32_t)live_rows, sm_count);
+    static const char *const mode_names[] = {"given-step", "given-small", "given-large", "step-device"};
+    report(ok, "requant_live %-9s E=%-3u cap=%-4u H=%-5u live=%-6llu S=%s%s (%s %u:%u:%u:%u) %s",
+           kind_name(kind), E, cap, hidden, (unsigned long long)live_rows, mode_names[s_mode],
+           in_place ? " in-place" : "", l ? "given" : "picked", used.threads, used.vec, used.rows,
+           used.blocks, msg);
+    free(q);
+    free(ref);
+    free(got);
+    free(s);
+    free(counts);
+    free(x);
+}
+
+/* The layout-aware launchers' own argument checks. */
+static void case_requant_live_args(void)
+{
+    char err[EPD_ERR_LEN] = "";
+    uint8_t *dq;
+    float *ds;
+    CUDA_OK(cudaMalloc(&dq, 4096));
+    CUDA_OK(cudaMalloc(&ds, 4096));
+    int32_t one[2] = {1, 0}, none[2] = {0, 0}, bad[2] = {3, 0};
+    epd_quant_launch_t badl = {224, 3, 1, 0};
+    bool ok = epd_requant_given_cuda(dq, ds, one, 2, 2, 128, EPD_SCALE_GROUP128, 0.0f, dq, NULL,
+                                     NULL, err) == EPD_ERR_INVALID_ARG &&
+              epd_requant_given_cuda(dq, ds, none, 2, 2, 128, EPD_SCALE_GROUP128, 0.0f, dq, NULL,
+                                     NULL, err) == EPD_OK &&
+              epd_requant_given_cuda(dq, ds, one, 2, 2, 128, EPD_SCALE_GROUP128, -1.0f, dq, NULL,
+                                     NULL, err) == EPD_ERR_INVALID_ARG &&
+              epd_requant_given_cuda(dq, ds, one, 2, 2, 128, EPD_SCALE_GROUP128, INFINITY, dq,
+                                     NULL, NULL, err) == EPD_ERR_INVALID_ARG &&
+              epd_requant_given_cuda(dq, ds, bad, 2, 2, 128, EPD_SCALE_GROUP128, 1.0f, dq, NULL,
+                                     NULL, err) == EPD_ERR_INVALID_ARG &&
+              epd_requant_given_cuda(dq + 1, ds, one, 2, 2, 128, EPD_SCALE_GROUP128, 1.0f, dq,
+                                     NULL, NULL, err) == EPD_ERR_INVALID_ARG &&
+              epd_requant_given_cuda(dq, ds, NULL, 2, 2, 128, EPD_SCALE_GROUP128, 1.0f, dq, NULL,
+                                     NULL, err) == EPD_ERR_INVALID_ARG &&
+              epd_requant_given_cuda(dq, ds, one, 2, 2, 100, EPD_SCALE_GROUP128, 1.0f, dq, NULL,
+                                     NULL, err) == EPD_ERR_INVALID_ARG &&
+              epd_requant_given_cuda(dq, ds, one, 2, 2, 128, EPD_SCALE_GROUP128, 1.0f, dq, &badl,
+                                     NULL, err) == EPD_ERR_INVALID_ARG &&
+              epd_requant_step_cuda(dq, ds, one, 2, 2, 128, EPD_SCALE_GROUP128, dq, NULL, NULL,
+                                    NULL, err) == EPD_ERR_INVALID_ARG;
+    CUDA_OK(cudaDeviceSynchronize());
+    /* no live row: the step scale is 0 and nothing runs */
+    float got = -1.0f;
+    ok = ok && epd_requant_step_cuda(dq, ds, none, 2, 2, 128, EPD_SCALE_GROUP128, dq, ds, NULL,
+                                     NULL, err) == EPD_OK;
+    CUDA_OK(cudaMemcpy(&got, ds, 4, cudaMemcpyDeviceToHost));
+    ok = ok && got == 0.0f;
+    report(ok, "layout-aware requant rejects S <= 0 with live rows, non-finite S, bad counts, "
+               "alignment, NULL counts, bad H and launch; S = 0 with no live row (last: %s)", err);
+    CUDA_OK(cudaFree(dq));
+    CUDA_OK(cudaFree(ds));
+}
+
 /* ---- exhaustive conversion checks (GPU only) ---- */
 
 struct cvt_stats {
@@ -459,6 +604,20 @@ static void case_launch_variants(uint32_t hidden)
             case_quant(rows, hidden, EPD_SCALE_PER_TOKEN, EPD_SCALE_FMT_UE8M0, 0, &l2);
         }
     }
+    /* decode shapes: a row a warp (16 or 32 vectors a lane), several groups a lane set */
+    for (uint32_t v = 16; v <= 32; v *= 2) {
+        if (32 * v * 8 < hidden) continue;
+        for (uint32_t r = 1; r <= 4; r *= 2) {
+            epd_quant_launch_t l = {32 * r, v, r};
+            case_quant(rows, hidden, EPD_SCALE_PER_TOKEN, r == 2 ? EPD_SCALE_FMT_UE8M0 : EPD_SCALE_FMT_FP32, 0, &l);
+        }
+    }
+    for (uint32_t v = 1; v <= 4; v *= 2)
+        for (uint32_t gr = 2; gr <= 4; gr *= 2) {
+            epd_quant_launch_t l = {v == 1 ? 64u : 256u, v, gr};
+            case_quant(rows, hidden, EPD_SCALE_GROUP128, gr == 2 ? EPD_SCALE_FMT_FP32 : EPD_SCALE_FMT_UE8M0, 0, &l);
+            case_quant(128, hidden, EPD_SCALE_GROUP128, EPD_SCALE_FMT_FP32, 1, &l);
+        }
     for (uint32_t v = 1; v <= 4; v *= 2) {
         epd_quant_launch_t l = {v == 2 ? 512u : 128u, v, 1};
         case_quant(rows, hidden, EPD_SCALE_GROUP128, EPD_SCALE_FMT_UE8M0, 0, &l);
@@ -552,6 +711,45 @@ int main(void)
         epd_quant_launch_t few = {64, 2, 1};
         case_requant(300, 5, 128, (epd_scale_kind_t)kind, 0, false, true, &few);
         case_requant(4096, 2, 256, (epd_scale_kind_t)kind, kind == 0 ? 0 : 1, false, false, NULL);
+    }
+    /* the layout-aware requant on kbench's layouts (H 7168; decode, random, long) */
+    case_requant_live_args();
+    {
+        const struct { uint32_t E, cap; int live; } lays[] = {
+            {256, 128, 1}, {256, 128, 8}, {256, 128, 32}, {256, 128, -16}, {16, 128, 1},
+            {16, 128, 4},  {16, 128, 8},  {16, 128, 16},  {16, 128, 32},   {32, 128, 1},
+            {32, 128, 4},  {32, 128, 8},  {32, 128, 16},  {32, 128, 32},   {64, 128, 1},
+            {64, 128, 4},  {64, 128, 8},  {64, 128, 16},  {64, 128, 32},   {32, 128, 128},
+            {128, 256, 64}, {1, 4096, 4096}};
+        int i = 0;
+        for (const auto &lay : lays) {
+            for (int kind = 0; kind < 2; kind++) {
+                const int mode = i++ % 4; /* every S mode over the list, both kinds */
+                case_requant_live(lay.E, lay.cap, 7168, (epd_scale_kind_t)kind, lay.live, mode,
+                                  i % 7 == 3, NULL);
+                if (lay.E == 256 && lay.live == 8)
+                    case_requant_live(lay.E, lay.cap, 7168, (epd_scale_kind_t)kind, lay.live,
+                                      (mode + 3) % 4, false, NULL);
+            }
+        }
+        /* kbench's --sweep geometries on a random decode layout and on a long one (rows a tile
+         * doubled when 1-row tiles would be more than a launch holds: E=256 x 32 rows) */
+        const epd_quant_launch_t geoms[] = {{224, 2, 1, 4}, {224, 2, 1, 8}, {224, 2, 1, 0},
+                                            {224, 2, 2, 4}, {224, 2, 4, 4}, {224, 2, 8, 4},
+                                            {448, 1, 1, 4}, {448, 1, 2, 4}, {128, 4, 1, 0},
+                                            {96, 4, 1, 0},  {224, 1, 2, 0}, {224, 4, 2, 4},
+                                            {32, 1, 3, 1},  {1024, 4, 1, 2}};
+        int g = 0;
+        for (const epd_quant_launch_t &l : geoms) {
+            case_requant_live(64, 40, 7168, (epd_scale_kind_t)(g % 2), -20, g % 4, g % 5 == 1, &l);
+            case_requant_live(9, 33, 896, (epd_scale_kind_t)((g + 1) % 2), -33, (g + 2) % 4, false, &l);
+            g++;
+        }
+        epd_quant_launch_t one = {224, 2, 1, 4};
+        case_requant_live(256, 128, 7168, EPD_SCALE_GROUP128, 32, 3, false, &one);
+        case_requant_live(300, 5, 128, EPD_SCALE_PER_TOKEN, -5, 0, false, NULL);
+        case_requant_live(4096, 2, 256, EPD_SCALE_GROUP128, -2, 3, false, NULL); /* > 256 tiles */
+        case_requant_live(0, 64, 7168, EPD_SCALE_GROUP128, 0, 3, false, NULL);
     }
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail == 0 ? 0 : 1;

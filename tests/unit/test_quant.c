@@ -444,6 +444,112 @@ static void test_quant__requant__bad_arguments__rejected(void **state)
     assert_true(big_s == 0.0f && out[0] == 0x55);
 }
 
+static void test_quant__requant_given__same_bytes_as_static_and_zero_only_without_rows(void **state)
+{
+    (void)state;
+    enum { E = 3, CAP = 4, H = 256 };
+    uint16_t x[H];
+    uint8_t q[E * CAP * H], a[E * CAP * H], b[E * CAP * H];
+    float s[E * CAP * 2], step = 0, big_s = 0;
+    int32_t counts[E] = {4, 0, 2}, none[E] = {0, 0, 0};
+    char err[EPD_ERR_LEN] = "";
+    for (int r = 0; r < E * CAP; r++) {
+        fill_row(x, H, (float)(r + 2));
+        epd_quant_row_host(x, H, EPD_SCALE_GROUP128, EPD_SCALE_FMT_FP32, q + r * H, s + r * 2);
+    }
+    assert_int_equal(epd_requant_step_scale_host(s, counts, E, CAP, H, EPD_SCALE_GROUP128, &step,
+                                                 err), EPD_OK);
+    /* S given = the step scale (what the count exchange delivers): the reduced requant's bytes */
+    memset(a, 0x33, sizeof a);
+    memset(b, 0x33, sizeof b);
+    assert_int_equal(epd_requant_host(q, s, counts, E, CAP, H, EPD_SCALE_GROUP128, 0.0f, a, &big_s,
+                                      err), EPD_OK);
+    assert_int_equal(epd_requant_given_host(q, s, counts, E, CAP, H, EPD_SCALE_GROUP128, step, b,
+                                            err), EPD_OK);
+    assert_true(big_s == step);
+    assert_memory_equal(a, b, sizeof a);
+    /* a static S: the static requant's bytes */
+    assert_int_equal(epd_requant_host(q, s, counts, E, CAP, H, EPD_SCALE_GROUP128, step / 3, a,
+                                      &big_s, err), EPD_OK);
+    assert_int_equal(epd_requant_given_host(q, s, counts, E, CAP, H, EPD_SCALE_GROUP128, step / 3,
+                                            b, err), EPD_OK);
+    assert_memory_equal(a, b, sizeof a);
+    /* S = 0: only for a step with no live row, which writes nothing */
+    assert_int_equal(epd_requant_given_host(q, s, counts, E, CAP, H, EPD_SCALE_GROUP128, 0.0f, b,
+                                            err), EPD_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "S must be > 0"));
+    memset(b, 0x44, sizeof b);
+    assert_int_equal(epd_requant_given_host(q, s, none, E, CAP, H, EPD_SCALE_GROUP128, 0.0f, b,
+                                            err), EPD_OK);
+    assert_int_equal(b[0], 0x44);
+    assert_int_equal(epd_requant_given_host(q, s, counts, E, CAP, H, EPD_SCALE_GROUP128, -1.0f, b,
+                                            err), EPD_ERR_INVALID_ARG);
+    assert_int_equal(epd_requant_given_host(q, s, counts, E, CAP, H, EPD_SCALE_GROUP128, NAN, b,
+                                            err), EPD_ERR_INVALID_ARG);
+    assert_int_equal(epd_requant_given_host(q, s, counts, E, CAP, H, EPD_SCALE_GROUP128, INFINITY,
+                                            b, err), EPD_ERR_INVALID_ARG);
+    counts[1] = CAP + 1;
+    assert_int_equal(epd_requant_given_host(q, s, counts, E, CAP, H, EPD_SCALE_GROUP128, step, b,
+                                            err), EPD_ERR_INVALID_ARG);
+}
+
+static void test_quant__requant_tiles__one_expert_each_and_doubled_when_too_many(void **state)
+{
+    (void)state;
+    enum { E = 4, CAP = 10 };
+    int32_t counts[E] = {7, 0, 1, 10};
+    uint32_t first[16], n_tiles = 0, r = 0;
+    uint16_t rows[16];
+    uint64_t live = 0;
+    char err[EPD_ERR_LEN] = "";
+    /* 3 rows a tile: 7 -> 3+3+1, 1 -> 1, 10 -> 3+3+3+1 */
+    assert_int_equal(epd_requant_tiles_make(counts, E, CAP, 3, 16, first, rows, &n_tiles, &r,
+                                            &live, err), EPD_OK);
+    const uint32_t want_first[] = {0, 3, 6, 20, 30, 33, 36, 39};
+    const uint16_t want_rows[] = {3, 3, 1, 1, 3, 3, 3, 1};
+    assert_int_equal(n_tiles, 8);
+    assert_int_equal(r, 3);
+    assert_int_equal(live, 18);
+    assert_memory_equal(first, want_first, sizeof want_first);
+    assert_memory_equal(rows, want_rows, sizeof want_rows);
+    /* at most 4 tiles: 3 -> 6 -> 12 rows a tile (2 at 6 rows does not fit: 2 + 1 + 2 = 5) */
+    assert_int_equal(epd_requant_tiles_make(counts, E, CAP, 3, 4, first, rows, &n_tiles, &r,
+                                            &live, err), EPD_OK);
+    assert_int_equal(r, 12);
+    assert_int_equal(n_tiles, 3);
+    assert_int_equal(first[2], 30);
+    assert_int_equal(rows[2], 10);
+    /* 3 experts with rows cannot fit in 2 tiles at any size */
+    assert_int_equal(epd_requant_tiles_make(counts, E, CAP, 3, 2, first, rows, &n_tiles, &r,
+                                            &live, err), EPD_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "tiles"));
+    counts[1] = -1;
+    assert_int_equal(epd_requant_tiles_make(counts, E, CAP, 3, 16, first, rows, &n_tiles, &r,
+                                            &live, err), EPD_ERR_INVALID_ARG);
+    counts[1] = 0;
+    assert_int_equal(epd_requant_tiles_make(counts, E, CAP, 0, 16, first, rows, &n_tiles, &r,
+                                            &live, err), EPD_ERR_INVALID_ARG);
+    assert_int_equal(epd_requant_tiles_make(counts, 4096, 1u << 20, 1, 16, first, rows, &n_tiles,
+                                            &r, &live, err), EPD_ERR_INVALID_ARG);
+    /* no live row: no tile */
+    int32_t none[E] = {0, 0, 0, 0};
+    assert_int_equal(epd_requant_tiles_make(none, E, CAP, 1, 16, first, rows, &n_tiles, &r, &live,
+                                            err), EPD_OK);
+    assert_int_equal(n_tiles, 0);
+    assert_int_equal(live, 0);
+}
+
+/* The layout-aware requant's pick: a row a tile while the tiles fit one wave of blocks. */
+static void test_quant__launch_pick__requant_live_one_row_tiles_at_decode(void **state)
+{
+    (void)state;
+    epd_quant_launch_t decode = epd_quant_launch_pick(EPD_QK_REQUANT_LIVE, 7168, 256, 132);
+    epd_quant_launch_t big = epd_quant_launch_pick(EPD_QK_REQUANT_LIVE, 7168, 32768, 132);
+    assert_int_equal(decode.rows, 1);
+    assert_int_equal(big.rows, 4);
+    assert_int_equal(decode.threads * decode.vec, 448); /* a 7168-byte row: one pass */
+}
+
 /* ---- argument checks, many rows ---- */
 
 static void test_quant__bad_shapes__rejected_with_message(void **state)
@@ -589,6 +695,9 @@ int main(void)
         cmocka_unit_test(test_quant__requant__small_static_scale_saturates_never_nan),
         cmocka_unit_test(test_quant__requant__group_scales_match_formula),
         cmocka_unit_test(test_quant__requant__bad_arguments__rejected),
+        cmocka_unit_test(test_quant__requant_given__same_bytes_as_static_and_zero_only_without_rows),
+        cmocka_unit_test(test_quant__requant_tiles__one_expert_each_and_doubled_when_too_many),
+        cmocka_unit_test(test_quant__launch_pick__requant_live_one_row_tiles_at_decode),
         cmocka_unit_test(test_quant__bad_shapes__rejected_with_message),
         cmocka_unit_test(test_quant__many_rows__same_as_row_function),
         cmocka_unit_test(test_quant__launch_pick__valid_for_every_hidden),
