@@ -2,7 +2,10 @@
 # `epd --accuracy` at 2 CPU ranks on a small shape: one JSON object per mode, in the documented
 # order; BF16 closest to the fp32 dispatch, every FP8 mode within DeepEP's calc_diff threshold
 # (9e-4) and a few percent of relative L2 error, FP8 dispatch + FP8 combine at most 0.53 of the
-# BF16 bytes; an expert kind without a host reference or an oversize tokens count is refused.
+# BF16 bytes; the same with ffn experts (generated BF16 and FP8 block weights, the properties that
+# hold for any weights: BF16 is the floor, FP8 combine and per-tensor requant cost more, FP8
+# dispatch is free for FP8 block weights); ffn without weights, --bench-weights without ffn and
+# an oversize tokens count are refused.
 set -u
 BUILD=${BUILD:-build}
 MPIRUN=${MPIRUN:-mpirun}
@@ -48,6 +51,64 @@ assert 0.7 < rows["fp8 group128 fp32"]["bytes_vs_bf16"] < 0.8, rows
 assert rows["fp8 group128 fp32"]["calc_diff"] < rows["fp8 per_token fp32"]["calc_diff"], rows
 print("accuracy JSON: ok")
 PY
+
+# ffn experts with generated weights, both formats, at a tiny shape (seconds on CPU ranks)
+run --json --set experts.kind=ffn --bench-weights random --set model.hidden=256 \
+    --set model.intermediate=128 --set model.num_experts=8 --set model.topk=4 \
+    --bench-tokens 32 --bench-iters 2 >"$out" || { echo "FAIL: epd --accuracy (ffn) exited $?"; exit 1; }
+cat "$out"
+python3 - "$out" <<'PY' || exit 1
+import json, math, sys
+tables = {}
+for line in open(sys.argv[1]):
+    if line.strip():
+        r = json.loads(line)
+        tables.setdefault(r["experts"], {})[r["accuracy"]] = r
+assert list(tables) == ["ffn bf16", "ffn fp8-block"], list(tables)
+names = ["bf16", "fp8 group128 fp32", "fp8 group128 ue8m0", "fp8 per_token fp32",
+         "fp8 per_token ue8m0", "fp8 group128 -> requant, static S",
+         "fp8 group128 -> requant, step S", "bf16 + fp8 combine", "fp8 group128 fp32 + fp8 combine"]
+for experts, rows in tables.items():
+    assert list(rows) == names, (experts, list(rows))
+    bf16 = rows["bf16"]
+    assert bf16["tokens"] == 128 and bf16["bytes_vs_bf16"] == 1.0, bf16
+    for name, r in rows.items():
+        l2 = r["rel_l2"]
+        assert 0 < l2["median"] <= l2["p99"] <= l2["max"] < 1, (experts, r)
+        assert math.isfinite(r["max_abs_error"]) and r["max_abs_error"] > 0, (experts, r)
+        # BF16 rounding of partials and output only: the floor of every mode
+        assert 0 < bf16["calc_diff"] <= r["calc_diff"] < 0.1, (experts, r)
+    # FP8 combine: e4m3 on the expert outputs, an order of magnitude above BF16's rounding
+    for name in ["bf16 + fp8 combine", "fp8 group128 fp32 + fp8 combine"]:
+        assert rows[name]["calc_diff"] > 10 * bf16["calc_diff"], (experts, rows[name])
+    # a per-tensor S is never finer than the group scales it replaces
+    assert (rows["fp8 group128 -> requant, step S"]["calc_diff"] >
+            rows["fp8 group128 fp32"]["calc_diff"]), (experts, rows)
+    fp8c = rows["fp8 group128 fp32 + fp8 combine"]["bytes_vs_bf16"]
+    assert fp8c < rows["fp8 group128 fp32"]["bytes_vs_bf16"] < 1.0, (experts, rows)
+bw = tables["ffn bf16"]
+# BF16 weights: group128 FP8 dispatch passes DeepEP's check and costs more than BF16
+assert bw["bf16"]["calc_diff"] * 2 < bw["fp8 group128 fp32"]["calc_diff"] < 9e-4, bw
+assert bw["fp8 group128 fp32"]["calc_diff"] < bw["fp8 per_token fp32"]["calc_diff"], bw
+fw = tables["ffn fp8-block"]
+# FP8 block weights: the GEMM reads group128 FP8 of the row anyway, so dispatching those bytes
+# changes nothing (host ops: the same bytes, the same outputs)
+for key in ["calc_diff", "rel_l2", "max_abs_error"]:
+    assert fw["fp8 group128 fp32"][key] == fw["bf16"][key], (key, fw)
+    assert fw["fp8 group128 fp32 + fp8 combine"][key] == fw["bf16 + fp8 combine"][key], (key, fw)
+print("accuracy ffn JSON: ok")
+PY
+
+run --set experts.kind=ffn --set model.hidden=256 --set model.num_experts=8 >"$out" 2>&1
+rc=$?
+cat "$out"
+[[ $rc -eq 2 ]] && grep -q "needs --bench-weights" "$out" ||
+    { echo "FAIL: ffn without weights was not refused (exit $rc)"; exit 1; }
+run --bench-weights random --set model.hidden=256 --set model.num_experts=8 >"$out" 2>&1
+rc=$?
+cat "$out"
+[[ $rc -eq 2 ]] && grep -q "goes with experts.kind = ffn" "$out" ||
+    { echo "FAIL: --bench-weights with the scale kind was not refused (exit $rc)"; exit 1; }
 
 run --bench-tokens 8192 --set model.hidden=1024 --set model.num_experts=16 >"$out" 2>&1
 rc=$?
