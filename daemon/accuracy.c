@@ -29,6 +29,8 @@
 
 #include <math.h>
 #include <mpi.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +59,7 @@
 #define ACC_LOUD_GAIN      8.0f
 #define ACC_CALIBRATION    0x5ca1eull /* seed of the static-S calibration batches */
 #define ACC_CALIBRATION_TOKENS 2048   /* their tokens a rank, at least */
+#define ACC_CALIBRATION_BATCH  128    /* tokens a calibration batch */
 #define ACC_WEIGHT_SEED    0xacc3e1f5ull
 #define ACC_INTERMEDIATE   2048 /* generated ffn weights without model.intermediate: V3's I */
 #define ACC_MAX_THREADS    64
@@ -199,15 +202,19 @@ static void make_batch(const acc_ctx_t *a, uint64_t seed, uint16_t *x, int32_t *
     }
 }
 
-/* The calibrated static S: the largest group128 fp32 scale of separate batches of the same
- * distribution, at least ACC_CALIBRATION_TOKENS tokens a rank, over every rank (amax / 448 of
- * the calibration set: the usual max calibration of an FP8 activation scale, on a set large
- * enough to hold the distribution's loud tokens, as a real calibration set does). */
+/* The calibrated static S, the way FP8 calibration tools observe an activation scale: over
+ * ACC_CALIBRATION_TOKENS separate tokens a rank of the same distribution, in batches of
+ * ACC_CALIBRATION_BATCH tokens, the mean over every rank's batches of each batch's largest
+ * group128 scale (amax / 448): a moving-average min-max observer. The plain maximum over the
+ * whole set would be set by its one most extreme outlier (a spike on a massive channel, 8x the
+ * usual largest value), a coarse S for every ordinary token; the mean of batch maxima is what a
+ * checkpoint's input_scale usually is, and the tail above it saturates. */
 static float calibrated_scale(acc_ctx_t *a)
 {
     const epd_moe_shape_t *sh = &a->base;
-    uint32_t ns = sh->hidden / EPD_QUANT_GROUP;
-    float local = 0.0f, all = 0.0f;
+    uint32_t ns = sh->hidden / EPD_QUANT_GROUP, in_batch = 0;
+    float batch_max = 0.0f;
+    double local[2] = {0.0, 0.0}, all[2] = {0.0, 0.0}; /* sum of batch maxima, batches */
 
     for (uint32_t done = 0, b = 0; done < ACC_CALIBRATION_TOKENS; done += a->tokens, b++) {
         make_batch(a, ACC_CALIBRATION + (uint64_t)a->rank * 7919u + (uint64_t)b * 104729u, a->x,
@@ -215,11 +222,18 @@ static float calibrated_scale(acc_ctx_t *a)
         for (uint32_t t = 0; t < a->tokens; t++) {
             epd_quant_row_host(a->x + (size_t)t * sh->hidden, sh->hidden, EPD_SCALE_GROUP128,
                                EPD_SCALE_FMT_FP32, a->q, a->scales);
-            for (uint32_t g = 0; g < ns; g++) local = a->scales[g] > local ? a->scales[g] : local;
+            for (uint32_t g = 0; g < ns; g++)
+                batch_max = a->scales[g] > batch_max ? a->scales[g] : batch_max;
+            if (++in_batch == ACC_CALIBRATION_BATCH) {
+                local[0] += batch_max;
+                local[1] += 1.0;
+                batch_max = 0.0f;
+                in_batch = 0;
+            }
         }
     }
-    MPI_Allreduce(&local, &all, 1, MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD);
-    return all;
+    MPI_Allreduce(local, all, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    return (float)(all[0] / all[1]);
 }
 
 /* The static S of this rank's experts: their gate/up input_scale when the checkpoint has one
@@ -448,8 +462,8 @@ static void accuracy_size(acc_ctx_t *a)
         if (any_own > 0.0f)
             printf("the experts' input_scale (up to %.6g)", (double)any_own);
         else
-            printf("%.6g (calibrated: max over %d separate tokens a rank)", (double)cal,
-                   ACC_CALIBRATION_TOKENS);
+            printf("%.6g (calibrated: mean of the maxima of %d-token batches, %d separate "
+                   "tokens a rank)", (double)cal, ACC_CALIBRATION_BATCH, ACC_CALIBRATION_TOKENS);
         printf("; step S %.6g to %.6g\n\n", (double)s_min, (double)s_max);
         printf("| mode | dispatch | combine | calc_diff | rel L2 median | rel L2 p99 | rel L2 max "
                "| max abs error | bytes/token | vs bf16 |\n");
@@ -477,6 +491,43 @@ static void *alloc64(size_t bytes)
     return aligned_alloc(64, bytes == 0 ? 64 : (bytes + 63) / 64 * 64);
 }
 
+/* Generates experts [lo, hi) of w (its layer 0 allocated), each from its own seed. */
+typedef struct gen_job {
+    epd_ffn_weights_t *w;
+    uint32_t lo, hi;
+    epd_status_t status;
+    char err[EPD_ERR_LEN];
+} gen_job_t;
+
+static void *gen_experts(void *arg)
+{
+    gen_job_t *job = arg;
+    epd_ffn_weights_t *w = job->w;
+    epd_ffn_layer_t *l = &w->layers[0];
+    uint32_t H = w->hidden, inter = w->intermediate;
+    bool fp8 = w->format == EPD_FFN_FP8_BLOCK;
+    size_t eb = fp8 ? 1 : 2;
+    size_t gu = 2 * (size_t)inter * H * eb, dn = (size_t)H * inter * eb;
+    size_t gus = 2 * (size_t)(inter / EPD_FFN_BLOCK) * (H / EPD_FFN_BLOCK), dns = gus / 2;
+
+    for (uint32_t e = job->lo; e < job->hi; e++) {
+        epd_ffn_weights_t *one = NULL;
+        job->status = epd_ffn_random(w->format, H, inter, 1, 0, 1, 1,
+                                     epd_rng_hash(ACC_WEIGHT_SEED + w->first_expert + e), &one,
+                                     job->err);
+        if (job->status != EPD_OK) return NULL;
+        const epd_ffn_layer_t *o = &one->layers[0];
+        memcpy((uint8_t *)l->gate_up + e * gu, o->gate_up, gu);
+        memcpy((uint8_t *)l->down + e * dn, o->down, dn);
+        if (fp8) {
+            memcpy(l->gate_up_scale + e * gus, o->gate_up_scale, gus * sizeof(float));
+            memcpy(l->down_scale + e * dns, o->down_scale, dns * sizeof(float));
+        }
+        epd_ffn_free(one);
+    }
+    return NULL;
+}
+
 /* This rank's experts with generated weights: expert e's from epd_ffn_random with a seed of its
  * own (so the same expert has the same weights whatever the number of ranks), one layer (0). */
 static epd_status_t random_weights(const acc_ctx_t *a, epd_ffn_format_t format, uint32_t inter,
@@ -490,7 +541,6 @@ static epd_status_t random_weights(const acc_ctx_t *a, epd_ffn_format_t format, 
     size_t gu = 2 * (size_t)inter * H * eb, dn = (size_t)H * inter * eb;
     size_t gus = 2 * (size_t)(inter / EPD_FFN_BLOCK) * (H / EPD_FFN_BLOCK), dns = gus / 2;
     epd_ffn_weights_t *w = calloc(1, sizeof *w);
-    epd_status_t status;
 
     *w_p = NULL;
     if (w == NULL || (w->layers = calloc(1, sizeof *w->layers)) == NULL) goto no_memory;
@@ -511,22 +561,26 @@ static epd_status_t random_weights(const acc_ctx_t *a, epd_ffn_format_t format, 
         l->down_scale = alloc64(dns * per_rank * sizeof(float));
         if (l->gate_up_scale == NULL || l->down_scale == NULL) goto no_memory;
     }
-    for (uint32_t e = 0; e < per_rank; e++) {
-        epd_ffn_weights_t *one = NULL;
-        status = epd_ffn_random(format, H, inter, 1, 0, 1, 1,
-                                epd_rng_hash(ACC_WEIGHT_SEED + first + e), &one, err);
-        if (status != EPD_OK) {
+    /* generating is seconds an expert at real shapes: the experts are split over the threads */
+    uint32_t T = a->threads < per_rank ? a->threads : per_rank;
+    gen_job_t jobs[ACC_MAX_THREADS];
+    pthread_t tids[ACC_MAX_THREADS];
+    uint32_t started = 0;
+    for (uint32_t i = 0; i < T; i++)
+        jobs[i] = (gen_job_t){.w = w, .lo = per_rank * i / T, .hi = per_rank * (i + 1) / T,
+                              .status = EPD_OK};
+    /* the calling thread takes the first share, and any a thread could not be started for */
+    for (uint32_t i = 1; i < T && pthread_create(&tids[i], NULL, gen_experts, &jobs[i]) == 0; i++)
+        started = i;
+    for (uint32_t i = started + 1; i < T; i++) gen_experts(&jobs[i]);
+    gen_experts(&jobs[0]);
+    for (uint32_t i = 1; i <= started; i++) pthread_join(tids[i], NULL);
+    for (uint32_t i = 0; i < T; i++) {
+        if (jobs[i].status != EPD_OK) {
+            snprintf(err, EPD_ERR_LEN, "%s", jobs[i].err);
             epd_ffn_free(w);
-            return status;
+            return jobs[i].status;
         }
-        const epd_ffn_layer_t *o = &one->layers[0];
-        memcpy((uint8_t *)l->gate_up + e * gu, o->gate_up, gu);
-        memcpy((uint8_t *)l->down + e * dn, o->down, dn);
-        if (fp8) {
-            memcpy(l->gate_up_scale + e * gus, o->gate_up_scale, gus * sizeof(float));
-            memcpy(l->down_scale + e * dns, o->down_scale, dns * sizeof(float));
-        }
-        epd_ffn_free(one);
     }
     *w_p = w;
     return EPD_OK;
@@ -612,6 +666,19 @@ out:
     if (a->rank == 0 && !a->json)
         printf("\nexperts: %s; ops %s, transport %s\n", desc, a->backend.ops->name,
                a->backend.transport->name);
+}
+
+/* Threads of the host reference: the CPUs this rank may run on, shared with the node's other
+ * ranks when it is not bound (mpirun --bind-to none), at least 1. */
+static uint32_t reference_threads(int local_size)
+{
+    cpu_set_t set;
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    long cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+
+    if (cpus >= online && local_size > 1) cpus /= local_size;
+    if (cpus < 1) cpus = 1;
+    return cpus > ACC_MAX_THREADS ? ACC_MAX_THREADS : (uint32_t)cpus;
 }
 
 static void print_warning(void *arg, const char *message)
@@ -711,9 +778,7 @@ int epd_accuracy_run(const epd_args_t *args)
     MPI_Comm_rank(node, &a.local_rank);
     MPI_Comm_size(node, &a.local_size);
     MPI_Comm_free(&node);
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    a.threads = cpus > a.local_size ? (uint32_t)(cpus / a.local_size) : 1;
-    if (a.threads > ACC_MAX_THREADS) a.threads = ACC_MAX_THREADS;
+    a.threads = reference_threads(a.local_size);
 
     if (a.rank == 0 && !a.json) {
         printf("epd accuracy: %d ranks, hidden %u, %u experts, top-%u\n", a.world, hidden,

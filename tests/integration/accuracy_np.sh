@@ -76,20 +76,25 @@ for experts, rows in tables.items():
         l2 = r["rel_l2"]
         assert 0 < l2["median"] <= l2["p99"] <= l2["max"] < 1, (experts, r)
         assert math.isfinite(r["max_abs_error"]) and r["max_abs_error"] > 0, (experts, r)
-        # BF16 rounding of partials and output only: the floor of every mode
-        assert 0 < bf16["calc_diff"] <= r["calc_diff"] < 0.1, (experts, r)
+        # BF16 rounding of partials and output only: the floor of every mode's typical token
+        # (calc_diff weighs tokens by their energy, so one loud token can decide it: the
+        # per-token median is the robust comparison)
+        assert 0 < bf16["rel_l2"]["median"] <= l2["median"], (experts, r)
+        assert 0 < r["calc_diff"] < 1, (experts, r)
+    med = lambda name: rows[name]["rel_l2"]["median"]
     # FP8 combine: e4m3 on the expert outputs, an order of magnitude above BF16's rounding
     for name in ["bf16 + fp8 combine", "fp8 group128 fp32 + fp8 combine"]:
-        assert rows[name]["calc_diff"] > 10 * bf16["calc_diff"], (experts, rows[name])
+        assert med(name) > 5 * med("bf16"), (experts, rows[name])
     # a per-tensor S is never finer than the group scales it replaces
-    assert (rows["fp8 group128 -> requant, step S"]["calc_diff"] >
-            rows["fp8 group128 fp32"]["calc_diff"]), (experts, rows)
+    assert med("fp8 group128 -> requant, step S") > med("fp8 group128 fp32"), (experts, rows)
     fp8c = rows["fp8 group128 fp32 + fp8 combine"]["bytes_vs_bf16"]
     assert fp8c < rows["fp8 group128 fp32"]["bytes_vs_bf16"] < 1.0, (experts, rows)
 bw = tables["ffn bf16"]
-# BF16 weights: group128 FP8 dispatch passes DeepEP's check and costs more than BF16
-assert bw["bf16"]["calc_diff"] * 2 < bw["fp8 group128 fp32"]["calc_diff"] < 9e-4, bw
-assert bw["fp8 group128 fp32"]["calc_diff"] < bw["fp8 per_token fp32"]["calc_diff"], bw
+# BF16 weights: group128 FP8 dispatch passes DeepEP's check, costs more than BF16 and less than
+# one scale a token (the large channels set a per-token scale for the whole row)
+assert bw["fp8 group128 fp32"]["calc_diff"] < 9e-4, bw
+assert (bw["bf16"]["rel_l2"]["median"] * 2 < bw["fp8 group128 fp32"]["rel_l2"]["median"] <
+        bw["fp8 per_token fp32"]["rel_l2"]["median"]), bw
 fw = tables["ffn fp8-block"]
 # FP8 block weights: the GEMM reads group128 FP8 of the row anyway, so dispatching those bytes
 # changes nothing (host ops: the same bytes, the same outputs)
