@@ -4,8 +4,8 @@
 # (9e-4) and a few percent of relative L2 error, FP8 dispatch + FP8 combine at most 0.53 of the
 # BF16 bytes; the same with ffn experts (generated BF16 and FP8 block weights, the properties that
 # hold for any weights: BF16 is the floor, FP8 combine and per-tensor requant cost more, FP8
-# dispatch is free for FP8 block weights); ffn without weights, --bench-weights without ffn and
-# an oversize tokens count are refused.
+# dispatch is free for FP8 block weights), and from experts.weights; ffn without weights,
+# --bench-weights without ffn and an oversize tokens count are refused.
 set -u
 BUILD=${BUILD:-build}
 MPIRUN=${MPIRUN:-mpirun}
@@ -102,6 +102,28 @@ for key in ["calc_diff", "rel_l2", "max_abs_error"]:
     assert fw["fp8 group128 fp32"][key] == fw["bf16"][key], (key, fw)
     assert fw["fp8 group128 fp32 + fp8 combine"][key] == fw["bf16 + fp8 combine"][key], (key, fw)
 print("accuracy ffn JSON: ok")
+PY
+
+# ffn experts from experts.weights (the FP8 block checkpoint scripts/make-test-model.py writes)
+py=
+for p in python3 /usr/bin/python3; do
+    if $p -c 'import numpy' 2>/dev/null; then py=$p; break; fi
+done
+[[ -n $py ]] || { echo "FAIL: no python3 with numpy (scripts/deps.sh installs python3-numpy)"; exit 1; }
+model=$(mktemp -d)
+trap 'rm -f "$out"; rm -rf "$model"' EXIT
+$py scripts/make-test-model.py "$model" --format fp8 --seed 4 >/dev/null ||
+    { echo "FAIL: make-test-model"; exit 1; }
+run --json --set experts.kind=ffn --set "experts.weights=$model" --set experts.layers=2 \
+    --set model.hidden=256 --set model.num_experts=16 --set model.topk=8 --bench-tokens 32 \
+    --bench-iters 1 >"$out" || { echo "FAIL: epd --accuracy (experts.weights) exited $?"; exit 1; }
+python3 - "$out" <<'PY' || exit 1
+import json, sys
+rows = {r["accuracy"]: r for r in (json.loads(l) for l in open(sys.argv[1]) if l.strip())}
+assert len(rows) == 9 and all(r["experts"] == "ffn fp8-block" for r in rows.values()), rows
+assert rows["fp8 group128 fp32"]["rel_l2"] == rows["bf16"]["rel_l2"], rows
+assert rows["bf16 + fp8 combine"]["rel_l2"]["median"] > 5 * rows["bf16"]["rel_l2"]["median"], rows
+print("accuracy experts.weights: ok")
 PY
 
 run --set experts.kind=ffn --set model.hidden=256 --set model.num_experts=8 >"$out" 2>&1
