@@ -43,6 +43,12 @@ void epd_server_set_layer_hook(epd_server_t *server, bool (*known)(void *arg, ui
 epd_status_t epd_server_start(epd_server_t *server, epd_engine_t *engine, char err[EPD_ERR_LEN]);
 
 /* Stops listening, closes every connection and unlinks the socket file. */
+/* Runs the event loop until the server stops (or loopbreak): while the engine is hot
+ * (epd_engine_hot) it polls without sleeping, so a SUBMIT or a finished step is seen within a
+ * microsecond or two instead of a thread wake-up (about 10 us); otherwise it sleeps in epoll.
+ * 0, or -1 when the loop failed. */
+int epd_server_run(epd_server_t *server);
+
 void epd_server_free(epd_server_t *server);
 
 /* Results answered (or discarded) since the shutdown began; for the exit log. */
