@@ -225,8 +225,8 @@ epd_status_t epd_args_parse(int argc, char **argv, epd_args_t *args_p, char err[
         status = EPD_ERR_INVALID_ARG;
         goto err_free;
     }
-    if (!bench && !help && !version && args_p->bench_weights != NULL) {
-        epd_config_textf(err, EPD_ERR_LEN, "--bench-weights only goes with --bench");
+    if (!bench && !accuracy && !help && !version && args_p->bench_weights != NULL) {
+        epd_config_textf(err, EPD_ERR_LEN, "--bench-weights only goes with --bench or --accuracy");
         status = EPD_ERR_INVALID_ARG;
         goto err_free;
     }
@@ -254,7 +254,7 @@ void epd_args_print_usage(FILE *out, const char *argv0)
         "       mpirun [MPI options] %s --bench [--json] [--bench-tokens LIST] "
         "[--bench-iters N] [--bench-weights random|random-bf16|random-fp8]\n"
         "       mpirun [MPI options] %s --accuracy [--json] [--bench-tokens LIST] "
-        "[--bench-iters N]\n"
+        "[--bench-iters N] [--bench-weights random|random-bf16|random-fp8]\n"
         "       %s --help | --version\n"
         "\n"
         "epd, the expert-parallel MoE dispatch daemon: every rank of an mpirun job runs it and\n"
@@ -272,8 +272,9 @@ void epd_args_print_usage(FILE *out, const char *argv0)
         "  --json               machine-readable --bench / --accuracy output\n"
         "  --bench-tokens LIST  tokens per rank per step to bench (--accuracy: default 512)\n"
         "  --bench-iters N      steps per --bench-tokens entry (--accuracy: default 2)\n"
-        "  --bench-weights W    with experts.kind=ffn: synthetic weights at the configured shape\n"
-        "                       (random: BF16 and FP8 block; else experts.weights is read)\n"
+        "  --bench-weights W    with experts.kind=ffn (--bench, --accuracy): synthetic weights\n"
+        "                       at the configured shape (random: BF16 and FP8 block; else\n"
+        "                       experts.weights is read)\n"
         "  -h, --help           this text\n"
         "  --version            print the version\n"
         "\n"

@@ -71,4 +71,11 @@ $(BUILD)/tests/gpu/daemon_ffn_gpu.sh: tests/gpu/daemon_ffn_gpu.sh
 	$(call say,GEN)printf '#!/bin/sh\nexec bash tests/gpu/daemon_ffn_gpu.sh "$$@"\n' >$@ && \
 	    chmod 0755 $@
 BINS += $(BUILD)/tests/gpu/daemon_ffn_gpu.sh
+# accuracy_gpu.sh: epd --accuracy with ffn experts at H 7168, I 2048 (docs/accuracy.md's table).
+GPU_TESTS += accuracy_gpu.sh
+$(BUILD)/tests/gpu/accuracy_gpu.sh: tests/gpu/accuracy_gpu.sh
+	@mkdir -p $(dir $@)
+	$(call say,GEN)printf '#!/bin/sh\nexec bash tests/gpu/accuracy_gpu.sh "$$@"\n' >$@ && \
+	    chmod 0755 $@
+BINS += $(BUILD)/tests/gpu/accuracy_gpu.sh
 endif

@@ -6,7 +6,7 @@
 #   mpi      tests/gpu/mpi_cuda_aware with the stock MPI and with the CUDA-aware one
 #   daemon   tests/gpu/daemon_gpu.sh: the daemon on 2 GPUs through its sockets, every transport
 #   bench    epd --bench on 2 ranks for each transport (staged mpi, direct mpi, nccl)
-#   accuracy epd --accuracy on 2 ranks (the table of docs/accuracy.md)
+#   accuracy tests/gpu/accuracy_gpu.sh: epd --accuracy with ffn experts, 1 and 2 ranks (docs/accuracy.md)
 #   python   tests/gpu/python_cuda.sh: the Python client's device regions and examples/torch_moe.py
 #   ffn      tests/gpu/daemon_ffn_gpu.sh (ffn experts through the sockets, 1 and 2 ranks on GPU 0)
 #            and epd --bench of the ffn experts at E_local 32, H 7168, I 2048
@@ -71,11 +71,8 @@ for s in $stages; do
         fi
         ;;
     accuracy)
-        # both ranks on GPU 0 when there is one GPU
-        one_gpu=()
-        (($(nvidia-smi -L 2>/dev/null | grep -c '^GPU ') < 2)) && one_gpu=(--set device.id=0)
-        stage accuracy mpirun -np 2 "${mpi_args[@]}" build/epd --accuracy --set device.backend=cuda \
-            "${one_gpu[@]}"
+        # ffn experts at H 7168, I 2048: 1 rank, then 2 ranks sharing GPU 0 (docs/accuracy.md)
+        stage accuracy env BUILD=build MPIRUN=mpirun bash tests/gpu/accuracy_gpu.sh
         ;;
     python)
         stage python env BUILD=build MPIRUN=mpirun bash tests/gpu/python_cuda.sh
