@@ -28,6 +28,7 @@
 extern char **environ;
 
 #define DAEMON_START_FAILED 1 /* MPI_Abort code of a start-up error */
+#define DAEMON_CONFIG_INVALID 78 /* of a configuration error (EX_CONFIG): the units do not restart */
 #define DAEMON_STEP_FAILED 3  /* MPI_Abort code after a step failed (MPI, transport, device) */
 
 typedef struct daemon {
@@ -47,8 +48,9 @@ typedef struct daemon {
     char path[EPD_CONFIG_STR_LEN];
 } daemon_t;
 
-/* Logs why this rank cannot start and takes the whole job down. */
-static void __attribute__((noreturn, format(printf, 1, 2))) start_fail(const char *fmt, ...)
+/* Logs why this rank cannot start and takes the whole job down with exit code `code`. */
+static void __attribute__((noreturn, format(printf, 2, 3))) start_fail_code(int code,
+                                                                            const char *fmt, ...)
 {
     char message[1024];
     va_list ap;
@@ -57,9 +59,11 @@ static void __attribute__((noreturn, format(printf, 1, 2))) start_fail(const cha
     vsnprintf(message, sizeof(message), fmt, ap);
     va_end(ap);
     epd_log_error("start-up failed: %s", message);
-    MPI_Abort(MPI_COMM_WORLD, DAEMON_START_FAILED);
-    _exit(DAEMON_START_FAILED); /* MPI_Abort does not return; this is for the compiler */
+    MPI_Abort(MPI_COMM_WORLD, code);
+    _exit(code); /* MPI_Abort does not return; this is for the compiler */
 }
+
+#define start_fail(...) start_fail_code(DAEMON_START_FAILED, __VA_ARGS__)
 
 static void mpi_check(int rc, const char *what)
 {
@@ -234,7 +238,7 @@ static void start_config(daemon_t *d, const epd_args_t *args)
     char err[EPD_ERR_LEN], why[EPD_ERR_LEN];
 
     if (epd_daemon_load_config(args, config_warn, d, &d->state, err) != EPD_OK)
-        start_fail("configuration: %s", err);
+        start_fail_code(DAEMON_CONFIG_INVALID, "configuration: %s", err);
     d->cfg = epd_config_get(d->state);
     epd_log_set_level(d->cfg->log.level);
     check_config_identical(d);
@@ -242,7 +246,7 @@ static void start_config(daemon_t *d, const epd_args_t *args)
     if (epd_moe_experts_check(d->cfg->model.num_experts, (uint32_t)d->world, why) != EPD_OK) {
         if (d->rank == 0) epd_log_error("start-up failed: model.%s", why); /* num_experts = ... */
         MPI_Barrier(MPI_COMM_WORLD);
-        start_fail("model.num_experts %% ranks != 0");
+        start_fail_code(DAEMON_CONFIG_INVALID, "model.num_experts %% ranks != 0");
     }
 }
 
