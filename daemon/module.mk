@@ -6,6 +6,7 @@ DAEMON_SRCS := daemon/main.c daemon/daemon.c daemon/server.c daemon/listener.c d
                daemon/log.c daemon/notify.c daemon/engine.c daemon/bench.c daemon/bench_ffn.c \
                daemon/accuracy.c daemon/experts.c daemon/region.c daemon/http.c daemon/watchdog.c \
                daemon/trim.c
+DAEMON_SRCS += daemon/external.c
 
 # Other folders' module.mk files are read after this one: their source lists are expanded in the
 # prerequisites a second time, once every list is complete.
