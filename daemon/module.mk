@@ -24,6 +24,7 @@ BINS += $(BUILD)/epd
 
 # Integration-test clients: the frame codec, the host reference (epd_moe_reference) and common.
 DAEMON_TEST_CLIENTS := check_client region_check
+DAEMON_TEST_CLIENTS += external_check
 EPD_CLIENT_TEST_SRCS = $(COMMON_SRCS) $(PROTO_SRCS) proto/client.c proto/cuda_dl.c gpu/quant_host.c \
                        gpu/ops_host.c gpu/ffn.c gpu/safetensors.c
 define daemon_test_client_rule

@@ -30,6 +30,16 @@ run() {
     epd_stop
 }
 
+# libepd: one thread, one connection that serves the rank's experts and submits (1 rank: the
+# step that holds its SUBMIT waits for its own EXPERTS_DONE)
+[[ -x $BUILD/tests/external_check ]] || die "$BUILD/tests/external_check is not built"
+for fmt in fp8_group128 fp8_per_tensor bf16; do
+    echo "== 1 rank, libepd worker, $fmt ($(date +%T))"
+    epd_start 1 "${base[@]}" --set experts.external_input=$fmt
+    timeout 60 "$BUILD/tests/external_check" "$(sock 0)" 24 || die "libepd worker ($fmt)"
+    epd_stop
+done
+
 run 2 failures --set experts.external_input=fp8_group128
 grep -q "rank 1 step [0-9]*: has no expert worker" "$TMP/epd.log" ||
     die "no log line names the rank and the step of a step without a worker"
