@@ -26,6 +26,8 @@
 #define EXTERNAL_SPIN_NS 20000u
 /* Failures of one kind are logged once, then at most once a second with a count. */
 #define EXTERNAL_LOG_NS 1000000000u
+/* The most experts a rank can own (model.num_experts' largest value). */
+#define EXTERNAL_MAX_LOCAL 4096u
 /* Latency samples kept for the summary logged at exit. */
 #define EXTERNAL_SAMPLES 4096u
 
@@ -38,6 +40,12 @@ typedef enum {
     HANDOFF_GONE,     /* the worker left (or could not be written to) */
     HANDOFF_MAX
 } handoff_t;
+
+/* Ops memory grown as needed. */
+typedef struct scratch {
+    void *ptr;
+    size_t cap;
+} scratch_t;
 
 /* One input region's layout for n_rows rows (offsets from the region's start). */
 typedef struct io_layout {
@@ -76,14 +84,12 @@ struct epd_external {
     uint64_t sent_ns, done_read_ns, seen_ns, done_ns; /* the last exchange's times */
     atomic_int handoff_now;  /* handoff, for the waiting step's spin */
 
-    /* engine worker thread only: scratch grown as needed */
-    uint8_t *records_stage; size_t records_cap;   /* device ops: the records on the host */
-    uint8_t *partials_stage; size_t partials_cap;
+    /* engine worker thread only: scratch grown as needed (host, or ops memory: _ops) */
+    int32_t *ids; size_t ids_cap;                 /* the records' top-k ids (pinned) */
     int32_t *row_of; size_t row_of_cap;
     uint32_t *first_row;
-    uint8_t *in_stage; size_t in_cap;             /* the input when the region is device */
-    float *scales_stage; size_t scales_cap;       /* fp8_per_tensor: the rows' own scales */
-    uint16_t *y_stage; size_t y_cap;              /* the output when the region is device */
+    float *scales_stage; size_t scales_cap;       /* host fp8_per_tensor: the rows' own scales */
+    scratch_t row_of_ops, in_ops, y_ops, scales_ops, one_ops; /* device ops */
     char *meta; size_t meta_cap;
     uint64_t log_ns[EPD_EXTERNAL_FAILURE_MAX];
     uint64_t unlogged[EPD_EXTERNAL_FAILURE_MAX];
@@ -216,13 +222,14 @@ void epd_external_free(epd_external_t *ext)
     free(ext->pending_meta);
     free(ext->scale_layers);
     free(ext->scale_values);
-    free(ext->records_stage);
-    free(ext->partials_stage);
+    if (ext->ids != NULL) ext->ops->free_host(ext->ops_ctx, ext->ids);
     free(ext->row_of);
     free(ext->first_row);
-    free(ext->in_stage);
     free(ext->scales_stage);
-    free(ext->y_stage);
+    scratch_t *ops_mem[] = {&ext->row_of_ops, &ext->in_ops, &ext->y_ops, &ext->scales_ops,
+                            &ext->one_ops};
+    for (size_t i = 0; i < EPD_ARRAY_SIZE(ops_mem); i++)
+        if (ops_mem[i]->ptr != NULL) ext->ops->free(ext->ops_ctx, ops_mem[i]->ptr);
     free(ext->meta);
     pthread_cond_destroy(&ext->cv);
     pthread_mutex_destroy(&ext->mu);
@@ -519,27 +526,32 @@ static float static_scale(const epd_external_t *ext, uint32_t layer)
     return ext->scale_all;
 }
 
-/* S of a step's fp8_per_tensor rows: the configured static scale, else the step scale (the
- * largest scale of the rows this rank received). The one place it is decided: once the count
- * exchange carries the senders' scale maxima, the step scale comes from there instead. */
-static epd_status_t per_tensor_scale(const epd_external_t *ext, float static_s,
-                                     const float *scales, const int32_t *counts,
-                                     uint32_t n_experts, uint32_t capacity, float *s_p,
-                                     char err[EPD_ERR_LEN])
+/* S of a step's fp8_per_tensor rows: the configured static scale, else (0) the step scale, the
+ * largest scale of the rows this rank received, which the requantization reduces itself (host:
+ * epd_requant_step_scale_host, CUDA: epd_requant_cuda's reduction). The one place it is decided:
+ * once the count exchange carries the senders' scale maxima, the step scale comes from there. */
+static float per_tensor_scale(const epd_external_t *ext, uint32_t layer)
 {
-    if (static_s > 0.0f) {
-        *s_p = static_s;
-        return EPD_OK;
-    }
-    return epd_requant_step_scale_host(scales, counts, n_experts, capacity, ext->shape.hidden,
-                                       epd_external_scale_kind(&ext->shape), s_p, err);
+    return static_scale(ext, layer);
 }
 
-/* Writes the planned rows in the configured format into in (host memory laid out as l); fp8
- * formats' scales, S and the counts too. *s_p gets S (fp8_per_tensor). */
-static epd_status_t write_input(epd_external_t *ext, const epd_external_plan_t *plan,
-                                float static_s, const io_layout_t *l, uint8_t *in, float *s_p,
-                                char err[EPD_ERR_LEN])
+#ifdef EPD_HAVE_CUDA
+/* Grows ops memory to need bytes (contents not kept). */
+static bool grow_ops(epd_external_t *ext, scratch_t *m, size_t need)
+{
+    if (need <= m->cap) return true;
+    if (m->ptr != NULL) ext->ops->free(ext->ops_ctx, m->ptr);
+    m->ptr = ext->ops->alloc(ext->ops_ctx, need);
+    m->cap = m->ptr != NULL ? need : 0;
+    return m->ptr != NULL;
+}
+#endif
+
+/* Host ops: writes the planned rows in the configured format into in (host memory laid out as
+ * l), with the fp8 formats' scales or S and the counts. *s_p gets S (fp8_per_tensor). */
+static epd_status_t write_input_host(epd_external_t *ext, const epd_external_plan_t *plan,
+                                     float static_s, const io_layout_t *l, uint8_t *in,
+                                     float *s_p, char err[EPD_ERR_LEN])
 {
     const epd_moe_shape_t *shape = &ext->shape;
     epd_external_input_t input = ext->cfg->experts.external_input;
@@ -564,17 +576,149 @@ static epd_status_t write_input(epd_external_t *ext, const epd_external_plan_t *
     /* packed: one run of every row; masked: the experts' blocks of capacity rows */
     bool masked = plan->layout == EPD_EXTERNAL_MASKED;
     int32_t all = (int32_t)plan->n_rows;
-    const int32_t *live = masked ? counts : &all;
-    uint32_t n_experts = masked ? plan->n_local : 1;
-    uint32_t capacity = masked ? plan->capacity : plan->n_rows;
-    float s;
-    status = per_tensor_scale(ext, static_s, ext->scales_stage, live, n_experts, capacity, &s, err);
-    if (status != EPD_OK) return status;
-    status = epd_requant_host(in + l->x_off, ext->scales_stage, live, n_experts, capacity,
-                              shape->hidden, kind, s, in + l->x_off, s_p, err);
+    status = epd_requant_host(in + l->x_off, ext->scales_stage, masked ? counts : &all,
+                              masked ? plan->n_local : 1, masked ? plan->capacity : plan->n_rows,
+                              shape->hidden, kind, static_s, in + l->x_off, s_p, err);
     if (status != EPD_OK) return status;
     memcpy(in + l->scales_off, s_p, sizeof *s_p);
     return EPD_OK;
+}
+
+#ifdef EPD_HAVE_CUDA
+/* Device ops: the same into in (device memory laid out as l), on the ops' stream, complete on
+ * return (the EXPERTS follows). */
+static epd_status_t write_input_cuda(epd_external_t *ext, const epd_external_plan_t *plan,
+                                     float static_s, const io_layout_t *l, uint8_t *in,
+                                     float *s_p, char err[EPD_ERR_LEN])
+{
+    const epd_moe_shape_t *shape = &ext->shape;
+    epd_external_input_t input = ext->cfg->experts.external_input;
+    void *stream = ext->ops->stream(ext->ops_ctx);
+    int32_t counts[EXTERNAL_MAX_LOCAL];
+    epd_status_t status;
+
+    for (uint32_t e = 0; e < plan->n_local; e++) counts[e] = (int32_t)plan->expert_rows[e];
+    CHECK_GOTO(ext->ops->copy_to_ops(ext->ops_ctx, in + l->counts_off, counts,
+                                     plan->n_local * sizeof(int32_t)), copy_failed);
+    if (input != EPD_EXTERNAL_FP8_PER_TENSOR) {
+        status = epd_external_gather_cuda(shape, plan, in + l->x_off,
+                                          (float *)(in + l->scales_off), stream, err);
+        if (status != EPD_OK) return status;
+        return ext->ops->sync(ext->ops_ctx);
+    }
+    epd_scale_kind_t kind = epd_external_scale_kind(shape);
+    size_t n_scales = epd_quant_n_scales(shape->hidden, kind);
+    if (!grow_ops(ext, &ext->scales_ops, (size_t)plan->n_rows * n_scales * sizeof(float) + 16) ||
+        !grow_ops(ext, &ext->one_ops, 16)) {
+        snprintf(err, EPD_ERR_LEN, "external experts: out of device memory");
+        return EPD_ERR_NO_MEMORY;
+    }
+    status = epd_external_gather_cuda(shape, plan, in + l->x_off, ext->scales_ops.ptr, stream,
+                                      err);
+    if (status != EPD_OK) return status;
+    bool masked = plan->layout == EPD_EXTERNAL_MASKED;
+    int32_t all = (int32_t)plan->n_rows;
+    if (!masked)
+        CHECK_GOTO(ext->ops->copy_to_ops(ext->ops_ctx, ext->one_ops.ptr, &all, sizeof all),
+                   copy_failed);
+    const int32_t *live = masked ? (const int32_t *)(in + l->counts_off) : ext->one_ops.ptr;
+    status = epd_requant_cuda(in + l->x_off, ext->scales_ops.ptr, live, masked ? plan->n_local : 1,
+                              masked ? plan->capacity : plan->n_rows, shape->hidden, kind,
+                              static_s, in + l->x_off, (float *)(in + l->scales_off), NULL,
+                              stream, err);
+    if (status != EPD_OK) return status;
+    CHECK_GOTO(ext->ops->sync(ext->ops_ctx), copy_failed);
+    CHECK_GOTO(ext->ops->copy_to_host(ext->ops_ctx, s_p, in + l->scales_off, sizeof *s_p),
+               copy_failed);
+    return EPD_OK;
+copy_failed:
+    snprintf(err, EPD_ERR_LEN, "external experts: a device copy failed: %s",
+             ext->ops->last_error != NULL ? ext->ops->last_error(ext->ops_ctx) : "");
+    return status;
+}
+#endif
+
+/* The rows, into the input region: the records' ids to the host, the row of each (record,
+ * slot), then the rows themselves in the configured format (through device staging when the
+ * ops are a device's and the region is host memory). *s_p gets S. */
+static epd_status_t write_input(epd_external_t *ext, epd_external_plan_t *plan,
+                                const epd_moe_shape_t *shape, epd_region_t *in, float static_s,
+                                const io_layout_t *l, float *s_p, char err[EPD_ERR_LEN])
+{
+    size_t n_ids = (size_t)plan->n_records * shape->topk;
+    epd_status_t status;
+
+    if (n_ids * sizeof(int32_t) > ext->ids_cap) {
+        if (ext->ids != NULL) ext->ops->free_host(ext->ops_ctx, ext->ids);
+        ext->ids = ext->ops->alloc_host(ext->ops_ctx, n_ids * sizeof(int32_t));
+        ext->ids_cap = ext->ids != NULL ? n_ids * sizeof(int32_t) : 0;
+    }
+    if (ext->ids == NULL ||
+        !grow((void **)&ext->row_of, &ext->row_of_cap, n_ids * sizeof(int32_t))) {
+        snprintf(err, EPD_ERR_LEN, "external experts: out of host memory");
+        return EPD_ERR_NO_MEMORY;
+    }
+    if (!ext->ops->device_memory) {
+        epd_external_ids_host(shape, plan, ext->ids);
+        status = epd_external_map(shape, plan, ext->ids, ext->row_of, err);
+        if (status != EPD_OK) return status;
+        plan->row_of = ext->row_of;
+        return write_input_host(ext, plan, static_s, l, epd_region_base(in), s_p, err);
+    }
+#ifdef EPD_HAVE_CUDA
+    status = epd_external_ids_cuda(shape, plan, ext->ids, ext->ops->stream(ext->ops_ctx), err);
+    if (status == EPD_OK) status = ext->ops->sync(ext->ops_ctx);
+    if (status == EPD_OK) status = epd_external_map(shape, plan, ext->ids, ext->row_of, err);
+    if (status != EPD_OK) return status;
+    if (!grow_ops(ext, &ext->row_of_ops, n_ids * sizeof(int32_t) + 16) ||
+        ext->ops->copy_to_ops(ext->ops_ctx, ext->row_of_ops.ptr, ext->row_of,
+                              n_ids * sizeof(int32_t)) != EPD_OK) {
+        snprintf(err, EPD_ERR_LEN, "external experts: the rows' map to the device failed");
+        return EPD_ERR_CUDA;
+    }
+    plan->row_of = ext->row_of_ops.ptr;
+    bool staged = !epd_region_device(in);
+    if (staged && !grow_ops(ext, &ext->in_ops, l->in_bytes + 16)) {
+        snprintf(err, EPD_ERR_LEN, "external experts: out of device memory to stage %zu bytes",
+                 l->in_bytes);
+        return EPD_ERR_NO_MEMORY;
+    }
+    uint8_t *dst = staged ? ext->in_ops.ptr : epd_region_base(in);
+    status = write_input_cuda(ext, plan, static_s, l, dst, s_p, err);
+    if (status == EPD_OK && staged)
+        status = ext->ops->copy_to_host(ext->ops_ctx, epd_region_base(in), dst, l->in_bytes);
+    return status;
+#else
+    snprintf(err, EPD_ERR_LEN, "external experts: device ops in a build without CUDA");
+    return EPD_ERR_UNSUPPORTED;
+#endif
+}
+
+/* Every record's partial from the worker's outputs in region out (zero_only: zeros, out may be
+ * NULL): on the host, or queued on the device ops' stream (the step syncs before the combine
+ * moves them). */
+static epd_status_t form_partials(epd_external_t *ext, const epd_external_plan_t *plan,
+                                  const epd_moe_shape_t *shape, epd_region_t *out,
+                                  const io_layout_t *l, bool zero_only, char err[EPD_ERR_LEN])
+{
+    const uint16_t *y = out != NULL ? (const uint16_t *)epd_region_base(out) : NULL;
+
+    if (!ext->ops->device_memory) return epd_external_partials_host(shape, plan, y, zero_only, err);
+#ifdef EPD_HAVE_CUDA
+    if (!zero_only && !epd_region_device(out)) {
+        if (!grow_ops(ext, &ext->y_ops, l->out_bytes + 16) ||
+            ext->ops->copy_to_ops(ext->ops_ctx, ext->y_ops.ptr, y, l->out_bytes) != EPD_OK) {
+            snprintf(err, EPD_ERR_LEN, "external experts: the outputs to the device failed");
+            return EPD_ERR_CUDA;
+        }
+        y = ext->y_ops.ptr;
+    }
+    return epd_external_partials_cuda(shape, plan, y, zero_only, ext->ops->stream(ext->ops_ctx),
+                                      err);
+#else
+    snprintf(err, EPD_ERR_LEN, "external experts: device ops in a build without CUDA");
+    return EPD_ERR_UNSUPPORTED;
+#endif
 }
 
 /* The EXPERTS meta, without its closing brace (the loop thread appends sent_ns). */
@@ -652,62 +796,6 @@ static handoff_t wait_answer(epd_external_t *ext)
     return ext->handoff;
 }
 
-/* Copies the step's records to host memory (device ops) and points the plan's segments there;
- * the partials are formed there too and copied back by put_partials. */
-static epd_status_t stage_records(epd_external_t *ext, epd_external_plan_t *plan,
-                                  char err[EPD_ERR_LEN])
-{
-    epd_record_layout_t rec;
-    epd_partial_layout_t pl;
-    size_t at = 0, pat = 0;
-
-    epd_record_layout(&ext->shape, &rec);
-    epd_partial_layout(&ext->shape, &pl);
-    if (!grow((void **)&ext->records_stage, &ext->records_cap,
-              (size_t)plan->n_records * rec.size + 16) ||
-        !grow((void **)&ext->partials_stage, &ext->partials_cap,
-              (size_t)plan->n_records * pl.size + 16)) {
-        snprintf(err, EPD_ERR_LEN, "external experts: out of host memory to stage %u records",
-                 plan->n_records);
-        return EPD_ERR_NO_MEMORY;
-    }
-    for (uint32_t s = 0; s < plan->n_segments; s++) {
-        epd_external_segment_t *seg = &plan->segments[s];
-        if (seg->count > 0 &&
-            ext->ops->copy_to_host(ext->ops_ctx, ext->records_stage + at, seg->records,
-                                   (size_t)seg->count * rec.size) != EPD_OK) {
-            snprintf(err, EPD_ERR_LEN, "external experts: copying the records to the host failed");
-            return EPD_ERR_CUDA;
-        }
-        seg->records = ext->records_stage + at;
-        seg->partials = ext->partials_stage + pat;
-        at += (size_t)seg->count * rec.size;
-        pat += (size_t)seg->count * pl.size;
-    }
-    return EPD_OK;
-}
-
-static epd_status_t put_partials(epd_external_t *ext, const epd_step_experts_t *call,
-                                 char err[EPD_ERR_LEN])
-{
-    epd_partial_layout_t pl;
-    size_t pat = 0;
-
-    epd_partial_layout(&ext->shape, &pl);
-    for (uint32_t s = 0; s < call->n_segments; s++) {
-        const epd_external_segment_t *seg = &call->segments[s];
-        if (seg->count > 0 &&
-            ext->ops->copy_to_ops(ext->ops_ctx, seg->partials, ext->partials_stage + pat,
-                                  (size_t)seg->count * pl.size) != EPD_OK) {
-            snprintf(err, EPD_ERR_LEN, "external experts: copying the partials to the device "
-                     "failed");
-            return EPD_ERR_CUDA;
-        }
-        pat += (size_t)seg->count * pl.size;
-    }
-    return EPD_OK;
-}
-
 static void keep_sample(epd_external_t *ext, uint64_t handoff, uint64_t back, uint64_t partials)
 {
     size_t i = (size_t)(ext->n_samples++ % EXTERNAL_SAMPLES);
@@ -723,11 +811,10 @@ epd_status_t epd_external_run(void *arg, uint64_t step, const epd_moe_shape_t *s
     epd_external_t *ext = arg;
     const epd_config_t *cfg = ext->cfg;
     epd_external_plan_t plan;
-    io_layout_t l;
+    io_layout_t l = {0};
     uint8_t failure = EPD_EXTERNAL_SERVED;
     char detail[EPD_ERR_LEN] = "";
     epd_status_t status = EPD_OK;
-    bool device = ext->ops->device_memory;
     epd_region_t *in = NULL, *out = NULL;
 
     *failure_p = EPD_EXTERNAL_SERVED;
@@ -746,13 +833,6 @@ epd_status_t epd_external_run(void *arg, uint64_t step, const epd_moe_shape_t *s
     plan.n_records = call->n_records;
     plan.expert_rows = call->expert_rows;
     plan.first_row = ext->first_row;
-    if (!grow((void **)&ext->row_of, &ext->row_of_cap,
-              (size_t)call->n_records * shape->topk * sizeof(int32_t))) {
-        snprintf(err, EPD_ERR_LEN, "external experts: out of host memory");
-        return EPD_ERR_NO_MEMORY;
-    }
-    plan.row_of = ext->row_of;
-    if (device) CHECK_GOTO(stage_records(ext, &plan, err), out);
 
     if (epd_external_plan_rows(&plan, detail) != EPD_OK) {
         failure = EPD_EXTERNAL_TOO_SMALL;
@@ -762,7 +842,7 @@ epd_status_t epd_external_run(void *arg, uint64_t step, const epd_moe_shape_t *s
 
     pthread_mutex_lock(&ext->mu);
     uint64_t gen = ext->worker_gen;
-    float static_s = static_scale(ext, shape->layer);
+    float static_s = per_tensor_scale(ext, shape->layer);
     uint32_t in_id = ext->in_id, out_id = ext->out_id;
     if (ext->worker == NULL) {
         failure = EPD_EXTERNAL_NO_WORKER;
@@ -785,29 +865,16 @@ epd_status_t epd_external_run(void *arg, uint64_t step, const epd_moe_shape_t *s
         goto zero;
     }
 
-    /* the rows, into the input region (through host memory when it is device memory) */
-    if (epd_external_map_host(shape, &plan, detail) != EPD_OK) {
-        failure = EPD_EXTERNAL_FAILED;
-        goto zero;
-    }
-    uint8_t *in_host = epd_region_base(in);
-    if (epd_region_device(in)) {
-        if (!grow((void **)&ext->in_stage, &ext->in_cap, l.in_bytes)) {
-            failure = EPD_EXTERNAL_FAILED;
-            snprintf(detail, sizeof detail, "out of host memory");
-            goto zero;
-        }
-        in_host = ext->in_stage;
-    }
+    /* the rows, into the input region */
     float s = 0.0f;
-    if (write_input(ext, &plan, static_s, &l, in_host, &s, detail) != EPD_OK) {
-        failure = EPD_EXTERNAL_FAILED;
-        goto zero;
+    status = write_input(ext, &plan, shape, in, static_s, &l, &s, detail);
+    if (status == EPD_ERR_CUDA) {
+        snprintf(err, EPD_ERR_LEN, "%s", detail); /* the device failed: the step fails */
+        goto out;
     }
-    if (epd_region_device(in) &&
-        ext->ops->copy_to_ops(ext->ops_ctx, epd_region_base(in), in_host, l.in_bytes) != EPD_OK) {
+    if (status != EPD_OK) {
+        status = EPD_OK;
         failure = EPD_EXTERNAL_FAILED;
-        snprintf(detail, sizeof detail, "copying the rows into the device region failed");
         goto zero;
     }
     if (!build_meta(ext, step, shape->layer, &plan, &l, s, in_id, out_id)) {
@@ -852,36 +919,26 @@ epd_status_t epd_external_run(void *arg, uint64_t step, const epd_moe_shape_t *s
         goto zero;
     }
 
-    /* the partials from the worker's outputs */
-    const uint16_t *y = (const uint16_t *)epd_region_base(out);
-    if (epd_region_device(out)) {
-        if (!grow((void **)&ext->y_stage, &ext->y_cap, l.out_bytes) ||
-            ext->ops->copy_to_host(ext->ops_ctx, ext->y_stage, y, l.out_bytes) != EPD_OK) {
-            failure = EPD_EXTERNAL_FAILED;
-            snprintf(detail, sizeof detail, "reading the worker's outputs failed");
-            goto zero;
-        }
-        y = ext->y_stage;
-    }
-    CHECK_GOTO(epd_external_partials_host(shape, &plan, y, false, err), out);
-    if (device) CHECK_GOTO(put_partials(ext, call, err), out);
+    /* the partials from the worker's outputs (queued, with device ops: the combine starts) */
+    CHECK_GOTO(form_partials(ext, &plan, shape, out, &l, false, err), out);
     uint64_t formed_ns = epd_now_ns();
     if (seen_ns != 0 && done_ns != 0) {
         keep_sample(ext, seen_ns - sent_ns, woke_ns - done_ns, formed_ns - done_ns);
         epd_log_debug("external: rank %u step %" PRIu64 " layer %u: %u rows; EXPERTS written -> "
                       "worker saw it %.1f us, worker ran %.1f us, EXPERTS_DONE sent -> read "
-                      "%.1f us -> step resumed %.1f us -> partials formed %.1f us", ext->rank,
+                      "%.1f us -> step resumed %.1f us -> partials %s %.1f us", ext->rank,
                       step, shape->layer, plan.n_rows, (double)(seen_ns - sent_ns) / 1e3,
                       (double)(done_ns - seen_ns) / 1e3, (double)(read_ns - done_ns) / 1e3,
-                      (double)(woke_ns - read_ns) / 1e3, (double)(formed_ns - woke_ns) / 1e3);
+                      (double)(woke_ns - read_ns) / 1e3,
+                      ext->ops->device_memory ? "queued" : "formed",
+                      (double)(formed_ns - woke_ns) / 1e3);
     }
     goto out;
 
 zero:
     log_failure(ext, failure, step, detail);
     *failure_p = failure;
-    CHECK_GOTO(epd_external_partials_host(shape, &plan, NULL, true, err), out);
-    if (device) status = put_partials(ext, call, err);
+    status = form_partials(ext, &plan, shape, NULL, &l, true, err);
 out:
     epd_region_unref(in);
     epd_region_unref(out);

@@ -8,6 +8,7 @@
 #ifndef EPD_GPU_EXTERNAL_H
 #define EPD_GPU_EXTERNAL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -61,10 +62,16 @@ uint32_t epd_external_row_scales(const epd_moe_shape_t *shape, epd_external_inpu
  * BF16 wire). */
 epd_scale_kind_t epd_external_scale_kind(const epd_moe_shape_t *shape);
 
-/* Host: row_of from the records' ids (host memory). EPD_ERR_INTERNAL (err) when the records do not
- * hold expert_rows' rows. */
-epd_status_t epd_external_map_host(const epd_moe_shape_t *shape, epd_external_plan_t *plan,
-                                   char err[EPD_ERR_LEN]);
+/* The top-k ids of the plan's records, [n_records][K] into ids (host memory), from records in
+ * host memory. */
+void epd_external_ids_host(const epd_moe_shape_t *shape, const epd_external_plan_t *plan,
+                           int32_t *ids);
+
+/* row_of [n_records][K] (host memory; plan->row_of may be its ops-memory copy) from the records'
+ * ids: the row of each (record, slot) whose expert is local, in record order within each expert
+ * from plan->first_row. EPD_ERR_INTERNAL (err) when the ids do not hold expert_rows' rows. */
+epd_status_t epd_external_map(const epd_moe_shape_t *shape, const epd_external_plan_t *plan,
+                              const int32_t *ids, int32_t *row_of, char err[EPD_ERR_LEN]);
 
 /* Host: writes each planned row into x_out (host memory, n_rows * row_bytes; rows a masked
  * layout leaves empty are not touched): FP8 bytes, BF16, or FP8 to be requantized, and its
@@ -80,6 +87,20 @@ epd_status_t epd_external_gather_host(const epd_moe_shape_t *shape, const epd_ex
 epd_status_t epd_external_partials_host(const epd_moe_shape_t *shape,
                                         const epd_external_plan_t *plan, const uint16_t *y,
                                         bool zero_only, char err[EPD_ERR_LEN]);
+
+#ifdef EPD_HAVE_CUDA
+/* CUDA twins (gpu/external_cuda.cu): the plan's segments, row_of and every output are device
+ * memory; stream is a cudaStream_t. ids and gather/partials only enqueue (the caller syncs);
+ * they give the host functions' bytes. */
+epd_status_t epd_external_ids_cuda(const epd_moe_shape_t *shape, const epd_external_plan_t *plan,
+                                   int32_t *ids_host, void *stream, char err[EPD_ERR_LEN]);
+epd_status_t epd_external_gather_cuda(const epd_moe_shape_t *shape,
+                                      const epd_external_plan_t *plan, void *x_out,
+                                      float *scales_out, void *stream, char err[EPD_ERR_LEN]);
+epd_status_t epd_external_partials_cuda(const epd_moe_shape_t *shape,
+                                        const epd_external_plan_t *plan, const uint16_t *y,
+                                        bool zero_only, void *stream, char err[EPD_ERR_LEN]);
+#endif
 
 #ifdef __cplusplus
 }

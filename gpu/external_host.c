@@ -50,42 +50,46 @@ uint32_t epd_external_row_scales(const epd_moe_shape_t *shape, epd_external_inpu
     return epd_quant_n_scales(shape->hidden, epd_external_scale_kind(shape));
 }
 
-epd_status_t epd_external_map_host(const epd_moe_shape_t *shape, epd_external_plan_t *plan,
-                                   char err[EPD_ERR_LEN])
+void epd_external_ids_host(const epd_moe_shape_t *shape, const epd_external_plan_t *plan,
+                           int32_t *ids)
 {
     epd_record_layout_t rec;
+    size_t j = 0;
+
+    epd_record_layout(shape, &rec);
+    for (uint32_t s = 0; s < plan->n_segments; s++) {
+        const epd_external_segment_t *seg = &plan->segments[s];
+        for (uint32_t r = 0; r < seg->count; r++, j++)
+            memcpy(ids + j * shape->topk,
+                   (const uint8_t *)seg->records + (size_t)r * rec.size + rec.ids,
+                   shape->topk * sizeof(int32_t));
+    }
+}
+
+epd_status_t epd_external_map(const epd_moe_shape_t *shape, const epd_external_plan_t *plan,
+                              const int32_t *ids, int32_t *row_of, char err[EPD_ERR_LEN])
+{
     uint32_t K = shape->topk, n_local = plan->n_local;
     int32_t lo = (int32_t)plan->first_expert, hi = lo + (int32_t)n_local;
     uint32_t *cursor = calloc(n_local > 0 ? n_local : 1, sizeof *cursor);
-    size_t j = 0;
 
     if (cursor == NULL) {
         snprintf(err, EPD_ERR_LEN, "external experts: out of host memory");
         return EPD_ERR_NO_MEMORY;
     }
-    epd_record_layout(shape, &rec);
-    for (uint32_t s = 0; s < plan->n_segments; s++) {
-        const epd_external_segment_t *seg = &plan->segments[s];
-        for (uint32_t r = 0; r < seg->count; r++, j++) {
-            const uint8_t *in = (const uint8_t *)seg->records + (size_t)r * rec.size;
-            for (uint32_t k = 0; k < K; k++) {
-                int32_t e;
-                memcpy(&e, in + rec.ids + (size_t)k * sizeof e, sizeof e);
-                int32_t row = -1;
-                if (e >= lo && e < hi) {
-                    uint32_t le = (uint32_t)(e - lo);
-                    if (cursor[le] == plan->expert_rows[le]) {
-                        snprintf(err, EPD_ERR_LEN,
-                                 "external experts: expert %d has more rows than the %u the "
-                                 "count exchange said", e, plan->expert_rows[le]);
-                        free(cursor);
-                        return EPD_ERR_INTERNAL;
-                    }
-                    row = (int32_t)(plan->first_row[le] + cursor[le]++);
-                }
-                plan->row_of[j * K + k] = row;
+    for (size_t i = 0; i < (size_t)plan->n_records * K; i++) {
+        int32_t e = ids[i], row = -1;
+        if (e >= lo && e < hi) {
+            uint32_t le = (uint32_t)(e - lo);
+            if (cursor[le] == plan->expert_rows[le]) {
+                snprintf(err, EPD_ERR_LEN, "external experts: expert %d has more rows than the "
+                         "%u the count exchange said", e, plan->expert_rows[le]);
+                free(cursor);
+                return EPD_ERR_INTERNAL;
             }
+            row = (int32_t)(plan->first_row[le] + cursor[le]++);
         }
+        row_of[i] = row;
     }
     for (uint32_t e = 0; e < n_local; e++) {
         if (cursor[e] != plan->expert_rows[e]) {

@@ -7,8 +7,9 @@ test_quant_SRCS := gpu/quant_host.c
 
 # host device ops (engine helper)
 GPU_SRCS += gpu/ops_host.c
-# external experts' rows and partials (gpu/external.h)
+# external experts' rows and partials (gpu/external.h), host and CUDA
 GPU_SRCS += gpu/external_host.c
+GPU_CU_SRCS += gpu/external_cuda.cu
 # ffn experts: safetensors loading (mmap) and the host arithmetic; test_ffn covers both, and the
 # host ffn experts op against an fp64 computation.
 GPU_SRCS += gpu/ffn.c gpu/safetensors.c
