@@ -74,4 +74,11 @@ $(BUILD)/tests/gpu/daemon_ffn_gpu.sh: tests/gpu/daemon_ffn_gpu.sh
 	$(call say,GEN)printf '#!/bin/sh\nexec bash tests/gpu/daemon_ffn_gpu.sh "$$@"\n' >$@ && \
 	    chmod 0755 $@
 BINS += $(BUILD)/tests/gpu/daemon_ffn_gpu.sh
+# external_gpu.sh: external experts' CUDA kernels bit for bit, device regions, hand-over latency.
+GPU_TESTS += external_gpu.sh
+$(BUILD)/tests/gpu/external_gpu.sh: tests/gpu/external_gpu.sh
+	@mkdir -p $(dir $@)
+	$(call say,GEN)printf '#!/bin/sh\nexec bash tests/gpu/external_gpu.sh "$$@"\n' >$@ && \
+	    chmod 0755 $@
+BINS += $(BUILD)/tests/gpu/external_gpu.sh
 endif

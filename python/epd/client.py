@@ -237,14 +237,17 @@ class Client:
 
     # ---- external experts ------------------------------------------------------------------
 
-    def serve_experts(self, callback, input_bytes=None, output_bytes=None, input_scale=None):
+    def serve_experts(self, callback, input_bytes=None, output_bytes=None, input_scale=None,
+                      device=None):
         """Makes this connection its rank's expert worker (experts.kind external): registers an
         input and an output HostRegion (by default as large as the largest step, from the
         daemon's config) and sends CONTROL serve_experts. From then on every wait of this Client
         (submit, result, as_completed, serve) calls callback(batch) for each EXPERTS, an
         epd.experts.ExpertsBatch whose y the callback fills, and answers EXPERTS_DONE.
         input_scale (fp8_per_tensor): S for every layer, or {layer: S}; None: the step scale.
-        Returns the REPLY (rank, first_expert, experts, max_rows, input_bytes, ...). A second
+        device (a torch CUDA device, e.g. "cuda:0"): the regions are device memory there instead
+        (CUDA IPC; the daemon's rank must run on that GPU) and the batch's tensors are torch
+        views; the callback's work is synchronized before EXPERTS_DONE. Returns the REPLY (rank, first_expert, experts, max_rows, input_bytes, ...). A second
         worker on a rank gets epd.Busy."""
         if self._s.experts is not None:
             raise ex.InvalidArgument("this connection already serves experts")
@@ -255,9 +258,13 @@ class Client:
             output_bytes = output_bytes or need_out
         regions = []
         try:
-            for n in (input_bytes, output_bytes):
-                regions.append(self.host_region(n))
-            ids = [self._s.host_region_id(r) for r in regions]
+            if device is not None:
+                ids = [self._register_buffer(ex.DeviceBuffer(n, device), regions)
+                       for n in (input_bytes, output_bytes)]
+            else:
+                for n in (input_bytes, output_bytes):
+                    regions.append(self.host_region(n))
+                ids = [self._s.host_region_id(r) for r in regions]
             fields = {"input": ids[0], "output": ids[1]}
             if input_scale is not None:
                 fields["input_scale"] = ({str(k): float(v) for k, v in input_scale.items()}
@@ -267,12 +274,25 @@ class Client:
         except BaseException:
             self._s.experts = None
             for r in regions:
+                if isinstance(r, ex.DeviceBuffer):
+                    continue  # released with the connection
                 if self._sock is not None and self._s.host_region_id(r) is not None:
                     self.unregister(r)
                 r.close()
             raise
         self._expert_regions = regions
+        self._expert_device = device
         return reply
+
+    def _register_buffer(self, buf, regions):
+        """Registers a DeviceBuffer as a cuda region; its id."""
+        from . import _torch
+        handle, base, _ = _torch.device_allocation(buf.buf)
+        import base64
+        regions.append(buf)
+        meta = {"kind": "cuda", "handle": base64.b64encode(handle).decode(),
+                "offset": buf.buf.data_ptr() - base, "bytes": buf.nbytes}
+        return self.control("register", **meta)[0]["region"]
 
     def serve(self, timeout=None):
         """Serves EXPERTS (and reads answers) until timeout seconds have passed (None: until the
@@ -295,6 +315,9 @@ class Client:
             self._serving = True
             try:
                 self._s.experts[0](batch)
+                if batch.on_device:
+                    import torch
+                    torch.cuda.current_stream(batch.y.device).synchronize()
             finally:
                 self._serving = False
             meta = ex.done_meta(batch, time.monotonic_ns())

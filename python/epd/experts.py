@@ -93,7 +93,14 @@ class ExpertsBatch:
         if region is None:
             raise ProtocolError("EXPERTS names region %r, not one of this worker's"
                                 % (desc["region"],))
+        if isinstance(region, DeviceBuffer):
+            return region.view(tuple(desc["shape"]), desc["dtype"], desc["offset"])
         return region.array(tuple(desc["shape"]), _DTYPES[desc["dtype"]], desc["offset"])
+
+    @property
+    def on_device(self):
+        """True when x, scales and y are torch CUDA tensors (device regions)."""
+        return not isinstance(self.x, np.ndarray)
 
     def experts(self):
         """(expert id, x rows, scales rows or None, y rows) for each local expert with rows, in
@@ -112,7 +119,10 @@ class ExpertsBatch:
 
     def dequantized(self, x, scales):
         """fp32 values of rows x as this batch's format gives them: e4m3 codes times their group
-        (or token) scales, e4m3 codes times S (fp8_per_tensor), or bf16 widened."""
+        (or token) scales, e4m3 codes times S (fp8_per_tensor), or bf16 widened. numpy arrays, or
+        torch tensors on the device for device regions."""
+        if self.on_device:
+            return _dequantized_torch(self, x, scales)
         if self.input == "bf16":
             return (x.astype(np.uint32) << np.uint32(16)).view(np.float32)
         q = E4M3[x]
@@ -121,6 +131,52 @@ class ExpertsBatch:
         groups = scales.shape[-1]
         s = np.repeat(scales, x.shape[-1] // groups, axis=-1) if groups > 1 else scales
         return q * s.astype(np.float32)
+
+
+class DeviceBuffer:
+    """A worker's device region: a torch uint8 CUDA tensor of nbytes, whose views are torch
+    tensors (x uint8 e4m3 codes, y bfloat16, scales float32)."""
+
+    _TORCH = {"f8_e4m3": "uint8", "bf16": "bfloat16", "f32": "float32", "i32": "int32"}
+
+    def __init__(self, nbytes, device):
+        import torch
+        self.torch = torch
+        self.nbytes = nbytes
+        self.tensor = torch.zeros(nbytes + 256, dtype=torch.uint8, device=device)
+        # 256-byte aligned start (rows are read with 16-byte loads)
+        self.start = (-self.tensor.data_ptr()) % 256
+        self.buf = self.tensor[self.start:self.start + nbytes]
+
+    def view(self, shape, dtype, offset):
+        t = self.torch
+        count = 1
+        for d in shape:
+            count *= d
+        dt = getattr(t, self._TORCH[dtype])
+        size = t.empty(0, dtype=dt).element_size()
+        if offset + count * size > self.nbytes:
+            raise ProtocolError("EXPERTS names [%d, %d) of a %d-byte device region"
+                                % (offset, offset + count * size, self.nbytes))
+        return self.buf[offset:offset + count * size].view(dt).view(shape)
+
+
+_E4M3_TORCH = {}
+
+
+def _dequantized_torch(batch, x, scales):
+    import torch
+    if batch.input == "bf16":
+        return x.float()
+    table = _E4M3_TORCH.get(x.device)
+    if table is None:
+        table = _E4M3_TORCH[x.device] = torch.from_numpy(E4M3).to(x.device)
+    q = table[x.long()]
+    if batch.input == "fp8_per_tensor":
+        return q * torch.tensor(batch.scale, dtype=torch.float32, device=x.device)
+    groups = scales.shape[-1]
+    s = scales.repeat_interleave(x.shape[-1] // groups, dim=-1) if groups > 1 else scales
+    return q * s
 
 
 def done_meta(batch, done_ns):

@@ -12,7 +12,9 @@ host reference of experts.kind=scale (py_ref, which the daemon's scale kind equa
 EPDX_CASE: exact (random batches on every rank, empty steps), static (fp8_per_tensor with a
 static input_scale), failures (no worker, a second worker, a worker that dies mid-step, one that
 is late, EXPERTS_DONE for a wrong step or from a non-worker, EXPERTS sent by a client).
-Environment: EPDPY_SOCKETS (rank order), EPDPY_REF, EPDPY_TMP, EPDX_CASE."""
+Environment: EPDPY_SOCKETS (rank order), EPDPY_REF, EPDPY_TMP, EPDX_CASE; EPDX_DEVICE (e.g.
+cuda:0, tests/gpu/external_gpu.sh): the workers' regions are device memory there, the experts run
+in torch on it."""
 import os
 import queue
 import subprocess
@@ -34,6 +36,7 @@ TMP = os.environ.get("EPDPY_TMP", "/tmp")
 CASE = os.environ.get("EPDX_CASE", "exact")
 W = len(SOCKETS)
 STATIC_S = 2.0 ** -5
+DEVICE = os.environ.get("EPDX_DEVICE") or None  # a torch CUDA device: the workers' regions there
 
 with epd.Client(SOCKETS[0], timeout=20) as _c:
     CFG = _c.config()
@@ -55,7 +58,11 @@ class ScaleWorker:
     def __call__(self, batch):
         self.batches.append((batch.step, batch.layer, batch.rows, batch.scale, list(batch.counts)))
         for e, x, sc, y in batch.experts():
-            y[...] = epd.bf16.from_f32(batch.dequantized(x, sc) * factor(e))
+            if batch.on_device:  # torch views of device regions (EPDX_DEVICE)
+                import torch
+                y[...] = (batch.dequantized(x, sc) * float(factor(e))).to(torch.bfloat16)
+            else:
+                y[...] = epd.bf16.from_f32(batch.dequantized(x, sc) * factor(e))
 
 
 def exact_batch(n, seed, experts=None, empty=True):
@@ -107,7 +114,8 @@ class Frontend(threading.Thread):
         self.worker = worker or ScaleWorker()
         self.tasks, self.out = queue.Queue(), queue.Queue()
         self.c = epd.Client(SOCKETS[rank], timeout=30)
-        self.reply = self.c.serve_experts(self.worker, input_scale=input_scale) if serve else None
+        self.reply = self.c.serve_experts(self.worker, input_scale=input_scale,
+                                          device=DEVICE) if serve else None
         self.stopping = False
         self.start()
 
