@@ -7,6 +7,9 @@
 #include <string.h>
 
 #include "common/bf16.h"
+extern "C" {
+#include "gpu/ops.h" /* a C header without its own guard */
+}
 #include "gpu/external.h"
 #include "gpu/fp8.h"
 #include "gpu/partial_dev.cuh"

@@ -74,6 +74,15 @@ $(BUILD)/tests/gpu/daemon_ffn_gpu.sh: tests/gpu/daemon_ffn_gpu.sh
 	$(call say,GEN)printf '#!/bin/sh\nexec bash tests/gpu/daemon_ffn_gpu.sh "$$@"\n' >$@ && \
 	    chmod 0755 $@
 BINS += $(BUILD)/tests/gpu/daemon_ffn_gpu.sh
+# test_external_cuda: the external experts' kernels against their host twins, byte for byte.
+GPU_TESTS += test_external_cuda
+$(BUILD)/tests/gpu/test_external_cuda: $(BUILD)/obj/tests/gpu/test_external_cuda.cu.o \
+        $(BUILD)/obj/gpu/external_cuda.cu.o \
+        $(patsubst %.c,$(BUILD)/obj/%.o,gpu/external_host.c gpu/ops_host.c gpu/quant_host.c \
+                                        gpu/ffn.c gpu/safetensors.c common/status.c common/parse.c)
+	@mkdir -p $(dir $@)
+	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) -lstdc++
+BINS += $(BUILD)/tests/gpu/test_external_cuda
 # external_gpu.sh: external experts' CUDA kernels bit for bit, device regions, hand-over latency.
 GPU_TESTS += external_gpu.sh
 $(BUILD)/tests/gpu/external_gpu.sh: tests/gpu/external_gpu.sh
