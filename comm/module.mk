@@ -17,7 +17,7 @@ $(BUILD)/tests/step_check: $(call obj,$(STEP_CHECK_SRCS))
 BINS += $(BUILD)/tests/step_check
 
 # The engine (daemon/engine.c) on a real event loop without sockets, at np = 2.
-ENGINE_CHECK_SRCS := tests/integration/engine_check.c daemon/engine.c daemon/quant_stats.c \
+ENGINE_CHECK_SRCS := tests/integration/engine_check.c daemon/engine.c daemon/pinned.c daemon/quant_stats.c \
                      daemon/log.c comm/transport.c comm/transport_mpi.c comm/step.c \
                      gpu/ops_host.c gpu/quant_host.c gpu/ffn.c gpu/safetensors.c \
                      common/status.c common/parse.c

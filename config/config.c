@@ -218,7 +218,9 @@ static epd_status_t apply_env(load_ctx_t *ctx, char err[EPD_ERR_LEN])
             CHECK_GOTO(apply_value(ctx->state, row, eq + 1, EPD_ORIGIN_ENV, name, err), out);
             continue;
         }
-        if (starts_with(envp[i], len, "EPD_TEST_") || starts_with(envp[i], len, "EPD_BENCH_")) {
+        /* not settings: the tests' and benches' own, and the request trace (daemon/trace.h) */
+        if (starts_with(envp[i], len, "EPD_TEST_") || starts_with(envp[i], len, "EPD_BENCH_") ||
+            (len == 9 && memcmp(envp[i], "EPD_TRACE", 9) == 0)) {
             continue;
         }
         char name[EPD_CONFIG_STR_LEN];

@@ -34,6 +34,7 @@ typedef struct epd_config {
         uint32_t max_clients;           /* connections per rank; more are answered busy */
         uint64_t max_output_bytes;      /* per-connection unsent reply bytes before reads pause */
         uint64_t max_buffered_bytes;    /* incoming frame bytes, all connections together */
+        uint64_t pinned_bytes;          /* page-locked pool for payloads and results */
         uint32_t idle_timeout_ms;       /* close an idle connection after this; 0: never */
         uint32_t frame_timeout_ms;      /* close when a started frame takes longer; 0: never */
         uint32_t max_regions;           /* shared regions per connection */

@@ -84,6 +84,10 @@ const epd_setting_t epd_settings[] = {
      .offset = FIELD(socket.max_buffered_bytes),
      .doc = "bytes of incoming frames held by all connections together; over it a frame is "
             "answered busy (>= max_frame_bytes)"},
+    {.name = "socket.pinned_bytes", .env = "EPD_SOCKET_PINNED_BYTES", .type = EPD_SETTING_U64,
+     .def = "536870912", .min = 0, .max = INT64_C(1) << 42, .offset = FIELD(socket.pinned_bytes),
+     .doc = "page-locked host memory kept for frame payloads and results, reused (copies to and "
+            "from the GPU at DMA speed); beyond it, malloc; 0: none"},
     {.name = "socket.idle_timeout_ms", .env = "EPD_SOCKET_IDLE_TIMEOUT_MS",
      .type = EPD_SETTING_U32, .def = "300000", .min = 0, .max = 86400000,
      .offset = FIELD(socket.idle_timeout_ms),

@@ -1,11 +1,15 @@
 /* `epd --bench --set experts.kind=ffn`: the ffn experts op alone on one rank, at the configured
  * shape (model.hidden, model.intermediate or 2048, model.num_experts local experts, top-k), with
  * synthetic weights (--bench-weights random: BF16 and FP8 block in the same run) or
- * experts.weights. For each --bench-tokens count: uniform routing, records packed by the ops,
- * the experts op timed (median of --bench-iters, each synchronized); beside it, same run, a dense
- * cuBLASLt BF16 GEMM of the same FLOPs and a device read of the layer's weight bytes; once per
- * format, the accuracy of the device partials against the host reference (fp32, fp64 sums).
- * The partials are combine.dtype's (BF16, or FP8 group128), compared after dequantization. */
+ * experts.weights. Same run, once per format: a device read of one layer's weight bytes (the
+ * decode bound). For each --bench-tokens count: uniform routing, records packed by the ops, the
+ * rows per expert passed as the count exchange gives them, the experts op timed (median of
+ * --bench-iters, each synchronized) under every tuning of gpu/ffn_cuda.h the sweep lists (the
+ * daemon's default first), beside a dense cuBLASLt BF16 GEMM of the same FLOPs; once per format
+ * the accuracy of the device partials against the host reference (fp32, fp64 sums). The
+ * partials are combine.dtype's (BF16, or FP8 group128), compared after dequantization. Besides
+ * the table, one `ffn-result key=value ...` line per measurement for scripts
+ * (tests/gpu/ffn_gpu.sh). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,13 +26,43 @@
 #endif
 
 #define ACCURACY_RECORDS 4 /* records checked against the host reference (seconds each at 7168) */
+#define MAX_SIZES 64
 
-typedef struct ffn_run {
-    double us, gemm_us, read_us;
-    double rows_per_expert;
-    double worst_rel;
-    bool have_gemm, have_read;
-} ffn_run_t;
+/* The experts op under test: through the ops table (host ops, or the CUDA ops' default), or with
+ * CUDA the device experts directly under one tuning. */
+typedef struct ffn_runner {
+    const epd_ops_t *ops;
+    epd_ops_ctx_t *ctx;
+#ifdef EPD_HAVE_CUDA
+    epd_ffn_cuda_t *ffn; /* NULL: through ops */
+#endif
+} ffn_runner_t;
+
+typedef struct ffn_sweep {
+    const char *name;
+#ifdef EPD_HAVE_CUDA
+    epd_ffn_cuda_tuning_t tuning;
+#endif
+    bool bf16_only; /* batched GEMMs: BF16 weights only */
+} ffn_sweep_t;
+
+#ifdef EPD_HAVE_CUDA
+/* The tunings timed; the first is the daemon's default (epd_ffn_cuda_default_tuning, filled in
+ * at run time). */
+static ffn_sweep_t sweeps[] = {
+    {.name = "default"},
+    {.name = "streams=1", .tuning = {.streams = 1}},
+    {.name = "streams=2", .tuning = {.streams = 2}},
+    {.name = "streams=4", .tuning = {.streams = 4}},
+    {.name = "streams=8", .tuning = {.streams = 8}},
+    {.name = "streams=4,sm_target", .tuning = {.streams = 4, .sm_target = true}},
+    {.name = "streams=8,sm_target", .tuning = {.streams = 8, .sm_target = true}},
+    {.name = "batched", .tuning = {.streams = 1, .batched = true}, .bf16_only = true},
+};
+#else
+static ffn_sweep_t sweeps[] = {{.name = "default"}};
+#endif
+enum { N_SWEEPS = sizeof sweeps / sizeof sweeps[0] };
 
 static int cmp_u64(const void *a, const void *b)
 {
@@ -36,10 +70,25 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Random tokens routed uniformly over the experts (distinct ids), packed into records. */
+/* One token count's records: random tokens routed uniformly over the experts (distinct ids),
+ * packed into records (ops memory and a host copy), and the rows per expert. */
+typedef struct ffn_records {
+    void *dev;
+    uint8_t *host;
+    uint32_t *rows; /* [E] */
+} ffn_records_t;
+
+static void records_free(const epd_ops_t *ops, epd_ops_ctx_t *ctx, ffn_records_t *r)
+{
+    if (r->dev != NULL) ops->free(ctx, r->dev);
+    free(r->host);
+    free(r->rows);
+    memset(r, 0, sizeof *r);
+}
+
 static epd_status_t make_records(const epd_ops_t *ops, epd_ops_ctx_t *ctx,
                                  const epd_moe_shape_t *s, uint32_t tokens, uint64_t seed,
-                                 void **records_p, uint8_t **records_host_p, char err[EPD_ERR_LEN])
+                                 ffn_records_t *out, char err[EPD_ERR_LEN])
 {
     uint32_t H = s->hidden, K = s->topk;
     epd_record_layout_t rec;
@@ -48,16 +97,18 @@ static epd_status_t make_records(const epd_ops_t *ops, epd_ops_ctx_t *ctx,
     int32_t *ids = malloc((size_t)tokens * K * 4);
     float *w = malloc((size_t)tokens * K * 4);
     uint32_t counts[1], offsets[1];
-    void *dx = NULL, *dids = NULL, *dw = NULL, *drec = NULL;
-    uint8_t *hrec = NULL;
+    void *dx = NULL, *dids = NULL, *dw = NULL;
     epd_status_t status = EPD_ERR_NO_MEMORY;
 
+    memset(out, 0, sizeof *out);
     epd_record_layout(s, &rec);
     memset(&lay, 0, sizeof lay);
     lay.n_tokens = tokens;
     lay.send_counts_host = counts;
     lay.send_offsets_host = offsets;
-    if (x == NULL || ids == NULL || w == NULL) goto out;
+    out->rows = calloc(s->num_experts, sizeof *out->rows);
+    lay.expert_counts_host = out->rows;
+    if (x == NULL || ids == NULL || w == NULL || out->rows == NULL) goto out;
     for (size_t i = 0; i < (size_t)tokens * H; i++)
         x[i] = epd_f32_to_bf16(2.0f * epd_rng_unit_f32(&seed) - 1.0f);
     for (uint32_t t = 0; t < tokens; t++) {
@@ -77,48 +128,60 @@ static epd_status_t make_records(const epd_ops_t *ops, epd_ops_ctx_t *ctx,
     dids = ops->alloc(ctx, (size_t)tokens * K * 4);
     dw = ops->alloc(ctx, (size_t)tokens * K * 4);
     lay.slot = ops->alloc(ctx, (size_t)tokens * 4);
-    drec = ops->alloc(ctx, (size_t)tokens * rec.size);
-    hrec = malloc((size_t)tokens * rec.size);
-    if (dx == NULL || dids == NULL || dw == NULL || lay.slot == NULL || drec == NULL ||
-        hrec == NULL)
+    out->dev = ops->alloc(ctx, (size_t)tokens * rec.size);
+    out->host = malloc((size_t)tokens * rec.size);
+    if (dx == NULL || dids == NULL || dw == NULL || lay.slot == NULL || out->dev == NULL ||
+        out->host == NULL)
         goto out;
     status = ops->copy_to_ops(ctx, dx, x, (size_t)tokens * H * 2);
     if (status == EPD_OK) status = ops->copy_to_ops(ctx, dids, ids, (size_t)tokens * K * 4);
     if (status == EPD_OK) status = ops->copy_to_ops(ctx, dw, w, (size_t)tokens * K * 4);
     if (status == EPD_OK) status = ops->layout(ctx, s, dids, &lay);
-    if (status == EPD_OK) status = ops->pack(ctx, s, dx, dids, dw, &lay, drec);
+    if (status == EPD_OK) status = ops->pack(ctx, s, dx, dids, dw, &lay, out->dev);
     if (status == EPD_OK) status = ops->layout_counts(ctx, s, &lay);
     if (status == EPD_OK) status = ops->sync(ctx);
-    if (status == EPD_OK) status = ops->copy_to_host(ctx, hrec, drec, (size_t)tokens * rec.size);
-    if (status != EPD_OK) {
-        snprintf(err, EPD_ERR_LEN, "packing the records: %s", ops->last_error(ctx));
-        goto out;
-    }
-    *records_p = drec;
-    *records_host_p = hrec;
-    drec = NULL;
-    hrec = NULL;
+    if (status == EPD_OK)
+        status = ops->copy_to_host(ctx, out->host, out->dev, (size_t)tokens * rec.size);
+    if (status != EPD_OK) snprintf(err, EPD_ERR_LEN, "packing the records: %s", ops->last_error(ctx));
 out:
     if (status == EPD_ERR_NO_MEMORY)
         snprintf(err, EPD_ERR_LEN, "out of memory for %u tokens", tokens);
+    if (status != EPD_OK) records_free(ops, ctx, out);
     if (dx != NULL) ops->free(ctx, dx);
     if (dids != NULL) ops->free(ctx, dids);
     if (dw != NULL) ops->free(ctx, dw);
     if (lay.slot != NULL) ops->free(ctx, lay.slot);
-    if (drec != NULL) ops->free(ctx, drec);
-    free(hrec);
     free(x);
     free(ids);
     free(w);
     return status;
 }
 
-/* The device partials of the first records against the host experts op on the same records,
+/* One experts call through the runner, waited for. */
+static epd_status_t run_experts(const ffn_runner_t *r, const epd_moe_shape_t *s, uint32_t layer,
+                                const ffn_records_t *rec, uint32_t n, void *partials,
+                                char err[EPD_ERR_LEN])
+{
+    epd_status_t status;
+#ifdef EPD_HAVE_CUDA
+    if (r->ffn != NULL) {
+        status = epd_ffn_cuda_experts(r->ffn, s, layer, rec->dev, n, rec->rows, partials, NULL,
+                                      err);
+        if (status == EPD_OK) status = epd_ffn_cuda_sync(r->ffn, err);
+        return status;
+    }
+#endif
+    status = r->ops->experts(r->ctx, s, layer, rec->dev, n, rec->rows, partials);
+    if (status == EPD_OK) status = r->ops->sync(r->ctx);
+    if (status != EPD_OK) snprintf(err, EPD_ERR_LEN, "experts: %s", r->ops->last_error(r->ctx));
+    return status;
+}
+
+/* The device partials of the first n records against the host experts op on the same records,
  * both read back to fp32 as combine reads them (epd_partial_add_host). */
-static epd_status_t accuracy(const epd_ops_t *ops, epd_ops_ctx_t *ctx, const epd_moe_shape_t *s,
-                             const epd_ffn_weights_t *w, const uint8_t *records_host,
-                             const void *partials_dev, uint32_t n, double *worst_p,
-                             char err[EPD_ERR_LEN])
+static epd_status_t accuracy(const ffn_runner_t *r, const epd_moe_shape_t *s,
+                             const epd_ffn_weights_t *w, const ffn_records_t *rec, uint32_t n,
+                             double *worst_p, char err[EPD_ERR_LEN])
 {
     epd_ops_ctx_t *hctx = NULL;
     epd_partial_layout_t pl;
@@ -126,15 +189,23 @@ static epd_status_t accuracy(const epd_ops_t *ops, epd_ops_ctx_t *ctx, const epd
     epd_partial_layout(s, &pl);
     uint8_t *ref = malloc((size_t)n * pl.size), *got = malloc((size_t)n * pl.size);
     float *a = calloc(H, sizeof *a), *b = calloc(H, sizeof *b);
+    void *partials = r->ops->alloc(r->ctx, (size_t)n * pl.size);
     epd_status_t status = EPD_ERR_NO_MEMORY;
 
     *worst_p = 0;
-    if (ref == NULL || got == NULL || a == NULL || b == NULL) goto out;
-    CHECK_GOTO(ops->copy_to_host(ctx, got, partials_dev, (size_t)n * pl.size), out);
+    if (ref == NULL || got == NULL || a == NULL || b == NULL || partials == NULL) goto out;
+    /* the device sees only the first n records: their rows per expert counted on the device */
+    {
+        ffn_runner_t through_ops = *r;
+        ffn_records_t first = *rec;
+        first.rows = NULL;
+        CHECK_GOTO(run_experts(&through_ops, s, w->layers[0].layer, &first, n, partials, err),
+                   out);
+    }
+    CHECK_GOTO(r->ops->copy_to_host(r->ctx, got, partials, (size_t)n * pl.size), out);
     CHECK_GOTO(epd_ops_host.init(-1, &hctx, err), out);
     CHECK_GOTO(epd_ops_host.experts_load(hctx, s, w, err), out);
-    CHECK_GOTO(epd_ops_host.experts(hctx, s, w->layers[0].layer, records_host, n, NULL, ref),
-               out);
+    CHECK_GOTO(epd_ops_host.experts(hctx, s, w->layers[0].layer, rec->host, n, NULL, ref), out);
     for (uint32_t j = 0; j < n; j++) {
         double num = 0, den = 0;
         memset(a, 0, H * sizeof *a);
@@ -146,12 +217,13 @@ static epd_status_t accuracy(const epd_ops_t *ops, epd_ops_ctx_t *ctx, const epd
             den += (double)b[i] * b[i];
         }
         double rel = den > 0 ? sqrt(num / den) : sqrt(num);
-        if (rel > *worst_p) *worst_p = rel;
+        if (!(rel <= *worst_p)) *worst_p = rel;
     }
     status = EPD_OK;
 out:
     if (status == EPD_ERR_NO_MEMORY) snprintf(err, EPD_ERR_LEN, "out of memory");
     if (hctx != NULL) epd_ops_host.fini(hctx);
+    if (partials != NULL) r->ops->free(r->ctx, partials);
     free(ref);
     free(got);
     free(a);
@@ -159,63 +231,34 @@ out:
     return status;
 }
 
-/* One (format, tokens) measurement. */
-static epd_status_t run_one(const epd_ops_t *ops, epd_ops_ctx_t *ctx, const epd_moe_shape_t *s,
-                            const epd_ffn_weights_t *w, uint32_t tokens, uint32_t iters,
-                            bool check, ffn_run_t *run, char err[EPD_ERR_LEN])
+/* The median time of iters experts calls (after two warm-ups), microseconds. */
+static epd_status_t time_experts(const ffn_runner_t *r, const epd_moe_shape_t *s, uint32_t layer,
+                                 const ffn_records_t *rec, uint32_t tokens, void *partials,
+                                 uint32_t iters, double *us_p, char err[EPD_ERR_LEN])
 {
-    void *records = NULL;
-    uint8_t *records_host = NULL;
-    epd_partial_layout_t pl;
-    epd_partial_layout(s, &pl);
-    void *partials = ops->alloc(ctx, (size_t)tokens * pl.size);
     uint64_t *t = calloc(iters, sizeof *t);
-    uint32_t layer = w->layers[0].layer;
-    epd_status_t status = EPD_ERR_NO_MEMORY;
-
-    memset(run, 0, sizeof *run);
-    if (partials == NULL || t == NULL) {
-        snprintf(err, EPD_ERR_LEN, "out of memory for %u tokens", tokens);
-        goto out;
+    if (t == NULL) {
+        snprintf(err, EPD_ERR_LEN, "out of memory");
+        return EPD_ERR_NO_MEMORY;
     }
-    CHECK_GOTO(make_records(ops, ctx, s, tokens, 0x5eed + tokens, &records, &records_host, err),
-               out);
     for (uint32_t i = 0; i < iters + 2; i++) {
         uint64_t t0 = epd_now_ns();
-        status = ops->experts(ctx, s, layer, records, tokens, NULL, partials);
-        if (status == EPD_OK) status = ops->sync(ctx);
+        epd_status_t status = run_experts(r, s, layer, rec, tokens, partials, err);
         if (status != EPD_OK) {
-            snprintf(err, EPD_ERR_LEN, "experts: %s", ops->last_error(ctx));
-            goto out;
+            free(t);
+            return status;
         }
         if (i >= 2) t[i - 2] = epd_now_ns() - t0;
     }
     qsort(t, iters, sizeof *t, cmp_u64);
-    run->us = (double)t[iters / 2] / 1e3;
-    run->rows_per_expert = (double)tokens * s->topk / s->num_experts;
-    if (check) {
-        uint32_t n = tokens < ACCURACY_RECORDS ? tokens : ACCURACY_RECORDS;
-        CHECK_GOTO(accuracy(ops, ctx, s, w, records_host, partials, n, &run->worst_rel, err), out);
-    }
-#ifdef EPD_HAVE_CUDA
-    if (ops->device_memory) {
-        char why[EPD_ERR_LEN];
-        uint64_t rows = (uint64_t)tokens * s->topk;
-        /* the experts' FLOPs 2 * rows * (2I * H + H * I) as one [rows, H] x [H, 3I] GEMM */
-        run->have_gemm = rows <= UINT32_MAX &&
-                         epd_ffn_cuda_bench_gemm((uint32_t)rows, 3 * w->intermediate, w->hidden,
-                                                 iters, &run->gemm_us, why) == EPD_OK;
-        uint64_t bytes = w->local_bytes / w->n_layers; /* one layer's weights and scales */
-        run->have_read = epd_ffn_cuda_bench_read(bytes, iters, &run->read_us, why) == EPD_OK;
-    }
-#endif
-    status = EPD_OK;
-out:
-    if (records != NULL) ops->free(ctx, records);
-    if (partials != NULL) ops->free(ctx, partials);
-    free(records_host);
+    *us_p = (double)t[iters / 2] / 1e3;
     free(t);
-    return status;
+    return EPD_OK;
+}
+
+static double ratio(double a, double b)
+{
+    return a > 0 && b > 0 ? a / b : NAN;
 }
 
 int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops_t *ops,
@@ -223,12 +266,14 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
 {
     epd_ffn_format_t formats[2];
     size_t n_formats = 0;
-    double bf16_us[64] = {0};
+    /* [sweep][size]: the BF16 experts time, for the fp8/bf16 ratio of the same tuning */
+    static double bf16_us[N_SWEEPS][MAX_SIZES];
     char err[EPD_ERR_LEN];
     /* random weights: model.intermediate or DeepSeek-V3's 2048; a file says its own (the header
      * shows the setting, 2048 when unset) */
     uint32_t inter = cfg->model.intermediate ? cfg->model.intermediate : 2048;
     epd_moe_shape_t s;
+    int rc = 0;
 
     if (world != 1) {
         fprintf(stderr, "epd bench: the ffn experts bench runs on one rank (mpirun -np 1)\n");
@@ -239,6 +284,8 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
                         "experts.weights\n");
         return 2;
     }
+    if (n_sizes > MAX_SIZES) n_sizes = MAX_SIZES;
+    memset(bf16_us, 0, sizeof bf16_us);
     if (args->bench_weights == NULL || strcmp(args->bench_weights, "random-fp8") != 0)
         formats[n_formats++] = EPD_FFN_BF16;
     if (args->bench_weights == NULL || strcmp(args->bench_weights, "random-bf16") != 0)
@@ -254,20 +301,28 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
     s.scale_format = cfg->dispatch.scale_format;
     s.expert_kind = EPD_EXPERTS_FFN;
     s.combine_dtype = cfg->combine.dtype;
+#ifdef EPD_HAVE_CUDA
+    epd_ffn_cuda_default_tuning(&sweeps[0].tuning);
+#endif
+    size_t n_sweeps = ops->device_memory ? N_SWEEPS : 1;
 
     printf("epd bench (ffn experts): %s ops, E_local %u, H %u, I %u, top-%u, dispatch %s, "
-           "combine %s, %u iterations; each row: the experts op (median), a dense cuBLAS BF16 "
-           "GEMM of the same FLOPs and a device read of one layer's weight bytes, same run\n",
+           "combine %s, %u iterations; each row: the experts op (median, rows per expert from the "
+           "count exchange) under one tuning, a dense cuBLAS BF16 GEMM of the same FLOPs on "
+           "random values, and a device read of one layer's weight bytes, same run\n",
            ops->name, s.num_experts, s.hidden, inter, s.topk,
            s.dtype == EPD_WIRE_FP8 ? "fp8" : "bf16",
            s.combine_dtype == EPD_COMBINE_FP8 ? "fp8" : "bf16", iters);
-    printf("%-9s %7s %8s %10s %9s %10s %9s %8s %10s %9s %10s\n", "weights", "tokens", "rows/e",
-           "experts_us", "TFLOP/s", "dense_us", "TFLOP/s", "vs_dense", "read_us", "read_GB/s",
-           "vs_read");
-    for (size_t f = 0; f < n_formats; f++) {
+    printf("%-9s %-19s %7s %7s %10s %8s %10s %8s %8s %9s %8s %8s\n", "weights", "tuning", "tokens",
+           "rows/e", "experts_us", "TFLOP/s", "dense_us", "TFLOP/s", "vs_dense", "read_us",
+           "vs_read", "fp8/bf16");
+    for (size_t f = 0; f < n_formats && rc == 0; f++) {
         epd_ffn_weights_t *w = NULL;
         epd_ops_ctx_t *ctx = NULL;
+        ffn_runner_t runner = {.ops = ops};
         epd_status_t status;
+        double read_us = 0, layer_bytes = 0;
+        bool have_read = false;
         if (args->bench_weights != NULL) {
             status = epd_ffn_random(formats[f], s.hidden, inter, s.num_experts, 0, s.num_experts,
                                     1, 0xffe, &w, err);
@@ -279,6 +334,12 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
         }
         if (status == EPD_OK) status = ops->init(device_id, &ctx, err);
         if (status == EPD_OK) status = ops->experts_load(ctx, &s, w, err);
+        runner.ctx = ctx;
+#ifdef EPD_HAVE_CUDA
+        /* the sweep's own device experts (the ops' copy serves the accuracy check) */
+        if (status == EPD_OK && ops->device_memory)
+            status = epd_ffn_cuda_create(w, NULL, &runner.ffn, err);
+#endif
         if (status != EPD_OK) {
             fprintf(stderr, "epd bench: ffn %s weights: %s\n",
                     w ? epd_ffn_format_name(w->format) : "", err);
@@ -286,44 +347,126 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
             epd_ffn_free(w);
             return 3;
         }
-        double worst = -1;
-        for (size_t i = 0; i < n_sizes; i++) {
-            ffn_run_t run;
-            if (run_one(ops, ctx, &s, w, sizes[i], iters, i == 0, &run, err) != EPD_OK) {
-                printf("%-9s %7u  skipped: %s\n", epd_ffn_format_name(w->format), sizes[i], err);
+        layer_bytes = (double)w->local_bytes / w->n_layers;
+        double *dense_us = calloc(n_sizes, sizeof *dense_us);
+        ffn_records_t *recs = calloc(n_sizes, sizeof *recs);
+        void **partials = calloc(n_sizes, sizeof *partials);
+        epd_partial_layout_t pl;
+        epd_partial_layout(&s, &pl);
+        if (dense_us == NULL || recs == NULL || partials == NULL) {
+            fprintf(stderr, "epd bench: out of memory\n");
+            rc = 3;
+        }
+        for (size_t i = 0; rc == 0 && i < n_sizes; i++) {
+            if (make_records(ops, ctx, &s, sizes[i], 0x5eed + sizes[i], &recs[i], err) != EPD_OK ||
+                (partials[i] = ops->alloc(ctx, (size_t)sizes[i] * pl.size)) == NULL) {
+                fprintf(stderr, "epd bench: %u tokens: %s\n", sizes[i],
+                        partials[i] == NULL ? "out of memory" : err);
+                rc = 3;
+            }
+        }
+#ifdef EPD_HAVE_CUDA
+        /* the same-run baselines: one layer's weight read, a dense GEMM per token count */
+        if (rc == 0 && ops->device_memory) {
+            char why[EPD_ERR_LEN];
+            have_read = epd_ffn_cuda_bench_read((uint64_t)layer_bytes, iters, &read_us, why) ==
+                        EPD_OK;
+            if (!have_read) printf("read baseline: %s\n", why);
+            for (size_t i = 0; i < n_sizes; i++) {
+                uint64_t rows = (uint64_t)sizes[i] * s.topk;
+                /* the experts' FLOPs 2 * rows * (2I * H + H * I) as one [rows, H] x [H, 3I] GEMM */
+                if (rows > UINT32_MAX ||
+                    epd_ffn_cuda_bench_gemm((uint32_t)rows, 3 * w->intermediate, w->hidden, iters,
+                                            &dense_us[i], why) != EPD_OK)
+                    dense_us[i] = 0;
+            }
+            if (have_read)
+                printf("ffn-baseline weights=%s read_bytes=%.0f read_us=%.1f read_GBps=%.0f\n",
+                       epd_ffn_format_name(w->format), layer_bytes, read_us,
+                       layer_bytes / read_us / 1e3);
+        }
+#endif
+        for (size_t sw = 0; rc == 0 && sw < n_sweeps; sw++) {
+            if (sweeps[sw].bf16_only && w->format != EPD_FFN_BF16) continue;
+#ifdef EPD_HAVE_CUDA
+            if (runner.ffn != NULL &&
+                epd_ffn_cuda_set_tuning(runner.ffn, &sweeps[sw].tuning, err) != EPD_OK) {
+                printf("%-9s %-19s  skipped: %s\n", epd_ffn_format_name(w->format),
+                       sweeps[sw].name, err);
                 continue;
             }
-            if (i == 0) worst = run.worst_rel;
-            double flops = 6.0 * sizes[i] * s.topk * (double)s.hidden * w->intermediate;
-            double layer_bytes = (double)w->local_bytes / w->n_layers;
-            printf("%-9s %7u %8.1f %10.1f %9.1f", epd_ffn_format_name(w->format), sizes[i],
-                   run.rows_per_expert, run.us, flops / run.us / 1e6);
-            if (run.have_gemm)
-                printf(" %10.1f %9.1f %8.2f", run.gemm_us, flops / run.gemm_us / 1e6,
-                       (flops / run.us) / (flops / run.gemm_us));
-            else
-                printf(" %10s %9s %8s", "n/a", "n/a", "n/a");
-            if (run.have_read)
-                printf(" %10.1f %9.0f %10.2f", run.read_us, layer_bytes / run.read_us / 1e3,
-                       run.us / run.read_us);
-            else
-                printf(" %10s %9s %10s", "n/a", "n/a", "n/a");
-            if (w->format == EPD_FFN_BF16 && i < 64) bf16_us[i] = run.us;
-            if (w->format == EPD_FFN_FP8_BLOCK && i < 64 && bf16_us[i] > 0)
-                printf("  fp8/bf16 %.2f", run.us / bf16_us[i]);
-            printf("\n");
-            fflush(stdout);
+#endif
+            for (size_t i = 0; i < n_sizes; i++) {
+                double us = 0;
+                double flops = 6.0 * sizes[i] * s.topk * (double)s.hidden * w->intermediate;
+                double rows_e = (double)sizes[i] * s.topk / s.num_experts;
+                if (time_experts(&runner, &s, w->layers[0].layer, &recs[i], sizes[i],
+                                 partials[i], iters, &us, err) != EPD_OK) {
+                    printf("%-9s %-19s %7u  skipped: %s\n", epd_ffn_format_name(w->format),
+                           sweeps[sw].name, sizes[i], err);
+                    continue;
+                }
+                double vs_dense = ratio(flops / us, dense_us[i] > 0 ? flops / dense_us[i] : 0);
+                double vs_read = have_read ? ratio(us, read_us) : NAN;
+                double fp8_bf16 = NAN;
+                if (w->format == EPD_FFN_BF16) bf16_us[sw][i] = us;
+                if (w->format == EPD_FFN_FP8_BLOCK) {
+                    /* the same tuning's BF16 time; for FP8 'batched' does not apply */
+                    fp8_bf16 = ratio(us, bf16_us[sw][i]);
+                }
+                (void)layer_bytes;
+                printf("%-9s %-19s %7u %7.1f %10.1f %8.1f", epd_ffn_format_name(w->format),
+                       sweeps[sw].name, sizes[i], rows_e, us, flops / us / 1e6);
+                if (dense_us[i] > 0)
+                    printf(" %10.1f %8.1f %8.2f", dense_us[i], flops / dense_us[i] / 1e6,
+                           vs_dense);
+                else
+                    printf(" %10s %8s %8s", "n/a", "n/a", "n/a");
+                if (have_read)
+                    printf(" %9.1f %8.2f", read_us, vs_read);
+                else
+                    printf(" %9s %8s", "n/a", "n/a");
+                if (!isnan(fp8_bf16))
+                    printf(" %8.2f", fp8_bf16);
+                printf("\n");
+                printf("ffn-result weights=%s tuning=%s tokens=%u rows_per_expert=%.2f "
+                       "experts_us=%.1f dense_us=%.1f read_us=%.1f vs_dense=%.3f vs_read=%.3f "
+                       "fp8_over_bf16=%.3f\n",
+                       epd_ffn_format_name(w->format), sweeps[sw].name, sizes[i], rows_e, us,
+                       dense_us[i], read_us, vs_dense, vs_read, fp8_bf16);
+                fflush(stdout);
+            }
         }
-        if (worst >= 0)
-            printf("accuracy %-9s weights: worst relative L2 of %u records against the host "
-                   "reference (fp32, fp64 sums): %.2e (DESIGN.md section 9 allows %.0e)\n",
-                   epd_ffn_format_name(w->format),
-                   sizes[0] < ACCURACY_RECORDS ? sizes[0] : ACCURACY_RECORDS, worst,
-                   w->format == EPD_FFN_FP8_BLOCK ? 3e-2 : 1e-2);
+        if (rc == 0) {
+            uint32_t n = sizes[0] < ACCURACY_RECORDS ? sizes[0] : ACCURACY_RECORDS;
+            double worst = 0;
+            ffn_runner_t through_ops = {.ops = ops, .ctx = ctx};
+            if (accuracy(&through_ops, &s, w, &recs[0], n, &worst, err) != EPD_OK) {
+                printf("accuracy %-9s weights: %s\n", epd_ffn_format_name(w->format), err);
+            } else {
+                double tol = w->format == EPD_FFN_FP8_BLOCK ? 3e-2 : 1e-2;
+                printf("accuracy %-9s weights: worst relative L2 of %u records against the host "
+                       "reference (fp32, fp64 sums): %.2e (DESIGN.md section 9 allows %.0e)\n",
+                       epd_ffn_format_name(w->format), n, worst, tol);
+                printf("ffn-accuracy weights=%s records=%u worst_rel=%.3e tolerance=%.0e\n",
+                       epd_ffn_format_name(w->format), n, worst, tol);
+            }
+        }
+        for (size_t i = 0; recs != NULL && partials != NULL && i < n_sizes; i++) {
+            records_free(ops, ctx, &recs[i]);
+            if (partials[i] != NULL) ops->free(ctx, partials[i]);
+        }
+        free(recs);
+        free(partials);
+        free(dense_us);
+#ifdef EPD_HAVE_CUDA
+        epd_ffn_cuda_destroy(runner.ffn);
+#endif
         ops->fini(ctx);
         epd_ffn_free(w);
     }
     printf("vs_dense: the experts' TFLOP/s over the dense GEMM's; vs_read: the experts time over "
-           "the time to read one layer's weights once (1.0 is the bound at decode sizes)\n");
-    return 0;
+           "the time to read one layer's weights once (1.0 is the bound at decode sizes); "
+           "fp8/bf16: over the same tuning's BF16 time\n");
+    return rc;
 }

@@ -24,6 +24,7 @@
 
 #include "common/clock.h"
 #include "daemon/log.h"
+#include "daemon/pinned.h"
 #include "daemon/region.h"
 #include "proto/base64.h"
 #include "proto/frame.h"
@@ -82,6 +83,7 @@ static const unsigned conn_next_states[CONN_STATE_MAX] = {
 
 struct epd_conn {
     uint64_t id;
+    epd_payload_alloc_t payload_alloc; /* payloads in the engine's page-locked pool */
     conn_state_t state;
     const epd_conn_ctx_t *ctx;
     struct bufferevent *bev; /* output only: input is read with recvmsg (file descriptors) */
@@ -274,6 +276,11 @@ static void conn_fail_framing(epd_conn_t *c, bool has_id, uint64_t id, epd_statu
     if (!conn_closing(c)) conn_set_state(c, CONN_CLOSING);
 }
 
+static void *conn_payload_resize(void *pool, void *p, size_t keep, size_t bytes)
+{
+    return epd_pinned_resize(pool, p, keep, bytes);
+}
+
 static void region_unref_cb(void *region)
 {
     epd_region_unref(region);
@@ -288,6 +295,7 @@ static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
     epd_submit_regions_t hooks;
     char err[EPD_ERR_LEN];
     epd_status_t status;
+    uint64_t read_ns = epd_now_ns();
 
     memset(&view, 0, sizeof(view));
     if (c->regions != NULL) epd_region_submit_hooks(c->regions, &hooks);
@@ -322,12 +330,14 @@ static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
     req->y_region = view.y_region;
     req->y_offset = view.y_offset;
     req->storage = frame->payload;
+    req->storage_release = frame->payload_release;
     req->owned = view.owned;
     req->unref = region_unref_cb;
     for (int k = 0; k < EPD_SUBMIT_TENSORS; k++) {
         req->regions[k] = view.regions[k];
         if (view.regions[k] != NULL) epd_region_ref(view.regions[k]);
     }
+    req->read_ns = read_ns;
     req->enqueued_ns = epd_now_ns();
     frame->payload = NULL; /* the request owns it now */
 
@@ -1006,6 +1016,12 @@ epd_conn_t *epd_conn_create(const epd_conn_ctx_t *ctx, int fd, uint64_t conn_id,
     c->state = CONN_READING;
     epd_decoder_init(&c->decoder, cfg->socket.max_frame_bytes, EPD_FRAME_MAX_META);
     epd_decoder_set_admit(&c->decoder, conn_admit, c);
+    if (ctx->engine != NULL) {
+        c->payload_alloc = (epd_payload_alloc_t){.resize = conn_payload_resize,
+                                                 .release = epd_pinned_release,
+                                                 .arg = epd_engine_pinned(ctx->engine)};
+        epd_decoder_set_alloc(&c->decoder, &c->payload_alloc);
+    }
     c->active_ns = epd_now_ns();
     conn_arm_deadline(c, c->active_ns);
     /* Told whenever a write leaves the output at or under the limit (to resume a paused reader). */

@@ -355,7 +355,7 @@ int epd_daemon_run(const epd_args_t *args)
             epd_log_info("told systemd READY=1");
     }
 
-    if (event_base_dispatch(d.base) < 0) {
+    if (epd_server_run(d.server) < 0) {
         epd_log_error("the event loop failed");
         rc = 1;
     }

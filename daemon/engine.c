@@ -21,6 +21,7 @@
 #include "common/clock.h"
 #include "daemon/engine.h"
 #include "daemon/log.h"
+#include "daemon/pinned.h"
 
 /* First wait after an agreement that found every rank idle; it doubles up to
  * dispatch.idle_backoff_us. */
@@ -63,6 +64,7 @@ struct epd_engine {
     /* Pinned host staging for one step (ops->alloc_host): the requests' ids and weights are
      * gathered here and go to the device in one copy each. */
     uint8_t *stage;
+    epd_pinned_pool_t *pinned; /* payloads and results (socket.pinned_bytes) */
 
     epd_engine_wake_fn wake;
     void *wake_arg;
@@ -120,7 +122,7 @@ static void set_activity(epd_engine_t *engine, epd_engine_activity_t activity)
 void epd_result_free(epd_result_t *result)
 {
     if (result == NULL) return;
-    free(result->y);
+    epd_pinned_release(result->y);
     free(result);
 }
 
@@ -129,7 +131,10 @@ void epd_request_free(epd_request_t *req)
     if (req == NULL) return;
     for (size_t i = 0; i < EPD_ARRAY_SIZE(req->regions); i++)
         if (req->regions[i] != NULL) req->unref(req->regions[i]);
-    free(req->storage);
+    if (req->storage_release != NULL)
+        req->storage_release(req->storage);
+    else
+        free(req->storage);
     free(req->owned);
     free(req);
 }
@@ -253,7 +258,8 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
     /* the results first: once the step ran, answering must not fail for want of memory */
     for (epd_request_t *req = reqs; req != NULL; req = req->next) {
         epd_result_t *res = calloc(1, sizeof *res);
-        if (res != NULL && req->y_dst == NULL) res->y = malloc((size_t)req->n_tokens * row);
+        if (res != NULL && req->y_dst == NULL)
+            res->y = epd_pinned_alloc(engine->pinned, (size_t)req->n_tokens * row);
         if (res == NULL || (req->y_dst == NULL && res->y == NULL)) {
             epd_result_free(res);
             snprintf(err, EPD_ERR_LEN, "engine: out of memory for the results of a step");
@@ -297,8 +303,10 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
     }
     /* the ids are on the host: the step lays the tokens out there */
     epd_step_set_host_ids(engine->step, ids_stage);
+    uint64_t step_begin_ns = epd_now_ns();
     CHECK_GOTO(epd_step_run(engine->step, n, x, io->topk_ids, io->topk_weights, y, timing_p, err),
                out_results);
+    uint64_t step_end_ns = epd_now_ns();
     /* a step serves one layer: its requests' (none on a rank that only takes part) */
     pthread_mutex_lock(&engine->mu);
     epd_engine_step_observer_fn observe = engine->observe;
@@ -339,6 +347,12 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
                      engine->step_no + 1, failed_rank, engine->experts_describe(code));
         }
         res->latency_ns = now - req->enqueued_ns;
+        res->read_ns = req->read_ns;
+        res->enqueued_ns = req->enqueued_ns;
+        res->taken_ns = req->taken_ns;
+        res->done_ns = now;
+        res->step_begin_ns = step_begin_ns;
+        res->step_end_ns = step_end_ns;
         res->y_in_region = req->y_dst != NULL;
         res->y_region = req->y_region;
         res->y_offset = req->y_offset;
@@ -412,6 +426,8 @@ static bool step_layer(epd_engine_t *engine, uint32_t layer)
     uint32_t n, n_reqs;
     epd_request_t *taken = take_layer(engine, layer, &n, &n_reqs);
     pthread_mutex_unlock(&engine->mu);
+    uint64_t taken_ns = epd_now_ns();
+    for (epd_request_t *req = taken; req != NULL; req = req->next) req->taken_ns = taken_ns;
 
     epd_result_t *head = NULL, *tail = NULL;
     epd_step_timing_t tm;
@@ -457,6 +473,8 @@ static bool step_layer(epd_engine_t *engine, uint32_t layer)
         engine->queued_tokens = engine->queued_requests = 0;
     }
     if (head != NULL) {
+        uint64_t handed_ns = epd_now_ns();
+        for (epd_result_t *res = head; res != NULL; res = res->next) res->handed_ns = handed_ns;
         if (engine->results_tail != NULL)
             engine->results_tail->next = head;
         else
@@ -715,6 +733,12 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
             goto out_free;
         }
     }
+    engine->pinned = epd_pinned_pool_create(ops, ops_ctx, cfg->socket.pinned_bytes);
+    if (engine->pinned == NULL) {
+        snprintf(err, EPD_ERR_LEN, "engine: out of memory");
+        status = EPD_ERR_NO_MEMORY;
+        goto out_free;
+    }
     rc = pthread_create(&engine->worker, NULL, worker_main, engine);
     if (rc != 0) {
         snprintf(err, EPD_ERR_LEN, "engine: cannot start the worker thread: %s", strerror(rc));
@@ -827,6 +851,18 @@ void epd_engine_set_step_observer(epd_engine_t *engine, epd_engine_step_observer
     pthread_mutex_unlock(&engine->mu);
 }
 
+epd_pinned_pool_t *epd_engine_pinned(epd_engine_t *engine)
+{
+    return engine->pinned;
+}
+
+bool epd_engine_hot(epd_engine_t *engine)
+{
+    uint64_t hot_ns = (uint64_t)engine->cfg.dispatch.hot_ms * 1000000u;
+    return !engine->oversubscribed && hot_ns != 0 &&
+           epd_now_ns() - atomic_load(&engine->last_work_ns) < hot_ns;
+}
+
 const char *epd_engine_activity(epd_engine_t *engine, uint64_t *since_ns_p)
 {
     int activity = atomic_load(&engine->activity);
@@ -864,6 +900,7 @@ void epd_engine_destroy(epd_engine_t *engine)
     }
     epd_step_destroy(engine->step);
     if (engine->stage != NULL) engine->ops->free_host(engine->ops_ctx, engine->stage);
+    epd_pinned_pool_free(engine->pinned);
     if (engine->comm != MPI_COMM_NULL && worker_left) MPI_Comm_free(&engine->comm);
     pthread_cond_destroy(&engine->cv);
     pthread_mutex_destroy(&engine->mu);

@@ -30,13 +30,16 @@ typedef struct epd_request {
     bool y_device;         /* y_dst is ops memory */
     uint32_t y_region;     /* for the RESULT meta when y_dst is set */
     uint64_t y_offset;
-    void *storage;         /* owns what x, ids, weights point to in the payload; free()d */
+    void *storage;         /* owns what x, ids, weights point to in the payload */
+    void (*storage_release)(void *storage); /* how storage is given back; NULL: free */
     void *owned;           /* more host memory behind ids/weights (may be NULL); free()d */
     /* References on the regions the tensors are in, each dropped with unref when the request is
      * freed (after its answer is complete, y included). */
     void *regions[4];
     void (*unref)(void *region);
+    uint64_t read_ns;      /* CLOCK_MONOTONIC when its frame was read (before validation) */
     uint64_t enqueued_ns;  /* CLOCK_MONOTONIC when queued */
+    uint64_t taken_ns;     /* when a step took it */
     struct epd_request *next;
 } epd_request_t;
 
@@ -45,7 +48,8 @@ typedef struct epd_result {
     uint64_t id;
     uint64_t conn_id;
     uint32_t n_tokens;
-    uint16_t *y;           /* NULL when y went into a region (y_region, y_offset) */
+    uint16_t *y;           /* NULL when y went into a region (y_region, y_offset); from
+                            * epd_pinned_alloc */
     bool y_in_region;
     uint32_t y_region;
     uint64_t y_offset;
@@ -53,6 +57,10 @@ typedef struct epd_result {
     epd_status_t status;   /* EPD_OK, or the code to send in an ERROR frame */
     char message[EPD_ERR_LEN];
     uint64_t latency_ns;   /* queued to answered */
+    /* the request's times (daemon/trace.h): frame read, queued, taken, step done */
+    uint64_t read_ns, enqueued_ns, taken_ns, done_ns;
+    uint64_t step_begin_ns, step_end_ns; /* epd_step_run called and returned */
+    uint64_t handed_ns;                  /* queued for the loop thread */
     struct epd_result *next;
 } epd_result_t;
 
@@ -113,6 +121,14 @@ void epd_result_free(epd_result_t *result);
  * left and calls wake no more (it waits for that), so the loop may free what wake touches. */
 void epd_engine_request_shutdown(epd_engine_t *engine);
 bool epd_engine_stopped(epd_engine_t *engine);
+
+/* True while this rank saw work (a submit accepted or a step with tokens) within
+ * dispatch.hot_ms and its node has a core for every thread that would spin: the loop thread may
+ * poll its sockets without sleeping then, as the worker polls its agreements. */
+bool epd_engine_hot(epd_engine_t *engine);
+
+/* The engine's pool of page-locked buffers (socket.pinned_bytes) for payloads and results. */
+struct epd_pinned_pool *epd_engine_pinned(epd_engine_t *engine);
 
 /* True when a step failed (a transport, MPI or device error): the requests it held and every
  * queued one were answered with EPD_ERR_INTERNAL, and the engine stopped. The ranks are out of

@@ -83,6 +83,8 @@ struct epd_external {
     uint64_t late_step;      /* a step that timed out and whose EXPERTS_DONE is still due */
     uint64_t sent_ns, done_read_ns, seen_ns, done_ns; /* the last exchange's times */
     atomic_int handoff_now;  /* handoff, for the waiting step's spin */
+    atomic_bool send_pending; /* an EXPERTS to send: the spinning loop polls it */
+    atomic_bool *loop_spinning; /* the server's flag, or NULL */
 
     /* engine worker thread only: scratch grown as needed (host, or ops memory: _ops) */
     int32_t *ids; size_t ids_cap;                 /* the records' top-k ids (pinned) */
@@ -178,6 +180,7 @@ epd_status_t epd_external_create(const epd_config_t *cfg, uint32_t world, uint32
         pthread_condattr_destroy(&attr);
     }
     atomic_init(&ext->handoff_now, HANDOFF_NONE);
+    atomic_init(&ext->send_pending, false);
     ext->send_ev = event_new(base, -1, 0, send_cb, ext);
     if (ext->send_ev == NULL) {
         epd_external_free(ext);
@@ -405,11 +408,24 @@ void epd_external_detach(epd_external_t *ext, epd_conn_t *conn)
     epd_region_unref(out);
 }
 
-/* The EXPERTS of the waiting step go to the worker (activated by the engine's worker thread). */
+void epd_external_set_loop(epd_external_t *ext, atomic_bool *spinning)
+{
+    ext->loop_spinning = spinning;
+}
+
+void epd_external_poll(epd_external_t *ext)
+{
+    if (atomic_load(&ext->send_pending)) send_cb(-1, 0, ext);
+}
+
+/* The EXPERTS of the waiting step go to the worker (activated by the engine's worker thread, or
+ * found by the spinning loop). */
 static void send_cb(evutil_socket_t fd, short what, void *arg)
 {
     epd_external_t *ext = arg;
     char tail[48];
+
+    if (!atomic_exchange(&ext->send_pending, false)) return;
 
     pthread_mutex_lock(&ext->mu);
     if (ext->handoff != HANDOFF_TO_SEND) {
@@ -901,7 +917,11 @@ epd_status_t epd_external_run(void *arg, uint64_t step, const epd_moe_shape_t *s
     }
     strcpy(ext->pending_meta, ext->meta);
     set_handoff(ext, HANDOFF_TO_SEND);
-    event_active(ext->send_ev, EV_READ, 0);
+    /* pending before spinning is looked at; the loop clears spinning before it polls (both
+     * seq_cst, as the server's own wake): one of the two sees the other */
+    atomic_store(&ext->send_pending, true);
+    if (ext->loop_spinning == NULL || !atomic_load(ext->loop_spinning))
+        event_active(ext->send_ev, EV_READ, 0);
     handoff_t got = wait_answer(ext);
     uint64_t sent_ns = ext->sent_ns, seen_ns = ext->seen_ns, done_ns = ext->done_ns;
     uint64_t read_ns = ext->done_read_ns;

@@ -10,6 +10,7 @@
 #ifndef EPD_DAEMON_EXTERNAL_H
 #define EPD_DAEMON_EXTERNAL_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include <cjson/cJSON.h>
@@ -63,6 +64,14 @@ epd_status_t epd_external_create(const epd_config_t *cfg, uint32_t world, uint32
 
 /* Frees it (after the engine has stopped: no step runs). NULL is ignored. */
 void epd_external_free(epd_external_t *ext);
+
+/* The loop's spinning flag (daemon/server.c): while it is set the loop polls
+ * epd_external_poll every iteration and the hand-over skips event_active (whose lock the
+ * spinning loop holds). NULL: always event_active. */
+void epd_external_set_loop(epd_external_t *ext, atomic_bool *spinning);
+
+/* Loop thread, every iteration of a spinning loop: sends the EXPERTS handed over, if any. */
+void epd_external_poll(epd_external_t *ext);
 
 /* Loop thread. CONTROL serve_experts from conn with its regions in and out: EPD_OK and the REPLY
  * meta (malloc'ed) in *reply_p; EPD_ERR_BUSY when the rank has a worker already,

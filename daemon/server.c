@@ -7,6 +7,7 @@
 
 #include <inttypes.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,8 +24,10 @@
 #include "daemon/log.h"
 #include "daemon/notify.h"
 #include "daemon/stats.h"
+#include "daemon/trace.h"
 #include "daemon/trim.h"
 #include "daemon/watchdog.h"
+#include "common/clock.h"
 #include "common/parse.h"
 #include "proto/frame.h"
 
@@ -53,6 +56,10 @@ struct epd_server {
     uint64_t in_flight;           /* requests on the engine, all connections */
 
     struct event *wake_ev;
+    /* The handover from the worker without libevent's lock while the loop spins (see
+     * epd_server_wake): set by the worker, taken by the spinning loop. */
+    atomic_bool wake_pending;
+    atomic_bool spinning;
     struct event *housekeeping;
     struct event *signal_ev[EPD_ARRAY_SIZE(server_signals)];
     struct event *drain_timer;
@@ -111,6 +118,7 @@ static epd_status_t server_experts_done(void *arg, epd_conn_t *conn, const epd_f
 void epd_server_set_external(epd_server_t *server, epd_external_t *external)
 {
     server->external = external;
+    if (external != NULL) epd_external_set_loop(external, &server->spinning);
     server->conn_ctx.serve_experts = external != NULL ? server_serve_experts : NULL;
     server->conn_ctx.experts_done = external != NULL ? server_experts_done : NULL;
 }
@@ -161,6 +169,7 @@ static void drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
 static void server_stop(epd_server_t *server)
 {
     server->stopping = true;
+    epd_trace_report();
     epd_log_info("drained: answered %" PRIu64 " requests, exiting (since start: accepted %" PRIu64
                  ", answered %" PRIu64 ", results discarded %" PRIu64 ")",
                  server->answered_in_drain, server->stats.requests_accepted,
@@ -224,6 +233,13 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
         if (server->draining || server->shutdown_requested) server->answered_in_drain++;
         if (result->status == EPD_OK)
             epd_metrics_observe_request(server->stats.metrics, result->latency_ns);
+        if (epd_trace_on()) {
+            epd_result_t copy = *result; /* delivered results are freed or kept by the conn */
+            uint64_t delivered_ns = epd_now_ns();
+            epd_conn_table_deliver(server->conns, result);
+            epd_trace_result(&copy, delivered_ns, epd_now_ns());
+            continue;
+        }
         epd_conn_table_deliver(server->conns, result);
     }
     server_check_engine(server);
@@ -239,10 +255,30 @@ static void housekeeping_cb(evutil_socket_t fd, short what, void *arg)
                       server->in_flight > 0 || server->stats.buffered_bytes > 0);
 }
 
+int epd_server_run(epd_server_t *server)
+{
+    for (;;) {
+        bool hot = server->engine != NULL && !server->stopping && epd_engine_hot(server->engine);
+        /* spinning is cleared before pending is looked at, and the worker sets pending before
+         * it looks at spinning: one of the two sees the other (both seq_cst) */
+        atomic_store(&server->spinning, hot);
+        if (atomic_exchange(&server->wake_pending, false)) wake_cb(-1, 0, server);
+        if (server->external != NULL) epd_external_poll(server->external);
+        int rc = event_base_loop(server->base, hot ? EVLOOP_NONBLOCK : EVLOOP_ONCE);
+        if (rc < 0) return -1;
+        if (rc == 1 || event_base_got_break(server->base) || event_base_got_exit(server->base))
+            return 0;
+    }
+}
+
+/* From the worker. While the loop spins it finds wake_pending within an iteration; event_active
+ * would take libevent's lock, which the spinning loop holds but for its epoll_wait calls (the
+ * handover then took about 8 us on an H200 node). */
 void epd_server_wake(void *arg)
 {
     epd_server_t *server = arg;
-    event_active(server->wake_ev, EV_READ, 0);
+    atomic_store(&server->wake_pending, true);
+    if (!atomic_load(&server->spinning)) event_active(server->wake_ev, EV_READ, 0);
 }
 
 static void signal_cb(evutil_socket_t signum, short what, void *arg)

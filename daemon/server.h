@@ -48,6 +48,12 @@ struct epd_external;
 void epd_server_set_external(epd_server_t *server, struct epd_external *external);
 
 /* Stops listening, closes every connection and unlinks the socket file. */
+/* Runs the event loop until the server stops (or loopbreak): while the engine is hot
+ * (epd_engine_hot) it polls without sleeping, so a SUBMIT or a finished step is seen within a
+ * microsecond or two instead of a thread wake-up (about 10 us); otherwise it sleeps in epoll.
+ * 0, or -1 when the loop failed. */
+int epd_server_run(epd_server_t *server);
+
 void epd_server_free(epd_server_t *server);
 
 /* Results answered (or discarded) since the shutdown began; for the exit log. */

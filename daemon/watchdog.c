@@ -47,9 +47,11 @@ static void watchdog_tick_cb(evutil_socket_t fd, short what, void *arg)
 {
     epd_watchdog_t *wd = arg;
     const epd_config_t *cfg = wd->cfg;
-    uint64_t now = epd_now_ns(), since = 0;
-    uint64_t late = now - wd->last_tick;
+    uint64_t since = 0;
     const char *phase = epd_engine_activity(wd->engine, &since);
+    /* read after the activity: the worker may have begun a new one since, never after now */
+    uint64_t now = epd_now_ns();
+    uint64_t late = now - wd->last_tick;
 
     /* an agreement or a step waits for every rank; idle and stopped wait for nobody */
     if (strcmp(phase, "agreement") != 0 && strcmp(phase, "step") != 0) phase = NULL;
@@ -68,7 +70,7 @@ static void watchdog_tick_cb(evutil_socket_t fd, short what, void *arg)
         wd->discount_ns += late - wd->tick_ns;
     }
     if (phase != NULL) {
-        uint64_t held = now - since;
+        uint64_t held = now > since ? now - since : 0;
         uint64_t waited_ms = (held > wd->discount_ns ? held - wd->discount_ns : 0) / 1000000u;
         if (waited_ms >= cfg->dispatch.stall_warn_ms) {
             wd->stats->stalled_phase = phase;

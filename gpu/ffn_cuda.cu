@@ -1,20 +1,25 @@
 /* The ffn experts on a CUDA device (gpu/ffn_cuda.h). One experts call:
- *   count   rows per local expert (a record with expert e among its top-k is one row of e), read
- *           back to the host (the one wait of the call), rows padded to 32 per expert;
+ *   count   rows per local expert (a record with expert e among its top-k is one row of e): from
+ *           the count exchange (no wait), or counted here and read back (one wait); an expert's
+ *           rows are padded (pad_rows) so GEMM plans are reused and scale tensors stay aligned;
  *   scatter each (record, k) with a local expert gets its row, grouped by expert;
- *   gather  the rows' activations as each GEMM reads them (BF16, or e4m3 + 1x128 scales stored
- *           M-major, as cuBLASLt's VEC128_32F mode takes them), quantizing or requantizing as the
- *           host arithmetic of gpu/ffn.c does;
- *   GEMMs   per expert with rows: gate and up as one [2I, H] GEMM, fp32 out;
- *   swiglu  h = silu(g) * u in fp32, rounded to BF16 or quantized group128 (one kernel);
- *   GEMMs   per expert: down, fp32 out;
+ *   gather  the rows' activations as the GEMMs read them (BF16, or e4m3 + 1x128 scales), quantizing
+ *           or requantizing as the host arithmetic of gpu/ffn.c does;
+ *   experts for each expert with rows: gate and up as one [2I, H] GEMM (fp32 out), SwiGLU
+ *           (h = silu(g) * u in fp32, rounded to BF16 or quantized group128), the down GEMM (fp32
+ *           out); experts spread over the tuning's streams (forked from and joined back into the
+ *           caller's stream with events, so the call stays one stream's work and capturable), or
+ *           for BF16 weights one pointer-array batched GEMM per group of experts with equal
+ *           padded rows;
  *   combine the weighted sum over ascending k (section 2 step 6, multiply then add) into the
  *           partials: BF16, or FP8 group128 with fp32 scales (combine.dtype fp8, the bytes of
  *           epd_partial_store_host, gpu/partial_dev.cuh).
- * cuBLASLt is column-major: a GEMM computes D[M_pad x N] = A^T B with A the activations
- * ([M_pad][K] row-major, "transposed"), B the weights ([N][K] row-major, DeepSeek's [out, in]) and
- * D stored N-major ([N][M_pad]); the kernels after each GEMM read it in tiles through shared
- * memory so their reads stay coalesced. */
+ * GEMM layout (cuBLASLt is column-major): D = W X^T with A the weights ([N][K] row-major, DeepSeek's
+ * [out, in], "transposed"), B an expert's activations ([rows][K] row-major) and D [rows][N]
+ * row-major: the rows are cuBLASLt's small n, which Hopper's tensor-core tiles take in steps of
+ * 8, and every kernel after a GEMM reads its rows in place. FP8 scales (cuBLAS's block scaling
+ * layouts): the weights' 128x128 blocks (BLK128x128_32F) are [N/128][L4] with L4 = K/128 rounded
+ * up to 4, the activations' 1x128 blocks (VEC128_32F) [K/128][rows] per expert. */
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -29,9 +34,8 @@ extern "C" {
 #include "gpu/fp8.h"
 #include "gpu/partial_dev.cuh"
 
-#define ROW_ALIGN 32                  /* an expert's rows are padded to this (tiles, alignment) */
-#define WORKSPACE_BYTES (32u << 20)   /* cuBLASLt workspace, allocated once */
-#define PLAN_CACHE 64                 /* GEMM plans kept per projection (by padded rows) */
+#define WORKSPACE_BYTES (32u << 20)   /* cuBLASLt workspace of each stream, allocated once */
+#define PLAN_CACHE 128                /* GEMM plans kept per projection (by rows and batch) */
 #define GROUP 128
 #define HOST_SLOTS 4                  /* experts calls whose host counts may be in flight */
 
@@ -41,15 +45,16 @@ typedef struct dev_layer {
     uint32_t layer;
     void *gate_up;     /* [n_local][2I][H] */
     void *down;        /* [n_local][H][I] */
-    float *gate_up_scale;
-    float *down_scale;
+    float *gate_up_scale; /* [n_local][2I/128][L4(H/128)] */
+    float *down_scale;    /* [n_local][H/128][L4(I/128)] */
     float *input_scale; /* [n_local][2] or NULL */
 } dev_layer_t;
 
 typedef struct gemm_plan {
-    uint32_t m_pad;
     bool valid;
-    cublasLtMatrixLayout_t a, d;
+    uint32_t n;     /* padded rows */
+    uint32_t batch; /* 0: one GEMM; else a pointer-array batch of this many */
+    cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulAlgo_t algo;
 } gemm_plan_t;
 
@@ -58,36 +63,43 @@ struct epd_ffn_cuda {
     uint32_t hidden, inter, n_local, first, n_layers;
     dev_layer_t *layers;
     uint64_t weight_bytes;
-    cudaStream_t stream;
+    cudaStream_t stream; /* the caller's, or own_stream's */
+    bool own_stream;
+    int sm_count;
+    epd_ffn_cuda_tuning_t tuning;
+    /* streams[0] is stream; the others forked from it; each with its workspace */
+    cudaStream_t streams[EPD_FFN_MAX_STREAMS];
+    void *workspace[EPD_FFN_MAX_STREAMS];
+    cudaEvent_t fork, join[EPD_FFN_MAX_STREAMS];
     cublasLtHandle_t lt;
-    void *workspace;
     cublasLtMatmulDesc_t desc[N_PROJ];
-    cublasLtMatrixLayout_t wdesc[N_PROJ];
     cublasLtMatmulPreference_t pref;
     gemm_plan_t plans[N_PROJ][PLAN_CACHE];
+    uint32_t next_plan[N_PROJ];
     /* GEMM outputs in BF16: where cuBLASLt has no fp32-out GEMM of the format (the intermediate
      * is then rounded once more, inside section 9's tolerance) */
     bool d_bf16[N_PROJ];
-    uint32_t next_plan[N_PROJ];
 
     /* per-call buffers, grown on demand */
     uint32_t cap_pairs, cap_rows;
     uint32_t *counts_dev;   /* [2 n_local]: rows, then the scatter's cursors */
     uint32_t *row_base_dev; /* [n_local + 1] */
-    /* pinned slots, used in turn: [n_local] rows per expert, [n_local + 1] row bases, copied to
-     * the device by the call that filled them; a slot is refilled once its copy has run */
-    uint32_t *host;         /* [HOST_SLOTS][2 n_local + 1] */
+    const void **ptrs_dev;  /* [6 n_local]: the batched GEMMs' A, B, D pointer arrays */
+    /* pinned slots, used in turn, each: [n_local] rows per expert, [n_local + 1] row bases,
+     * [6 n_local] pointers; copied to the device by the call that filled them; a slot is refilled
+     * once its copies have run (host_done) */
+    uint8_t *host;
+    size_t slot_bytes;
     cudaEvent_t host_done[HOST_SLOTS];
     uint32_t next_slot;
     int32_t *pair_row;      /* [cap_pairs] */
     int32_t *row_src;       /* [cap_rows] */
     void *act;              /* [cap_rows][H] bf16 or e4m3 */
     float *act_scale;       /* [cap_rows * H / 128] */
-    void *gu;               /* [cap_rows * 2I] fp32 (or bf16, d_bf16) */
+    void *gu;               /* [cap_rows][2I] fp32 (or bf16, d_bf16) */
     void *h;                /* [cap_rows][I] bf16 or e4m3 */
     float *h_scale;         /* [cap_rows * I / 128] */
-    void *y_t;              /* [cap_rows * H] fp32 (or bf16), N-major per expert */
-    float *y;               /* [cap_rows][H] */
+    void *y;                /* [cap_rows][H] fp32 (or bf16, d_bf16) */
 };
 
 /* ---- errors ------------------------------------------------------------------------------ */
@@ -109,6 +121,30 @@ struct epd_ffn_cuda {
             return EPD_ERR_CUDA;                                                         \
         }                                                                                \
     } while (0)
+
+/* ---- shapes ------------------------------------------------------------------------------ */
+
+/* An expert's rows padded: to 16 up to 128 rows (the decode sizes, where a GEMM's cost is its
+ * weight read and a tile of 16 wastes nothing that matters), then to 32 and beyond 512 to 64, so
+ * a step's experts share few distinct sizes (plans, batches). Always a multiple of 4: the
+ * activations' scale tensor [K/128][rows] keeps 16-byte aligned columns. */
+static uint32_t pad_rows(uint32_t c)
+{
+    uint32_t step = c <= 128 ? 16 : c <= 512 ? 32 : 64;
+    return (c + step - 1) / step * step;
+}
+
+/* K/128 rounded up to 4: the leading dimension of cuBLAS's 128x128 block scale tensors */
+static uint32_t l4(uint32_t k)
+{
+    return (k / GROUP + 3) / 4 * 4;
+}
+
+static void proj_dims(const epd_ffn_cuda_t *f, int proj, uint32_t *n_p, uint32_t *k_p)
+{
+    *n_p = proj == PROJ_GATE_UP ? 2 * f->inter : f->hidden;
+    *k_p = proj == PROJ_GATE_UP ? f->hidden : f->inter;
+}
 
 /* ---- device helpers ---------------------------------------------------------------------- */
 
@@ -197,7 +233,8 @@ struct gather_args {
     float *act_scale;
 };
 
-/* One block per (row, group of 128): the row's activation as its GEMM reads it. */
+/* One block per (row, group of 128): the row's activation as its GEMM reads it; padding rows
+ * get zeros (their GEMM columns are computed and never read). */
 __global__ void __launch_bounds__(GROUP) gather_kernel(gather_args a)
 {
     __shared__ float sh[4];
@@ -242,10 +279,10 @@ __global__ void __launch_bounds__(GROUP) gather_kernel(gather_args a)
 }
 
 struct swiglu_args {
-    const void *gu; /* per expert [2I][mpad] at row_base[e] * 2I */
+    const void *gu; /* [rows][2I]: a row's gate, then its up */
     bool gu_bf16;
     const uint32_t *row_base;
-    uint32_t n_local, inter;
+    uint32_t n_local, inter, row_begin;
     bool fp8;
     const float *input_scale;
     uint16_t *h_bf16;
@@ -253,76 +290,39 @@ struct swiglu_args {
     float *h_scale;
 };
 
-#define TILE_ROWS 32
-/* One block per (32 rows of one expert, group of 128 of I): g and u read in coalesced tiles
- * through shared memory, then each warp finishes 8 rows (each lane 4 elements of a row). */
+/* One block per (row from row_begin, group of 128 of I): h = silu(g) * u in fp32, rounded to
+ * BF16, or quantized group128 (and requantized to the static input_scale when there is one) in
+ * the down GEMM's activation layout. */
 __global__ void __launch_bounds__(GROUP) swiglu_kernel(swiglu_args a)
 {
-    __shared__ float tg[GROUP][TILE_ROWS + 1], tu[GROUP][TILE_ROWS + 1];
-    uint32_t r0 = blockIdx.x * TILE_ROWS, g0 = blockIdx.y * GROUP;
-    uint32_t e = expert_of(a.row_base, a.n_local, r0);
-    uint32_t m0 = r0 - a.row_base[e], mpad = a.row_base[e + 1] - a.row_base[e];
-    size_t base = (size_t)a.row_base[e] * 2 * a.inter;
-
-    for (uint32_t idx = threadIdx.x; idx < GROUP * TILE_ROWS; idx += GROUP) {
-        uint32_t ii = idx / TILE_ROWS, mm = idx % TILE_ROWS;
-        tg[ii][mm] = load_d(a.gu, base + (size_t)(g0 + ii) * mpad + m0 + mm, a.gu_bf16);
-        tu[ii][mm] = load_d(a.gu, base + (size_t)(a.inter + g0 + ii) * mpad + m0 + mm, a.gu_bf16);
+    __shared__ float sh[4];
+    uint32_t r = a.row_begin + blockIdx.x, g = blockIdx.y, i = g * GROUP + threadIdx.x;
+    size_t base = (size_t)r * 2 * a.inter;
+    float gv = load_d(a.gu, base + i, a.gu_bf16), uv = load_d(a.gu, base + a.inter + i, a.gu_bf16);
+    float silu = __fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv)));
+    float h = __fmul_rn(silu, uv);
+    if (!a.fp8) {
+        a.h_bf16[(size_t)r * a.inter + i] = epd_f32_to_bf16(h);
+        return;
     }
-    __syncthreads();
-    uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (uint32_t w = 0; w < TILE_ROWS / 4; w++) {
-        uint32_t mm = warp * (TILE_ROWS / 4) + w;
-        uint32_t r = r0 + mm;
-        float h[4], amax = 0.0f;
-        for (int c = 0; c < 4; c++) {
-            uint32_t ii = lane + 32 * c;
-            float gv = tg[ii][mm], uv = tu[ii][mm];
-            float silu = __fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv)));
-            h[c] = __fmul_rn(silu, uv);
-            amax = fmaxf(amax, fabsf(h[c]));
-        }
-        if (!a.fp8) {
-            for (int c = 0; c < 4; c++)
-                a.h_bf16[(size_t)r * a.inter + g0 + lane + 32 * c] = epd_f32_to_bf16(h[c]);
-            continue;
-        }
-        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        float s, mult;
-        epd_quant_scale(amax, 0, &s, &mult);
-        float S = a.input_scale != NULL ? a.input_scale[2 * e + 1] : 0.0f;
-        for (int c = 0; c < 4; c++) {
-            uint8_t q = epd_e4m3_from_f32(__fmul_rn(h[c], mult));
-            if (a.input_scale != NULL)
-                q = epd_e4m3_from_f32(
-                    __fmul_rn(__fmul_rn(epd_e4m3_to_f32(q), s), __fdiv_rn(1.0f, S)));
-            a.h_q[(size_t)r * a.inter + g0 + lane + 32 * c] = q;
-        }
-        if (lane == 0)
-            a.h_scale[(size_t)a.row_base[e] * (a.inter / GROUP) + (size_t)(g0 / GROUP) * mpad +
-                      m0 + mm] = a.input_scale != NULL ? S : s;
+    uint32_t e = expert_of(a.row_base, a.n_local, r);
+    uint32_t m = r - a.row_base[e], mpad = a.row_base[e + 1] - a.row_base[e];
+    float amax = block_max128(fabsf(h), sh);
+    float s, mult;
+    epd_quant_scale(amax, 0, &s, &mult);
+    uint8_t q = epd_e4m3_from_f32(__fmul_rn(h, mult));
+    if (a.input_scale != NULL) {
+        float S = a.input_scale[2 * e + 1];
+        q = epd_e4m3_from_f32(__fmul_rn(__fmul_rn(epd_e4m3_to_f32(q), s), __fdiv_rn(1.0f, S)));
+        s = S;
     }
-}
-
-/* y_t (per expert [H][mpad]) -> y [rows][H], 32 x 32 tiles. */
-__global__ void transpose_kernel(const void *y_t, bool y_bf16, const uint32_t *row_base,
-                                 uint32_t n_local, uint32_t hidden, float *y)
-{
-    __shared__ float t[32][33];
-    uint32_t r0 = blockIdx.x * 32, h0 = blockIdx.y * 32;
-    uint32_t e = expert_of(row_base, n_local, r0);
-    uint32_t m0 = r0 - row_base[e], mpad = row_base[e + 1] - row_base[e];
-    size_t base = (size_t)row_base[e] * hidden;
-    for (uint32_t yy = threadIdx.y; yy < 32; yy += blockDim.y)
-        t[yy][threadIdx.x] =
-            load_d(y_t, base + (size_t)(h0 + yy) * mpad + m0 + threadIdx.x, y_bf16);
-    __syncthreads();
-    for (uint32_t yy = threadIdx.y; yy < 32; yy += blockDim.y)
-        y[(size_t)(r0 + yy) * hidden + h0 + threadIdx.x] = t[threadIdx.x][yy];
+    a.h_q[(size_t)r * a.inter + i] = q;
+    if (threadIdx.x == 0)
+        a.h_scale[(size_t)a.row_base[e] * (a.inter / GROUP) + (size_t)g * mpad + m] = s;
 }
 
 /* partial[j][i] = bf16(sum over ascending k with a local expert of w_k * y[row(j, k)][i]) */
-__global__ void combine_kernel(rec_args a, const int32_t *pair_row, const float *y,
+__global__ void combine_kernel(rec_args a, const int32_t *pair_row, const void *y, bool y_bf16,
                                uint32_t hidden, uint16_t *partials)
 {
     uint64_t t = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -333,7 +333,7 @@ __global__ void combine_kernel(rec_args a, const int32_t *pair_row, const float 
     for (uint32_t k = 0; k < a.k_count; k++) {
         int32_t pos = pair_row[(size_t)j * a.k_count + k];
         if (pos < 0) continue;
-        acc = __fadd_rn(acc, __fmul_rn(w[k], y[(size_t)pos * hidden + i]));
+        acc = __fadd_rn(acc, __fmul_rn(w[k], load_d(y, (size_t)pos * hidden + i, y_bf16)));
     }
     partials[t] = epd_f32_to_bf16(acc);
 }
@@ -343,9 +343,9 @@ __global__ void combine_kernel(rec_args a, const int32_t *pair_row, const float 
  * multiple of 8, blocks are whole warps); every lane reaches the shuffles of the store, active
  * or not. pair_row NULL: no record has a row here (all sums 0). With qe, the partials' error is
  * added to the telemetry sums 2 and 3 (gpu/partial_dev.cuh). */
-__global__ void combine_fp8_kernel(rec_args a, const int32_t *pair_row, const float *y,
-                                   uint32_t hidden, uint8_t *partials, uint32_t part_size,
-                                   double *qe)
+__global__ void combine_fp8_kernel(rec_args a, const int32_t *pair_row, const void *y,
+                                   bool y_bf16, uint32_t hidden, uint8_t *partials,
+                                   uint32_t part_size, double *qe)
 {
     const uint32_t h16 = hidden / 16;
     const uint64_t t = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -359,9 +359,10 @@ __global__ void combine_fp8_kernel(rec_args a, const int32_t *pair_row, const fl
         for (uint32_t k = 0; k < a.k_count; k++) {
             int32_t pos = pair_row[(size_t)j * a.k_count + k];
             if (pos < 0) continue;
-            const float *yr = y + (size_t)pos * hidden + (size_t)c * 16;
+            size_t yr = (size_t)pos * hidden + (size_t)c * 16;
 #pragma unroll
-            for (int v = 0; v < 16; v++) acc[v] = __fadd_rn(acc[v], __fmul_rn(w[k], yr[v]));
+            for (int v = 0; v < 16; v++)
+                acc[v] = __fadd_rn(acc[v], __fmul_rn(w[k], load_d(y, yr + v, y_bf16)));
         }
     }
     epd_dev_store_fp8_partial16(partials + (size_t)j * part_size, hidden, part_size, active, c,
@@ -371,95 +372,150 @@ __global__ void combine_fp8_kernel(rec_args a, const int32_t *pair_row, const fl
 
 /* ---- cuBLASLt ---------------------------------------------------------------------------- */
 
-static void proj_dims(const epd_ffn_cuda_t *f, int proj, uint32_t *n_p, uint32_t *k_p)
+static void plan_destroy(gemm_plan_t *p)
 {
-    *n_p = proj == PROJ_GATE_UP ? 2 * f->inter : f->hidden;
-    *k_p = proj == PROJ_GATE_UP ? f->hidden : f->inter;
+    if (!p->valid) return;
+    cublasLtMatrixLayoutDestroy(p->a);
+    cublasLtMatrixLayoutDestroy(p->b);
+    cublasLtMatrixLayoutDestroy(p->d);
+    p->valid = false;
 }
 
-/* The plan (layouts and algorithm) of a projection at m_pad rows, from the cache or made. */
-static epd_status_t get_plan(epd_ffn_cuda_t *f, int proj, uint32_t m_pad, gemm_plan_t **plan_p,
-                             char err[EPD_ERR_LEN])
+static void plans_clear(epd_ffn_cuda_t *f)
+{
+    for (int p = 0; p < N_PROJ; p++) {
+        for (uint32_t i = 0; i < PLAN_CACHE; i++) plan_destroy(&f->plans[p][i]);
+        f->next_plan[p] = 0;
+    }
+}
+
+/* A layout, made a pointer-array batch of `batch` when batch > 0. */
+static cublasStatus_t layout_create(cublasLtMatrixLayout_t *l, cudaDataType_t type, uint64_t rows,
+                                    uint64_t cols, int64_t ld, uint32_t batch)
+{
+    cublasStatus_t st = cublasLtMatrixLayoutCreate(l, type, rows, cols, ld);
+    if (st != CUBLAS_STATUS_SUCCESS || batch == 0) return st;
+    int32_t count = (int32_t)batch;
+    uint32_t mode = CUBLASLT_BATCH_MODE_POINTER_ARRAY;
+    st = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                          sizeof count);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode,
+                                              sizeof mode);
+    if (st != CUBLAS_STATUS_SUCCESS) cublasLtMatrixLayoutDestroy(*l);
+    return st;
+}
+
+/* The plan (layouts and algorithm) of a projection at n padded rows (batch 0: one GEMM, else a
+ * pointer-array batch of that many), from the cache or made (the heuristic runs once per key). */
+static epd_status_t get_plan(epd_ffn_cuda_t *f, int proj, uint32_t n, uint32_t batch,
+                             gemm_plan_t **plan_p, char err[EPD_ERR_LEN])
 {
     bool fp8 = f->format == EPD_FFN_FP8_BLOCK;
-    uint32_t n, k;
+    cudaDataType_t in = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+    cudaDataType_t out = f->d_bf16[proj] ? CUDA_R_16BF : CUDA_R_32F;
+    uint32_t nn, k;
     cublasLtMatmulHeuristicResult_t result;
     int found = 0;
 
     for (uint32_t i = 0; i < PLAN_CACHE; i++) {
-        if (f->plans[proj][i].valid && f->plans[proj][i].m_pad == m_pad) {
-            *plan_p = &f->plans[proj][i];
+        gemm_plan_t *p = &f->plans[proj][i];
+        if (p->valid && p->n == n && p->batch == batch) {
+            *plan_p = p;
             return EPD_OK;
         }
     }
     gemm_plan_t *p = &f->plans[proj][f->next_plan[proj]++ % PLAN_CACHE];
-    if (p->valid) {
+    plan_destroy(p);
+    proj_dims(f, proj, &nn, &k);
+    if (layout_create(&p->a, in, k, nn, k, batch) != CUBLAS_STATUS_SUCCESS) goto layout_failed;
+    if (layout_create(&p->b, in, k, n, k, batch) != CUBLAS_STATUS_SUCCESS) {
         cublasLtMatrixLayoutDestroy(p->a);
-        cublasLtMatrixLayoutDestroy(p->d);
-        p->valid = false;
+        goto layout_failed;
     }
-    proj_dims(f, proj, &n, &k);
-    LT(cublasLtMatrixLayoutCreate(&p->a, fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF, k, m_pad, k),
-       "activation layout");
-    LT(cublasLtMatrixLayoutCreate(&p->d, f->d_bf16[proj] ? CUDA_R_16BF : CUDA_R_32F, m_pad, n,
-                                  m_pad), "output layout");
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(f->lt, f->desc[proj], p->a, f->wdesc[proj],
-                                                       p->d, p->d, f->pref, 1, &result, &found);
-    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) {
+    if (layout_create(&p->d, out, nn, n, nn, batch) != CUBLAS_STATUS_SUCCESS) {
         cublasLtMatrixLayoutDestroy(p->a);
-        cublasLtMatrixLayoutDestroy(p->d);
-        snprintf(err, EPD_ERR_LEN, "ffn experts: cublasLtMatmulAlgoGetHeuristic: cuBLAS status %d",
-                 (int)st);
-        return EPD_ERR_CUDA;
+        cublasLtMatrixLayoutDestroy(p->b);
+        goto layout_failed;
     }
-    if (st == CUBLAS_STATUS_NOT_SUPPORTED || found == 0) {
-        cublasLtMatrixLayoutDestroy(p->a);
-        cublasLtMatrixLayoutDestroy(p->d);
-        snprintf(err, EPD_ERR_LEN,
-                 "ffn experts: cuBLASLt has no %s GEMM (%s out) for M %u, N %u, K %u on this "
-                 "device",
-                 fp8 ? "FP8 block-scaled" : "BF16", f->d_bf16[proj] ? "BF16" : "fp32", m_pad, n, k);
-        return EPD_ERR_UNSUPPORTED;
+    p->valid = true;
+    {
+        cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(f->lt, f->desc[proj], p->a, p->b, p->d,
+                                                           p->d, f->pref, 1, &result, &found);
+        if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) {
+            plan_destroy(p);
+            snprintf(err, EPD_ERR_LEN,
+                     "ffn experts: cublasLtMatmulAlgoGetHeuristic: cuBLAS status %d", (int)st);
+            return EPD_ERR_CUDA;
+        }
+        if (st == CUBLAS_STATUS_NOT_SUPPORTED || found == 0) {
+            plan_destroy(p);
+            snprintf(err, EPD_ERR_LEN,
+                     "ffn experts: cuBLASLt has no %s GEMM (%s out%s) for M %u, N %u, K %u on "
+                     "this device",
+                     fp8 ? "FP8 block-scaled" : "BF16", f->d_bf16[proj] ? "BF16" : "fp32",
+                     batch ? ", pointer-array batch" : "", nn, n, k);
+            return EPD_ERR_UNSUPPORTED;
+        }
     }
     p->algo = result.algo;
-    p->m_pad = m_pad;
-    p->valid = true;
+    p->n = n;
+    p->batch = batch;
     *plan_p = p;
     return EPD_OK;
+layout_failed:
+    snprintf(err, EPD_ERR_LEN, "ffn experts: cublasLtMatrixLayoutCreate failed");
+    return EPD_ERR_CUDA;
 }
 
-/* D (fp32, [N][m_pad]) = act rows [row0, row0 + m_pad) of expert e times its weights. */
+/* D ([n][N] at out's row0) = the n padded rows of expert e from row0 of act times its weights,
+ * on stream s. */
 static epd_status_t gemm(epd_ffn_cuda_t *f, int proj, const dev_layer_t *l, uint32_t e,
-                         uint32_t row0, uint32_t m_pad, const void *act, const float *act_scale,
-                         void *d, char err[EPD_ERR_LEN])
+                         uint32_t row0, uint32_t n, const void *act, const float *act_scale,
+                         void *out, uint32_t s, char err[EPD_ERR_LEN])
 {
     bool fp8 = f->format == EPD_FFN_FP8_BLOCK;
     size_t es = fp8 ? 1 : 2;
-    uint32_t n, k;
+    uint32_t nn, k;
     gemm_plan_t *plan;
     epd_status_t status;
     const float one = 1.0f, zero = 0.0f;
 
-    proj_dims(f, proj, &n, &k);
-    status = get_plan(f, proj, m_pad, &plan, err);
+    proj_dims(f, proj, &nn, &k);
+    status = get_plan(f, proj, n, 0, &plan, err);
     if (status != EPD_OK) return status;
     const uint8_t *w = (const uint8_t *)(proj == PROJ_GATE_UP ? l->gate_up : l->down) +
-                       (size_t)e * n * k * es;
-    const uint8_t *a = (const uint8_t *)act + (size_t)row0 * k * es;
-    void *out = (uint8_t *)d + (size_t)row0 * n * (f->d_bf16[proj] ? 2 : 4);
+                       (size_t)e * nn * k * es;
+    const uint8_t *b = (const uint8_t *)act + (size_t)row0 * k * es;
+    void *d = (uint8_t *)out + (size_t)row0 * nn * (f->d_bf16[proj] ? 2 : 4);
     if (fp8) {
-        const float *as = act_scale + (size_t)row0 * (k / GROUP);
         const float *ws = (proj == PROJ_GATE_UP ? l->gate_up_scale : l->down_scale) +
-                          (size_t)e * (n / GROUP) * (k / GROUP);
-        LT(cublasLtMatmulDescSetAttribute(f->desc[proj], CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &as,
-                                          sizeof as), "A scale pointer");
-        LT(cublasLtMatmulDescSetAttribute(f->desc[proj], CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ws,
-                                          sizeof ws), "B scale pointer");
+                          (size_t)e * (nn / GROUP) * l4(k);
+        const float *as = act_scale + (size_t)row0 * (k / GROUP);
+        LT(cublasLtMatmulDescSetAttribute(f->desc[proj], CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ws,
+                                          sizeof ws), "A scale pointer");
+        LT(cublasLtMatmulDescSetAttribute(f->desc[proj], CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &as,
+                                          sizeof as), "B scale pointer");
     }
-    LT(cublasLtMatmul(f->lt, f->desc[proj], &one, a, plan->a, w, f->wdesc[proj], &zero, out,
-                      plan->d, out, plan->d, &plan->algo, f->workspace, WORKSPACE_BYTES,
-                      f->stream),
+    LT(cublasLtMatmul(f->lt, f->desc[proj], &one, w, plan->a, b, plan->b, &zero, d, plan->d, d,
+                      plan->d, &plan->algo, f->workspace[s], WORKSPACE_BYTES, f->streams[s]),
        "cublasLtMatmul");
+    return EPD_OK;
+}
+
+/* A pointer-array batch of `batch` GEMMs of n rows each (BF16): ptrs holds the device arrays A,
+ * B, D one after the other (batch pointers each). */
+static epd_status_t gemm_batched(epd_ffn_cuda_t *f, int proj, uint32_t n, uint32_t batch,
+                                 const void **ptrs, uint32_t s, char err[EPD_ERR_LEN])
+{
+    gemm_plan_t *plan;
+    const float one = 1.0f, zero = 0.0f;
+    epd_status_t status = get_plan(f, proj, n, batch, &plan, err);
+    if (status != EPD_OK) return status;
+    LT(cublasLtMatmul(f->lt, f->desc[proj], &one, ptrs, plan->a, ptrs + batch, plan->b, &zero,
+                      ptrs + 2 * batch, plan->d, ptrs + 2 * batch, plan->d, &plan->algo,
+                      f->workspace[s], WORKSPACE_BYTES, f->streams[s]),
+       "cublasLtMatmul (batched)");
     return EPD_OK;
 }
 
@@ -471,10 +527,23 @@ static void *dalloc(size_t bytes)
     return cudaMalloc(&p, bytes == 0 ? 16 : bytes) == cudaSuccess ? p : NULL;
 }
 
+/* The streams, events and workspaces of streams 1..count-1 freed (stream 0 is f->stream). */
+static void streams_free(epd_ffn_cuda_t *f)
+{
+    for (int s = 0; s < EPD_FFN_MAX_STREAMS; s++) {
+        if (s > 0 && f->streams[s] != NULL) cudaStreamDestroy(f->streams[s]);
+        f->streams[s] = NULL;
+        if (f->join[s] != NULL) cudaEventDestroy(f->join[s]);
+        f->join[s] = NULL;
+        cudaFree(f->workspace[s]);
+        f->workspace[s] = NULL;
+    }
+}
+
 extern "C" void epd_ffn_cuda_destroy(epd_ffn_cuda_t *f)
 {
     if (f == NULL) return;
-    cudaStreamSynchronize(f->stream);
+    if (f->stream != NULL || !f->own_stream) cudaStreamSynchronize(f->stream);
     for (uint32_t i = 0; f->layers != NULL && i < f->n_layers; i++) {
         cudaFree(f->layers[i].gate_up);
         cudaFree(f->layers[i].down);
@@ -483,23 +552,20 @@ extern "C" void epd_ffn_cuda_destroy(epd_ffn_cuda_t *f)
         cudaFree(f->layers[i].input_scale);
     }
     free(f->layers);
-    for (int p = 0; p < N_PROJ; p++) {
-        for (uint32_t i = 0; i < PLAN_CACHE; i++) {
-            if (!f->plans[p][i].valid) continue;
-            cublasLtMatrixLayoutDestroy(f->plans[p][i].a);
-            cublasLtMatrixLayoutDestroy(f->plans[p][i].d);
-        }
+    plans_clear(f);
+    for (int p = 0; p < N_PROJ; p++)
         if (f->desc[p] != NULL) cublasLtMatmulDescDestroy(f->desc[p]);
-        if (f->wdesc[p] != NULL) cublasLtMatrixLayoutDestroy(f->wdesc[p]);
-    }
     if (f->pref != NULL) cublasLtMatmulPreferenceDestroy(f->pref);
     if (f->lt != NULL) cublasLtDestroy(f->lt);
-    void *bufs[] = {f->workspace, f->counts_dev, f->row_base_dev, f->pair_row, f->row_src, f->act,
-                    f->act_scale, f->gu, f->h, f->h_scale, f->y_t, f->y};
+    streams_free(f);
+    if (f->fork != NULL) cudaEventDestroy(f->fork);
+    void *bufs[] = {f->counts_dev, f->row_base_dev, (void *)f->ptrs_dev, f->pair_row, f->row_src,
+                    f->act, f->act_scale, f->gu, f->h, f->h_scale, f->y};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
     cudaFreeHost(f->host);
     for (int i = 0; i < HOST_SLOTS; i++)
         if (f->host_done[i] != NULL) cudaEventDestroy(f->host_done[i]);
+    if (f->own_stream && f->stream != NULL) cudaStreamDestroy(f->stream);
     free(f);
 }
 
@@ -522,6 +588,109 @@ static epd_status_t upload(void **dst, const void *src, size_t bytes, uint64_t *
     return EPD_OK;
 }
 
+/* A layer's block scales [n_local][N/128][K/128] uploaded with the rows padded to L4 = K/128
+ * rounded up to 4 (the padding 0): the leading dimension cuBLAS assumes for 128x128 block scales
+ * (a K/128 that is not a multiple of 4 read unpadded gives wrong sums, and an expert's scales
+ * then start off a 16-byte boundary). */
+static epd_status_t upload_block_scales(float **dst, const float *src, uint32_t n_local,
+                                        uint32_t n, uint32_t k, uint64_t *total,
+                                        char err[EPD_ERR_LEN])
+{
+    uint32_t nb = n / GROUP, kb = k / GROUP, ld = l4(k);
+    size_t count = (size_t)n_local * nb * ld;
+    float *pad = (float *)calloc(count, sizeof *pad);
+    if (pad == NULL) {
+        snprintf(err, EPD_ERR_LEN, "ffn experts: out of host memory for the block scales");
+        return EPD_ERR_NO_MEMORY;
+    }
+    for (size_t row = 0; row < (size_t)n_local * nb; row++)
+        memcpy(pad + row * ld, src + row * kb, kb * sizeof *pad);
+    epd_status_t status = upload((void **)dst, pad, count * sizeof *pad, total, err);
+    free(pad);
+    return status;
+}
+
+extern "C" void epd_ffn_cuda_default_tuning(epd_ffn_cuda_tuning_t *t)
+{
+    memset(t, 0, sizeof *t);
+    t->streams = 4;
+    t->batched = false;
+    t->sm_target = false;
+}
+
+extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn_cuda_tuning_t *t,
+                                                char err[EPD_ERR_LEN])
+{
+    if (t->streams < 1 || t->streams > EPD_FFN_MAX_STREAMS) {
+        snprintf(err, EPD_ERR_LEN, "ffn experts: streams %u is not in [1, %d]", t->streams,
+                 EPD_FFN_MAX_STREAMS);
+        return EPD_ERR_INVALID_ARG;
+    }
+    CU(cudaStreamSynchronize(f->stream), "cudaStreamSynchronize");
+    streams_free(f);
+    f->tuning = *t;
+    f->streams[0] = f->stream;
+    for (uint32_t s = 0; s < t->streams; s++) {
+        if (s > 0)
+            CU(cudaStreamCreateWithFlags(&f->streams[s], cudaStreamNonBlocking),
+               "cudaStreamCreate");
+        CU(cudaEventCreateWithFlags(&f->join[s], cudaEventDisableTiming), "cudaEventCreate");
+        f->workspace[s] = dalloc(WORKSPACE_BYTES);
+        if (f->workspace[s] == NULL) {
+            cudaGetLastError();
+            snprintf(err, EPD_ERR_LEN, "ffn experts: cannot allocate %u workspaces of %u bytes",
+                     t->streams, WORKSPACE_BYTES);
+            return EPD_ERR_NO_MEMORY;
+        }
+    }
+    /* the heuristic picks tiles for the SMs one stream may expect to have */
+    int32_t target = t->sm_target && t->streams > 1 ? f->sm_count / (int32_t)t->streams : 0;
+    for (int p = 0; p < N_PROJ; p++)
+        LT(cublasLtMatmulDescSetAttribute(f->desc[p], CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+                                          &target, sizeof target), "SM count target");
+    plans_clear(f);
+    return EPD_OK;
+}
+
+extern "C" void epd_ffn_cuda_get_tuning(const epd_ffn_cuda_t *f, epd_ffn_cuda_tuning_t *t)
+{
+    *t = f->tuning;
+}
+
+/* The matmul descriptors: D = op(A) op(B) with A (the weights) transposed; FP8: the weights'
+ * 128x128 block scales on A, the activations' 1x128 ones on B. */
+static epd_status_t make_descs(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
+{
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    uint64_t ws = WORKSPACE_BYTES;
+    LT(cublasLtMatmulPreferenceCreate(&f->pref), "preference");
+    LT(cublasLtMatmulPreferenceSetAttribute(f->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                            sizeof ws), "preference");
+    for (int p = 0; p < N_PROJ; p++) {
+        LT(cublasLtMatmulDescCreate(&f->desc[p], CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor");
+        LT(cublasLtMatmulDescSetAttribute(f->desc[p], CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta),
+           "descriptor");
+        LT(cublasLtMatmulDescSetAttribute(f->desc[p], CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb),
+           "descriptor");
+        if (f->format != EPD_FFN_FP8_BLOCK) continue;
+        cublasLtMatmulMatrixScale_t am = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+        cublasLtMatmulMatrixScale_t bm = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+        /* The heuristic refuses block scale modes (status 7, invalid value) until the scale
+         * pointers are set (seen on an H200, cuBLASLt 13.1): any device pointer here; each GEMM
+         * sets the real ones before it runs. */
+        void *placeholder = f->counts_dev;
+        LT(cublasLtMatmulDescSetAttribute(f->desc[p], CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am,
+                                          sizeof am), "A scale mode");
+        LT(cublasLtMatmulDescSetAttribute(f->desc[p], CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm,
+                                          sizeof bm), "B scale mode");
+        LT(cublasLtMatmulDescSetAttribute(f->desc[p], CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                          &placeholder, sizeof placeholder), "A scale pointer");
+        LT(cublasLtMatmulDescSetAttribute(f->desc[p], CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                          &placeholder, sizeof placeholder), "B scale pointer");
+    }
+    return EPD_OK;
+}
+
 extern "C" epd_status_t epd_ffn_cuda_create(const epd_ffn_weights_t *w, void *stream,
                                             epd_ffn_cuda_t **ffn_p, char err[EPD_ERR_LEN])
 {
@@ -529,6 +698,8 @@ extern "C" epd_status_t epd_ffn_cuda_create(const epd_ffn_weights_t *w, void *st
     epd_status_t status = EPD_OK;
     bool fp8 = w->format == EPD_FFN_FP8_BLOCK;
     size_t es = fp8 ? 1 : 2;
+    int dev = 0;
+    epd_ffn_cuda_tuning_t tuning;
 
     *ffn_p = NULL;
     if (w->hidden % GROUP != 0 || w->intermediate % GROUP != 0) {
@@ -546,31 +717,48 @@ extern "C" epd_status_t epd_ffn_cuda_create(const epd_ffn_weights_t *w, void *st
     f->n_local = w->n_local;
     f->first = w->first_expert;
     f->stream = (cudaStream_t)stream;
+    if (stream == NULL) {
+        f->own_stream = true;
+        if (cudaStreamCreateWithFlags(&f->stream, cudaStreamNonBlocking) != cudaSuccess) {
+            f->stream = NULL;
+            snprintf(err, EPD_ERR_LEN, "ffn experts: cudaStreamCreate failed");
+            status = EPD_ERR_CUDA;
+            goto fail;
+        }
+    }
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&f->sm_count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        snprintf(err, EPD_ERR_LEN, "ffn experts: cannot read the device's SM count");
+        status = EPD_ERR_CUDA;
+        goto fail;
+    }
     f->layers = (dev_layer_t *)calloc(w->n_layers, sizeof *f->layers);
     if (f->layers == NULL) {
-        free(f);
         snprintf(err, EPD_ERR_LEN, "ffn experts: out of memory");
-        return EPD_ERR_NO_MEMORY;
+        status = EPD_ERR_NO_MEMORY;
+        goto fail;
     }
     f->n_layers = w->n_layers;
-    size_t gu = (size_t)w->n_local * 2 * w->intermediate * w->hidden;
-    size_t gus = gu / (GROUP * GROUP);
-    for (uint32_t i = 0; i < w->n_layers && status == EPD_OK; i++) {
-        const epd_ffn_layer_t *src = &w->layers[i];
-        dev_layer_t *l = &f->layers[i];
-        l->layer = src->layer;
-        status = upload(&l->gate_up, src->gate_up, gu * es, &f->weight_bytes, err);
-        if (status == EPD_OK)
-            status = upload(&l->down, src->down, gu / 2 * es, &f->weight_bytes, err);
-        if (status == EPD_OK && fp8)
-            status = upload((void **)&l->gate_up_scale, src->gate_up_scale, gus * 4,
-                            &f->weight_bytes, err);
-        if (status == EPD_OK && fp8)
-            status = upload((void **)&l->down_scale, src->down_scale, gus / 2 * 4,
-                            &f->weight_bytes, err);
-        if (status == EPD_OK && src->input_scale != NULL)
-            status = upload((void **)&l->input_scale, src->input_scale,
-                            (size_t)w->n_local * 2 * sizeof(float), &f->weight_bytes, err);
+    {
+        size_t gu = (size_t)w->n_local * 2 * w->intermediate * w->hidden;
+        for (uint32_t i = 0; i < w->n_layers && status == EPD_OK; i++) {
+            const epd_ffn_layer_t *src = &w->layers[i];
+            dev_layer_t *l = &f->layers[i];
+            l->layer = src->layer;
+            status = upload(&l->gate_up, src->gate_up, gu * es, &f->weight_bytes, err);
+            if (status == EPD_OK)
+                status = upload(&l->down, src->down, gu / 2 * es, &f->weight_bytes, err);
+            if (status == EPD_OK && fp8)
+                status = upload_block_scales(&l->gate_up_scale, src->gate_up_scale, w->n_local,
+                                             2 * w->intermediate, w->hidden, &f->weight_bytes,
+                                             err);
+            if (status == EPD_OK && fp8)
+                status = upload_block_scales(&l->down_scale, src->down_scale, w->n_local,
+                                             w->hidden, w->intermediate, &f->weight_bytes, err);
+            if (status == EPD_OK && src->input_scale != NULL)
+                status = upload((void **)&l->input_scale, src->input_scale,
+                                (size_t)w->n_local * 2 * sizeof(float), &f->weight_bytes, err);
+        }
     }
     if (status != EPD_OK) goto fail;
 
@@ -579,74 +767,34 @@ extern "C" epd_status_t epd_ffn_cuda_create(const epd_ffn_weights_t *w, void *st
         status = EPD_ERR_CUDA;
         goto fail;
     }
-    f->workspace = dalloc(WORKSPACE_BYTES);
+    f->slot_bytes = ((2 * (size_t)w->n_local + 1) * sizeof(uint32_t) + 15) / 16 * 16 +
+                    6 * (size_t)w->n_local * sizeof(void *);
     f->counts_dev = (uint32_t *)dalloc(2 * (size_t)w->n_local * sizeof(uint32_t));
     f->row_base_dev = (uint32_t *)dalloc(((size_t)w->n_local + 1) * sizeof(uint32_t));
-    if (f->workspace == NULL || f->counts_dev == NULL || f->row_base_dev == NULL ||
-        cudaMallocHost((void **)&f->host,
-                       HOST_SLOTS * (2 * (size_t)w->n_local + 1) * sizeof(uint32_t)) !=
-            cudaSuccess) {
+    f->ptrs_dev = (const void **)dalloc(6 * (size_t)w->n_local * sizeof(void *));
+    if (f->counts_dev == NULL || f->row_base_dev == NULL || f->ptrs_dev == NULL ||
+        cudaMallocHost((void **)&f->host, HOST_SLOTS * f->slot_bytes) != cudaSuccess ||
+        cudaEventCreateWithFlags(&f->fork, cudaEventDisableTiming) != cudaSuccess) {
         cudaGetLastError();
-        snprintf(err, EPD_ERR_LEN, "ffn experts: cannot allocate the %u-byte workspace",
-                 WORKSPACE_BYTES);
+        f->host = NULL;
+        snprintf(err, EPD_ERR_LEN, "ffn experts: cannot allocate the per-call buffers");
         status = EPD_ERR_NO_MEMORY;
         goto fail;
     }
-    {
-        cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-        uint64_t ws = WORKSPACE_BYTES;
-        if (cublasLtMatmulPreferenceCreate(&f->pref) != CUBLAS_STATUS_SUCCESS ||
-            cublasLtMatmulPreferenceSetAttribute(f->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                 &ws, sizeof ws) != CUBLAS_STATUS_SUCCESS) {
-            snprintf(err, EPD_ERR_LEN, "ffn experts: cuBLASLt preference");
-            status = EPD_ERR_CUDA;
-            goto fail;
+    status = make_descs(f, err);
+    if (status != EPD_OK) goto fail;
+    epd_ffn_cuda_default_tuning(&tuning);
+    status = epd_ffn_cuda_set_tuning(f, &tuning, err);
+    if (status != EPD_OK) goto fail;
+    for (int p = 0; p < N_PROJ; p++) {
+        /* a GEMM this device cannot run is a start-up error, not a step's; fp32 out first */
+        gemm_plan_t *plan;
+        status = get_plan(f, p, pad_rows(1), 0, &plan, err);
+        if (status == EPD_ERR_UNSUPPORTED) {
+            f->d_bf16[p] = true;
+            status = get_plan(f, p, pad_rows(1), 0, &plan, err);
         }
-        for (int p = 0; p < N_PROJ; p++) {
-            uint32_t n, k;
-            proj_dims(f, p, &n, &k);
-            bool ok = cublasLtMatmulDescCreate(&f->desc[p], CUBLAS_COMPUTE_32F, CUDA_R_32F) ==
-                          CUBLAS_STATUS_SUCCESS &&
-                      cublasLtMatmulDescSetAttribute(f->desc[p], CUBLASLT_MATMUL_DESC_TRANSA, &ta,
-                                                     sizeof ta) == CUBLAS_STATUS_SUCCESS &&
-                      cublasLtMatmulDescSetAttribute(f->desc[p], CUBLASLT_MATMUL_DESC_TRANSB, &tb,
-                                                     sizeof tb) == CUBLAS_STATUS_SUCCESS &&
-                      cublasLtMatrixLayoutCreate(&f->wdesc[p], fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF,
-                                                 k, n, k) == CUBLAS_STATUS_SUCCESS;
-            if (ok && fp8) {
-                cublasLtMatmulMatrixScale_t am = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-                cublasLtMatmulMatrixScale_t bm = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
-                /* The heuristic refuses block scale modes (status 7, invalid value) until the
-                 * scale pointers are set (seen on an H200, cuBLASLt 13.1): any device pointer
-                 * here; each GEMM sets the real ones before it runs. */
-                void *placeholder = f->workspace;
-                ok = cublasLtMatmulDescSetAttribute(f->desc[p], CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
-                                                    &am, sizeof am) == CUBLAS_STATUS_SUCCESS &&
-                     cublasLtMatmulDescSetAttribute(f->desc[p], CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
-                                                    &bm, sizeof bm) == CUBLAS_STATUS_SUCCESS &&
-                     cublasLtMatmulDescSetAttribute(f->desc[p],
-                                                    CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                                                    &placeholder, sizeof placeholder) ==
-                         CUBLAS_STATUS_SUCCESS &&
-                     cublasLtMatmulDescSetAttribute(f->desc[p],
-                                                    CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                                    &placeholder, sizeof placeholder) ==
-                         CUBLAS_STATUS_SUCCESS;
-            }
-            if (!ok) {
-                snprintf(err, EPD_ERR_LEN, "ffn experts: cuBLASLt descriptors");
-                status = EPD_ERR_CUDA;
-                goto fail;
-            }
-            /* a GEMM this device cannot run is a start-up error, not a step's; fp32 out first */
-            gemm_plan_t *plan;
-            status = get_plan(f, p, ROW_ALIGN, &plan, err);
-            if (status == EPD_ERR_UNSUPPORTED) {
-                f->d_bf16[p] = true;
-                status = get_plan(f, p, ROW_ALIGN, &plan, err);
-            }
-            if (status != EPD_OK) goto fail;
-        }
+        if (status != EPD_OK) goto fail;
     }
     *ffn_p = f;
     return EPD_OK;
@@ -660,23 +808,30 @@ extern "C" uint64_t epd_ffn_cuda_weight_bytes(const epd_ffn_cuda_t *f)
     return f->weight_bytes;
 }
 
+extern "C" epd_status_t epd_ffn_cuda_sync(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
+{
+    CU(cudaStreamSynchronize(f->stream), "ffn experts");
+    return EPD_OK;
+}
+
 /* Grows the per-call buffers to pairs and rows. */
 static epd_status_t reserve(epd_ffn_cuda_t *f, uint32_t pairs, uint32_t rows, char err[EPD_ERR_LEN])
 {
     size_t H = f->hidden, I = f->inter, es = f->format == EPD_FFN_FP8_BLOCK ? 1 : 2;
 
     if (pairs > f->cap_pairs) {
+        cudaStreamSynchronize(f->stream);
         cudaFree(f->pair_row);
         f->pair_row = (int32_t *)dalloc((size_t)pairs * sizeof(int32_t));
         f->cap_pairs = f->pair_row != NULL ? pairs : 0;
         if (f->pair_row == NULL) goto no_memory;
     }
     if (rows > f->cap_rows) {
-        void **bufs[] = {(void **)&f->row_src, &f->act, (void **)&f->act_scale, (void **)&f->gu,
-                         &f->h, (void **)&f->h_scale, (void **)&f->y_t, (void **)&f->y};
+        void **bufs[] = {(void **)&f->row_src, &f->act, (void **)&f->act_scale, &f->gu,
+                         &f->h, (void **)&f->h_scale, &f->y};
         size_t sizes[] = {rows * sizeof(int32_t), rows * H * es, rows * H / GROUP * 4,
                           rows * 2 * I * 4,        rows * I * es, rows * I / GROUP * 4,
-                          rows * H * 4,            rows * H * 4};
+                          rows * H * 4};
         cudaStreamSynchronize(f->stream);
         f->cap_rows = 0;
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
@@ -708,12 +863,13 @@ static epd_status_t queue_partials(epd_ffn_cuda_t *f, const epd_moe_shape_t *sha
                                    const rec_args &ra, const int32_t *pair_row, void *partials,
                                    double *qe, char err[EPD_ERR_LEN])
 {
+    bool y_bf16 = f->d_bf16[PROJ_DOWN];
     if (shape->combine_dtype == EPD_COMBINE_FP8) {
         epd_partial_layout_t pl;
         epd_partial_layout(shape, &pl);
         combine_fp8_kernel<<<blocks_for((uint64_t)ra.n_records * (f->hidden / 16), 256), 256, 0,
-                             f->stream>>>(ra, pair_row, f->y, f->hidden, (uint8_t *)partials,
-                                          (uint32_t)pl.size, qe);
+                             f->stream>>>(ra, pair_row, f->y, y_bf16, f->hidden,
+                                          (uint8_t *)partials, (uint32_t)pl.size, qe);
         CU(cudaGetLastError(), "combine kernel (FP8 partials)");
         return EPD_OK;
     }
@@ -723,9 +879,125 @@ static epd_status_t queue_partials(epd_ffn_cuda_t *f, const epd_moe_shape_t *sha
         return EPD_OK;
     }
     combine_kernel<<<blocks_for((uint64_t)ra.n_records * f->hidden, 256), 256, 0, f->stream>>>(
-        ra, pair_row, f->y, f->hidden, (uint16_t *)partials);
+        ra, pair_row, f->y, y_bf16, f->hidden, (uint16_t *)partials);
     CU(cudaGetLastError(), "combine kernel");
     return EPD_OK;
+}
+
+/* SwiGLU of rows [row_begin, row_begin + rows) on stream s. */
+static epd_status_t queue_swiglu(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_t row_begin,
+                                 uint32_t rows, uint32_t s, char err[EPD_ERR_LEN])
+{
+    swiglu_args sa;
+    sa.gu = f->gu;
+    sa.gu_bf16 = f->d_bf16[PROJ_GATE_UP];
+    sa.row_base = f->row_base_dev;
+    sa.n_local = f->n_local;
+    sa.inter = f->inter;
+    sa.row_begin = row_begin;
+    sa.fp8 = f->format == EPD_FFN_FP8_BLOCK;
+    sa.input_scale = l->input_scale;
+    sa.h_bf16 = (uint16_t *)f->h;
+    sa.h_q = (uint8_t *)f->h;
+    sa.h_scale = f->h_scale;
+    swiglu_kernel<<<dim3(rows, f->inter / GROUP), GROUP, 0, f->streams[s]>>>(sa);
+    CU(cudaGetLastError(), "swiglu kernel");
+    return EPD_OK;
+}
+
+/* The experts of the rows, one stream after another or spread over the tuning's streams (forked
+ * from f->stream after the gather, joined back before the combine). */
+static epd_status_t run_streams(epd_ffn_cuda_t *f, const dev_layer_t *l, const uint32_t *row_base,
+                                char err[EPD_ERR_LEN])
+{
+    uint32_t n_streams = f->tuning.streams, next = 0;
+    epd_status_t status = EPD_OK;
+
+    if (n_streams > 1) {
+        CU(cudaEventRecord(f->fork, f->stream), "cudaEventRecord");
+        for (uint32_t s = 1; s < n_streams; s++)
+            CU(cudaStreamWaitEvent(f->streams[s], f->fork, 0), "cudaStreamWaitEvent");
+    }
+    for (uint32_t e = 0; e < f->n_local && status == EPD_OK; e++) {
+        uint32_t n = row_base[e + 1] - row_base[e];
+        if (n == 0) continue; /* an expert without rows reads no weights */
+        uint32_t s = next++ % n_streams;
+        status = gemm(f, PROJ_GATE_UP, l, e, row_base[e], n, f->act, f->act_scale, f->gu, s, err);
+        if (status == EPD_OK) status = queue_swiglu(f, l, row_base[e], n, s, err);
+        if (status == EPD_OK)
+            status = gemm(f, PROJ_DOWN, l, e, row_base[e], n, f->h, f->h_scale, f->y, s, err);
+    }
+    /* joined even after a failure, so that the caller's stream never runs ahead of ours */
+    for (uint32_t s = 1; s < n_streams; s++) {
+        CU(cudaEventRecord(f->join[s], f->streams[s]), "cudaEventRecord");
+        CU(cudaStreamWaitEvent(f->stream, f->join[s], 0), "cudaStreamWaitEvent");
+    }
+    return status;
+}
+
+/* BF16 weights: the experts with equal padded rows as one pointer-array batched GEMM per
+ * projection and group. The pointer arrays (fill_batches, in the host slot, then copied to
+ * ptrs_dev): for projection p and group g, from 3 (p used + first) on, the group's A pointers
+ * (weights), then its B (activations), then its D (outputs), count each. */
+typedef struct batch_group {
+    uint32_t n, count, first; /* padded rows, experts, index of the group's first expert */
+} batch_group_t;
+
+/* The groups of the experts with rows, and their pointers into ptrs; returns the groups, *used_p
+ * the experts with rows. */
+static uint32_t fill_batches(epd_ffn_cuda_t *f, const dev_layer_t *l, const uint32_t *row_base,
+                             const void **ptrs, batch_group_t *groups, uint32_t *used_p)
+{
+    uint32_t n_groups = 0, used = 0, H = f->hidden, I = f->inter;
+    size_t gu_es = f->d_bf16[PROJ_GATE_UP] ? 2 : 4, y_es = f->d_bf16[PROJ_DOWN] ? 2 : 4;
+    for (uint32_t e = 0; e < f->n_local; e++) {
+        uint32_t n = row_base[e + 1] - row_base[e], g;
+        if (n == 0) continue;
+        for (g = 0; g < n_groups && groups[g].n != n; g++) {
+        }
+        if (g == n_groups) groups[n_groups++] = {n, 0, 0};
+        groups[g].count++;
+    }
+    for (uint32_t g = 0; g < n_groups; g++) {
+        groups[g].first = used;
+        used += groups[g].count;
+    }
+    for (uint32_t g = 0; g < n_groups; g++) {
+        batch_group_t *gr = &groups[g];
+        const void **gu = ptrs + 3 * gr->first, **dn = ptrs + 3 * (used + gr->first);
+        uint32_t i = 0;
+        for (uint32_t e = 0; e < f->n_local; e++) {
+            if (row_base[e + 1] - row_base[e] != gr->n) continue;
+            size_t r = row_base[e];
+            gu[i] = (const uint16_t *)l->gate_up + (size_t)e * 2 * I * H;
+            gu[gr->count + i] = (const uint16_t *)f->act + r * H;
+            gu[2 * gr->count + i] = (uint8_t *)f->gu + r * 2 * I * gu_es;
+            dn[i] = (const uint16_t *)l->down + (size_t)e * H * I;
+            dn[gr->count + i] = (const uint16_t *)f->h + r * I;
+            dn[2 * gr->count + i] = (uint8_t *)f->y + r * H * y_es;
+            i++;
+        }
+    }
+    *used_p = used;
+    return n_groups;
+}
+
+/* The batched experts (fill_batches' groups, pointers already on the device), one after another on
+ * the caller's stream: every gate/up GEMM, one SwiGLU over all rows (a group's rows are not
+ * contiguous), every down GEMM. */
+static epd_status_t run_batched(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_t total,
+                                const batch_group_t *groups, uint32_t n_groups, uint32_t used,
+                                char err[EPD_ERR_LEN])
+{
+    epd_status_t status = EPD_OK;
+    for (uint32_t g = 0; g < n_groups && status == EPD_OK; g++)
+        status = gemm_batched(f, PROJ_GATE_UP, groups[g].n, groups[g].count,
+                              f->ptrs_dev + 3 * groups[g].first, 0, err);
+    if (status == EPD_OK) status = queue_swiglu(f, l, 0, total, 0, err);
+    for (uint32_t g = 0; g < n_groups && status == EPD_OK; g++)
+        status = gemm_batched(f, PROJ_DOWN, groups[g].n, groups[g].count,
+                              f->ptrs_dev + 3 * (used + groups[g].first), 0, err);
+    return status;
 }
 
 extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_shape_t *shape,
@@ -772,8 +1044,11 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
     /* rows per expert: from the count exchange when the caller has them (and the weights are
      * exactly this rank's experts), else counted here and read back (a wait) */
     uint32_t slot = f->next_slot++ % HOST_SLOTS;
-    uint32_t *counts = f->host + (size_t)slot * (2 * (size_t)f->n_local + 1);
+    uint8_t *slot_p = f->host + (size_t)slot * f->slot_bytes;
+    uint32_t *counts = (uint32_t *)slot_p;
     uint32_t *row_base = counts + f->n_local, total = 0;
+    const void **ptrs =
+        (const void **)(slot_p + ((2 * (size_t)f->n_local + 1) * sizeof(uint32_t) + 15) / 16 * 16);
     if (f->host_done[slot] == NULL)
         CU(cudaEventCreateWithFlags(&f->host_done[slot], cudaEventDisableTiming),
            "cudaEventCreate");
@@ -793,7 +1068,7 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
     }
     for (uint32_t e = 0; e < f->n_local; e++) {
         row_base[e] = total;
-        total += (counts[e] + ROW_ALIGN - 1) / ROW_ALIGN * ROW_ALIGN;
+        total += pad_rows(counts[e]);
     }
     row_base[f->n_local] = total;
     if (total == 0) return queue_partials(f, shape, ra, NULL, partials, qe, err);
@@ -801,6 +1076,15 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
     if (status != EPD_OK) return status;
     CU(cudaMemcpyAsync(f->row_base_dev, row_base, ((size_t)f->n_local + 1) * sizeof(uint32_t),
                        cudaMemcpyHostToDevice, f->stream), "cudaMemcpyAsync");
+    bool batched = f->tuning.batched && !fp8;
+    batch_group_t groups[64];
+    uint32_t n_groups = 0, used = 0;
+    if (batched && f->n_local > sizeof groups / sizeof groups[0]) batched = false;
+    if (batched) {
+        n_groups = fill_batches(f, l, row_base, ptrs, groups, &used);
+        CU(cudaMemcpyAsync(f->ptrs_dev, ptrs, 6 * (size_t)used * sizeof(void *),
+                           cudaMemcpyHostToDevice, f->stream), "copying the GEMM pointers");
+    }
     CU(cudaEventRecord(f->host_done[slot], f->stream), "cudaEventRecord");
     CU(cudaMemsetAsync(f->row_src, 0xff, (size_t)total * sizeof(int32_t), f->stream),
        "cudaMemsetAsync");
@@ -823,34 +1107,9 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
     gather_kernel<<<dim3(total, f->hidden / GROUP), GROUP, 0, f->stream>>>(ga);
     CU(cudaGetLastError(), "gather kernel");
 
-    for (uint32_t e = 0; e < f->n_local; e++) {
-        uint32_t m_pad = row_base[e + 1] - row_base[e];
-        if (m_pad == 0) continue;
-        status = gemm(f, PROJ_GATE_UP, l, e, row_base[e], m_pad, f->act, f->act_scale, f->gu, err);
-        if (status != EPD_OK) return status;
-    }
-    swiglu_args sa;
-    sa.gu = f->gu;
-    sa.gu_bf16 = f->d_bf16[PROJ_GATE_UP];
-    sa.row_base = f->row_base_dev;
-    sa.n_local = f->n_local;
-    sa.inter = f->inter;
-    sa.fp8 = fp8;
-    sa.input_scale = l->input_scale;
-    sa.h_bf16 = (uint16_t *)f->h;
-    sa.h_q = (uint8_t *)f->h;
-    sa.h_scale = f->h_scale;
-    swiglu_kernel<<<dim3(total / TILE_ROWS, f->inter / GROUP), GROUP, 0, f->stream>>>(sa);
-    CU(cudaGetLastError(), "swiglu kernel");
-    for (uint32_t e = 0; e < f->n_local; e++) {
-        uint32_t m_pad = row_base[e + 1] - row_base[e];
-        if (m_pad == 0) continue;
-        status = gemm(f, PROJ_DOWN, l, e, row_base[e], m_pad, f->h, f->h_scale, f->y_t, err);
-        if (status != EPD_OK) return status;
-    }
-    transpose_kernel<<<dim3(total / 32, f->hidden / 32), dim3(32, 8), 0, f->stream>>>(
-        f->y_t, f->d_bf16[PROJ_DOWN], f->row_base_dev, f->n_local, f->hidden, f->y);
-    CU(cudaGetLastError(), "transpose kernel");
+    status = batched ? run_batched(f, l, total, groups, n_groups, used, err)
+                     : run_streams(f, l, row_base, err);
+    if (status != EPD_OK) return status;
     return queue_partials(f, shape, ra, f->pair_row, partials, qe, err);
 }
 
@@ -896,6 +1155,21 @@ static epd_status_t time_median(cudaStream_t stream, uint32_t iters, F launch, d
     return EPD_OK;
 }
 
+/* p[i] = a BF16 value in [-1, 1) from a hash of (i, seed) */
+__global__ void fill_random_bf16(uint16_t *p, size_t n, uint32_t seed)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t x = (uint32_t)i * 0x9e3779b1u ^ (uint32_t)(i >> 32) ^ seed * 0x85ebca6bu;
+        x ^= x >> 16;
+        x *= 0x7feb352du;
+        x ^= x >> 15;
+        x *= 0x846ca68bu;
+        x ^= x >> 16;
+        p[i] = epd_f32_to_bf16((float)(x >> 8) * (1.0f / 8388608.0f) - 1.0f);
+    }
+}
+
 extern "C" epd_status_t epd_ffn_cuda_bench_gemm(uint32_t m, uint32_t n, uint32_t k, uint32_t iters,
                                                 double *us_p, char err[EPD_ERR_LEN])
 {
@@ -922,8 +1196,9 @@ extern "C" epd_status_t epd_ffn_cuda_bench_gemm(uint32_t m, uint32_t n, uint32_t
         snprintf(err, EPD_ERR_LEN, "dense GEMM baseline: out of device memory");
         return EPD_ERR_NO_MEMORY;
     }
-    CU(cudaMemset(a, 0x3c, (size_t)m * k * 2), "cudaMemset");
-    CU(cudaMemset(b, 0x3c, (size_t)n * k * 2), "cudaMemset");
+    fill_random_bf16<<<1024, 256, 0, stream>>>((uint16_t *)a, (size_t)m * k, 1);
+    fill_random_bf16<<<1024, 256, 0, stream>>>((uint16_t *)b, (size_t)n * k, 2);
+    CU(cudaGetLastError(), "fill kernel");
     LT(cublasLtCreate(&lt), "cublasLtCreate");
     LT(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
     LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "transa");

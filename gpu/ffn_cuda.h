@@ -1,13 +1,14 @@
 /* The ffn experts on a CUDA device (DESIGN.md section 9): this rank's weights in device memory,
  * the received records grouped by local expert, cuBLASLt GEMMs per expert (gate and up fused in
  * one [2I, H] GEMM, then down; BF16, or FP8 with the DeepSeek 128x128 weight block scales and
- * 1x128 activation scales), SwiGLU with the intermediate's rounding or quantization in one kernel,
- * and the weighted sum of section 2 step 6 into the partials (BF16, or FP8 with combine.dtype
- * fp8). A plain C header: gpu/ops_cuda.cu
- * and the benchmark use it, nothing else sees CUDA. */
+ * 1x128 activation scales) spread over a few streams or batched, SwiGLU with the intermediate's
+ * rounding or quantization in one kernel, and the weighted sum of section 2 step 6 into the
+ * partials (BF16, or FP8 with combine.dtype fp8). A plain C header: gpu/ops_cuda.cu, the
+ * benchmark and the GPU test use it, nothing else sees CUDA. */
 #ifndef EPD_GPU_FFN_CUDA_H
 #define EPD_GPU_FFN_CUDA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -21,13 +22,37 @@ extern "C" {
 
 typedef struct epd_ffn_cuda epd_ffn_cuda_t;
 
+#define EPD_FFN_MAX_STREAMS 8
+
+/* How an experts call spreads its GEMMs (the results are the same bytes whatever the choice:
+ * each output element is one GEMM's, and the weighted sum after it is fixed). */
+typedef struct epd_ffn_cuda_tuning {
+    uint32_t streams; /* [1, EPD_FFN_MAX_STREAMS]: experts run round-robin on this many streams,
+                       * forked from and joined back into the call's stream with events */
+    bool batched;     /* BF16 weights: the experts with equal padded rows as one pointer-array
+                       * batched cuBLASLt GEMM per projection (FP8 weights: ignored) */
+    bool sm_target;   /* with streams > 1: cuBLASLt's heuristic picks tiles for SMs / streams */
+} epd_ffn_cuda_tuning_t;
+
+/* The tuning a new epd_ffn_cuda_t starts with (the fastest measured, docs/results.md). */
+void epd_ffn_cuda_default_tuning(epd_ffn_cuda_tuning_t *tuning);
+
 /* Copies the weights (all their layers) to the current device and prepares cuBLASLt on stream
- * (a cudaStream_t). EPD_ERR_NO_MEMORY naming the bytes when the device cannot hold them,
+ * (a cudaStream_t; NULL: a stream of its own, for the benchmark and tests). EPD_ERR_NO_MEMORY naming the bytes when the device cannot hold them,
  * EPD_ERR_UNSUPPORTED when cuBLASLt has no GEMM for the format on this device, EPD_ERR_CUDA with
  * the CUDA or cuBLAS message; err says which. The weights stay the caller's. */
 epd_status_t epd_ffn_cuda_create(const epd_ffn_weights_t *weights, void *stream,
                                  epd_ffn_cuda_t **ffn_p, char err[EPD_ERR_LEN]);
 void epd_ffn_cuda_destroy(epd_ffn_cuda_t *ffn);
+
+/* Changes the tuning (waits for the stream; the GEMM plans are made again). EPD_ERR_INVALID_ARG
+ * for a streams count out of range, EPD_ERR_NO_MEMORY / EPD_ERR_CUDA with err. */
+epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *ffn, const epd_ffn_cuda_tuning_t *tuning,
+                                     char err[EPD_ERR_LEN]);
+void epd_ffn_cuda_get_tuning(const epd_ffn_cuda_t *ffn, epd_ffn_cuda_tuning_t *tuning_p);
+
+/* Waits for the stream (an experts call's work done). EPD_ERR_CUDA with err. */
+epd_status_t epd_ffn_cuda_sync(epd_ffn_cuda_t *ffn, char err[EPD_ERR_LEN]);
 
 /* The experts op for ffn (gpu/ops.h experts) on device records: n_records partials of
  * epd_partial_layout (bf16 [H], or with shape->combine_dtype fp8 e4m3 [H] + group128 fp32
@@ -46,7 +71,9 @@ uint64_t epd_ffn_cuda_weight_bytes(const epd_ffn_cuda_t *ffn);
 
 /* The benchmark's same-run baselines on the current device (own buffers, own stream), each the
  * median of iters timed runs after a warm-up, in microseconds:
- *   gemm: one dense cuBLASLt BF16 GEMM [m, k] x [k, n] (fp32 accumulation, BF16 out);
+ *   gemm: one dense cuBLASLt BF16 GEMM [m, k] x [k, n] (fp32 accumulation, BF16 out) on random
+ *         values (constant inputs would flatter it: a GEMM's power, and so its clock, depends on
+ *         the data);
  *   read: one pass of a kernel reading `bytes` of device memory (16-byte loads, summed so the
  *         reads cannot be dropped).
  * EPD_ERR_CUDA / EPD_ERR_NO_MEMORY with err. */

@@ -40,6 +40,7 @@ typedef struct queued_frame {
 struct epd_client {
     int fd;
     int timeout_ms;
+    uint64_t spin_ns; /* epd_client_set_spin */
     epd_decoder_t dec;
     uint8_t *rbuf;           /* bytes read but not yet fed to the decoder */
     size_t roff;
@@ -194,6 +195,24 @@ EPD_CLIENT_API void epd_client_destroy(epd_client_t *c)
 EPD_CLIENT_API void epd_client_set_timeout(epd_client_t *c, int timeout_ms)
 {
     if (c != NULL) c->timeout_ms = timeout_ms;
+}
+
+EPD_CLIENT_API void epd_client_set_spin(epd_client_t *c, unsigned spin_us)
+{
+    if (c != NULL) c->spin_ns = (uint64_t)spin_us * 1000u;
+}
+
+/* poll(2) for input until the deadline, spinning first for the client's spin time. */
+static int client_poll_in(epd_client_t *c, struct pollfd *pfd, int64_t deadline)
+{
+    if (c->spin_ns != 0) {
+        uint64_t until = epd_now_ns() + c->spin_ns;
+        do {
+            int n = poll(pfd, 1, 0);
+            if (n != 0) return n;
+        } while (epd_now_ns() < until);
+    }
+    return poll(pfd, 1, ms_left(deadline));
 }
 
 EPD_CLIENT_API const char *epd_client_last_error(const epd_client_t *c)
@@ -401,7 +420,7 @@ static int client_take(epd_client_t *c, frame_match_fn match, const void *arg,
         rc = client_require_connected(c);
         if (rc != EPD_CLIENT_OK) return rc;
         struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
-        int n = poll(&pfd, 1, ms_left(deadline));
+        int n = client_poll_in(c, &pfd, deadline);
         if (n < 0 && errno != EINTR) {
             return client_fail(c, EPD_CLIENT_ERR_IO, NULL, "poll: %s",
                                errno_text(errno, ebuf, sizeof(ebuf)));

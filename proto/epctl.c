@@ -47,6 +47,7 @@ typedef struct options {
     double duration;         /* seconds; 0: not given */
     const char *data;        /* bench: "payload" (default), "host" or "cuda" */
     uint64_t cuda_device;    /* bench --data cuda: the GPU of the daemon's rank */
+    uint64_t spin_us;        /* bench --spin-us */
 } options_t;
 
 /* The model shape every batch must match, from the daemon's config reply. */
@@ -90,14 +91,16 @@ static const struct {
     {"bench", "load generator: tokens/s, requests/s, latency percentiles",
      "usage: epctl [--socket PATH[,PATH...]]... [--json] bench [--tokens N] [--requests R]\n"
      "             [--concurrency C] [--duration S] [--pipeline D] [--seed S]\n"
-     "             [--data payload|host|cuda] [--cuda-device N]\n"
+     "             [--data payload|host|cuda] [--cuda-device N] [--spin-us U]\n"
      "Opens C connections (one thread each, default 1), spread round-robin over the sockets, and\n"
      "sends R requests of N tokens in total (defaults 128 tokens, 1000 requests), or runs for S\n"
      "seconds when --duration is given (whichever ends first when both are). Each connection keeps\n"
      "up to D requests in flight (default 1). The clock starts once every connection is open with\n"
      "its batch built. Reports tokens/s, requests/s, latency p50/p90/p99, the tensor bytes of the\n"
      "answered requests (x, ids, weights out; y back) with their GB/s, and errors by code; a\n"
-     "progress line is shown when stderr is a terminal.\n"
+     "progress line is shown when stderr is a terminal. --spin-us U: each connection polls for its\n"
+     "answer without sleeping for up to U us first (epd_client_set_spin; default 0), as a\n"
+     "latency-bound frontend would.\n"
      "--data says where the tensors are (DESIGN.md section 4b): payload (in each frame, the\n"
      "default), host (a shared memfd region per connection, y written into it) or cuda (device\n"
      "memory on GPU --cuda-device, default 0, shared by CUDA IPC: the daemon's rank must run on\n"
@@ -238,6 +241,8 @@ static int parse_args(int argc, char **argv, options_t *o)
                 strcmp(val, "cuda") != 0)
                 return usage_error("--data: \"%s\" is not payload, host or cuda", val);
             o->data = val;
+        } else if (strcmp(a, "--spin-us") == 0 && is_bench) {
+            if ((rc = parse_number(a, val, 0, 1000000, &o->spin_us)) != 0) return rc;
         } else if (strcmp(a, "--cuda-device") == 0 && is_bench) {
             if ((rc = parse_number(a, val, 0, 1023, &o->cuda_device)) != 0) return rc;
         } else if (strcmp(a, "--duration") == 0 && is_bench) {
@@ -918,6 +923,7 @@ static void *worker_run(bench_worker_t *w)
     }
     /* connected, and the batch in place, before the clock starts */
     int rc = epd_client_connect(c, sock, o->timeout_ms);
+    epd_client_set_spin(c, (unsigned)o->spin_us);
     bool place_failed = rc == EPD_CLIENT_OK && placed && place_setup(w, c, &bt, depth, &place) != 0;
     worker_ready_wait(sh);
     if (rc != EPD_CLIENT_OK) {

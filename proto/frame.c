@@ -120,7 +120,10 @@ void epd_frame_free(epd_frame_t *frame)
 {
     if (frame == NULL) return;
     cJSON_Delete(frame->meta);
-    free(frame->payload);
+    if (frame->payload_release != NULL)
+        frame->payload_release(frame->payload);
+    else
+        free(frame->payload);
     memset(frame, 0, sizeof(*frame));
 }
 
@@ -278,6 +281,11 @@ void epd_decoder_set_admit(epd_decoder_t *dec, epd_decoder_admit_fn admit, void 
     dec->admit_arg = arg;
 }
 
+void epd_decoder_set_alloc(epd_decoder_t *dec, const epd_payload_alloc_t *alloc)
+{
+    dec->alloc = alloc;
+}
+
 void epd_decoder_free(epd_decoder_t *dec)
 {
     if (dec == NULL) return;
@@ -374,7 +382,13 @@ static epd_status_t decoder_grow_payload(epd_decoder_t *dec, uint64_t want, char
                  dec->header.payload_len);
         return EPD_ERR_NO_MEMORY;
     }
-    p = realloc(dec->frame.payload, (size_t)cap);
+    if (dec->alloc != NULL) {
+        p = dec->alloc->resize(dec->alloc->arg, dec->frame.payload, (size_t)dec->payload_have,
+                               (size_t)cap);
+        if (p != NULL) dec->frame.payload_release = dec->alloc->release;
+    } else {
+        p = realloc(dec->frame.payload, (size_t)cap);
+    }
     if (p == NULL) {
         snprintf(err, EPD_ERR_LEN, "cannot allocate %" PRIu64 " bytes for a payload", cap);
         return EPD_ERR_NO_MEMORY;

@@ -62,8 +62,10 @@ typedef enum {
 } epd_frame_id_kind_t;
 
 /* One decoded frame. meta and payload are owned by the frame; release with epd_frame_free.
- * payload comes from malloc (so it is 16-byte aligned) and is NULL when payload_len is 0; a
- * caller may take it over by setting frame->payload = NULL before epd_frame_free. */
+ * payload comes from malloc, or from the decoder's allocator (epd_decoder_set_alloc) when it has
+ * one (16-byte aligned either way), and is NULL when payload_len is 0; a caller may take it over
+ * by setting frame->payload = NULL before epd_frame_free, and then releases it with
+ * payload_release (free when NULL). */
 typedef struct epd_frame {
     epd_frame_type_t type;
     uint32_t meta_len;
@@ -73,6 +75,7 @@ typedef struct epd_frame {
     epd_frame_id_kind_t id_kind;
     uint64_t id;  /* meaningful when id_kind == EPD_FRAME_ID_VALID */
     bool dropped; /* the decoder's admit callback refused it: payload read and thrown away */
+    void (*payload_release)(void *payload); /* how payload is given back; NULL: free */
 } epd_frame_t;
 
 /* Frees meta and payload and zeroes the frame; safe on a zeroed frame and on NULL. */
@@ -92,6 +95,14 @@ typedef enum {
  * (e.g. the daemon's socket.max_buffered_bytes, all connections together). */
 typedef bool (*epd_decoder_admit_fn)(void *arg, const epd_frame_header_t *header);
 
+/* Where a decoder keeps payloads: resize is realloc's contract (p may be NULL; the first keep
+ * bytes move; NULL without memory, p untouched), release gives a buffer back. */
+typedef struct epd_payload_alloc {
+    void *(*resize)(void *arg, void *p, size_t keep, size_t bytes);
+    void (*release)(void *p);
+    void *arg;
+} epd_payload_alloc_t;
+
 typedef struct epd_decoder {
     uint64_t max_payload;
     uint32_t max_meta;
@@ -107,6 +118,7 @@ typedef struct epd_decoder {
     epd_status_t failure;   /* the sticky framing error in EPD_DECODER_FAILED */
     epd_decoder_admit_fn admit; /* NULL: every frame is admitted */
     void *admit_arg;
+    const epd_payload_alloc_t *alloc; /* NULL: malloc */
 } epd_decoder_t;
 
 /* Sets up a decoder. max_payload is socket.max_frame_bytes; max_meta is at most
@@ -115,6 +127,10 @@ void epd_decoder_init(epd_decoder_t *dec, uint64_t max_payload, uint32_t max_met
 
 /* Sets the admit callback (NULL: admit all); kept across epd_decoder_reset. */
 void epd_decoder_set_admit(epd_decoder_t *dec, epd_decoder_admit_fn admit, void *arg);
+
+/* Sets where payloads are kept (NULL: malloc); the table must outlive the decoder's frames.
+ * Kept across epd_decoder_reset. */
+void epd_decoder_set_alloc(epd_decoder_t *dec, const epd_payload_alloc_t *alloc);
 
 /* Frees any partial frame; the decoder can be initialized again or dropped. */
 void epd_decoder_free(epd_decoder_t *dec);

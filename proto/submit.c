@@ -583,57 +583,41 @@ err_meta:
     return status;
 }
 
+/* RESULT metas are written with snprintf, not built as cJSON trees: they are on every request's
+ * path and their shape is fixed (a tree and its printing cost microseconds per answer). */
 epd_status_t epd_frame_encode_result(uint64_t id, uint64_t step, uint32_t n_tokens,
                                      uint32_t hidden, const uint16_t *y, epd_frame_out_t *out_p,
                                      char err[EPD_ERR_LEN])
 {
     uint64_t y_bytes = (uint64_t)n_tokens * hidden * 2;
-    cJSON *meta, *tensors;
-    epd_status_t status = EPD_ERR_NO_MEMORY;
+    char meta[256];
 
     if ((y_bytes > 0 && y == NULL) || y_bytes > SIZE_MAX) {
         snprintf(err, EPD_ERR_LEN, "RESULT needs y");
         return EPD_ERR_INVALID_ARG;
     }
-    meta = cJSON_CreateObject();
-    if (meta == NULL || add_u64(meta, "id", id) == NULL) goto err_meta;
-    tensors = cJSON_AddObjectToObject(meta, "tensors");
-    if (tensors == NULL ||
-        add_tensor(tensors, "y", EPD_DTYPE_BF16, n_tokens, hidden, 0, y_bytes) == NULL ||
-        add_u64(meta, "step", step) == NULL) {
-        goto err_meta;
-    }
-    status = epd_frame_encode_json(EPD_FRAME_RESULT, meta, y, (size_t)y_bytes, out_p, err);
-err_meta:
-    cJSON_Delete(meta);
-    if (status == EPD_ERR_NO_MEMORY) snprintf(err, EPD_ERR_LEN, "cannot build RESULT meta");
-    return status;
+    int len = snprintf(meta, sizeof meta,
+                       "{\"id\":%" PRIu64 ",\"tensors\":{\"y\":{\"dtype\":\"bf16\",\"shape\":[%" PRIu32
+                       ",%" PRIu32 "],\"data_offsets\":[0,%" PRIu64 "]}},\"step\":%" PRIu64 "}",
+                       id, n_tokens, hidden, y_bytes, step);
+    epd_status_t status =
+        out_make_head(EPD_FRAME_RESULT, meta, (size_t)len, y_bytes, out_p, err);
+    if (status != EPD_OK) return status;
+    if (y_bytes > 0) out_add_part(out_p, y, (size_t)y_bytes);
+    return EPD_OK;
 }
 
 epd_status_t epd_frame_encode_result_region(uint64_t id, uint64_t step, uint32_t n_tokens,
                                             uint32_t hidden, uint32_t region, uint64_t offset,
                                             epd_frame_out_t *out_p, char err[EPD_ERR_LEN])
 {
-    cJSON *meta, *tensors, *y, *shape;
-    epd_status_t status = EPD_ERR_NO_MEMORY;
-
-    meta = cJSON_CreateObject();
-    if (meta == NULL || add_u64(meta, "id", id) == NULL) goto err_meta;
-    tensors = cJSON_AddObjectToObject(meta, "tensors");
-    y = tensors != NULL ? cJSON_AddObjectToObject(tensors, "y") : NULL;
-    if (y == NULL || cJSON_AddStringToObject(y, "dtype", "bf16") == NULL) goto err_meta;
-    shape = cJSON_AddArrayToObject(y, "shape");
-    if (shape == NULL) goto err_meta;
-    cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)n_tokens));
-    cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)hidden));
-    if (cJSON_GetArraySize(shape) != 2 || add_u64(y, "region", region) == NULL ||
-        add_u64(y, "offset", offset) == NULL || add_u64(meta, "step", step) == NULL)
-        goto err_meta;
-    status = epd_frame_encode_json(EPD_FRAME_RESULT, meta, NULL, 0, out_p, err);
-err_meta:
-    cJSON_Delete(meta);
-    if (status == EPD_ERR_NO_MEMORY) snprintf(err, EPD_ERR_LEN, "cannot build RESULT meta");
-    return status;
+    char meta[256];
+    int len = snprintf(meta, sizeof meta,
+                       "{\"id\":%" PRIu64 ",\"tensors\":{\"y\":{\"dtype\":\"bf16\",\"shape\":[%" PRIu32
+                       ",%" PRIu32 "],\"region\":%" PRIu32 ",\"offset\":%" PRIu64
+                       "}},\"step\":%" PRIu64 "}",
+                       id, n_tokens, hidden, region, offset, step);
+    return out_make_head(EPD_FRAME_RESULT, meta, (size_t)len, 0, out_p, err);
 }
 
 epd_status_t epd_frame_encode_error(bool has_id, uint64_t id, epd_status_t code,

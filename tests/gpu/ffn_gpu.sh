@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# The ffn experts on one GPU, in one call (issue 17's "Done when"): build/tests/gpu/test_ffn_cuda
+# (every weight format, wire, partials and tuning against the host reference),
+# tests/gpu/daemon_ffn_gpu.sh (the daemon through its sockets, 1 rank and 2 ranks on GPU 0), and
+# epd --bench at E_local 32, H 7168, I 2048 with 1..512 rows per expert, BF16 and FP8 block
+# weights, every tuning of the sweep (the daemon's default first). Then a summary: one PASS/FAIL
+# line per "Done when" line, for the default tuning and for the best tuning of the sweep.
+# Build first: scripts/gpu-node-build.sh all; source /tmp/epd-env.sh
+# Usage: tests/gpu/ffn_gpu.sh [--skip-tests] [--tokens LIST] [--iters N]
+#   logs in $OUT (or build/ffn-gpu): test_ffn_cuda.log, daemon_ffn_gpu.log, bench.log
+set -uo pipefail
+cd "$(dirname "$(readlink -f "$0")")/../.."
+out=${OUT:-build/ffn-gpu}
+mkdir -p "$out"
+tokens=4,8,16,32,64,128,256,512,1024,2048 # rows per expert = tokens * 8 / 32: 1 .. 512
+iters=20
+skip_tests=0
+while (($#)); do
+    case $1 in
+    --skip-tests) skip_tests=1 ;;
+    --tokens) tokens=$2; shift ;;
+    --iters) iters=$2; shift ;;
+    *) echo "usage: $0 [--skip-tests] [--tokens LIST] [--iters N]" >&2; exit 2 ;;
+    esac
+    shift
+done
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+[[ -f /tmp/epd-env.sh ]] && source /tmp/epd-env.sh
+nvidia-smi -L 2>/dev/null | grep -q '^GPU ' || { echo "SKIP: no GPU"; exit 77; }
+status=0
+summary=()
+
+if ((!skip_tests)); then
+    build/tests/gpu/test_ffn_cuda >"$out/test_ffn_cuda.log" 2>&1
+    rc=$?
+    grep -E '^(FAIL|PASS)' "$out/test_ffn_cuda.log" | grep -v '^PASS' | head -n 20
+    summary+=("$( ((rc == 0)) && echo PASS || echo FAIL)  test_ffn_cuda: $(tail -n 1 "$out/test_ffn_cuda.log")")
+    ((rc == 0)) || status=1
+    env BUILD=build MPIRUN=mpirun bash tests/gpu/daemon_ffn_gpu.sh >"$out/daemon_ffn_gpu.log" 2>&1
+    rc=$?
+    summary+=("$( ((rc == 0)) && echo PASS || echo FAIL)  daemon_ffn_gpu.sh: $(grep -cE '^ok ' "$out/daemon_ffn_gpu.log") cases ok; $(tail -n 1 "$out/daemon_ffn_gpu.log" | cut -c1-120)")
+    ((rc == 0)) || status=1
+fi
+
+mpirun -np 1 --bind-to none --mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any \
+    build/epd --bench --set experts.kind=ffn --bench-weights random --set model.num_experts=32 \
+    --set model.hidden=7168 --set model.intermediate=2048 --set model.topk=8 \
+    --set device.backend=cuda --bench-tokens "$tokens" --bench-iters "$iters" >"$out/bench.log" 2>&1
+rc=$?
+((rc == 0)) || { summary+=("FAIL  bench: exit $rc ($(tail -n 1 "$out/bench.log"))"); status=1; }
+# the table of the default tuning as printed (every tuning's rows are in bench.log), skips and
+# errors, the baselines and the accuracy
+grep -E '^(weights|bf16 +default|fp8-block +default|accuracy|read baseline)|skipped|rror' \
+    "$out/bench.log" | head -n 60
+grep -E '^ffn-baseline' "$out/bench.log"
+
+# Done when (one H200, one rank, E_local 32, H 7168, I 2048):
+#   bf16, <= 128 rows/expert: experts <= 1.25 x weight read     (worst vs_read over those rows)
+#   bf16, 512 rows/expert: >= 0.75 x the dense GEMM's TFLOP/s   (vs_dense)
+#   fp8-block: <= 0.6 x the bf16 experts at <= 128 rows/expert  (worst fp8_over_bf16)
+#   accuracy of each format printed, within DESIGN.md section 9
+awk -v status_file="$out/status" '
+function kv(line, key,   m) { if (match(line, key "=[^ ]+")) return substr(line, RSTART + length(key) + 1, RLENGTH - length(key) - 1); return "" }
+/^ffn-result / {
+    w = kv($0, "weights"); t = kv($0, "tuning"); r = kv($0, "rows_per_expert") + 0
+    tunings[t] = 1
+    if (w == "bf16" && r <= 128) { v = kv($0, "vs_read") + 0; if (!((w SUBSEP t) in rd) || v > rd[w, t]) rd[w, t] = v }
+    if (w == "bf16" && r == 512) dense[t] = kv($0, "vs_dense") + 0
+    if (w == "fp8-block" && r <= 128) { v = kv($0, "fp8_over_bf16"); if (v != "nan") { v += 0; if (!(t in f8) || v > f8[t]) f8[t] = v } }
+}
+/^ffn-accuracy / { acc[kv($0, "weights")] = kv($0, "worst_rel"); tol[kv($0, "weights")] = kv($0, "tolerance") }
+function line(ok, text) { printf "%s  %s\n", ok ? "PASS" : "FAIL", text; if (!ok) bad = 1 }
+END {
+    # the best tuning per criterion (lowest vs_read, highest vs_dense, lowest fp8/bf16)
+    for (t in tunings) {
+        if (("bf16" SUBSEP t) in rd && (br == "" || rd["bf16", t] < rd["bf16", br])) br = t
+        if ((t in dense) && (bd == "" || dense[t] > dense[bd])) bd = t
+        if ((t in f8) && (bf == "" || f8[t] < f8[bf])) bf = t
+    }
+    n = split("default", names)
+    for (i = 1; i <= n; i++) {
+        t = names[i]
+        line((("bf16" SUBSEP t) in rd) && rd["bf16", t] <= 1.25, sprintf("bf16 <= 128 rows/expert: experts / weight read, worst %.2f (target <= 1.25) [%s]", rd["bf16", t], t))
+        line((t in dense) && dense[t] >= 0.75, sprintf("bf16 512 rows/expert: experts TFLOP/s / dense GEMM %.2f (target >= 0.75) [%s]", dense[t], t))
+        line((t in f8) && f8[t] <= 0.6, sprintf("fp8-block <= 128 rows/expert: fp8 / bf16, worst %.2f (target <= 0.6) [%s]", f8[t], t))
+    }
+    printf "best of the sweep: vs_read %.2f [%s]; vs_dense %.2f [%s]; fp8/bf16 %.2f [%s]\n", rd["bf16", br], br, dense[bd], bd, f8[bf], bf
+    for (w in acc) line(acc[w] + 0 <= tol[w] + 0, sprintf("accuracy %s weights: worst relative L2 %s (tolerance %s)", w, acc[w], tol[w]))
+    if (!("bf16" in acc) || !("fp8-block" in acc)) line(0, "accuracy of both weight formats printed")
+    print bad ? 1 : 0 > status_file
+}' "$out/bench.log" >"$out/summary_bench.txt"
+[[ $(cat "$out/status" 2>/dev/null) == 0 ]] || status=1
+
+echo "---- summary (logs in $out)"
+printf '%s\n' "${summary[@]}"
+cat "$out/summary_bench.txt"
+# per tuning, the three ratios (the lead picks the default from these)
+awk '
+function kv(line, key) { if (match(line, key "=[^ ]+")) return substr(line, RSTART + length(key) + 1, RLENGTH - length(key) - 1); return "" }
+/^ffn-result / {
+    w = kv($0, "weights"); t = kv($0, "tuning"); r = kv($0, "rows_per_expert") + 0
+    if (!(t in seen)) { seen[t] = 1; order[++n] = t }
+    if (w == "bf16" && r <= 128) { v = kv($0, "vs_read") + 0; if (!(t in rd) || v > rd[t]) rd[t] = v }
+    if (w == "bf16" && r == 512) dn[t] = kv($0, "vs_dense") + 0
+    if (w == "fp8-block" && r <= 128) { v = kv($0, "fp8_over_bf16"); if (v != "nan") { v += 0; if (!(t in f8) || v > f8[t]) f8[t] = v } }
+    if (w == "fp8-block" && r <= 128) { v = kv($0, "vs_read") + 0; if (!(t in fr) || v > fr[t]) fr[t] = v }
+}
+END {
+    printf "%-20s %14s %14s %14s %14s\n", "tuning", "bf16 vs_read", "bf16 vs_dense", "fp8/bf16", "fp8 vs_read"
+    for (i = 1; i <= n; i++) { t = order[i]; printf "%-20s %14s %14s %14s %14s\n", t, (t in rd) ? sprintf("%.2f", rd[t]) : "-", (t in dn) ? sprintf("%.2f", dn[t]) : "-", (t in f8) ? sprintf("%.2f", f8[t]) : "-", (t in fr) ? sprintf("%.2f", fr[t]) : "-" }
+}' "$out/bench.log"
+exit $status
