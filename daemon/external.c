@@ -443,15 +443,16 @@ static void send_cb(evutil_socket_t fd, short what, void *arg)
         return;
     }
     set_handoff(ext, HANDOFF_SENT);
+    /* taken before the write (the answer may come before this thread runs again) */
+    uint64_t now = epd_now_ns();
+    ext->sent_ns = now;
     pthread_mutex_unlock(&ext->mu);
 
-    uint64_t now = epd_now_ns();
     snprintf(tail, sizeof tail, ",\"sent_ns\":%" PRIu64 "}", now);
     strcat(meta, tail); /* room was made for it */
     epd_status_t status = epd_conn_send_text(conn, EPD_FRAME_EXPERTS, meta);
     free(meta);
     pthread_mutex_lock(&ext->mu);
-    ext->sent_ns = now;
     if (status != EPD_OK && ext->handoff == HANDOFF_SENT) {
         /* the connection is closing: it will detach; the step need not wait for that */
         set_handoff(ext, HANDOFF_GONE);
