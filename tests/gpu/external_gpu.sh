@@ -4,7 +4,8 @@
 # workers equal experts.kind=scale bit for bit on 1 rank (2 ranks when there are 2 GPUs), every
 # input format, with host regions and with device regions (torch CUDA workers); then the
 # hand-over latency at the DeepSeek-V3 shape (H 7168, K 8, E 256, one rank, device regions) at
-# 128 and 2048 tokens (tests/gpu/external_latency.py and the daemon's own p50 line at exit).
+# 128 and 2048 tokens, with a C worker (tests/integration/external_check.c --latency) and a torch
+# one (tests/gpu/external_latency.py), and the daemon's own p50 line at exit.
 # Skips visibly without a GPU or a python3 with torch (CUDA).
 source "$(dirname "$(readlink -f "$0")")/../integration/daemon_lib.bash"
 source tests/python/python_lib.bash
@@ -59,10 +60,20 @@ for n in 128 2048; do
         --set dispatch.max_tokens_per_request=$n --set dispatch.max_tokens_per_step=$n \
         --set experts.external_input=fp8_group128 --set experts.external_timeout_ms=10000 \
         --set socket.max_frame_bytes=268435456
-    timeout 600 "$PY" tests/gpu/external_latency.py "$(sock 0)" "$n" 2000 2>&1 ||
-        die "latency run at $n tokens"
+    # the C worker (libepd) first: the daemon's hand-over without Python's own costs
+    timeout 600 "$BUILD/tests/external_check" "$(sock 0)" --latency "$n" 2000 2>&1 ||
+        die "latency run at $n tokens (C worker)"
     epd_stop_ranks
-    grep "external experts: p50" "$EPD_LOG" | sed "s/^/daemon, $n tokens: /" ||
+    grep "external experts: p50" "$EPD_LOG" | sed "s/^/daemon, $n tokens, C worker: /" ||
+        die "the daemon logged no latency summary"
+    launch 1 --set model.hidden=7168 --set model.num_experts=256 --set model.topk=8 \
+        --set dispatch.max_tokens_per_request=$n --set dispatch.max_tokens_per_step=$n \
+        --set experts.external_input=fp8_group128 --set experts.external_timeout_ms=10000 \
+        --set socket.max_frame_bytes=268435456
+    timeout 600 "$PY" tests/gpu/external_latency.py "$(sock 0)" "$n" 2000 2>&1 ||
+        die "latency run at $n tokens (Python worker)"
+    epd_stop_ranks
+    grep "external experts: p50" "$EPD_LOG" | sed "s/^/daemon, $n tokens, Python worker: /" ||
         die "the daemon logged no latency summary"
 done
 echo "PASS: CUDA external experts equal scale experts bit for bit; latencies above"

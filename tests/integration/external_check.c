@@ -5,7 +5,13 @@
  * chosen so that x' * f_e is a BF16 number, see tests/python/test_external.py). The daemon must
  * be one rank with experts.kind = external; its shape comes from its config reply.
  *   external_check SOCKET [BATCHES]
- * Exit 0 when every answer is right. */
+ * Exit 0 when every answer is right.
+ *   external_check SOCKET --latency TOKENS STEPS
+ * The hand-over latency with device regions (GPU 0, CUDA through proto/cuda_dl.c): the worker's
+ * input and output regions and the request's x, ids, weights and y in device memory, TOKENS
+ * random tokens a step, STEPS steps; the worker answers at once (its outputs stay zero: the
+ * exchange is timed, not experts). Prints the p50 and p90 of EXPERTS written (the daemon's
+ * sent_ns) -> this client read it, and of the whole submit. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -15,9 +21,11 @@
 #include <cjson/cJSON.h>
 
 #include "common/bf16.h"
+#include "common/clock.h"
 #include "common/rng.h"
 #include "gpu/fp8.h"
 #include "gpu/ops.h"
+#include "proto/cuda_dl.h"
 #include "proto/epd.h"
 
 typedef struct worker {
@@ -77,6 +85,115 @@ static int fail(epd_client_t *c, const char *what)
     return 1;
 }
 
+/* ---- --latency ---- */
+
+typedef struct lat_worker {
+    double *seen_us;
+    unsigned n, cap;
+} lat_worker_t;
+
+static int lat_worker(void *arg, const epd_client_experts_t *b)
+{
+    lat_worker_t *w = arg;
+    if (w->n < w->cap && b->sent_ns != 0) w->seen_us[w->n++] = (double)(b->seen_ns - b->sent_ns) / 1e3;
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* p-th fraction of v[n] (sorted in place) */
+static double pct(double *v, unsigned n, double p)
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    return n ? v[(unsigned)(p * (n - 1))] : 0.0;
+}
+
+static int latency(epd_client_t *c, uint32_t H, uint32_t K, uint32_t E, uint32_t n,
+                   unsigned steps, uint64_t in_bytes, uint64_t out_bytes)
+{
+    epd_cuda_dl_t cu;
+    char err[256];
+    if (!epd_cuda_dl_open(&cu, err, sizeof err)) {
+        printf("SKIP: %s\n", err);
+        return 77;
+    }
+    size_t x_bytes = (size_t)n * H * 2, ids_bytes = (size_t)n * K * 4;
+    size_t req_bytes = 2 * x_bytes + 2 * ids_bytes + 64;
+    void *in_d = NULL, *out_d = NULL, *req_d = NULL;
+    uint8_t h_in[64], h_out[64], h_req[64];
+    int cr = cu.set_device(0);
+    if (cr == 0) cr = cu.malloc(&in_d, in_bytes);
+    if (cr == 0) cr = cu.malloc(&out_d, out_bytes);
+    if (cr == 0) cr = cu.malloc(&req_d, req_bytes);
+    if (cr == 0) cr = cu.ipc_get_mem_handle(h_in, in_d);
+    if (cr == 0) cr = cu.ipc_get_mem_handle(h_out, out_d);
+    if (cr == 0) cr = cu.ipc_get_mem_handle(h_req, req_d);
+    if (cr != 0) {
+        fprintf(stderr, "external_check: cuda: %s\n", cu.error_string(cr));
+        return 1;
+    }
+    /* zero outputs; the request: x random bf16, ids distinct, weights, y after them */
+    uint8_t *zero = calloc(1, out_bytes > req_bytes ? out_bytes : req_bytes);
+    uint8_t *req = calloc(1, req_bytes);
+    uint64_t rng = 7;
+    uint16_t *x = (uint16_t *)req;
+    int32_t *ids = (int32_t *)(req + x_bytes);
+    float *w = (float *)(req + x_bytes + ids_bytes);
+    for (size_t i = 0; i < (size_t)n * H; i++) x[i] = epd_f32_to_bf16(epd_rng_unit_f32(&rng) - 0.5f);
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t k = 0; k < K; k++) {
+            int32_t e;
+            bool dup;
+            do {
+                e = (int32_t)(epd_rng_next(&rng) % E);
+                dup = false;
+                for (uint32_t q = 0; q < k; q++) dup |= ids[(size_t)t * K + q] == e;
+            } while (dup);
+            ids[(size_t)t * K + k] = e;
+            w[(size_t)t * K + k] = 1.0f / (float)K;
+        }
+    cu.memcpy(out_d, zero, out_bytes, 1);
+    cu.memcpy(req_d, req, req_bytes, 1);
+    cu.device_synchronize();
+    free(zero);
+    free(req);
+    uint32_t r_in, r_out, r_req;
+    if (epd_client_register_cuda(c, h_in, 0, in_bytes, &r_in) != EPD_CLIENT_OK ||
+        epd_client_register_cuda(c, h_out, 0, out_bytes, &r_out) != EPD_CLIENT_OK ||
+        epd_client_register_cuda(c, h_req, 0, req_bytes, &r_req) != EPD_CLIENT_OK)
+        return fail(c, "register cuda");
+    lat_worker_t lw = {.seen_us = calloc(steps, sizeof(double)), .cap = steps};
+    double *call_us = calloc(steps, sizeof(double));
+    if (epd_client_serve_experts(c, r_in, r_out, lat_worker, &lw, NULL) != EPD_CLIENT_OK)
+        return fail(c, "serve_experts");
+    uint64_t y_off = (x_bytes + 2 * ids_bytes + 15) / 16 * 16;
+    epd_client_request_t r = {.n_tokens = n, .hidden = H, .topk = K, .layer = -1,
+                              .x = {.region = r_req, .offset = 0},
+                              .topk_ids = {.region = r_req, .offset = x_bytes},
+                              .topk_weights = {.region = r_req, .offset = x_bytes + ids_bytes},
+                              .y = {.region = r_req, .offset = y_off}};
+    for (unsigned i = 0; i < steps; i++) {
+        r.id = i + 1;
+        uint64_t t0 = epd_now_ns();
+        if (epd_client_submit_request(c, &r, NULL, NULL) != EPD_CLIENT_OK)
+            return fail(c, "submit");
+        call_us[i] = (double)(epd_now_ns() - t0) / 1e3;
+    }
+    unsigned skip = steps / 10, m = lw.n > skip ? lw.n - skip : 0;
+    printf("tokens %u, rows %u a step, %u steps (C worker, device regions): EXPERTS written -> "
+           "worker read it p50 %.1f us p90 %.1f us; whole submit p50 %.1f us\n", n, n * K,
+           steps, pct(lw.seen_us + skip, m, 0.5), pct(lw.seen_us + skip, m, 0.9),
+           pct(call_us + skip, steps - skip, 0.5));
+    free(lw.seen_us);
+    free(call_us);
+    epd_client_destroy(c);
+    return m > 0 ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -111,6 +228,14 @@ int main(int argc, char **argv)
     uint32_t H = shape.hidden, K = shape.topk, E = shape.num_experts;
     uint64_t in_bytes = 64u << 20, out_bytes = 64u << 20;
     cJSON_Delete(cfg);
+    if (argc == 5 && strcmp(argv[2], "--latency") == 0) {
+        uint32_t n = (uint32_t)strtoul(argv[3], NULL, 10);
+        uint64_t rows = (uint64_t)n * K;
+        /* x and fp32 group scales (the largest format), counts: rounded up */
+        return latency(c, H, K, E, n, (unsigned)strtoul(argv[4], NULL, 10),
+                       rows * H * 2 + rows * (H / 128) * 4 + 4096 + 64 * (uint64_t)E,
+                       rows * H * 2 + 256);
+    }
 
     uint32_t in_id, out_id;
     void *in_map, *out_map;
