@@ -52,6 +52,11 @@ struct epd_step {
     void *partials;
     void *partials_back;
     epd_step_io_t io;
+    /* experts.kind external: the hook that runs the experts phase, and the ranks' failure codes
+     * of the last run ([W]) */
+    epd_step_experts_fn experts_hook;
+    void *experts_arg;
+    uint8_t *experts_failures;
 };
 
 /* a * b, or SIZE_MAX when it overflows */
@@ -126,6 +131,7 @@ void epd_step_destroy(epd_step_t *step)
     free(step->recv_displs);
     free(step->xsend_counts);
     free(step->xrecv_counts);
+    free(step->experts_failures);
     free(step);
 }
 
@@ -196,7 +202,10 @@ epd_status_t epd_step_create(const epd_moe_shape_t *shape, uint32_t max_tokens,
     step->recv_displs = calloc(shape->world, sizeof(uint64_t));
     step->xsend_counts = calloc(shape->world, sizeof(uint64_t));
     step->xrecv_counts = calloc(shape->world, sizeof(uint64_t));
-    if (step->xsend_counts == NULL || step->xrecv_counts == NULL) goto no_memory_host;
+    step->experts_failures = calloc(shape->world, 1);
+    if (step->xsend_counts == NULL || step->xrecv_counts == NULL ||
+        step->experts_failures == NULL)
+        goto no_memory_host;
     if (step->layout.send_counts_host == NULL || step->layout.send_offsets_host == NULL ||
         step->recv_counts32 == NULL || step->send_counts == NULL || step->send_displs == NULL ||
         step->recv_counts == NULL || step->recv_displs == NULL)
@@ -280,6 +289,64 @@ void epd_step_last_exchange(const epd_step_t *step, epd_step_exchange_t *exchang
     exchange_p->partial_bytes = step->partial.size;
     exchange_p->send_capacity = step->send_capacity;
     exchange_p->recv_capacity = step->recv_capacity;
+}
+
+void epd_step_set_experts_hook(epd_step_t *step, epd_step_experts_fn fn, void *arg)
+{
+    step->experts_hook = fn;
+    step->experts_arg = arg;
+}
+
+const uint8_t *epd_step_experts_failures(const epd_step_t *step)
+{
+    return step->experts_failures;
+}
+
+/* The experts phase through the hook: every received record at once (the worker gets one
+ * exchange per step), then the ranks' failure codes. */
+static epd_status_t run_experts_hook(epd_step_t *step, uint64_t n_recv, char err[EPD_ERR_LEN])
+{
+    uint32_t me = step->shape.rank, world = step->shape.world;
+    uint32_t per_rank = step->shape.num_experts / world;
+    size_t block = 1 + per_rank;
+    uint64_t own_first = step->recv_displs[me], after = own_first + step->recv_counts[me];
+    epd_step_experts_t call;
+    uint8_t failure = 0;
+    char why[EPD_ERR_LEN] = "";
+
+    memset(&call, 0, sizeof call);
+    call.layer = step->shape.layer;
+    call.segments[0] = (epd_external_segment_t){.records = step->recv_buf,
+                                                .count = (uint32_t)own_first,
+                                                .partials = step->partials};
+    call.segments[1] = (epd_external_segment_t){
+        .records = (uint8_t *)step->send_buf + step->send_displs[me] * step->record.size,
+        .count = (uint32_t)step->send_counts[me],
+        .partials = (uint8_t *)step->partials_back + step->send_displs[me] * step->partial.size};
+    call.segments[2] = (epd_external_segment_t){
+        .records = (uint8_t *)step->recv_buf + after * step->record.size,
+        .count = (uint32_t)(n_recv - after),
+        .partials = (uint8_t *)step->partials + after * step->partial.size};
+    call.n_segments = EPD_EXTERNAL_SEGMENTS;
+    call.n_records = (uint32_t)n_recv;
+    for (uint32_t e = 0; e < per_rank; e++) step->expert_rows[e] = 0;
+    for (uint32_t r = 0; r < world; r++)
+        for (uint32_t e = 0; e < per_rank; e++)
+            step->expert_rows[e] += step->xrecv_block[r * block + 1 + e];
+    call.expert_rows = step->expert_rows;
+    epd_status_t status = step->experts_hook(step->experts_arg, &step->shape, &call, &failure, why);
+    if (status != EPD_OK) {
+        snprintf(err, EPD_ERR_LEN, "step: experts: %s: %.200s", epd_status_name(status), why);
+        return status;
+    }
+    int rc = MPI_Allgather(&failure, 1, MPI_UINT8_T, step->experts_failures, 1, MPI_UINT8_T,
+                           step->comm);
+    if (rc != MPI_SUCCESS) {
+        snprintf(err, EPD_ERR_LEN, "step: MPI_Allgather of the experts' failures failed (code %d)",
+                 rc);
+        return EPD_ERR_MPI;
+    }
+    return EPD_OK;
 }
 
 /* The experts op on records [first, first + count) of records (a record buffer), into the same
@@ -470,7 +537,15 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
 
     /* 4. experts on the records from other ranks: the blocks before and after this rank's own */
     t[3] = epd_now_ns();
-    {
+    if (step->experts_hook != NULL) {
+        /* all records at once, this rank's own included (sync: the hook reads the records) */
+        if (ops_async(step)) {
+            status = ops->sync(octx);
+            if (status != EPD_OK) return op_failed(step, status, "sync before experts", err);
+        }
+        status = run_experts_hook(step, n_recv, err);
+        if (status != EPD_OK) return status;
+    } else {
         uint64_t own_first = step->recv_displs[me], after = own_first + step->recv_counts[me];
         status = run_experts(step, step->recv_buf, 0, own_first, 0, me, step->partials);
         if (status == EPD_OK)
@@ -491,7 +566,7 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
      * run on this rank's own records, from send_buf straight into their rows of partials_back
      * (queued on the ops stream; the transports do not wait for it). Host ops did them above. */
     t[4] = epd_now_ns();
-    if (ops_async(step)) {
+    if (ops_async(step) && step->experts_hook == NULL) {
         status = run_experts(step, step->send_buf, step->send_displs[me], step->send_counts[me],
                              me, me + 1, step->partials_back);
         if (status != EPD_OK) return op_failed(step, status, "experts", err);

@@ -15,6 +15,7 @@
 
 #include "comm/transport.h"
 #include "common/status.h"
+#include "gpu/external.h"
 #include "gpu/ops.h"
 
 /* The step's phases, in the order they run. */
@@ -129,5 +130,33 @@ float epd_step_scale(const epd_step_t *step);
 
 /* The per-peer counts and buffers of the last run. */
 void epd_step_last_exchange(const epd_step_t *step, epd_step_exchange_t *exchange_p);
+
+/* The experts phase of an expert kind whose experts run outside the ops (epd_expert_ops_t
+ * external): the step calls the hook once per run, on the thread that runs the step, with every
+ * record this rank received (this rank's own included, segments in source-rank order, partials
+ * to fill) and the rows per local expert; it must fill every partial (zeros when the experts did
+ * not run) and set *failure_p: 0 when the experts ran, else a reason code (nonzero, the hook's
+ * own). A status other than EPD_OK fails the step (the job then aborts), so a worker that is
+ * missing or late is a failure code, not a status. The ranks then exchange their codes
+ * (MPI_Allgather of one byte each, in every run while a hook is set, so all ranks must set one:
+ * they run the same expert kind). */
+typedef struct epd_step_experts {
+    uint32_t layer;
+    epd_external_segment_t segments[EPD_EXTERNAL_SEGMENTS];
+    uint32_t n_segments;
+    uint32_t n_records;
+    const uint32_t *expert_rows; /* [E/W] host */
+} epd_step_experts_t;
+
+typedef epd_status_t (*epd_step_experts_fn)(void *arg, const epd_moe_shape_t *shape,
+                                            const epd_step_experts_t *call, uint8_t *failure_p,
+                                            char err[EPD_ERR_LEN]);
+
+/* Sets the experts hook (NULL: the experts op). A step of an external kind without one fails. */
+void epd_step_set_experts_hook(epd_step_t *step, epd_step_experts_fn fn, void *arg);
+
+/* After a run with a hook: [W] failure codes, 0 where that rank's experts ran (all 0 without a
+ * hook). Owned by the step, valid until its next run. */
+const uint8_t *epd_step_experts_failures(const epd_step_t *step);
 
 #endif

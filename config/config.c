@@ -362,6 +362,28 @@ static epd_status_t check_combinations(const epd_config_state_t *state, char err
             return EPD_ERR_CONFIG;
         }
     }
+    /* the external experts' settings take effect with experts.kind = external only */
+    if (cfg->experts.kind != EPD_EXPERTS_EXTERNAL) {
+        const char *external_only[] = {"experts.external_input", "experts.external_layout",
+                                       "experts.external_capacity",
+                                       "experts.external_timeout_ms"};
+        for (size_t i = 0; i < EPD_ARRAY_SIZE(external_only); i++) {
+            const epd_setting_t *row = epd_setting_by_name(external_only[i]);
+            if (state->origins[row - epd_settings].kind == EPD_ORIGIN_DEFAULT) continue;
+            describe(state, external_only[i], a, sizeof a);
+            describe(state, "experts.kind", b, sizeof b);
+            epd_config_textf(err, EPD_ERR_LEN, "%s is set but %s does not use it; allowed: "
+                             "only with experts.kind = external", a, b);
+            return EPD_ERR_CONFIG;
+        }
+    } else if ((cfg->experts.external_layout == EPD_EXTERNAL_MASKED) !=
+               (cfg->experts.external_capacity > 0)) {
+        describe(state, "experts.external_layout", a, sizeof a);
+        describe(state, "experts.external_capacity", b, sizeof b);
+        epd_config_textf(err, EPD_ERR_LEN, "%s does not fit %s; allowed: masked with a capacity "
+                         "> 0, packed with 0", a, b);
+        return EPD_ERR_CONFIG;
+    }
     /* An idle daemon's agreement may wait out the other ranks' back-off: not a stall. */
     if ((uint64_t)cfg->dispatch.stall_warn_ms * 1000 <= cfg->dispatch.idle_backoff_us) {
         describe(state, "dispatch.stall_warn_ms", a, sizeof a);

@@ -68,6 +68,10 @@ typedef struct epd_config {
         epd_expert_kind_t kind;
         char weights[EPD_CONFIG_STR_LEN]; /* ffn: safetensors file or directory; "" none */
         char layers[EPD_CONFIG_STR_LEN];  /* ffn: layer list (epd_parse_u32_list); "" all */
+        epd_external_input_t external_input;   /* external: the worker's input format */
+        epd_external_layout_t external_layout; /* external: packed or masked rows */
+        uint32_t external_capacity;            /* external, masked: rows per local expert */
+        uint32_t external_timeout_ms;          /* external: wait for EXPERTS_DONE this long */
     } experts;
     struct {
         epd_switch_t quant_error; /* per-step quantization error of what was sent */

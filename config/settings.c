@@ -33,7 +33,13 @@ static const char *const tristate_names[] = {[EPD_TRISTATE_AUTO] = "auto",
                                              [EPD_TRISTATE_FALSE] = "false", NULL};
 static const char *const expert_kind_names[] = {[EPD_EXPERTS_IDENTITY] = "identity",
                                                 [EPD_EXPERTS_SCALE] = "scale",
-                                                [EPD_EXPERTS_FFN] = "ffn", NULL};
+                                                [EPD_EXPERTS_FFN] = "ffn",
+                                                [EPD_EXPERTS_EXTERNAL] = "external", NULL};
+static const char *const external_input_names[] = {
+    [EPD_EXTERNAL_FP8_GROUP128] = "fp8_group128", [EPD_EXTERNAL_BF16] = "bf16",
+    [EPD_EXTERNAL_FP8_PER_TENSOR] = "fp8_per_tensor", NULL};
+static const char *const external_layout_names[] = {[EPD_EXTERNAL_PACKED] = "packed",
+                                                    [EPD_EXTERNAL_MASKED] = "masked", NULL};
 static const char *const backend_names[] = {[EPD_BACKEND_AUTO] = "auto",
                                             [EPD_BACKEND_CUDA] = "cuda",
                                             [EPD_BACKEND_CPU] = "cpu", NULL};
@@ -153,14 +159,33 @@ const epd_setting_t epd_settings[] = {
      .doc = "wire format of the partials sent back: bf16, or fp8 (e4m3, group128 fp32 scales)"},
     {.name = "experts.kind", .env = "EPD_EXPERTS_KIND", .type = EPD_SETTING_ENUM,
      .def = "scale", .choices = expert_kind_names, .offset = FIELD(experts.kind),
-     .doc = "expert function: identity (y = x), scale (y = x * (1 + e/E)), or ffn (SwiGLU "
-            "experts from experts.weights)"},
+     .doc = "expert function: identity (y = x), scale (y = x * (1 + e/E)), ffn (SwiGLU "
+            "experts from experts.weights), or external (a frontend's worker, serve_experts)"},
     {.name = "experts.weights", .env = "EPD_EXPERTS_WEIGHTS", .type = EPD_SETTING_STRING,
      .def = "", .may_be_empty = true, .offset = FIELD(experts.weights),
      .doc = "ffn: safetensors file, or directory with model.safetensors.index.json"},
     {.name = "experts.layers", .env = "EPD_EXPERTS_LAYERS", .type = EPD_SETTING_STRING,
      .def = "", .may_be_empty = true, .check = check_layers, .offset = FIELD(experts.layers),
      .doc = "ffn: MoE layers served, e.g. 3-60 or 3,5; empty: every layer the weights have"},
+    {.name = "experts.external_input", .env = "EPD_EXPERTS_EXTERNAL_INPUT",
+     .type = EPD_SETTING_ENUM, .def = "fp8_group128", .choices = external_input_names,
+     .offset = FIELD(experts.external_input),
+     .doc = "external: the worker's input rows, fp8_group128 (as dispatched), bf16, or "
+            "fp8_per_tensor (requantized to one scale S)"},
+    {.name = "experts.external_layout", .env = "EPD_EXPERTS_EXTERNAL_LAYOUT",
+     .type = EPD_SETTING_ENUM, .def = "packed", .choices = external_layout_names,
+     .offset = FIELD(experts.external_layout),
+     .doc = "external: packed (each expert's rows back to back) or masked (external_capacity "
+            "rows per expert)"},
+    {.name = "experts.external_capacity", .env = "EPD_EXPERTS_EXTERNAL_CAPACITY",
+     .type = EPD_SETTING_U32, .def = "0", .min = 0, .max = 1048576,
+     .offset = FIELD(experts.external_capacity),
+     .doc = "external, masked layout: rows per local expert (> 0); packed: 0"},
+    {.name = "experts.external_timeout_ms", .env = "EPD_EXPERTS_EXTERNAL_TIMEOUT_MS",
+     .type = EPD_SETTING_U32, .def = "1000", .min = 1, .max = 600000,
+     .offset = FIELD(experts.external_timeout_ms),
+     .doc = "external: a step waits this long for EXPERTS_DONE, then goes on without the "
+            "worker (experts_unavailable)"},
     {.name = "device.backend", .env = "EPD_DEVICE_BACKEND", .type = EPD_SETTING_ENUM,
      .def = "auto", .choices = backend_names, .offset = FIELD(device.backend),
      .doc = "device operations: cuda, cpu, or auto (cuda when a GPU is present)"},

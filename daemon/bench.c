@@ -554,6 +554,14 @@ int epd_bench_run(const epd_args_t *args)
         epd_config_state_free(state);
         return 2;
     }
+    if (b.cfg->experts.kind == EPD_EXPERTS_EXTERNAL) {
+        if (b.rank == 0)
+            fprintf(stderr, "epd: --bench has no expert worker for experts.kind = external; "
+                    "tests/gpu/external_gpu.sh and examples/external_experts.py time the "
+                    "exchange with a worker\n");
+        epd_config_state_free(state);
+        return 2;
+    }
 
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
     MPI_Comm_rank(node, &local_rank);

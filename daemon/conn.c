@@ -448,6 +448,32 @@ static epd_status_t conn_unregister(epd_conn_t *c, const cJSON *meta, char **rep
     return *reply_p != NULL ? EPD_OK : EPD_ERR_INTERNAL;
 }
 
+/* CONTROL serve_experts (DESIGN.md section 9): the regions named "input" and "output" must be
+ * this connection's; the rest is the experts' (ctx->serve_experts). */
+static epd_status_t conn_serve_experts(epd_conn_t *c, const cJSON *meta, char **reply_p,
+                                       char err[EPD_ERR_LEN])
+{
+    const char *keys[2] = {"input", "output"};
+    epd_region_t *regions[2] = {NULL, NULL};
+
+    for (int i = 0; i < 2; i++) {
+        uint64_t id;
+        if (!epd_json_to_u64(cJSON_GetObjectItemCaseSensitive(meta, keys[i]), &id) ||
+            id > UINT32_MAX) {
+            snprintf(err, EPD_ERR_LEN, "serve_experts needs \"input\" and \"output\": the ids "
+                     "of two regions registered on this connection");
+            return EPD_ERR_BAD_REGION;
+        }
+        regions[i] = epd_region_find(c->regions, (uint32_t)id);
+        if (regions[i] == NULL) {
+            snprintf(err, EPD_ERR_LEN, "serve_experts: %s region %" PRIu64 " is not registered "
+                     "on this connection", keys[i], id);
+            return EPD_ERR_BAD_REGION;
+        }
+    }
+    return c->ctx->serve_experts(c->ctx->arg, c, regions[0], regions[1], meta, reply_p, err);
+}
+
 /* The reply meta with the CONTROL's "id" put first, when it had one (DESIGN.md section 4). */
 static char *meta_with_id(char *meta, bool has_id, uint64_t id)
 {
@@ -478,6 +504,18 @@ static void conn_handle_control(epd_conn_t *c, const epd_frame_t *frame)
     if (name != NULL && (strcmp(name, "register") == 0 || strcmp(name, "unregister") == 0)) {
         status = name[0] == 'r' ? conn_register(c, frame->meta, &meta, err)
                                 : conn_unregister(c, frame->meta, &meta, err);
+        if (status != EPD_OK) {
+            conn_send_error(c, has_id, frame->id, status, err);
+            return;
+        }
+    } else if (name != NULL && strcmp(name, "serve_experts") == 0) {
+        if (c->ctx->serve_experts == NULL) {
+            snprintf(err, sizeof err, "serve_experts needs experts.kind = external (this "
+                     "daemon runs its own experts)");
+            conn_send_error(c, has_id, frame->id, EPD_ERR_UNKNOWN_OP, err);
+            return;
+        }
+        status = conn_serve_experts(c, frame->meta, &meta, err);
         if (status != EPD_OK) {
             conn_send_error(c, has_id, frame->id, status, err);
             return;
@@ -532,12 +570,25 @@ static void conn_handle_frame(epd_conn_t *c, epd_frame_t *frame)
     case EPD_FRAME_CONTROL:
         conn_handle_control(c, frame);
         break;
+    case EPD_FRAME_EXPERTS_DONE:
+        if (c->ctx->experts_done != NULL) {
+            epd_status_t status = c->ctx->experts_done(c->ctx->arg, c, frame, err);
+            if (status != EPD_OK)
+                conn_fail_framing(c, false, 0, epd_status_is_wire_code(status) ? status
+                                                                           : EPD_ERR_INTERNAL,
+                                  err);
+            break;
+        }
+        conn_fail_framing(c, false, 0, EPD_ERR_BAD_TYPE,
+                          "EXPERTS_DONE from a connection that serves no experts (this daemon's "
+                          "experts.kind is not external)");
+        break;
     case EPD_FRAME_RESULT:
     case EPD_FRAME_ERROR:
     case EPD_FRAME_REPLY:
     default:
-        snprintf(err, sizeof(err), "a client may send SUBMIT or CONTROL frames, not %s",
-                 epd_frame_type_name((int)frame->type));
+        snprintf(err, sizeof(err), "a client may send SUBMIT, CONTROL or EXPERTS_DONE frames, "
+                 "not %s", epd_frame_type_name((int)frame->type));
         conn_fail_framing(c, frame->id_kind == EPD_FRAME_ID_VALID, frame->id, EPD_ERR_BAD_TYPE,
                           err);
         break;
@@ -1057,6 +1108,36 @@ void epd_conn_deliver(epd_conn_t *c, epd_result_t *result)
     }
     /* Pauses reads if the client is now too far behind (or frees c if queueing failed). */
     conn_drive(c);
+}
+
+pid_t epd_conn_pid(const epd_conn_t *c)
+{
+    return c->pid;
+}
+
+epd_status_t epd_conn_send_text(epd_conn_t *c, epd_frame_type_t type, const char *meta_json)
+{
+    epd_frame_out_t out;
+    char err[EPD_ERR_LEN];
+
+    if (conn_closing(c)) return EPD_ERR_IO;
+    if (epd_frame_encode_text(type, meta_json, &out, err) != EPD_OK) {
+        epd_log_error("conn %" PRIu64 ": cannot encode a %s frame: %s", c->id,
+                      epd_frame_type_name((int)type), err);
+        return EPD_ERR_INTERNAL;
+    }
+    struct evbuffer *output = bufferevent_get_output(c->bev);
+    bool was_empty = evbuffer_get_length(output) == 0;
+    conn_queue_frame(c, &out, NULL, NULL);
+    if (c->state == CONN_CLOSED) {
+        conn_drive(c);
+        return EPD_ERR_IO;
+    }
+    c->active_ns = epd_now_ns();
+    /* Latency: write now rather than on the loop's next turn (the bufferevent writes the rest,
+     * if any). Only when nothing else was queued, so the stream's order stays as queued. */
+    if (was_empty) (void)evbuffer_write(output, c->fd);
+    return EPD_OK;
 }
 
 void epd_conn_shutdown(epd_conn_t *c)

@@ -12,6 +12,7 @@
 #include "common/status.h"
 #include "config/config.h"
 #include "daemon/engine.h"
+#include "daemon/region.h"
 #include "daemon/stats.h"
 #include "proto/frame.h"
 
@@ -36,6 +37,16 @@ typedef struct epd_conn_ctx {
                             size_t *payload_len_p, char err[EPD_ERR_LEN]);
     /* conn is being freed (called from its own free). */
     void (*closed)(void *arg, epd_conn_t *conn);
+    /* CONTROL serve_experts (DESIGN.md section 9): conn offers to run this rank's experts with
+     * its regions in and out (NULL when not registered on it); meta is the CONTROL's. EPD_OK
+     * with the REPLY meta JSON in *meta_p (malloc'ed), or a code with err. NULL: unknown_op. */
+    epd_status_t (*serve_experts)(void *arg, epd_conn_t *conn, epd_region_t *in,
+                                  epd_region_t *out, const cJSON *meta, char **meta_p,
+                                  char err[EPD_ERR_LEN]);
+    /* EXPERTS_DONE read from conn: EPD_OK, or a framing code with err (conn is then answered
+     * and closed). NULL: the frame is bad_type. */
+    epd_status_t (*experts_done)(void *arg, epd_conn_t *conn, const epd_frame_t *frame,
+                                 char err[EPD_ERR_LEN]);
 } epd_conn_ctx_t;
 
 /* Takes over the connected socket fd (non-blocking) and starts reading. conn_id is never reused
@@ -53,6 +64,14 @@ uint64_t epd_conn_in_flight(const epd_conn_t *conn);
  * code); takes ownership of result. May pause reads (output limit), and frees conn if it was
  * already closed: look it up by id again before the next use. */
 void epd_conn_deliver(epd_conn_t *conn, epd_result_t *result);
+
+/* The peer's pid (SO_PEERCRED), for logs. */
+pid_t epd_conn_pid(const epd_conn_t *conn);
+
+/* Queues a frame with meta_json and no payload (EXPERTS to an expert worker) and writes what
+ * the socket takes at once, so it does not wait for the loop's next turn. EPD_ERR_IO when the
+ * connection is closing or gone (nothing queued). May free conn (out of memory). */
+epd_status_t epd_conn_send_text(epd_conn_t *conn, epd_frame_type_t type, const char *meta_json);
 
 /* The daemon is stopping: stop reading, flush what is queued, then close. May free conn. */
 void epd_conn_shutdown(epd_conn_t *conn);

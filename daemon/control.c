@@ -91,6 +91,8 @@ static const control_op_t control_ops[] = {
      * listed here so that every op is in one table and in the error messages. */
     {.name = "register", .answer = NULL},
     {.name = "unregister", .answer = NULL},
+    /* the connection's too: it offers to run the rank's experts (daemon/external.c) */
+    {.name = "serve_experts", .answer = NULL},
 };
 
 /* "a, b, c or d": the ops' names for error messages. */

@@ -20,6 +20,7 @@
 #include "common/mpi_error.h"
 #include "daemon/engine.h"
 #include "daemon/experts.h"
+#include "daemon/external.h"
 #include "daemon/log.h"
 #include "daemon/notify.h"
 #include "daemon/server.h"
@@ -45,6 +46,7 @@ typedef struct daemon {
     struct event_base *base;
     epd_server_t *server;
     epd_engine_t *engine;
+    epd_external_t *external; /* experts.kind external: the rank's expert worker */
     char path[EPD_CONFIG_STR_LEN];
 } daemon_t;
 
@@ -331,6 +333,14 @@ int epd_daemon_run(const epd_args_t *args)
                           d.backend.transport_ctx, epd_server_wake, d.server, &d.engine,
                           err) != EPD_OK)
         start_fail("engine: %s", err);
+    if (d.cfg->experts.kind == EPD_EXPERTS_EXTERNAL) {
+        /* the frontend's worker runs this rank's experts (CONTROL serve_experts) */
+        if (epd_external_create(d.cfg, (uint32_t)d.world, (uint32_t)d.rank, d.base,
+                                d.backend.ops, d.backend.ops_ctx, &d.external, err) != EPD_OK)
+            start_fail("%s", err);
+        epd_server_set_external(d.server, d.external);
+        epd_engine_set_experts(d.engine, epd_external_run, d.external, epd_external_failure_text);
+    }
     if (epd_server_start(d.server, d.engine, err) != EPD_OK) start_fail("%s", err);
 
     epd_log_info("serving on %s (mode %04o): %d ranks, %" PRIu32 " experts, hidden %" PRIu32
@@ -361,6 +371,7 @@ int epd_daemon_run(const epd_args_t *args)
 
     epd_server_free(d.server);
     epd_engine_destroy(d.engine);
+    epd_external_free(d.external);
     epd_daemon_backend_close(&d.backend);
     epd_ffn_free(d.ffn);
     event_base_free(d.base);

@@ -6,6 +6,7 @@
  * after that it waits between agreements, doubling the wait up to dispatch.idle_backoff_us. */
 #include <assert.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -84,6 +85,11 @@ struct epd_engine {
     epd_engine_step_observer_fn observe; /* set before the first step */
     void *observe_arg;
     uint64_t step_no;
+    /* experts.kind external: the experts phase's hook (set once, before the first step) */
+    epd_engine_experts_fn experts_fn;
+    void *experts_arg;
+    const char *(*experts_describe)(uint8_t failure);
+    bool experts_external; /* the kind needs the hook */
     bool failed;
     char failure[EPD_ERR_LEN];
 
@@ -179,6 +185,57 @@ static epd_status_t copy_queued(epd_engine_t *engine, void *dst, const void *src
     if (ops->copy_queued != NULL) return ops->copy_queued(engine->ops_ctx, dst, src, bytes);
     return to_host ? ops->copy_to_host(engine->ops_ctx, dst, src, bytes)
                    : ops->copy_to_ops(engine->ops_ctx, dst, src, bytes);
+}
+
+/* ---- the experts phase of external experts ---- */
+
+/* The step's hook: the engine's with the step number its RESULTs will carry (worker thread). */
+static epd_status_t engine_experts(void *arg, const epd_moe_shape_t *shape,
+                                   const epd_step_experts_t *call, uint8_t *failure_p,
+                                   char err[EPD_ERR_LEN])
+{
+    epd_engine_t *engine = arg;
+    return engine->experts_fn(engine->experts_arg, engine->step_no + 1, shape, call, failure_p,
+                              err);
+}
+
+void epd_engine_set_experts(epd_engine_t *engine, epd_engine_experts_fn fn, void *arg,
+                            const char *(*describe)(uint8_t failure))
+{
+    pthread_mutex_lock(&engine->mu);
+    engine->experts_fn = fn;
+    engine->experts_arg = arg;
+    engine->experts_describe = describe;
+    epd_step_set_experts_hook(engine->step, fn != NULL ? engine_experts : NULL, engine);
+    pthread_cond_broadcast(&engine->cv);
+    pthread_mutex_unlock(&engine->mu);
+}
+
+/* An external kind's step waits for its hook (set right after create; every rank must call the
+ * step's exchange of failures). False when destroy asked the worker to leave first. */
+static bool experts_ready(epd_engine_t *engine)
+{
+    if (!engine->experts_external) return true;
+    pthread_mutex_lock(&engine->mu);
+    while (engine->experts_fn == NULL && !engine->worker_exit)
+        pthread_cond_wait(&engine->cv, &engine->mu);
+    bool ready = engine->experts_fn != NULL;
+    pthread_mutex_unlock(&engine->mu);
+    return ready;
+}
+
+/* The rank whose experts failed in the last step that req's tokens reached, or -1. */
+static int experts_failed_rank(const epd_engine_t *engine, const epd_request_t *req)
+{
+    const uint8_t *failures = epd_step_experts_failures(engine->step);
+    uint32_t per_rank = engine->shape.num_experts / engine->shape.world;
+    size_t slots = (size_t)req->n_tokens * engine->shape.topk;
+
+    for (size_t i = 0; i < slots; i++) {
+        int32_t e = req->topk_ids[i];
+        if (e >= 0 && failures[(uint32_t)e / per_rank] != 0) return (int)((uint32_t)e / per_rank);
+    }
+    return -1;
 }
 
 /* Runs one step on the taken requests (n tokens in all) and turns y into results. On failure
@@ -278,6 +335,14 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
         res->conn_id = req->conn_id;
         res->n_tokens = req->n_tokens;
         res->status = EPD_OK;
+        int failed_rank = engine->experts_fn != NULL ? experts_failed_rank(engine, req) : -1;
+        if (failed_rank >= 0) {
+            uint8_t code = epd_step_experts_failures(engine->step)[failed_rank];
+            res->status = EPD_ERR_EXPERTS_UNAVAILABLE;
+            snprintf(res->message, EPD_ERR_LEN,
+                     "step %" PRIu64 ": rank %d, which owns experts of this request's tokens, %s",
+                     engine->step_no + 1, failed_rank, engine->experts_describe(code));
+        }
         res->latency_ns = now - req->enqueued_ns;
         res->read_ns = req->read_ns;
         res->enqueued_ns = req->enqueued_ns;
@@ -366,7 +431,11 @@ static bool step_layer(epd_engine_t *engine, uint32_t layer)
     char err[EPD_ERR_LEN] = "";
     set_activity(engine, EPD_ENGINE_STEPPING);
     epd_step_set_layer(engine->step, layer);
-    epd_status_t status = run_step(engine, taken, n, &head, &tail, &tm, err);
+    epd_status_t status = EPD_ERR_SHUTTING_DOWN;
+    if (experts_ready(engine))
+        status = run_step(engine, taken, n, &head, &tail, &tm, err);
+    else
+        snprintf(err, EPD_ERR_LEN, "engine: stopped before the experts hook was set");
 
     pthread_mutex_lock(&engine->mu);
     if (status == EPD_OK) {
@@ -616,6 +685,10 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
     engine->wake_arg = wake_arg;
     engine->comm = MPI_COMM_NULL;
     engine->poll_us = poll_fast(engine);
+    {
+        const epd_expert_ops_t *kind = epd_expert_ops_find(cfg->experts.kind);
+        engine->experts_external = kind != NULL && kind->external;
+    }
     atomic_init(&engine->shutting_down, false);
     atomic_init(&engine->stopped, false);
     atomic_init(&engine->exiting, false);

@@ -147,6 +147,19 @@ typedef void (*epd_engine_step_observer_fn)(void *arg, const epd_step_timing_t *
 /* Sets the step observer (any thread; the steps after it call it; NULL: none). */
 void epd_engine_set_step_observer(epd_engine_t *engine, epd_engine_step_observer_fn fn, void *arg);
 
+/* The experts phase of an expert kind that runs outside the ops (experts.kind external): the
+ * step's hook (comm/step.h epd_step_experts_fn) with the number the step's RESULTs will carry. */
+typedef epd_status_t (*epd_engine_experts_fn)(void *arg, uint64_t step,
+                                              const epd_moe_shape_t *shape,
+                                              const epd_step_experts_t *call, uint8_t *failure_p,
+                                              char err[EPD_ERR_LEN]);
+
+/* Sets the experts hook (loop thread, right after create: a step of an external kind waits for
+ * it). The requests whose tokens reached a rank whose hook reported a failure are answered
+ * EPD_ERR_EXPERTS_UNAVAILABLE (describe gives the failure's phrase); the others as usual. */
+void epd_engine_set_experts(epd_engine_t *engine, epd_engine_experts_fn fn, void *arg,
+                            const char *(*describe)(uint8_t failure));
+
 /* The device operations the engine runs its steps with (shared regions page-lock and open device
  * memory through them). */
 void epd_engine_ops(epd_engine_t *engine, const epd_ops_t **ops_p, epd_ops_ctx_t **ops_ctx_p);

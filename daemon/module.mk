@@ -6,6 +6,7 @@ DAEMON_SRCS := daemon/main.c daemon/daemon.c daemon/server.c daemon/listener.c d
                daemon/log.c daemon/notify.c daemon/engine.c daemon/bench.c daemon/bench_ffn.c \
                daemon/accuracy.c daemon/experts.c daemon/region.c daemon/http.c daemon/watchdog.c \
                daemon/trim.c daemon/trace.c daemon/pinned.c daemon/accuracy_side.c
+DAEMON_SRCS += daemon/external.c
 
 # Other folders' module.mk files are read after this one: their source lists are expanded in the
 # prerequisites a second time, once every list is complete.
@@ -23,6 +24,7 @@ BINS += $(BUILD)/epd
 
 # Integration-test clients: the frame codec, the host reference (epd_moe_reference) and common.
 DAEMON_TEST_CLIENTS := check_client region_check
+DAEMON_TEST_CLIENTS += external_check
 EPD_CLIENT_TEST_SRCS = $(COMMON_SRCS) $(PROTO_SRCS) proto/client.c proto/cuda_dl.c gpu/quant_host.c \
                        gpu/ops_host.c gpu/ffn.c gpu/safetensors.c
 define daemon_test_client_rule

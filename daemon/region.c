@@ -223,6 +223,28 @@ epd_status_t epd_region_unregister(epd_region_table_t *table, uint32_t id, char 
     return EPD_ERR_BAD_REGION;
 }
 
+epd_region_t *epd_region_find(epd_region_table_t *table, uint32_t id)
+{
+    for (uint32_t i = 0; table != NULL && i < table->max_regions; i++)
+        if (table->slots[i] != NULL && table->slots[i]->id == id) return table->slots[i];
+    return NULL;
+}
+
+uint8_t *epd_region_base(const epd_region_t *region)
+{
+    return region->base;
+}
+
+uint64_t epd_region_bytes(const epd_region_t *region)
+{
+    return region->bytes;
+}
+
+bool epd_region_device(const epd_region_t *region)
+{
+    return region->kind == EPD_REGION_CUDA;
+}
+
 /* ---- the SUBMIT hooks ---- */
 
 static epd_status_t hook_resolve(void *arg, uint32_t id, uint64_t begin, uint64_t end,

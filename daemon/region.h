@@ -42,6 +42,14 @@ epd_status_t epd_region_unregister(epd_region_table_t *table, uint32_t id, char 
 /* The epd_submit_regions_t of this table, for epd_submit_validate_regions. */
 void epd_region_submit_hooks(epd_region_table_t *table, epd_submit_regions_t *hooks_p);
 
+/* The region registered under id in the table (no reference taken), or NULL. */
+epd_region_t *epd_region_find(epd_region_table_t *table, uint32_t id);
+
+/* A region's first byte (the host mapping, or device memory), its size and kind. */
+uint8_t *epd_region_base(const epd_region_t *region);
+uint64_t epd_region_bytes(const epd_region_t *region);
+bool epd_region_device(const epd_region_t *region);
+
 /* References of a request on the regions its tensors named (span.region values). */
 void epd_region_ref(epd_region_t *region);
 void epd_region_unref(epd_region_t *region);

@@ -18,6 +18,7 @@
 #include "daemon/conn.h"
 #include "daemon/conn_table.h"
 #include "daemon/control.h"
+#include "daemon/external.h"
 #include "daemon/http.h"
 #include "daemon/listener.h"
 #include "daemon/log.h"
@@ -46,6 +47,7 @@ struct epd_server {
     epd_listener_t *listener;
     epd_conn_table_t *conns;
     epd_control_t *control;
+    epd_external_t *external;     /* experts.kind external; NULL otherwise */
     epd_watchdog_t *watchdog;     /* stalls of the engine's agreements and steps */
     epd_trim_t trim;              /* memory back to the system after a burst */
     epd_http_t *http;             /* metrics.listen; NULL when off */
@@ -91,9 +93,34 @@ static void server_conn_closed(void *arg, epd_conn_t *conn)
 {
     epd_server_t *server = arg;
 
+    if (server->external != NULL) epd_external_detach(server->external, conn);
+
     epd_conn_table_remove(server->conns, conn);
     if (server->stopping && epd_conn_table_count(server->conns) == 0)
         event_base_loopbreak(server->base);
+}
+
+static epd_status_t server_serve_experts(void *arg, epd_conn_t *conn, epd_region_t *in,
+                                         epd_region_t *out, const cJSON *meta, char **meta_p,
+                                         char err[EPD_ERR_LEN])
+{
+    epd_server_t *server = arg;
+    return epd_external_attach(server->external, conn, in, out, meta, meta_p, err);
+}
+
+static epd_status_t server_experts_done(void *arg, epd_conn_t *conn, const epd_frame_t *frame,
+                                        char err[EPD_ERR_LEN])
+{
+    epd_server_t *server = arg;
+    return epd_external_done(server->external, conn, frame, err);
+}
+
+void epd_server_set_external(epd_server_t *server, epd_external_t *external)
+{
+    server->external = external;
+    if (external != NULL) epd_external_set_loop(external, &server->spinning);
+    server->conn_ctx.serve_experts = external != NULL ? server_serve_experts : NULL;
+    server->conn_ctx.experts_done = external != NULL ? server_experts_done : NULL;
 }
 
 /* The listener accepted fd: it becomes a connection in the table. */
@@ -236,6 +263,7 @@ int epd_server_run(epd_server_t *server)
          * it looks at spinning: one of the two sees the other (both seq_cst) */
         atomic_store(&server->spinning, hot);
         if (atomic_exchange(&server->wake_pending, false)) wake_cb(-1, 0, server);
+        if (server->external != NULL) epd_external_poll(server->external);
         int rc = event_base_loop(server->base, hot ? EVLOOP_NONBLOCK : EVLOOP_ONCE);
         if (rc < 0) return -1;
         if (rc == 1 || event_base_got_break(server->base) || event_base_got_exit(server->base))

@@ -42,6 +42,11 @@ void epd_server_set_layer_hook(epd_server_t *server, bool (*known)(void *arg, ui
 
 epd_status_t epd_server_start(epd_server_t *server, epd_engine_t *engine, char err[EPD_ERR_LEN]);
 
+struct epd_external;
+/* The rank's external experts (experts.kind external): connections may then serve_experts and
+ * send EXPERTS_DONE. Set before epd_server_start; it must outlive the server's connections. */
+void epd_server_set_external(epd_server_t *server, struct epd_external *external);
+
 /* Stops listening, closes every connection and unlinks the socket file. */
 /* Runs the event loop until the server stops (or loopbreak): while the engine is hot
  * (epd_engine_hot) it polls without sleeping, so a SUBMIT or a finished step is seen within a

@@ -7,6 +7,9 @@ test_quant_SRCS := gpu/quant_host.c
 
 # host device ops (engine helper)
 GPU_SRCS += gpu/ops_host.c
+# external experts' rows and partials (gpu/external.h), host and CUDA
+GPU_SRCS += gpu/external_host.c
+GPU_CU_SRCS += gpu/external_cuda.cu
 # ffn experts: safetensors loading (mmap) and the host arithmetic; test_ffn covers both, and the
 # host ffn experts op against an fp64 computation.
 GPU_SRCS += gpu/ffn.c gpu/safetensors.c
@@ -78,4 +81,20 @@ $(BUILD)/tests/gpu/accuracy_gpu.sh: tests/gpu/accuracy_gpu.sh
 	$(call say,GEN)printf '#!/bin/sh\nexec bash tests/gpu/accuracy_gpu.sh "$$@"\n' >$@ && \
 	    chmod 0755 $@
 BINS += $(BUILD)/tests/gpu/accuracy_gpu.sh
+# test_external_cuda: the external experts' kernels against their host twins, byte for byte.
+GPU_TESTS += test_external_cuda
+$(BUILD)/tests/gpu/test_external_cuda: $(BUILD)/obj/tests/gpu/test_external_cuda.cu.o \
+        $(BUILD)/obj/gpu/external_cuda.cu.o \
+        $(patsubst %.c,$(BUILD)/obj/%.o,gpu/external_host.c gpu/ops_host.c gpu/quant_host.c \
+                                        gpu/ffn.c gpu/safetensors.c common/status.c common/parse.c)
+	@mkdir -p $(dir $@)
+	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) -lstdc++
+BINS += $(BUILD)/tests/gpu/test_external_cuda
+# external_gpu.sh: external experts' CUDA kernels bit for bit, device regions, hand-over latency.
+GPU_TESTS += external_gpu.sh
+$(BUILD)/tests/gpu/external_gpu.sh: tests/gpu/external_gpu.sh
+	@mkdir -p $(dir $@)
+	$(call say,GEN)printf '#!/bin/sh\nexec bash tests/gpu/external_gpu.sh "$$@"\n' >$@ && \
+	    chmod 0755 $@
+BINS += $(BUILD)/tests/gpu/external_gpu.sh
 endif

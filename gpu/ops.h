@@ -51,11 +51,15 @@ epd_status_t epd_moe_shape_check(const epd_moe_shape_t *shape, char err[EPD_ERR_
  * The host ops and epd_moe_reference both go through it; the CUDA ops keep a twin table of
  * kernels (gpu/ops_cuda.cu) with the same names. A new kind is one entry in each. */
 typedef struct epd_expert_ops {
-    const char *name; /* experts.kind's value: "identity", "scale", "ffn" */
+    const char *name; /* experts.kind's value: "identity", "scale", "ffn", "external" */
     epd_expert_kind_t kind;
     /* The kind's experts are weights (epd_ffn_weights_t) given to the ops by experts_load, per
      * layer; accumulate and element are NULL: the ops run the kind's own arithmetic (gpu/ffn.h). */
     bool weights;
+    /* The kind's experts run outside the daemon, in a frontend's worker (experts.kind external,
+     * daemon/external.h): the step hands its records to a hook instead of the experts op, and
+     * accumulate and element are NULL. */
+    bool external;
     /* acc[i] = acc[i] + w * expert_e(x)[i] for i < shape->hidden, in fp32: a multiply, then an
      * add, never fused. x and acc are host memory of hidden floats. */
     void (*accumulate)(const epd_moe_shape_t *shape, int32_t e, float w, const float *x,

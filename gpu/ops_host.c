@@ -89,6 +89,11 @@ static const epd_expert_ops_t expert_kinds[] = {
         .kind = EPD_EXPERTS_FFN,
         .weights = true,
     },
+    {
+        .name = "external",
+        .kind = EPD_EXPERTS_EXTERNAL,
+        .external = true,
+    },
 };
 
 const epd_expert_ops_t *epd_expert_ops_find(epd_expert_kind_t kind)
@@ -726,6 +731,9 @@ static epd_status_t host_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
 
     if (!shape_ok(shape)) return BAD_ARGS(ctx, "experts");
     experts = epd_expert_ops_find(shape->expert_kind);
+    if (experts->external)
+        return host_fail(ctx, EPD_ERR_INVALID_ARG,
+                         "experts: external experts run in the frontend's worker, not the ops");
     if (experts->weights) {
         if (ctx == NULL || ctx->ffn == NULL)
             return host_fail(ctx, EPD_ERR_INVALID_ARG, "experts: ffn weights were not loaded");
@@ -1016,7 +1024,8 @@ epd_status_t epd_moe_reference(const epd_moe_shape_t *shape, uint32_t n_tokens, 
 
     if (!shape_ok(shape)) return EPD_ERR_INVALID_ARG;
     experts = epd_expert_ops_find(shape->expert_kind);
-    if (experts->weights) return EPD_ERR_INVALID_ARG; /* epd_moe_reference_layer */
+    if (experts->weights || experts->external)
+        return EPD_ERR_INVALID_ARG; /* epd_moe_reference_layer; the worker's own */
     if (n_tokens == 0) return EPD_OK;
     if (x == NULL || topk_ids == NULL || topk_weights == NULL || y == NULL)
         return EPD_ERR_INVALID_ARG;

@@ -52,6 +52,11 @@ struct epd_client {
     uint8_t *obuf;           /* queued output of the non-blocking calls, [ooff, olen) unsent */
     size_t ooff, olen, ocap;
     struct client_region *regions; /* host regions created here */
+    /* epd_client_serve_experts: the worker's callback and regions; serving: inside it */
+    epd_client_experts_fn experts_fn;
+    void *experts_arg;
+    uint32_t experts_in, experts_out;
+    bool serving;
     char code[EPD_CLIENT_CODE_LEN];
     char message[EPD_CLIENT_MESSAGE_LEN];
 };
@@ -383,6 +388,8 @@ static int client_require_connected(epd_client_t *c)
 /* Waits until the queue holds a frame that match() accepts and unlinks it into *frame_p. */
 typedef bool (*frame_match_fn)(const epd_frame_t *frame, const void *arg);
 
+static int client_serve_queued(epd_client_t *c);
+
 static int client_take(epd_client_t *c, frame_match_fn match, const void *arg,
                        epd_frame_t *frame_p)
 {
@@ -392,6 +399,13 @@ static int client_take(epd_client_t *c, frame_match_fn match, const void *arg,
     int rc;
 
     for (;;) {
+        /* a worker serves the EXPERTS that came meanwhile (its rank's step may hold the very
+         * answer it waits for) */
+        if (c->experts_fn != NULL && !c->serving) {
+            rc = client_serve_queued(c);
+            if (rc != EPD_CLIENT_OK) return rc;
+            scanned = NULL;
+        }
         queued_frame_t **link = scanned ? &scanned->next : &c->head;
         for (queued_frame_t *q = *link; q != NULL; link = &q->next, q = q->next) {
             if (match(&q->frame, arg)) {
@@ -1119,6 +1133,11 @@ EPD_CLIENT_API int epd_client_try_recv(epd_client_t *c, epd_client_reply_t *repl
 {
     if (c == NULL || reply_p == NULL) return EPD_CLIENT_ERR_INVALID_ARG;
     memset(reply_p, 0, sizeof *reply_p);
+    if (c->experts_fn != NULL && !c->serving && c->fd >= 0) {
+        int rc = client_read_some(c);
+        if (rc == EPD_CLIENT_OK) rc = client_serve_queued(c);
+        if (rc != EPD_CLIENT_OK) return rc;
+    }
     for (queued_frame_t *q = c->head; q != NULL; q = q->next)
         if (match_answer(&q->frame, NULL)) return client_get_reply(c, match_answer, NULL, reply_p);
     if (c->fd >= 0) {
@@ -1160,4 +1179,210 @@ static void regions_unmap(epd_client_t *c)
         munmap(cr->map, cr->bytes);
         free(cr);
     }
+}
+
+/* ---- external experts (DESIGN.md section 9, docs/protocol.md section 16) ---- */
+
+/* This process's address of [offset, offset + bytes) in a host region created here, or NULL. */
+static void *region_ptr(const epd_client_t *c, uint32_t id, uint64_t offset, uint64_t bytes)
+{
+    for (const client_region_t *cr = c->regions; cr != NULL; cr = cr->next)
+        if (cr->id == id && offset <= cr->bytes && bytes <= cr->bytes - offset)
+            return (uint8_t *)cr->map + offset;
+    return NULL;
+}
+
+/* One tensor of an EXPERTS meta: region, offset and bytes; false when malformed. */
+static bool experts_tensor(const cJSON *tensors, const char *name, uint32_t *region_p,
+                           uint64_t *offset_p, uint64_t *bytes_p)
+{
+    epd_tensor_t t;
+    char err[EPD_ERR_LEN];
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(tensors, name);
+    if (d == NULL || epd_tensor_parse(d, name, 0, &t, err) != EPD_OK || !t.in_region) return false;
+    *region_p = t.region;
+    *offset_p = t.begin;
+    *bytes_p = t.end - t.begin;
+    return true;
+}
+
+static uint64_t meta_u64_or(const cJSON *meta, const char *key, uint64_t fallback)
+{
+    uint64_t v;
+    return epd_json_to_u64(cJSON_GetObjectItemCaseSensitive(meta, key), &v) ? v : fallback;
+}
+
+/* Runs the worker's callback on one EXPERTS frame (freed here) and answers EXPERTS_DONE. */
+static int client_serve_one(epd_client_t *c, epd_frame_t *frame, uint64_t seen_ns)
+{
+    const cJSON *meta = frame->meta, *tensors = cJSON_GetObjectItemCaseSensitive(meta, "tensors");
+    const cJSON *counts = cJSON_GetObjectItemCaseSensitive(meta, "counts");
+    const cJSON *input = cJSON_GetObjectItemCaseSensitive(meta, "input");
+    const cJSON *layout = cJSON_GetObjectItemCaseSensitive(meta, "layout");
+    const cJSON *scale = cJSON_GetObjectItemCaseSensitive(meta, "scale");
+    epd_client_experts_t b;
+    uint64_t bytes, step;
+    int rc;
+
+    memset(&b, 0, sizeof b);
+    if (!epd_json_to_u64(cJSON_GetObjectItemCaseSensitive(meta, "step"), &step) ||
+        !cJSON_IsArray(counts) || !cJSON_IsString(input) || !cJSON_IsString(layout) ||
+        !experts_tensor(tensors, "x", &b.input_region, &b.x_offset, &bytes) ||
+        !experts_tensor(tensors, "y", &b.output_region, &b.y_offset, &bytes)) {
+        epd_frame_free(frame);
+        client_disconnect(c);
+        return client_fail(c, EPD_CLIENT_ERR_PROTOCOL, NULL, "an EXPERTS frame without step, "
+                           "counts, input, layout or the x and y tensors");
+    }
+    b.step = step;
+    b.layer = (uint32_t)meta_u64_or(meta, "layer", 0);
+    b.first_expert = (uint32_t)meta_u64_or(meta, "first_expert", 0);
+    b.rows = (uint32_t)meta_u64_or(meta, "rows", 0);
+    b.sent_ns = meta_u64_or(meta, "sent_ns", 0);
+    b.seen_ns = seen_ns;
+    b.input = input->valuestring;
+    b.masked = strcmp(layout->valuestring, "masked") == 0;
+    b.meta_json = NULL;
+    b.n_experts = (uint32_t)cJSON_GetArraySize(counts);
+    uint32_t *rows = calloc(b.n_experts ? b.n_experts : 1, sizeof *rows);
+    if (rows == NULL) {
+        epd_frame_free(frame);
+        return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "out of memory");
+    }
+    uint32_t i = 0;
+    for (const cJSON *n = counts->child; n != NULL; n = n->next, i++)
+        rows[i] = cJSON_IsNumber(n) && n->valuedouble >= 0 ? (uint32_t)n->valuedouble : 0;
+    b.counts = rows;
+    b.scale = cJSON_IsNumber(scale) ? (float)scale->valuedouble : 0.0f;
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(tensors, "x");
+    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(x, "shape");
+    int nd = cJSON_GetArraySize(shape);
+    b.hidden = nd > 0 ? (uint32_t)cJSON_GetArrayItem(shape, nd - 1)->valuedouble : 0;
+    b.capacity = b.masked && nd == 3 ? (uint32_t)cJSON_GetArrayItem(shape, 1)->valuedouble : 0;
+    uint64_t x_bytes = 0, y_bytes = 0, s_bytes = 0;
+    uint32_t r;
+    (void)experts_tensor(tensors, "x", &r, &b.x_offset, &x_bytes);
+    (void)experts_tensor(tensors, "y", &r, &b.y_offset, &y_bytes);
+    b.x = region_ptr(c, b.input_region, b.x_offset, x_bytes);
+    b.y = region_ptr(c, b.output_region, b.y_offset, y_bytes);
+    if (experts_tensor(tensors, "scales", &r, &b.scales_offset, &s_bytes)) {
+        b.scales = region_ptr(c, b.input_region, b.scales_offset, s_bytes);
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(tensors, "scales");
+        const cJSON *ss = cJSON_GetObjectItemCaseSensitive(st, "shape");
+        int snd = cJSON_GetArraySize(ss);
+        b.scales_per_row = snd > 0 ? (uint32_t)cJSON_GetArrayItem(ss, snd - 1)->valuedouble : 0;
+    }
+
+    c->serving = true;
+    int answer = c->experts_fn(c->experts_arg, &b);
+    c->serving = false;
+    free(rows);
+    epd_frame_free(frame);
+    if (answer != 0) {
+        /* the worker gave up on this batch: no answer (the rank's step times out) */
+        client_ok(c);
+        return EPD_CLIENT_OK;
+    }
+    char done[128];
+    snprintf(done, sizeof done, "{\"step\":%" PRIu64 ",\"seen_ns\":%" PRIu64 ",\"done_ns\":%" PRIu64
+             "}", step, seen_ns, epd_now_ns());
+    epd_frame_out_t out;
+    char err[EPD_ERR_LEN];
+    if (epd_frame_encode_text(EPD_FRAME_EXPERTS_DONE, done, &out, err) != EPD_OK)
+        return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "%s", err);
+    rc = client_send_out(c, &out);
+    epd_frame_out_free(&out);
+    return rc;
+}
+
+/* Serves every EXPERTS frame in the queue, oldest first. */
+static int client_serve_queued(epd_client_t *c)
+{
+    for (;;) {
+        queued_frame_t **link = &c->head, *prev = NULL, *q = c->head;
+        while (q != NULL && q->frame.type != EPD_FRAME_EXPERTS) {
+            prev = q;
+            link = &q->next;
+            q = q->next;
+        }
+        if (q == NULL) return EPD_CLIENT_OK;
+        *link = q->next;
+        if (c->tail == q) c->tail = prev;
+        epd_frame_t frame = q->frame;
+        free(q);
+        int rc = client_serve_one(c, &frame, epd_now_ns());
+        if (rc != EPD_CLIENT_OK) return rc;
+    }
+}
+
+EPD_CLIENT_API int epd_client_serve_experts(epd_client_t *c, uint32_t input_region,
+                                            uint32_t output_region, epd_client_experts_fn fn,
+                                            void *arg, char **reply_json_p)
+{
+    epd_frame_out_t out;
+    epd_frame_t frame;
+    char err[EPD_ERR_LEN], meta[160];
+    int rc;
+
+    if (c == NULL) return EPD_CLIENT_ERR_INVALID_ARG;
+    if (reply_json_p != NULL) *reply_json_p = NULL;
+    if (fn == NULL || c->experts_fn != NULL)
+        return client_fail(c, EPD_CLIENT_ERR_INVALID_ARG, NULL,
+                           fn == NULL ? "serve_experts needs a callback"
+                                      : "this client serves experts already");
+    rc = client_require_connected(c);
+    if (rc != EPD_CLIENT_OK) return rc;
+    snprintf(meta, sizeof meta, "{\"op\":\"serve_experts\",\"input\":%" PRIu32 ",\"output\":%"
+             PRIu32 "}", input_region, output_region);
+    if (epd_frame_encode_text(EPD_FRAME_CONTROL, meta, &out, err) != EPD_OK)
+        return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "%s", err);
+    /* set before the REPLY comes: an EXPERTS may follow it at once */
+    c->experts_fn = fn;
+    c->experts_arg = arg;
+    c->experts_in = input_region;
+    c->experts_out = output_region;
+    rc = client_send_out(c, &out);
+    epd_frame_out_free(&out);
+    if (rc == EPD_CLIENT_OK) rc = client_take(c, match_control, NULL, &frame);
+    if (rc != EPD_CLIENT_OK) {
+        c->experts_fn = NULL;
+        return rc;
+    }
+    if (frame.type == EPD_FRAME_ERROR) {
+        epd_client_reply_t reply;
+        c->experts_fn = NULL;
+        rc = reply_from_frame(c, &frame, &reply);
+        epd_client_reply_free(&reply);
+        return rc;
+    }
+    if (reply_json_p != NULL) *reply_json_p = cJSON_PrintUnformatted(frame.meta);
+    epd_frame_free(&frame);
+    client_ok(c);
+    return EPD_CLIENT_OK;
+}
+
+static bool match_nothing(const epd_frame_t *f, const void *arg)
+{
+    (void)f;
+    (void)arg;
+    return false;
+}
+
+EPD_CLIENT_API int epd_client_serve(epd_client_t *c, int timeout_ms)
+{
+    epd_frame_t frame;
+
+    if (c == NULL) return EPD_CLIENT_ERR_INVALID_ARG;
+    if (c->experts_fn == NULL)
+        return client_fail(c, EPD_CLIENT_ERR_INVALID_ARG, NULL,
+                           "serve: this client does not serve experts (epd_client_serve_experts)");
+    int saved = c->timeout_ms;
+    c->timeout_ms = timeout_ms;
+    int rc = client_take(c, match_nothing, NULL, &frame);
+    c->timeout_ms = saved;
+    if (rc == EPD_CLIENT_ERR_TIMEOUT) {
+        client_ok(c);
+        return EPD_CLIENT_OK;
+    }
+    return rc;
 }

@@ -205,6 +205,53 @@ EPD_CLIENT_API size_t epd_client_pending_output(const epd_client_t *client);
  * epd_client_recv; EPD_CLIENT_AGAIN when there is none yet. */
 EPD_CLIENT_API int epd_client_try_recv(epd_client_t *client, epd_client_reply_t *reply_p);
 
+/* ---- external experts (experts.kind external; docs/protocol.md section 16) ---- */
+
+/* One EXPERTS frame: the rows of this rank's experts for one step, in the worker's regions.
+ * Pointers are this process's addresses when the regions are host regions created by this client
+ * (epd_client_register_host), else NULL: then use the offsets into the worker's own allocations
+ * (device regions). Valid during the callback only. */
+typedef struct epd_client_experts {
+    uint64_t step;              /* the step (its RESULTs carry the same number) */
+    uint32_t layer;
+    uint32_t first_expert;      /* counts[i] rows belong to expert first_expert + i */
+    uint32_t n_experts;
+    const uint32_t *counts;
+    uint32_t rows;              /* rows of x and y: packed, the sum of counts; masked,
+                                 * n_experts * capacity */
+    int masked;                 /* x [n_experts][capacity][H]; else [rows][H] */
+    uint32_t capacity;
+    uint32_t hidden;
+    const char *input;          /* "fp8_group128", "bf16" or "fp8_per_tensor" */
+    const void *x;              /* e4m3 bytes, or bf16 bit patterns */
+    const float *scales;        /* fp8_group128: [rows][scales_per_row]; else NULL */
+    uint32_t scales_per_row;
+    float scale;                /* fp8_per_tensor: S (x' = e4m3 value * S); else 0 */
+    uint16_t *y;                /* bf16 [rows][H] to fill (masked: [n_experts][capacity][H]) */
+    uint32_t input_region, output_region;
+    uint64_t x_offset, scales_offset, y_offset;
+    uint64_t sent_ns, seen_ns;  /* CLOCK_MONOTONIC: the daemon wrote it; this client read it */
+    const char *meta_json;      /* reserved (NULL) */
+} epd_client_experts_t;
+
+/* The worker's function: fills batch->y (or the device memory at y_offset, stream synchronized)
+ * and returns 0; EXPERTS_DONE is then sent. Nonzero: no answer (the daemon's step times out and
+ * its requests get experts_unavailable). It must not call this client. */
+typedef int (*epd_client_experts_fn)(void *arg, const epd_client_experts_t *batch);
+
+/* Makes this connection its rank's expert worker (CONTROL serve_experts) with two regions
+ * registered on it. From then on every call of this client that waits (submit, wait, recv,
+ * control, serve, try_recv) serves EXPERTS with fn, so one thread can submit and serve on one
+ * connection. *reply_json_p (may be NULL) receives the REPLY (free with epd_client_free). A second
+ * worker on a rank is EPD_CLIENT_ERR_DAEMON "busy". */
+EPD_CLIENT_API int epd_client_serve_experts(epd_client_t *client, uint32_t input_region,
+                                            uint32_t output_region, epd_client_experts_fn fn,
+                                            void *arg, char **reply_json_p);
+
+/* Serves EXPERTS for timeout_ms (< 0: until the daemon closes the connection): OK when the time
+ * is up, EPD_CLIENT_ERR_CLOSED when the connection ended. Answers that arrive are kept. */
+EPD_CLIENT_API int epd_client_serve(epd_client_t *client, int timeout_ms);
+
 #ifdef __cplusplus
 }
 #endif

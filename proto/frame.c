@@ -23,11 +23,12 @@
 static const char *const type_names[] = {
     [EPD_FRAME_SUBMIT] = "submit", [EPD_FRAME_RESULT] = "result", [EPD_FRAME_ERROR] = "error",
     [EPD_FRAME_CONTROL] = "control", [EPD_FRAME_REPLY] = "reply",
+    [EPD_FRAME_EXPERTS] = "experts", [EPD_FRAME_EXPERTS_DONE] = "experts_done",
 };
 
 const char *epd_frame_type_name(int type)
 {
-    if (type < EPD_FRAME_SUBMIT || type > EPD_FRAME_REPLY) return "unknown";
+    if (type < EPD_FRAME_SUBMIT || type > EPD_FRAME_EXPERTS_DONE) return "unknown";
     return type_names[type];
 }
 
@@ -87,8 +88,9 @@ epd_status_t epd_frame_header_decode(const uint8_t in[EPD_FRAME_HEADER_LEN], uin
                  h.version);
         return EPD_ERR_BAD_VERSION;
     }
-    if (h.type < EPD_FRAME_SUBMIT || h.type > EPD_FRAME_REPLY) {
-        snprintf(err, EPD_ERR_LEN, "frame type %u is unknown (1 submit .. 5 reply)", h.type);
+    if (h.type < EPD_FRAME_SUBMIT || h.type > EPD_FRAME_EXPERTS_DONE) {
+        snprintf(err, EPD_ERR_LEN, "frame type %u is unknown (1 submit .. 7 experts_done)",
+                 h.type);
         return EPD_ERR_BAD_TYPE;
     }
     if (h.reserved != 0) {

@@ -24,6 +24,8 @@ typedef enum {
     EPD_FRAME_ERROR = 3,
     EPD_FRAME_CONTROL = 4,
     EPD_FRAME_REPLY = 5,
+    EPD_FRAME_EXPERTS = 6,      /* daemon -> external expert worker (DESIGN.md section 9) */
+    EPD_FRAME_EXPERTS_DONE = 7, /* worker -> daemon */
 } epd_frame_type_t;
 
 /* "submit", "result", ...; "unknown" for anything else. */
@@ -42,7 +44,7 @@ typedef struct epd_frame_header {
 void epd_frame_header_encode(epd_frame_type_t type, uint32_t meta_len, uint64_t payload_len,
                              uint8_t out[EPD_FRAME_HEADER_LEN]);
 
-/* Checks 24 header bytes in this order: magic (bad_magic), version (bad_version), type in 1..5
+/* Checks 24 header bytes in this order: magic (bad_magic), version (bad_version), type in 1..7
  * (bad_type), reserved == 0 (bad_header), meta_len <= max_meta (frame_too_large), meta_len >= 2
  * (bad_json: meta must be a JSON object), payload_len <= max_payload (frame_too_large).
  * Nothing is allocated. */
@@ -363,6 +365,11 @@ epd_status_t epd_frame_encode_control(const char *op, epd_frame_out_t *out_p,
  * Prometheus text of `metrics`. */
 epd_status_t epd_frame_encode_reply(const char *meta_json, const void *payload, size_t payload_len,
                                     epd_frame_out_t *out_p, char err[EPD_ERR_LEN]);
+
+/* A frame with no payload whose meta is meta_json, sent as it is (the caller's own JSON text of
+ * one object: not checked, the hot path of EXPERTS and EXPERTS_DONE). */
+epd_status_t epd_frame_encode_text(epd_frame_type_t type, const char *meta_json,
+                                   epd_frame_out_t *out_p, char err[EPD_ERR_LEN]);
 
 /* Encodes a frame from a cJSON meta object (not consumed) and one borrowed payload piece; the
  * general form behind the encoders above, for tests and tools. */

@@ -497,7 +497,7 @@ epd_status_t epd_frame_encode_json(epd_frame_type_t type, const cJSON *meta, con
     char *text;
     epd_status_t status;
 
-    if (!cJSON_IsObject(meta) || type < EPD_FRAME_SUBMIT || type > EPD_FRAME_REPLY ||
+    if (!cJSON_IsObject(meta) || type < EPD_FRAME_SUBMIT || type > EPD_FRAME_EXPERTS_DONE ||
         (payload == NULL && payload_len > 0)) {
         snprintf(err, EPD_ERR_LEN, "a frame needs a known type, a JSON object meta and a payload");
         return EPD_ERR_INVALID_ARG;
@@ -708,4 +708,14 @@ epd_status_t epd_frame_encode_reply(const char *meta_json, const void *payload, 
     if (status != EPD_OK) return status;
     if (payload_len > 0) out_add_part(out_p, payload, payload_len);
     return EPD_OK;
+}
+
+epd_status_t epd_frame_encode_text(epd_frame_type_t type, const char *meta_json,
+                                   epd_frame_out_t *out_p, char err[EPD_ERR_LEN])
+{
+    if (meta_json == NULL || type < EPD_FRAME_SUBMIT || type > EPD_FRAME_EXPERTS_DONE) {
+        snprintf(err, EPD_ERR_LEN, "a frame needs a known type and meta JSON");
+        return EPD_ERR_INVALID_ARG;
+    }
+    return out_make_head(type, meta_json, strlen(meta_json), 0, out_p, err);
 }

@@ -4,10 +4,12 @@ request ids, requests in flight and their answers, registered regions, how each 
 meaning of every frame the daemon sends."""
 import base64
 import collections
+import time
 
 import numpy as np
 
 from . import frame as fr
+from .experts import ExpertsBatch
 from .errors import (ConnectionClosed, FramingError, InvalidArgument, ProtocolError,
                      error_from_meta)
 
@@ -128,6 +130,8 @@ class Session:
         self.max_device_regions = 32
         self.failure = None
         self.arrivals = 0
+        self.experts = None                            # serve_experts: (callback, regions)
+        self.experts_queue = collections.deque()       # ExpertsBatch not answered yet
 
     # ---- ids and requests ------------------------------------------------------------------
 
@@ -420,6 +424,10 @@ class Session:
                     p._finish(exc=e)
                     return
             p._finish(value)
+        elif ftype == fr.EXPERTS and self.experts is not None:
+            batch = ExpertsBatch(meta, self.experts[1])
+            batch.seen_ns = time.monotonic_ns()
+            self.experts_queue.append(batch)
         else:
             raise ProtocolError("the daemon sent a %s frame, which this client does not take"
                                 % fr.TYPE_NAMES.get(ftype, ftype))

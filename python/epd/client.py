@@ -9,6 +9,7 @@ import select
 import socket
 import time
 
+from . import experts as ex
 from . import frame as fr
 from ._session import Session, torch_module
 from .errors import ConnectError, ConnectionClosed, ProtocolError, Timeout, UnknownOp
@@ -68,6 +69,8 @@ class Client:
         self._s0 = self._s1 = 0
         self._sock = connect_unix(self.path, connect_timeout)
         self._config = None
+        self._sending = False   # inside _send: an EXPERTS read meanwhile waits for its end
+        self._serving = False   # inside an experts callback
 
     def __enter__(self):
         return self
@@ -232,6 +235,94 @@ class Client:
             p._wait = self._wait_for
             self._send([data])
 
+    # ---- external experts ------------------------------------------------------------------
+
+    def serve_experts(self, callback, input_bytes=None, output_bytes=None, input_scale=None,
+                      device=None):
+        """Makes this connection its rank's expert worker (experts.kind external): registers an
+        input and an output HostRegion (by default as large as the largest step, from the
+        daemon's config) and sends CONTROL serve_experts. From then on every wait of this Client
+        (submit, result, as_completed, serve) calls callback(batch) for each EXPERTS, an
+        epd.experts.ExpertsBatch whose y the callback fills, and answers EXPERTS_DONE.
+        input_scale (fp8_per_tensor): S for every layer, or {layer: S}; None: the step scale.
+        device (a torch CUDA device, e.g. "cuda:0"): the regions are device memory there instead
+        (CUDA IPC; the daemon's rank must run on that GPU) and the batch's tensors are torch
+        views; the callback's work is synchronized before EXPERTS_DONE. Returns the REPLY (rank, first_expert, experts, max_rows, input_bytes, ...). A second
+        worker on a rank gets epd.Busy."""
+        if self._s.experts is not None:
+            raise ex.InvalidArgument("this connection already serves experts")
+        if input_bytes is None or output_bytes is None:
+            cfg = self.config()
+            need_in, need_out = ex.region_bytes(cfg, self.health()["world"])
+            input_bytes = input_bytes or need_in
+            output_bytes = output_bytes or need_out
+        regions = []
+        try:
+            if device is not None:
+                ids = [self._register_buffer(ex.DeviceBuffer(n, device), regions)
+                       for n in (input_bytes, output_bytes)]
+            else:
+                for n in (input_bytes, output_bytes):
+                    regions.append(self.host_region(n))
+                ids = [self._s.host_region_id(r) for r in regions]
+            fields = {"input": ids[0], "output": ids[1]}
+            if input_scale is not None:
+                fields["input_scale"] = ({str(k): float(v) for k, v in input_scale.items()}
+                                         if isinstance(input_scale, dict) else float(input_scale))
+            self._s.experts = (callback, {ids[0]: regions[0], ids[1]: regions[1]})
+            reply = self.control("serve_experts", **fields)[0]
+        except BaseException:
+            self._s.experts = None
+            for r in regions:
+                if isinstance(r, ex.DeviceBuffer):
+                    continue  # released with the connection
+                if self._sock is not None and self._s.host_region_id(r) is not None:
+                    self.unregister(r)
+                r.close()
+            raise
+        self._expert_regions = regions
+        self._expert_device = device
+        return reply
+
+    def _register_buffer(self, buf, regions):
+        """Registers a DeviceBuffer as a cuda region; its id."""
+        from . import _torch
+        handle, base, _ = _torch.device_allocation(buf.buf)
+        import base64
+        regions.append(buf)
+        meta = {"kind": "cuda", "handle": base64.b64encode(handle).decode(),
+                "offset": buf.buf.data_ptr() - base, "bytes": buf.nbytes}
+        return self.control("register", **meta)[0]["region"]
+
+    def serve(self, timeout=None):
+        """Serves EXPERTS (and reads answers) until timeout seconds have passed (None: until the
+        daemon closes the connection, then ConnectionClosed)."""
+        deadline = _deadline(timeout)
+        try:
+            self._pump(lambda: self._sock is None, deadline)
+        except Timeout:
+            if deadline is None:
+                raise
+        if self._sock is None and timeout is None:
+            raise ConnectionClosed("the daemon closed the connection")
+
+    def _serve_queued(self):
+        """Runs the callback on each EXPERTS read so far and answers it (not while a frame is
+        being sent, nor from inside the callback)."""
+        q = self._s.experts_queue
+        while q and not self._sending and not self._serving and self._sock is not None:
+            batch = q.popleft()
+            self._serving = True
+            try:
+                self._s.experts[0](batch)
+                if batch.on_device:
+                    import torch
+                    torch.cuda.current_stream(batch.y.device).synchronize()
+            finally:
+                self._serving = False
+            meta = ex.done_meta(batch, time.monotonic_ns())
+            self._send([fr.encode(fr.EXPERTS_DONE, meta)])
+
     # ---- raw frames (tools and tests) ------------------------------------------------------
 
     def new_id(self):
@@ -257,13 +348,16 @@ class Client:
         self._pump(p.done, _deadline(timeout))
 
     def _pump(self, pred, deadline):
-        """Reads and handles frames until pred() (or the connection ends)."""
+        """Reads and handles frames until pred() (or the connection ends); EXPERTS read on
+        the way are served."""
         while not pred():
             if self._sock is None:
                 self._s.on_eof()
                 return
             if not self._read_some():
                 self._wait_io(select.POLLIN, deadline)
+            self._serve_queued()
+        self._serve_queued()
 
     def _wait_io(self, events, deadline):
         poller = select.poll()
@@ -325,6 +419,13 @@ class Client:
                  for v in map(memoryview, bufs) if v.nbytes]
         anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
         deadline = _deadline(self.timeout)
+        self._sending = True
+        try:
+            self._send_views(views, anc, deadline)
+        finally:
+            self._sending = False
+
+    def _send_views(self, views, anc, deadline):
         while views:
             try:
                 n = self._sock.sendmsg(views, anc)

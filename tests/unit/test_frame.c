@@ -428,7 +428,7 @@ static void test_frame__unknown_type__is_bad_type(void **state)
     (void)state;
     assert_int_equal(decode_bytes(raw_frame(NULL, 1, 0, 0, "{}", 2, NULL, 0), &frame, err),
                      EPD_ERR_BAD_TYPE);
-    assert_int_equal(decode_bytes(raw_frame(NULL, 1, 6, 0, "{}", 2, NULL, 0), &frame, err),
+    assert_int_equal(decode_bytes(raw_frame(NULL, 1, 8, 0, "{}", 2, NULL, 0), &frame, err),
                      EPD_ERR_BAD_TYPE);
     assert_int_equal(decode_bytes(raw_frame(NULL, 1, 0x0104, 0, "{}", 2, NULL, 0), &frame, err),
                      EPD_ERR_BAD_TYPE);
