@@ -337,26 +337,30 @@ __global__ void requant_kernel(const uint4 *q, const float *__restrict__ scales,
 /* ---- layout-aware requantization: tiles of live rows made on the host ---- */
 
 /* The tiles of one launch, in its parameters (constant memory, read with the launch): tile i is
- * rows[i] consecutive rows of one expert from row first[i] of the layout. TABLE is the most a
- * launch holds; three sizes, so a decode launch does not carry 24 KB of parameters. */
+ * rows consecutive rows of one expert from row `first` of the layout, packed in one word as
+ * first << rbits | (rows - 1) (rbits: the bits of rows per tile - 1, a launch argument). TABLE is
+ * the most a launch holds; sizes from 64 to 4096 tiles, so a launch carries at most twice the
+ * bytes its tiles need: without a graph the parameters travel with the launch, and each KB of
+ * them cost the event-timed launch about 0.1 us (docs/notes/kernels.md). */
 template <int TABLE>
 struct requant_tiles {
-    uint32_t first[TABLE];
-    uint16_t rows[TABLE];
+    uint32_t tile[TABLE];
 };
 
 /* S over the tiles' scales: one atomicMax a block into *out (zeroed before). The requant kernel
  * behind it is a programmatic dependent launch, released once every block has loaded. */
 template <int TABLE>
 __global__ void scale_max_tiles_kernel(const float *__restrict__ scales, uint32_t n_tiles,
-                                       uint32_t ns, float *out,
+                                       uint32_t ns, uint32_t rbits, float *out,
                                        const __grid_constant__ requant_tiles<TABLE> tiles)
 {
     __shared__ float red[32];
+    const uint32_t rmask = (1u << rbits) - 1u;
     float m = 0.0f;
     for (uint32_t t = blockIdx.x; t < n_tiles; t += gridDim.x) {
-        const float *s = scales + (uint64_t)tiles.first[t] * ns;
-        const uint32_t n = (uint32_t)tiles.rows[t] * ns;
+        const uint32_t word = tiles.tile[t];
+        const float *s = scales + (uint64_t)(word >> rbits) * ns;
+        const uint32_t n = ((word & rmask) + 1u) * ns;
         for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, __ldg(s + i));
     }
     asm volatile("griddepcontrol.launch_dependents;");
@@ -378,15 +382,18 @@ __global__ void scale_max_tiles_kernel(const float *__restrict__ scales, uint32_
 template <int VPT, int TABLE, bool STEP>
 __global__ void requant_live_kernel(const uint4 *q, const float *__restrict__ scales,
                                     uint32_t n_tiles, uint32_t nvr, epd_fast_div row_of,
-                                    uint32_t ns, int per_token, float given_inv, const float *s_dev,
-                                    uint4 *q_out, const __grid_constant__ requant_tiles<TABLE> tiles)
+                                    uint32_t ns, int per_token, uint32_t rbits, float given_inv,
+                                    const float *s_dev, uint4 *q_out,
+                                    const __grid_constant__ requant_tiles<TABLE> tiles)
 {
+    const uint32_t rmask = (1u << rbits) - 1u;
     float inv = given_inv;
     bool have_s = !STEP;
     for (uint32_t t = blockIdx.x; t < n_tiles; t += gridDim.x) {
-        const uint64_t first = (uint64_t)tiles.first[t] * nvr;
-        const uint32_t n_vec = (uint32_t)tiles.rows[t] * nvr;
-        const float *sc_tile = scales + (uint64_t)tiles.first[t] * ns;
+        const uint32_t word = tiles.tile[t], row0 = word >> rbits;
+        const uint64_t first = (uint64_t)row0 * nvr;
+        const uint32_t n_vec = ((word & rmask) + 1u) * nvr;
+        const float *sc_tile = scales + (uint64_t)row0 * ns;
         for (uint32_t f0 = 0; f0 < n_vec; f0 += blockDim.x * VPT) {
             uint4 in[VPT];
             float sc[VPT];
@@ -736,7 +743,7 @@ out:
 /* The kernel of a layout-aware launch: vec x table size x step scale. */
 template <int TABLE>
 static void (*live_kernel(uint32_t vec, bool step))(const uint4 *, const float *, uint32_t, uint32_t,
-                                                    epd_fast_div, uint32_t, int, float,
+                                                    epd_fast_div, uint32_t, int, uint32_t, float,
                                                     const float *, uint4 *,
                                                     const requant_tiles<TABLE>)
 {
@@ -749,9 +756,16 @@ static void (*live_kernel(uint32_t vec, bool step))(const uint4 *, const float *
                     : requant_live_kernel<4, TABLE, false>;
 }
 
-/* Queues the reduction (step) and the requant of n_tiles tiles from all (TABLE >= n_tiles). */
+/* The tiles of a layout as made by epd_requant_tiles_make, before they are packed. */
+struct requant_tile_list {
+    uint32_t first[EPD_REQUANT_LIVE_TILES];
+    uint16_t rows[EPD_REQUANT_LIVE_TILES];
+};
+
+/* Queues the reduction (step) and the requant of the n_tiles tiles of all (TABLE >= n_tiles),
+ * packed with rbits bits for rows - 1. */
 template <int TABLE>
-static epd_status_t live_queue(const requant_tiles<EPD_REQUANT_LIVE_TILES> &all, uint32_t n_tiles,
+static epd_status_t live_queue(const requant_tile_list &all, uint32_t n_tiles, uint32_t rbits,
                                const uint8_t *q, const float *scales, uint32_t hidden,
                                epd_scale_kind_t kind, float scale, uint8_t *q_out,
                                float *scale_dev, const epd_quant_launch_t &l, cudaStream_t st,
@@ -761,8 +775,8 @@ static epd_status_t live_queue(const requant_tiles<EPD_REQUANT_LIVE_TILES> &all,
     requant_tiles<TABLE> tiles;
     const bool step = scale_dev != nullptr;
     const uint32_t ns = epd_quant_n_scales(hidden, kind), nvr = hidden / 16;
-    memcpy(tiles.first, all.first, n_tiles * sizeof(uint32_t));
-    memcpy(tiles.rows, all.rows, n_tiles * sizeof(uint16_t));
+    for (uint32_t i = 0; i < n_tiles; i++) tiles.tile[i] = all.first[i] << rbits | (all.rows[i] - 1u);
+    for (uint32_t i = n_tiles; i < (uint32_t)TABLE; i++) tiles.tile[i] = 0; /* never read */
     if (step) {
         uint32_t sms = 0;
         CHECK_GOTO(device_sms(&sms, err), out);
@@ -773,7 +787,8 @@ static epd_status_t live_queue(const requant_tiles<EPD_REQUANT_LIVE_TILES> &all,
         }
         /* a block a tile up to 8 an SM: each reads its tiles' scales once */
         const uint32_t grid = n_tiles < sms * 8 ? n_tiles : sms * 8;
-        scale_max_tiles_kernel<TABLE><<<grid, 128, 0, st>>>(scales, n_tiles, ns, scale_dev, tiles);
+        scale_max_tiles_kernel<TABLE><<<grid, 128, 0, st>>>(scales, n_tiles, ns, rbits, scale_dev,
+                                                            tiles);
         CHECK_GOTO(launch_result("step scale", err), out);
     }
     {
@@ -793,7 +808,7 @@ static epd_status_t live_queue(const requant_tiles<EPD_REQUANT_LIVE_TILES> &all,
         /* a failed launch is also the last error, which launch_result reports and clears */
         (void)cudaLaunchKernelEx(&cfg, kernel, reinterpret_cast<const uint4 *>(q), scales, n_tiles,
                                  nvr, epd_fast_div_make(nvr), ns,
-                                 kind == EPD_SCALE_PER_TOKEN ? 1 : 0,
+                                 kind == EPD_SCALE_PER_TOKEN ? 1 : 0, rbits,
                                  step ? 0.0f : 1.0f / scale, /* scale > 0 when given */
                                  (const float *)scale_dev, reinterpret_cast<uint4 *>(q_out), tiles);
     }
@@ -813,8 +828,8 @@ static epd_status_t requant_live(const uint8_t *q, const float *scales, const in
     epd_status_t status;
     epd_quant_launch_t l;
     cudaStream_t st = (cudaStream_t)stream;
-    static thread_local requant_tiles<EPD_REQUANT_LIVE_TILES> all; /* 24 KB: not on the stack */
-    uint32_t n_tiles = 0, rows_per_tile = 0;
+    static thread_local requant_tile_list all; /* 24 KB: not on the stack */
+    uint32_t n_tiles = 0, rows_per_tile = 0, rbits = 0;
     uint64_t live = 0;
 
     CHECK_GOTO(epd_quant_check(hidden, kind, EPD_SCALE_FMT_FP32, err), out);
@@ -831,6 +846,14 @@ static epd_status_t requant_live(const uint8_t *q, const float *scales, const in
                                       &rows_per_tile, &live, err), out);
     if ((uint64_t)rows_per_tile * (hidden / 16) > 0xffffffffull)
         return bad_arg(err, "requantize: rows per tile x hidden too large for one tile");
+    while (rbits < 16 && (1u << rbits) < rows_per_tile) rbits++;
+    if (n_experts > 0 && ((uint64_t)n_experts * capacity - 1) >> (32 - rbits) != 0) {
+        snprintf(err, EPD_ERR_LEN,
+                 "requantize: %u experts x capacity %u with %u rows a tile do not fit a tile word "
+                 "(experts x capacity x rows a tile must stay below 2^32)",
+                 n_experts, capacity, rows_per_tile);
+        return EPD_ERR_INVALID_ARG;
+    }
     if (scale_dev == nullptr && scale == 0.0f && n_tiles > 0)
         return bad_arg(err, "requantize: given scale 0 with live rows (S must be > 0)");
     if (n_tiles == 0) {
@@ -842,14 +865,18 @@ static epd_status_t requant_live(const uint8_t *q, const float *scales, const in
         }
         return EPD_OK;
     }
-    if (n_tiles <= 256)
-        return live_queue<256>(all, n_tiles, q, scales, hidden, kind, scale, q_out, scale_dev, l,
-                               st, err);
-    if (n_tiles <= 1024)
-        return live_queue<1024>(all, n_tiles, q, scales, hidden, kind, scale, q_out, scale_dev, l,
-                                st, err);
-    return live_queue<EPD_REQUANT_LIVE_TILES>(all, n_tiles, q, scales, hidden, kind, scale, q_out,
-                                              scale_dev, l, st, err);
+#define EPD_LIVE_QUEUE(T)                                                                       \
+    if (n_tiles <= (T))                                                                         \
+        return live_queue<(T)>(all, n_tiles, rbits, q, scales, hidden, kind, scale, q_out,      \
+                               scale_dev, l, st, err)
+    EPD_LIVE_QUEUE(64);
+    EPD_LIVE_QUEUE(256);
+    EPD_LIVE_QUEUE(512);
+    EPD_LIVE_QUEUE(1024);
+    EPD_LIVE_QUEUE(2048);
+#undef EPD_LIVE_QUEUE
+    return live_queue<EPD_REQUANT_LIVE_TILES>(all, n_tiles, rbits, q, scales, hidden, kind, scale,
+                                              q_out, scale_dev, l, st, err);
 out:
     return status;
 }

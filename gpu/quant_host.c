@@ -424,21 +424,34 @@ epd_quant_launch_t epd_quant_launch_pick(epd_quant_kernel_t kernel, uint32_t hid
         l.vec = 8; /* independent loads in flight a thread */
         break;
     case EPD_QK_REQUANT_LIVE: {
-        /* rows = the live rows. A row a tile while the tiles fit in one wave of blocks (decode:
-         * every row's loads leave at once); beyond that 4-row tiles, like the long layouts'
-         * requant. Threads: a row a whole number of passes of 2 vectors (224 at H 7168). */
-        uint32_t nvr = hidden / 16;
-        const uint64_t sms = sm_count > 0 ? sm_count : 1;
-        l.threads = 0;
-        l.vec = 2;
+        /* rows = the live rows. From kbench --sweep on one H200 at H 7168 (docs/notes/kernels.md),
+         * by how many rows are live in all:
+         *   up to 128: a row a pass of one vector a thread (448 threads), a row a tile;
+         *   up to 2048 (decode): four vectors a thread (224 threads: two rows a pass), a pass a
+         *     tile: twice the loads in flight of two vectors, every block's work one pass;
+         *   more: two vectors a thread, 8-row tiles, so that the launch carries few tiles.
+         * At most 4 blocks an SM. Other hidden sizes: the same vectors a thread with the threads
+         * that make a row a whole number of passes, or 256/128 threads. */
+        const uint32_t nvr = hidden / 16;
+        const uint32_t vec = rows <= 128 ? 1 : rows <= 2048 ? 4 : 2;
         l.blocks = 4;
+        l.threads = 0;
+        l.vec = vec;
         for (uint32_t t = 512; t >= 128 && l.threads == 0; t -= 32)
-            if (nvr && nvr % (t * 2) == 0) l.threads = t;
+            if (nvr && nvr % (t * vec) == 0 && (vec != 1 || t >= 256)) l.threads = t;
+        if (vec == 4 && l.threads == 0) /* two rows a pass (H 7168: 224 threads) */
+            for (uint32_t t = 512; t >= 128 && l.threads == 0; t -= 32)
+                if (nvr && (2 * nvr) % (t * vec) == 0) l.threads = t;
         if (l.threads == 0) {
             l.threads = nvr >= 256 ? 256 : 128;
             l.vec = nvr >= 512 ? 2 : 1;
         }
-        l.rows = (uint64_t)rows <= sms * l.blocks ? 1 : 4;
+        if (vec == 4 && l.vec == 4) {
+            const uint32_t pass = l.threads * l.vec; /* vectors a pass */
+            l.rows = pass >= nvr ? pass / nvr : 1;
+        } else {
+            l.rows = rows <= 2048 ? 1 : 8;
+        }
         break;
     }
     default:

@@ -156,6 +156,34 @@ print()
 print('best layout-aware requant geometry (threads:vec:rows:blocks) per layout and mode:')
 for (lay, kind), gs in sorted(best_geoms.items()):
     print('  %-22s %-5s %s' % (lay, kind, '  '.join('%s=%s' % g for g in gs)))
+# The table for docs/results.md: the picked geometry only, one line per layout, kind and mode.
+print()
+print('results table (picked geometries; paste into docs/results.md):')
+print()
+print('| layout (H 7168) | kind | mode | copy kernel us | S given us | delta us | ratio copyk / memcpy | verdict |')
+print('| --- | --- | --- | --- | --- | --- | --- | --- |')
+for sec, lay, mode in layouts:
+    for kind in ('group', 'token'):
+        g, _ = pick_best((sec, 'given_' + kind, lay, mode))
+        x, _ = pick_best((sec, 'stepexch_' + kind, lay, mode))
+        if g is None:
+            continue
+        v = []
+        if sec in ('decode', 'decode32'):
+            v.append(g['t'] - g['ck'] <= 1.5 and x['t'] - g['t'] <= 0.5)
+        if sec in ('long', 'decode32'):
+            v.append(g['ck'] / g['t'] >= 0.90 and g['mc'] / g['t'] >= 0.90 and
+                     g['ck'] / x['t'] >= 0.88 and g['mc'] / x['t'] >= 0.88)
+        print('| %s | %s | %s | %.2f | %.2f | %+.2f | %.3f / %.3f | %s |' % (
+            lay, kind, mode, g['ck'], g['t'], g['t'] - g['ck'], g['ck'] / g['t'],
+            g['mc'] / g['t'], verdict(all(v))))
+for lay, kern, mode in qkeys:
+    if not lay.startswith('M128_') or mode != 'graph':
+        continue
+    pk, _ = pick_best(('quant', kern, lay, mode))
+    print('| quantize M=128 | %s | %s | %.2f | %.2f | %+.2f | %.3f / %.3f | %s |' % (
+        kern, mode, pk['ck'], pk['t'], pk['t'] - pk['ck'], pk['ck'] / pk['t'],
+        pk['mc'] / pk['t'], verdict(pk['t'] - pk['ck'] <= 1.0)))
 print()
 print('criteria with the picked geometries: %s' % ('PASS' if not failed else 'FAIL'))
 sys.exit(1 if failed else 0)

@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <vector>
+
 #include "gpu/fp8.h"
 #include "gpu/quant.h"
 #include "gpu/quant_dev.cuh"
@@ -449,6 +451,15 @@ static void case_requant_live_args(void)
               epd_requant_step_cuda(dq, ds, one, 2, 2, 128, EPD_SCALE_GROUP128, dq, NULL, NULL,
                                     NULL, err) == EPD_ERR_INVALID_ARG;
     CUDA_OK(cudaDeviceSynchronize());
+    /* a layout whose rows and rows a tile do not fit the 32-bit tile word: an error, no launch
+     * (4095 x 2^19 rows, 8-row tiles; all counts 0, so no buffer is read) */
+    {
+        std::vector<int32_t> zeros(4095, 0);
+        epd_quant_launch_t eight = {224, 2, 8, 4};
+        ok = ok && epd_requant_given_cuda(dq, ds, zeros.data(), 4095, 1u << 19, 128,
+                                          EPD_SCALE_GROUP128, 1.0f, dq, &eight, NULL,
+                                          err) == EPD_ERR_INVALID_ARG;
+    }
     /* no live row: the step scale is 0 and nothing runs */
     float got = -1.0f;
     ok = ok && epd_requant_step_cuda(dq, ds, none, 2, 2, 128, EPD_SCALE_GROUP128, dq, ds, NULL,
@@ -456,7 +467,8 @@ static void case_requant_live_args(void)
     CUDA_OK(cudaMemcpy(&got, ds, 4, cudaMemcpyDeviceToHost));
     ok = ok && got == 0.0f;
     report(ok, "layout-aware requant rejects S <= 0 with live rows, non-finite S, bad counts, "
-               "alignment, NULL counts, bad H and launch; S = 0 with no live row (last: %s)", err);
+               "alignment, NULL counts, bad H and launch, a layout too large for a tile word; S = 0 "
+               "with no live row (last: %s)", err);
     CUDA_OK(cudaFree(dq));
     CUDA_OK(cudaFree(ds));
 }
@@ -738,6 +750,8 @@ int main(void)
                                             {224, 2, 2, 4}, {224, 2, 4, 4}, {224, 2, 8, 4},
                                             {448, 1, 1, 4}, {448, 1, 2, 4}, {128, 4, 1, 0},
                                             {96, 4, 1, 0},  {224, 1, 2, 0}, {224, 4, 2, 4},
+                                            {224, 4, 4, 4}, {224, 4, 8, 4}, {448, 2, 2, 4},
+                                            {224, 4, 2, 8}, {448, 4, 4, 4}, {224, 2, 16, 4},
                                             {32, 1, 3, 1},  {1024, 4, 1, 2}};
         int g = 0;
         for (const epd_quant_launch_t &l : geoms) {

@@ -539,15 +539,31 @@ static void test_quant__requant_tiles__one_expert_each_and_doubled_when_too_many
     assert_int_equal(live, 0);
 }
 
-/* The layout-aware requant's pick: a row a tile while the tiles fit one wave of blocks. */
-static void test_quant__launch_pick__requant_live_one_row_tiles_at_decode(void **state)
+/* The layout-aware requant's pick at H 7168 (kbench's best per class of live rows): a row a
+ * pass of one vector a thread up to 128 rows, a pass of four (two rows) a tile up to 2048, then
+ * 8-row tiles of two vectors a thread. */
+static void test_quant__launch_pick__requant_live_by_live_rows(void **state)
 {
     (void)state;
-    epd_quant_launch_t decode = epd_quant_launch_pick(EPD_QK_REQUANT_LIVE, 7168, 256, 132);
+    epd_quant_launch_t few = epd_quant_launch_pick(EPD_QK_REQUANT_LIVE, 7168, 128, 132);
+    epd_quant_launch_t decode = epd_quant_launch_pick(EPD_QK_REQUANT_LIVE, 7168, 2048, 132);
     epd_quant_launch_t big = epd_quant_launch_pick(EPD_QK_REQUANT_LIVE, 7168, 32768, 132);
-    assert_int_equal(decode.rows, 1);
-    assert_int_equal(big.rows, 4);
-    assert_int_equal(decode.threads * decode.vec, 448); /* a 7168-byte row: one pass */
+    assert_int_equal(few.threads * few.vec, 448); /* a 7168-byte row: one pass */
+    assert_int_equal(few.vec, 1);
+    assert_int_equal(few.rows, 1);
+    assert_int_equal(decode.vec, 4);
+    assert_int_equal(decode.threads * decode.vec, 2 * 448); /* two rows a pass */
+    assert_int_equal(decode.rows, 2);
+    assert_int_equal(big.vec, 2);
+    assert_int_equal(big.rows, 8);
+    char err[EPD_ERR_LEN] = "";
+    const uint32_t hs[] = {128, 256, 896, 2048, 4096, 5120, 7168};
+    const uint32_t rows[] = {1, 128, 129, 2048, 2049, 32768};
+    for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
+        for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++) {
+            epd_quant_launch_t l = epd_quant_launch_pick(EPD_QK_REQUANT_LIVE, hs[i], rows[k], 132);
+            assert_int_equal(epd_quant_launch_check(EPD_QK_REQUANT_LIVE, hs[i], &l, err), EPD_OK);
+        }
 }
 
 /* ---- argument checks, many rows ---- */
@@ -697,7 +713,7 @@ int main(void)
         cmocka_unit_test(test_quant__requant__bad_arguments__rejected),
         cmocka_unit_test(test_quant__requant_given__same_bytes_as_static_and_zero_only_without_rows),
         cmocka_unit_test(test_quant__requant_tiles__one_expert_each_and_doubled_when_too_many),
-        cmocka_unit_test(test_quant__launch_pick__requant_live_one_row_tiles_at_decode),
+        cmocka_unit_test(test_quant__launch_pick__requant_live_by_live_rows),
         cmocka_unit_test(test_quant__bad_shapes__rejected_with_message),
         cmocka_unit_test(test_quant__many_rows__same_as_row_function),
         cmocka_unit_test(test_quant__launch_pick__valid_for_every_hidden),
