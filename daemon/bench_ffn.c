@@ -7,9 +7,12 @@
  * --bench-iters, each synchronized) under every tuning of gpu/ffn_cuda.h the sweep lists (the
  * daemon's default first), beside a dense cuBLASLt BF16 GEMM of the same FLOPs; once per format
  * the accuracy of the device partials against the host reference (fp32, fp64 sums). The
- * partials are combine.dtype's (BF16, or FP8 group128), compared after dequantization. Besides
- * the table, one `ffn-result key=value ...` line per measurement for scripts
- * (tests/gpu/ffn_gpu.sh). */
+ * partials are combine.dtype's (BF16, or FP8 group128), compared after dequantization. Each row
+ * also says how many experts had rows (an expert without rows reads no weights), the host's
+ * time until the call returned, and the time over the read of the used experts' weights. Besides
+ * the table, one `ffn-result key=value ...` line per measurement and, after each tuning, one
+ * `ffn-plan ...` line per GEMM plan it made (the algorithm, and the autotune's times) for
+ * scripts (tests/gpu/ffn_gpu.sh). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +47,7 @@ typedef struct ffn_sweep {
     epd_ffn_cuda_tuning_t tuning;
 #endif
     bool bf16_only; /* batched GEMMs: BF16 weights only */
+    bool fp8_only;  /* FP8 fast accumulation */
 } ffn_sweep_t;
 
 #ifdef EPD_HAVE_CUDA
@@ -58,6 +62,13 @@ static ffn_sweep_t sweeps[] = {
     {.name = "streams=4,sm_target", .tuning = {.streams = 4, .sm_target = true}},
     {.name = "streams=8,sm_target", .tuning = {.streams = 8, .sm_target = true}},
     {.name = "batched", .tuning = {.streams = 1, .batched = true}, .bf16_only = true},
+    {.name = "streams=1,autotune", .tuning = {.streams = 1, .autotune = true}},
+    {.name = "streams=2,autotune", .tuning = {.streams = 2, .autotune = true}},
+    {.name = "streams=4,autotune", .tuning = {.streams = 4, .autotune = true}},
+    {.name = "streams=8,autotune", .tuning = {.streams = 8, .autotune = true}},
+    {.name = "streams=4,autotune,fast_accum",
+     .tuning = {.streams = 4, .autotune = true, .fast_accum = true},
+     .fp8_only = true},
 };
 #else
 static ffn_sweep_t sweeps[] = {{.name = "default"}};
@@ -196,11 +207,9 @@ static epd_status_t accuracy(const ffn_runner_t *r, const epd_moe_shape_t *s,
     if (ref == NULL || got == NULL || a == NULL || b == NULL || partials == NULL) goto out;
     /* the device sees only the first n records: their rows per expert counted on the device */
     {
-        ffn_runner_t through_ops = *r;
         ffn_records_t first = *rec;
         first.rows = NULL;
-        CHECK_GOTO(run_experts(&through_ops, s, w->layers[0].layer, &first, n, partials, err),
-                   out);
+        CHECK_GOTO(run_experts(r, s, w->layers[0].layer, &first, n, partials, err), out);
     }
     CHECK_GOTO(r->ops->copy_to_host(r->ctx, got, partials, (size_t)n * pl.size), out);
     CHECK_GOTO(epd_ops_host.init(-1, &hctx, err), out);
@@ -231,30 +240,84 @@ out:
     return status;
 }
 
-/* The median time of iters experts calls (after two warm-ups), microseconds. */
+/* The median time of iters experts calls (after two warm-ups: the autotune runs in the first),
+ * microseconds: *us_p to the end of the wait, *host_us_p until the call returned (the host's
+ * share: the launches; equal to *us_p when the host cannot queue ahead of the device). */
 static epd_status_t time_experts(const ffn_runner_t *r, const epd_moe_shape_t *s, uint32_t layer,
                                  const ffn_records_t *rec, uint32_t tokens, void *partials,
-                                 uint32_t iters, double *us_p, char err[EPD_ERR_LEN])
+                                 uint32_t iters, double *us_p, double *host_us_p,
+                                 char err[EPD_ERR_LEN])
 {
-    uint64_t *t = calloc(iters, sizeof *t);
+    uint64_t *t = calloc(2 * (size_t)iters, sizeof *t), *h = t + iters;
     if (t == NULL) {
         snprintf(err, EPD_ERR_LEN, "out of memory");
         return EPD_ERR_NO_MEMORY;
     }
     for (uint32_t i = 0; i < iters + 2; i++) {
-        uint64_t t0 = epd_now_ns();
-        epd_status_t status = run_experts(r, s, layer, rec, tokens, partials, err);
+        uint64_t t0 = epd_now_ns(), t1;
+        epd_status_t status;
+#ifdef EPD_HAVE_CUDA
+        if (r->ffn != NULL) {
+            status = epd_ffn_cuda_experts(r->ffn, s, layer, rec->dev, tokens, rec->rows, partials,
+                                          NULL, err);
+            t1 = epd_now_ns();
+            if (status == EPD_OK) status = epd_ffn_cuda_sync(r->ffn, err);
+        } else
+#endif
+        {
+            status = r->ops->experts(r->ctx, s, layer, rec->dev, tokens, rec->rows, partials);
+            t1 = epd_now_ns();
+            if (status == EPD_OK) status = r->ops->sync(r->ctx);
+            if (status != EPD_OK)
+                snprintf(err, EPD_ERR_LEN, "experts: %s", r->ops->last_error(r->ctx));
+        }
         if (status != EPD_OK) {
             free(t);
             return status;
         }
-        if (i >= 2) t[i - 2] = epd_now_ns() - t0;
+        if (i >= 2) {
+            t[i - 2] = epd_now_ns() - t0;
+            h[i - 2] = t1 - t0;
+        }
     }
     qsort(t, iters, sizeof *t, cmp_u64);
+    qsort(h, iters, sizeof *h, cmp_u64);
     *us_p = (double)t[iters / 2] / 1e3;
+    *host_us_p = (double)h[iters / 2] / 1e3;
     free(t);
     return EPD_OK;
 }
+
+/* The local experts with at least one row among a token count's records. */
+static uint32_t experts_used(const epd_moe_shape_t *s, const ffn_records_t *rec)
+{
+    uint32_t used = 0;
+    for (uint32_t e = 0; e < s->num_experts; e++) used += rec->rows[e] > 0;
+    return used;
+}
+
+#ifdef EPD_HAVE_CUDA
+/* The GEMM plans the last sweep made (gpu/ffn_cuda.h epd_ffn_cuda_plans), one line each: the
+ * chosen algorithm, and with the autotune its time against the heuristic's first, with the
+ * weight bytes per microsecond that time reads. */
+static void print_plans(const epd_ffn_cuda_t *ffn, const epd_ffn_weights_t *w, const char *tuning)
+{
+    epd_ffn_cuda_plan_info_t info[256];
+    uint32_t n = epd_ffn_cuda_plans(ffn, info, 256);
+    double es = w->format == EPD_FFN_FP8_BLOCK ? 1 : 2;
+    for (uint32_t i = 0; i < n && i < 256; i++) {
+        const epd_ffn_cuda_plan_info_t *p = &info[i];
+        double bytes = 2.0 * w->intermediate * w->hidden * es / (p->proj == 0 ? 1 : 2);
+        printf("ffn-plan weights=%s tuning=%s proj=%s rows=%u batch=%u tile=%u splitk=%u "
+               "waves=%.2f candidates=%u chosen=%u heuristic_us=%.1f chosen_us=%.1f "
+               "heuristic_GBps=%.0f chosen_GBps=%.0f\n",
+               epd_ffn_format_name(w->format), tuning, p->proj == 0 ? "gate_up" : "down",
+               p->rows, p->batch, p->tile, p->splitk, p->waves, p->candidates, p->chosen,
+               p->heuristic_us, p->chosen_us, p->heuristic_us > 0 ? bytes / p->heuristic_us / 1e3 : 0,
+               p->chosen_us > 0 ? bytes / p->chosen_us / 1e3 : 0);
+    }
+}
+#endif
 
 static double ratio(double a, double b)
 {
@@ -313,9 +376,9 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
            ops->name, s.num_experts, s.hidden, inter, s.topk,
            s.dtype == EPD_WIRE_FP8 ? "fp8" : "bf16",
            s.combine_dtype == EPD_COMBINE_FP8 ? "fp8" : "bf16", iters);
-    printf("%-9s %-19s %7s %7s %10s %8s %10s %8s %8s %9s %8s %8s\n", "weights", "tuning", "tokens",
-           "rows/e", "experts_us", "TFLOP/s", "dense_us", "TFLOP/s", "vs_dense", "read_us",
-           "vs_read", "fp8/bf16");
+    printf("%-9s %-19s %7s %7s %5s %10s %8s %8s %10s %8s %8s %9s %8s %8s %8s\n", "weights",
+           "tuning", "tokens", "rows/e", "used", "experts_us", "host_us", "TFLOP/s", "dense_us",
+           "TFLOP/s", "vs_dense", "read_us", "vs_read", "vs_used", "fp8/bf16");
     for (size_t f = 0; f < n_formats && rc == 0; f++) {
         epd_ffn_weights_t *w = NULL;
         epd_ops_ctx_t *ctx = NULL;
@@ -388,6 +451,7 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
 #endif
         for (size_t sw = 0; rc == 0 && sw < n_sweeps; sw++) {
             if (sweeps[sw].bf16_only && w->format != EPD_FFN_BF16) continue;
+            if (sweeps[sw].fp8_only && w->format != EPD_FFN_FP8_BLOCK) continue;
 #ifdef EPD_HAVE_CUDA
             if (runner.ffn != NULL &&
                 epd_ffn_cuda_set_tuning(runner.ffn, &sweeps[sw].tuning, err) != EPD_OK) {
@@ -397,17 +461,21 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
             }
 #endif
             for (size_t i = 0; i < n_sizes; i++) {
-                double us = 0;
+                double us = 0, host_us = 0;
+                uint32_t used = experts_used(&s, &recs[i]);
                 double flops = 6.0 * sizes[i] * s.topk * (double)s.hidden * w->intermediate;
                 double rows_e = (double)sizes[i] * s.topk / s.num_experts;
                 if (time_experts(&runner, &s, w->layers[0].layer, &recs[i], sizes[i],
-                                 partials[i], iters, &us, err) != EPD_OK) {
+                                 partials[i], iters, &us, &host_us, err) != EPD_OK) {
                     printf("%-9s %-19s %7u  skipped: %s\n", epd_ffn_format_name(w->format),
                            sweeps[sw].name, sizes[i], err);
                     continue;
                 }
                 double vs_dense = ratio(flops / us, dense_us[i] > 0 ? flops / dense_us[i] : 0);
                 double vs_read = have_read ? ratio(us, read_us) : NAN;
+                /* over the read of the weights of the experts with rows only (the others are
+                 * not read): at 1 row per expert on average, about a third have none */
+                double vs_used = have_read ? ratio(us, read_us * used / s.num_experts) : NAN;
                 double fp8_bf16 = NAN;
                 if (w->format == EPD_FFN_BF16) bf16_us[sw][i] = us;
                 if (w->format == EPD_FFN_FP8_BLOCK) {
@@ -415,27 +483,31 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
                     fp8_bf16 = ratio(us, bf16_us[sw][i]);
                 }
                 (void)layer_bytes;
-                printf("%-9s %-19s %7u %7.1f %10.1f %8.1f", epd_ffn_format_name(w->format),
-                       sweeps[sw].name, sizes[i], rows_e, us, flops / us / 1e6);
+                printf("%-9s %-19s %7u %7.1f %5u %10.1f %8.1f %8.1f",
+                       epd_ffn_format_name(w->format), sweeps[sw].name, sizes[i], rows_e, used, us,
+                       host_us, flops / us / 1e6);
                 if (dense_us[i] > 0)
                     printf(" %10.1f %8.1f %8.2f", dense_us[i], flops / dense_us[i] / 1e6,
                            vs_dense);
                 else
                     printf(" %10s %8s %8s", "n/a", "n/a", "n/a");
                 if (have_read)
-                    printf(" %9.1f %8.2f", read_us, vs_read);
+                    printf(" %9.1f %8.2f %8.2f", read_us, vs_read, vs_used);
                 else
-                    printf(" %9s %8s", "n/a", "n/a");
+                    printf(" %9s %8s %8s", "n/a", "n/a", "n/a");
                 if (!isnan(fp8_bf16))
                     printf(" %8.2f", fp8_bf16);
                 printf("\n");
                 printf("ffn-result weights=%s tuning=%s tokens=%u rows_per_expert=%.2f "
-                       "experts_us=%.1f dense_us=%.1f read_us=%.1f vs_dense=%.3f vs_read=%.3f "
-                       "fp8_over_bf16=%.3f\n",
-                       epd_ffn_format_name(w->format), sweeps[sw].name, sizes[i], rows_e, us,
-                       dense_us[i], read_us, vs_dense, vs_read, fp8_bf16);
+                       "experts_used=%u experts_us=%.1f host_us=%.1f dense_us=%.1f read_us=%.1f "
+                       "vs_dense=%.3f vs_read=%.3f vs_used=%.3f fp8_over_bf16=%.3f\n",
+                       epd_ffn_format_name(w->format), sweeps[sw].name, sizes[i], rows_e, used,
+                       us, host_us, dense_us[i], read_us, vs_dense, vs_read, vs_used, fp8_bf16);
                 fflush(stdout);
             }
+#ifdef EPD_HAVE_CUDA
+            if (runner.ffn != NULL) print_plans(runner.ffn, w, sweeps[sw].name);
+#endif
         }
         if (rc == 0) {
             uint32_t n = sizes[0] < ACCURACY_RECORDS ? sizes[0] : ACCURACY_RECORDS;
@@ -465,8 +537,10 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
         ops->fini(ctx);
         epd_ffn_free(w);
     }
-    printf("vs_dense: the experts' TFLOP/s over the dense GEMM's; vs_read: the experts time over "
-           "the time to read one layer's weights once (1.0 is the bound at decode sizes); "
-           "fp8/bf16: over the same tuning's BF16 time\n");
+    printf("used: local experts with rows (the others read no weights); host_us: until the "
+           "experts call returned, before the wait; vs_dense: the experts' TFLOP/s over the dense "
+           "GEMM's; vs_read: the experts time over the time to read one layer's weights once "
+           "(1.0 is the bound at decode sizes); vs_used: over the time to read the used "
+           "experts' weights; fp8/bf16: over the same tuning's BF16 time\n");
     return rc;
 }

@@ -38,6 +38,10 @@ extern "C" {
 #define PLAN_CACHE 128                /* GEMM plans kept per projection (by rows and batch) */
 #define GROUP 128
 #define HOST_SLOTS 4                  /* experts calls whose host counts may be in flight */
+#define HEURISTIC_ALGOS 16            /* the heuristic's answers the autotune times */
+#define SPLITK_FROM 4                 /* of which the first few also get split-K variants */
+#define MAX_CANDIDATES (HEURISTIC_ALGOS + 4 * SPLITK_FROM)
+#define TUNE_REPS 8                   /* GEMMs per timed candidate, each on the next expert */
 
 enum { PROJ_GATE_UP = 0, PROJ_DOWN = 1, N_PROJ };
 
@@ -52,10 +56,15 @@ typedef struct dev_layer {
 
 typedef struct gemm_plan {
     bool valid;
+    bool tuned;     /* the algorithm is the fastest of the timed candidates */
     uint32_t n;     /* padded rows */
     uint32_t batch; /* 0: one GEMM; else a pointer-array batch of this many */
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulAlgo_t algo;
+    /* what epd_ffn_cuda_plans reports */
+    uint32_t candidates, chosen;
+    float waves;
+    double heuristic_us, chosen_us;
 } gemm_plan_t;
 
 struct epd_ffn_cuda {
@@ -379,6 +388,7 @@ static void plan_destroy(gemm_plan_t *p)
     cublasLtMatrixLayoutDestroy(p->b);
     cublasLtMatrixLayoutDestroy(p->d);
     p->valid = false;
+    p->tuned = false;
 }
 
 static void plans_clear(epd_ffn_cuda_t *f)
@@ -406,26 +416,191 @@ static cublasStatus_t layout_create(cublasLtMatrixLayout_t *l, cudaDataType_t ty
     return st;
 }
 
-/* The plan (layouts and algorithm) of a projection at n padded rows (batch 0: one GEMM, else a
- * pointer-array batch of that many), from the cache or made (the heuristic runs once per key). */
-static epd_status_t get_plan(epd_ffn_cuda_t *f, int proj, uint32_t n, uint32_t batch,
-                             gemm_plan_t **plan_p, char err[EPD_ERR_LEN])
+static void *dalloc(size_t bytes);
+__global__ void fill_random_bf16(uint16_t *p, size_t n, uint32_t seed);
+
+__global__ void fill_f32(float *p, size_t n, float v)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        p[i] = v;
+}
+
+/* The A (weights) scale pointer of expert e's FP8 GEMM of a projection. */
+static const float *weight_scales(const epd_ffn_cuda_t *f, const dev_layer_t *l, int proj,
+                                  uint32_t e)
+{
+    uint32_t nn, k;
+    proj_dims(f, proj, &nn, &k);
+    return (proj == PROJ_GATE_UP ? l->gate_up_scale : l->down_scale) +
+           (size_t)e * (nn / GROUP) * l4(k);
+}
+
+/* Each candidate algorithm of plan p timed alone on f->stream (after all of the tuning's
+ * streams are idle): a warm-up, then TUNE_REPS GEMMs on consecutive experts of layer l (so the
+ * weights come from memory, not L2) on random activations of p->n rows in scratch buffers;
+ * us[c] the mean microseconds per GEMM, or -1 where candidate c did not run. */
+static epd_status_t time_candidates(epd_ffn_cuda_t *f, int proj, const dev_layer_t *l,
+                                    const gemm_plan_t *p, const cublasLtMatmulAlgo_t *cand,
+                                    uint32_t n_cand, double *us, char err[EPD_ERR_LEN])
 {
     bool fp8 = f->format == EPD_FFN_FP8_BLOCK;
-    cudaDataType_t in = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
-    cudaDataType_t out = f->d_bf16[proj] ? CUDA_R_16BF : CUDA_R_32F;
-    uint32_t nn, k;
-    cublasLtMatmulHeuristicResult_t result;
-    int found = 0;
+    size_t es = fp8 ? 1 : 2, out_es = f->d_bf16[proj] ? 2 : 4;
+    uint32_t nn, k, reps = f->n_local < TUNE_REPS ? f->n_local : TUNE_REPS;
+    const float one = 1.0f, zero = 0.0f;
+    cudaEvent_t ev[2] = {NULL, NULL};
+    void *b = NULL, *d = NULL;
+    float *bs = NULL;
+    epd_status_t status = EPD_ERR_CUDA;
 
-    for (uint32_t i = 0; i < PLAN_CACHE; i++) {
-        gemm_plan_t *p = &f->plans[proj][i];
-        if (p->valid && p->n == n && p->batch == batch) {
-            *plan_p = p;
-            return EPD_OK;
+    proj_dims(f, proj, &nn, &k);
+    for (uint32_t s = 0; s < f->tuning.streams; s++)
+        CU(cudaStreamSynchronize(f->streams[s]), "waiting for the streams before the autotune");
+    b = dalloc((size_t)p->n * k * es);
+    d = dalloc((size_t)p->n * nn * out_es);
+    bs = (float *)dalloc((size_t)(k / GROUP) * p->n * sizeof(float));
+    if (b == NULL || d == NULL || bs == NULL) {
+        cudaGetLastError();
+        snprintf(err, EPD_ERR_LEN, "ffn experts: out of device memory for the autotune");
+        status = EPD_ERR_NO_MEMORY;
+        goto out;
+    }
+    if (fp8) /* e4m3 1.0 activations, scales 1 */
+        cudaMemsetAsync(b, 0x38, (size_t)p->n * k, f->stream);
+    else
+        fill_random_bf16<<<256, 256, 0, f->stream>>>((uint16_t *)b, (size_t)p->n * k, 3);
+    fill_f32<<<64, 256, 0, f->stream>>>(bs, (size_t)(k / GROUP) * p->n, 1.0f);
+    if (cudaGetLastError() != cudaSuccess ||
+        cudaEventCreate(&ev[0]) != cudaSuccess || cudaEventCreate(&ev[1]) != cudaSuccess) {
+        snprintf(err, EPD_ERR_LEN, "ffn experts: autotune set-up failed");
+        goto out;
+    }
+    for (uint32_t c = 0; c < n_cand; c++) {
+        bool ran = true;
+        for (uint32_t r = 0; r <= reps && ran; r++) {
+            uint32_t e = r % f->n_local;
+            const uint8_t *w = (const uint8_t *)(proj == PROJ_GATE_UP ? l->gate_up : l->down) +
+                               (size_t)e * nn * k * es;
+            if (r == 1) cudaEventRecord(ev[0], f->stream);
+            if (fp8) {
+                const float *ws = weight_scales(f, l, proj, e);
+                cublasLtMatmulDescSetAttribute(f->desc[proj], CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                               &ws, sizeof ws);
+                cublasLtMatmulDescSetAttribute(f->desc[proj], CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                               &bs, sizeof bs);
+            }
+            ran = cublasLtMatmul(f->lt, f->desc[proj], &one, w, p->a, b, p->b, &zero, d, p->d, d,
+                                 p->d, &cand[c], f->workspace[0], WORKSPACE_BYTES,
+                                 f->stream) == CUBLAS_STATUS_SUCCESS;
+        }
+        cudaEventRecord(ev[1], f->stream);
+        if (cudaEventSynchronize(ev[1]) != cudaSuccess) {
+            snprintf(err, EPD_ERR_LEN, "ffn experts: autotune GEMM failed: %s",
+                     cudaGetErrorString(cudaGetLastError()));
+            goto out;
+        }
+        float ms = 0;
+        us[c] = ran && cudaEventElapsedTime(&ms, ev[0], ev[1]) == cudaSuccess
+                    ? (double)ms * 1e3 / reps
+                    : -1;
+    }
+    status = EPD_OK;
+out:
+    for (int i = 0; i < 2; i++)
+        if (ev[i] != NULL) cudaEventDestroy(ev[i]);
+    cudaFree(b);
+    cudaFree(d);
+    cudaFree(bs);
+    return status;
+}
+
+/* The candidates of a plan: the heuristic's answers that fit the workspace (max of them), then
+ * with split_k split-K variants (2, 4, 8, 16 where each split is whole 128-column blocks of K;
+ * reduced in fp32 or the output type: never in place, whose sums' order is not fixed) of the
+ * first SPLITK_FROM, those cuBLASLt accepts.
+ * Returns how many; waves[c] cuBLASLt's waves estimate. */
+static uint32_t plan_candidates(epd_ffn_cuda_t *f, int proj, const gemm_plan_t *p, uint32_t max,
+                                bool split_k, cublasLtMatmulAlgo_t *cand, float *waves,
+                                cublasStatus_t *st_p)
+{
+    cublasLtMatmulHeuristicResult_t res[HEURISTIC_ALGOS];
+    int found = 0;
+    uint32_t n = 0;
+    if (max > HEURISTIC_ALGOS) max = HEURISTIC_ALGOS;
+    *st_p = cublasLtMatmulAlgoGetHeuristic(f->lt, f->desc[proj], p->a, p->b, p->d, p->d, f->pref,
+                                           (int)max, res, &found);
+    if (*st_p != CUBLAS_STATUS_SUCCESS) return 0;
+    for (int i = 0; i < found; i++) {
+        if (res[i].state != CUBLAS_STATUS_SUCCESS || res[i].workspaceSize > WORKSPACE_BYTES)
+            continue;
+        waves[n] = res[i].wavesCount;
+        cand[n++] = res[i].algo;
+    }
+    uint32_t heuristic = n;
+    for (uint32_t i = 0; split_k && i < heuristic && i < SPLITK_FROM; i++) {
+        int32_t cur = 1;
+        size_t written = 0;
+        if (cublasLtMatmulAlgoConfigGetAttribute(&cand[i], CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &cur,
+                                                 sizeof cur, &written) != CUBLAS_STATUS_SUCCESS ||
+            cur > 1)
+            continue;
+        uint32_t nn, k;
+        proj_dims(f, proj, &nn, &k);
+        /* whole 128-column blocks per split: FP8 block scales are per 128 of K */
+        for (int32_t sk = 2; sk <= 16 && k % ((uint32_t)sk * GROUP) == 0; sk *= 2) {
+            const uint32_t schemes[] = {CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE,
+                                        CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE};
+            for (size_t r = 0; r < sizeof schemes / sizeof schemes[0]; r++) {
+                cublasLtMatmulAlgo_t a = cand[i];
+                cublasLtMatmulHeuristicResult_t chk;
+                memset(&chk, 0, sizeof chk);
+                if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk,
+                                                         sizeof sk) != CUBLAS_STATUS_SUCCESS ||
+                    cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                                         &schemes[r], sizeof schemes[r]) !=
+                        CUBLAS_STATUS_SUCCESS ||
+                    cublasLtMatmulAlgoCheck(f->lt, f->desc[proj], p->a, p->b, p->d, p->d, &a,
+                                            &chk) != CUBLAS_STATUS_SUCCESS ||
+                    chk.workspaceSize > WORKSPACE_BYTES)
+                    continue;
+                waves[n] = chk.wavesCount;
+                cand[n++] = a;
+                break;
+            }
         }
     }
-    gemm_plan_t *p = &f->plans[proj][f->next_plan[proj]++ % PLAN_CACHE];
+    return n;
+}
+
+/* The plan (layouts and algorithm) of a projection at n padded rows (batch 0: one GEMM, else a
+ * pointer-array batch of that many), from the cache or made (the heuristic runs once per key).
+ * With the tuning's autotune, a single GEMM's plan wanted with a layer l is made by timing its
+ * candidates on l's weights (time_candidates); l NULL (the start-up check): the heuristic's
+ * first, timed at its first use with a layer. */
+static epd_status_t get_plan(epd_ffn_cuda_t *f, int proj, const dev_layer_t *l, uint32_t n,
+                             uint32_t batch, gemm_plan_t **plan_p, char err[EPD_ERR_LEN])
+{
+    bool fp8 = f->format == EPD_FFN_FP8_BLOCK;
+    bool tune = f->tuning.autotune && batch == 0 && l != NULL;
+    cudaDataType_t in = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+    cudaDataType_t out = f->d_bf16[proj] ? CUDA_R_16BF : CUDA_R_32F;
+    uint32_t nn, k, n_cand;
+    cublasLtMatmulAlgo_t cand[MAX_CANDIDATES];
+    float waves[MAX_CANDIDATES];
+    double us[MAX_CANDIDATES];
+    cublasStatus_t st;
+    gemm_plan_t *p = NULL;
+
+    for (uint32_t i = 0; i < PLAN_CACHE; i++) {
+        gemm_plan_t *q = &f->plans[proj][i];
+        if (!q->valid || q->n != n || q->batch != batch) continue;
+        if (q->tuned || !tune) {
+            *plan_p = q;
+            return EPD_OK;
+        }
+        p = q; /* made untimed at start-up: made again, timed, in its slot */
+    }
+    if (p == NULL) p = &f->plans[proj][f->next_plan[proj]++ % PLAN_CACHE];
     plan_destroy(p);
     proj_dims(f, proj, &nn, &k);
     if (layout_create(&p->a, in, k, nn, k, batch) != CUBLAS_STATUS_SUCCESS) goto layout_failed;
@@ -439,33 +614,81 @@ static epd_status_t get_plan(epd_ffn_cuda_t *f, int proj, uint32_t n, uint32_t b
         goto layout_failed;
     }
     p->valid = true;
-    {
-        cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(f->lt, f->desc[proj], p->a, p->b, p->d,
-                                                           p->d, f->pref, 1, &result, &found);
-        if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) {
-            plan_destroy(p);
-            snprintf(err, EPD_ERR_LEN,
-                     "ffn experts: cublasLtMatmulAlgoGetHeuristic: cuBLAS status %d", (int)st);
-            return EPD_ERR_CUDA;
-        }
-        if (st == CUBLAS_STATUS_NOT_SUPPORTED || found == 0) {
-            plan_destroy(p);
-            snprintf(err, EPD_ERR_LEN,
-                     "ffn experts: cuBLASLt has no %s GEMM (%s out%s) for M %u, N %u, K %u on "
-                     "this device",
-                     fp8 ? "FP8 block-scaled" : "BF16", f->d_bf16[proj] ? "BF16" : "fp32",
-                     batch ? ", pointer-array batch" : "", nn, n, k);
-            return EPD_ERR_UNSUPPORTED;
-        }
-    }
-    p->algo = result.algo;
     p->n = n;
+    n_cand = plan_candidates(f, proj, p, tune ? HEURISTIC_ALGOS : 1, tune, cand, waves, &st);
+    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) {
+        plan_destroy(p);
+        snprintf(err, EPD_ERR_LEN, "ffn experts: cublasLtMatmulAlgoGetHeuristic: cuBLAS status %d",
+                 (int)st);
+        return EPD_ERR_CUDA;
+    }
+    if (n_cand == 0) {
+        plan_destroy(p);
+        snprintf(err, EPD_ERR_LEN,
+                 "ffn experts: cuBLASLt has no %s GEMM (%s out%s) for M %u, N %u, K %u on "
+                 "this device",
+                 fp8 ? "FP8 block-scaled" : "BF16", f->d_bf16[proj] ? "BF16" : "fp32",
+                 batch ? ", pointer-array batch" : "", nn, n, k);
+        return EPD_ERR_UNSUPPORTED;
+    }
+    p->chosen = 0;
+    p->candidates = n_cand;
+    p->heuristic_us = p->chosen_us = 0;
+    if (tune) {
+        epd_status_t status = time_candidates(f, proj, l, p, cand, n_cand, us, err);
+        if (status != EPD_OK) {
+            plan_destroy(p);
+            return status;
+        }
+        for (uint32_t c = 1; c < n_cand; c++)
+            if (us[c] > 0 && (us[p->chosen] <= 0 || us[c] < us[p->chosen])) p->chosen = c;
+        p->heuristic_us = us[0] > 0 ? us[0] : 0;
+        p->chosen_us = us[p->chosen] > 0 ? us[p->chosen] : 0;
+    }
+    p->tuned = tune;
+    p->algo = cand[p->chosen];
+    p->waves = waves[p->chosen];
     p->batch = batch;
     *plan_p = p;
     return EPD_OK;
 layout_failed:
     snprintf(err, EPD_ERR_LEN, "ffn experts: cublasLtMatrixLayoutCreate failed");
     return EPD_ERR_CUDA;
+}
+
+extern "C" uint32_t epd_ffn_cuda_plans(const epd_ffn_cuda_t *f, epd_ffn_cuda_plan_info_t *info,
+                                       uint32_t max)
+{
+    uint32_t count = 0;
+    for (int proj = 0; proj < N_PROJ; proj++) {
+        for (uint32_t i = 0; i < PLAN_CACHE; i++) {
+            const gemm_plan_t *p = &f->plans[proj][i];
+            if (!p->valid) continue;
+            if (count < max) {
+                epd_ffn_cuda_plan_info_t *o = &info[count];
+                int32_t splitk = 1;
+                uint32_t tile = 0;
+                size_t written = 0;
+                memset(o, 0, sizeof *o);
+                cublasLtMatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
+                                                     sizeof tile, &written);
+                cublasLtMatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                                                     &splitk, sizeof splitk, &written);
+                o->proj = (uint32_t)proj;
+                o->rows = p->n;
+                o->batch = p->batch;
+                o->tile = tile;
+                o->splitk = splitk > 0 ? (uint32_t)splitk : 1;
+                o->candidates = p->candidates;
+                o->chosen = p->chosen;
+                o->waves = p->waves;
+                o->heuristic_us = p->heuristic_us;
+                o->chosen_us = p->chosen_us;
+            }
+            count++;
+        }
+    }
+    return count;
 }
 
 /* D ([n][N] at out's row0) = the n padded rows of expert e from row0 of act times its weights,
@@ -482,15 +705,14 @@ static epd_status_t gemm(epd_ffn_cuda_t *f, int proj, const dev_layer_t *l, uint
     const float one = 1.0f, zero = 0.0f;
 
     proj_dims(f, proj, &nn, &k);
-    status = get_plan(f, proj, n, 0, &plan, err);
+    status = get_plan(f, proj, l, n, 0, &plan, err);
     if (status != EPD_OK) return status;
     const uint8_t *w = (const uint8_t *)(proj == PROJ_GATE_UP ? l->gate_up : l->down) +
                        (size_t)e * nn * k * es;
     const uint8_t *b = (const uint8_t *)act + (size_t)row0 * k * es;
     void *d = (uint8_t *)out + (size_t)row0 * nn * (f->d_bf16[proj] ? 2 : 4);
     if (fp8) {
-        const float *ws = (proj == PROJ_GATE_UP ? l->gate_up_scale : l->down_scale) +
-                          (size_t)e * (nn / GROUP) * l4(k);
+        const float *ws = weight_scales(f, l, proj, e);
         const float *as = act_scale + (size_t)row0 * (k / GROUP);
         LT(cublasLtMatmulDescSetAttribute(f->desc[proj], CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ws,
                                           sizeof ws), "A scale pointer");
@@ -510,7 +732,7 @@ static epd_status_t gemm_batched(epd_ffn_cuda_t *f, int proj, uint32_t n, uint32
 {
     gemm_plan_t *plan;
     const float one = 1.0f, zero = 0.0f;
-    epd_status_t status = get_plan(f, proj, n, batch, &plan, err);
+    epd_status_t status = get_plan(f, proj, NULL, n, batch, &plan, err);
     if (status != EPD_OK) return status;
     LT(cublasLtMatmul(f->lt, f->desc[proj], &one, ptrs, plan->a, ptrs + batch, plan->b, &zero,
                       ptrs + 2 * batch, plan->d, ptrs + 2 * batch, plan->d, &plan->algo,
@@ -616,6 +838,8 @@ extern "C" void epd_ffn_cuda_default_tuning(epd_ffn_cuda_tuning_t *t)
     t->streams = 4;
     t->batched = false;
     t->sm_target = false;
+    t->autotune = true;
+    t->fast_accum = false;
 }
 
 extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn_cuda_tuning_t *t,
@@ -645,9 +869,14 @@ extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn
     }
     /* the heuristic picks tiles for the SMs one stream may expect to have */
     int32_t target = t->sm_target && t->streams > 1 ? f->sm_count / (int32_t)t->streams : 0;
-    for (int p = 0; p < N_PROJ; p++)
+    int8_t fast = f->format == EPD_FFN_FP8_BLOCK && t->fast_accum;
+    for (int p = 0; p < N_PROJ; p++) {
         LT(cublasLtMatmulDescSetAttribute(f->desc[p], CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
                                           &target, sizeof target), "SM count target");
+        if (f->format == EPD_FFN_FP8_BLOCK)
+            LT(cublasLtMatmulDescSetAttribute(f->desc[p], CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
+                                              sizeof fast), "FP8 fast accumulation");
+    }
     plans_clear(f);
     return EPD_OK;
 }
@@ -789,10 +1018,10 @@ extern "C" epd_status_t epd_ffn_cuda_create(const epd_ffn_weights_t *w, void *st
     for (int p = 0; p < N_PROJ; p++) {
         /* a GEMM this device cannot run is a start-up error, not a step's; fp32 out first */
         gemm_plan_t *plan;
-        status = get_plan(f, p, pad_rows(1), 0, &plan, err);
+        status = get_plan(f, p, NULL, pad_rows(1), 0, &plan, err);
         if (status == EPD_ERR_UNSUPPORTED) {
             f->d_bf16[p] = true;
-            status = get_plan(f, p, pad_rows(1), 0, &plan, err);
+            status = get_plan(f, p, NULL, pad_rows(1), 0, &plan, err);
         }
         if (status != EPD_OK) goto fail;
     }

@@ -32,6 +32,12 @@ typedef struct epd_ffn_cuda_tuning {
     bool batched;     /* BF16 weights: the experts with equal padded rows as one pointer-array
                        * batched cuBLASLt GEMM per projection (FP8 weights: ignored) */
     bool sm_target;   /* with streams > 1: cuBLASLt's heuristic picks tiles for SMs / streams */
+    bool autotune;    /* each GEMM plan (projection, padded rows) times its candidates at first
+                       * use and keeps the fastest: cuBLASLt's heuristic's answers (up to 16)
+                       * and split-K variants of its first few; off: the heuristic's first.
+                       * Pointer-array batched plans always take the heuristic's first */
+    bool fast_accum;  /* FP8 weights: cuBLASLt's FP8 fast accumulation (no periodic promotion
+                       * of the sums; BF16 weights: ignored) */
 } epd_ffn_cuda_tuning_t;
 
 /* The tuning a new epd_ffn_cuda_t starts with (the fastest measured, docs/results.md). */
@@ -65,6 +71,22 @@ epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *ffn, const epd_moe_shape_t *sh
                                   uint32_t layer, const void *recv_buf, uint32_t n_records,
                                   const uint32_t *expert_rows_host, void *partials, double *qe,
                                   char err[EPD_ERR_LEN]);
+
+/* One GEMM plan as chosen: the projection (0 gate and up, 1 down), its padded rows and batch
+ * (0: one GEMM), the chosen algorithm's tile id, split-K count and cuBLASLt's waves estimate;
+ * with the autotune, how many candidates were timed, the heuristic's first's time and the
+ * chosen one's (microseconds per GEMM, alone on the stream; 0 when not timed). */
+typedef struct epd_ffn_cuda_plan_info {
+    uint32_t proj, rows, batch;
+    uint32_t tile, splitk, candidates, chosen;
+    float waves;
+    double heuristic_us, chosen_us;
+} epd_ffn_cuda_plan_info_t;
+
+/* Fills up to max plans made since the last tuning change (info caller-owned); returns how
+ * many there are (may exceed max). */
+uint32_t epd_ffn_cuda_plans(const epd_ffn_cuda_t *ffn, epd_ffn_cuda_plan_info_t *info,
+                            uint32_t max);
 
 /* Device bytes of the weights (all layers). */
 uint64_t epd_ffn_cuda_weight_bytes(const epd_ffn_cuda_t *ffn);

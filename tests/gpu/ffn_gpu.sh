@@ -91,22 +91,52 @@ END {
 }' "$out/bench.log" >"$out/summary_bench.txt"
 [[ $(cat "$out/status" 2>/dev/null) == 0 ]] || status=1
 
-echo "---- summary (logs in $out)"
-printf '%s\n' "${summary[@]}"
-cat "$out/summary_bench.txt"
-# per tuning, the three ratios (the lead picks the default from these)
-awk '
+# The summary as Markdown (also in $out/summary.md), to paste into docs/results.md as it is
+{
+    echo "---- summary (logs in $out; this block is $out/summary.md)"
+    echo
+    echo "Device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1); commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)."
+    grep -E '^ffn-baseline' "$out/bench.log" | awk '{ printf "Same-run read baseline: %s\n", $0 }' | sed 's/ffn-baseline //'
+    echo
+    printf '%s\n' "${summary[@]}" | sed 's/^/- /'
+    sed 's/^/- /' "$out/summary_bench.txt"
+    echo
+    echo "Default tuning (used: experts with rows; vs_used: over the read of their weights only):"
+    echo
+    awk '
+function kv(line, key) { if (match(line, key "=[^ ]+")) return substr(line, RSTART + length(key) + 1, RLENGTH - length(key) - 1); return "" }
+BEGIN { print "| weights | rows/expert | used | experts_us | host_us | vs_read | vs_used | vs_dense | fp8/bf16 |"; print "|---|---:|---:|---:|---:|---:|---:|---:|---:|" }
+/^ffn-result / && kv($0, "tuning") == "default" {
+    f = kv($0, "fp8_over_bf16")
+    printf "| %s | %s | %s | %s | %s | %.2f | %.2f | %.2f | %s |\n", kv($0, "weights"), kv($0, "rows_per_expert") + 0, kv($0, "experts_used"), kv($0, "experts_us"), kv($0, "host_us"), kv($0, "vs_read"), kv($0, "vs_used"), kv($0, "vs_dense"), f == "nan" ? "-" : sprintf("%.2f", f)
+}' "$out/bench.log"
+    echo
+    echo "Every tuning (worst over <= 128 rows/expert, except vs_dense at 512):"
+    echo
+    awk '
 function kv(line, key) { if (match(line, key "=[^ ]+")) return substr(line, RSTART + length(key) + 1, RLENGTH - length(key) - 1); return "" }
 /^ffn-result / {
     w = kv($0, "weights"); t = kv($0, "tuning"); r = kv($0, "rows_per_expert") + 0
     if (!(t in seen)) { seen[t] = 1; order[++n] = t }
-    if (w == "bf16" && r <= 128) { v = kv($0, "vs_read") + 0; if (!(t in rd) || v > rd[t]) rd[t] = v }
+    if (w == "bf16" && r <= 128) { v = kv($0, "vs_read") + 0; if (!(t in rd) || v > rd[t]) rd[t] = v; u = kv($0, "vs_used") + 0; if (!(t in ru) || u > ru[t]) ru[t] = u }
     if (w == "bf16" && r == 512) dn[t] = kv($0, "vs_dense") + 0
     if (w == "fp8-block" && r <= 128) { v = kv($0, "fp8_over_bf16"); if (v != "nan") { v += 0; if (!(t in f8) || v > f8[t]) f8[t] = v } }
     if (w == "fp8-block" && r <= 128) { v = kv($0, "vs_read") + 0; if (!(t in fr) || v > fr[t]) fr[t] = v }
 }
+function cell(a, t) { return (t in a) ? sprintf("%.2f", a[t]) : "-" }
 END {
-    printf "%-20s %14s %14s %14s %14s\n", "tuning", "bf16 vs_read", "bf16 vs_dense", "fp8/bf16", "fp8 vs_read"
-    for (i = 1; i <= n; i++) { t = order[i]; printf "%-20s %14s %14s %14s %14s\n", t, (t in rd) ? sprintf("%.2f", rd[t]) : "-", (t in dn) ? sprintf("%.2f", dn[t]) : "-", (t in f8) ? sprintf("%.2f", f8[t]) : "-", (t in fr) ? sprintf("%.2f", fr[t]) : "-" }
+    print "| tuning | bf16 vs_read | bf16 vs_used | bf16 vs_dense (512) | fp8/bf16 | fp8 vs_read |"
+    print "|---|---:|---:|---:|---:|---:|"
+    for (i = 1; i <= n; i++) { t = order[i]; printf "| %s | %s | %s | %s | %s | %s |\n", t, cell(rd, t), cell(ru, t), cell(dn, t), cell(f8, t), cell(fr, t) }
 }' "$out/bench.log"
+    echo
+    echo "The default tuning's GEMM plans up to 128 rows (autotune: the heuristic's first against the chosen, alone on the stream; GB/s of weights read):"
+    echo
+    awk '
+function kv(line, key) { if (match(line, key "=[^ ]+")) return substr(line, RSTART + length(key) + 1, RLENGTH - length(key) - 1); return "" }
+BEGIN { print "| weights | proj | rows | candidates | chosen | splitk | waves | heuristic_us | chosen_us | heuristic GB/s | chosen GB/s |"; print "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" }
+/^ffn-plan / && kv($0, "tuning") == "default" && kv($0, "rows") + 0 <= 128 && kv($0, "batch") == "0" {
+    printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", kv($0, "weights"), kv($0, "proj"), kv($0, "rows"), kv($0, "candidates"), kv($0, "chosen"), kv($0, "splitk"), kv($0, "waves"), kv($0, "heuristic_us"), kv($0, "chosen_us"), kv($0, "heuristic_GBps"), kv($0, "chosen_GBps")
+}' "$out/bench.log"
+} | tee "$out/summary.md"
 exit $status

@@ -7,8 +7,9 @@
  * expert up to hundreds (the padding), empty slots, a layer that was not loaded refused; hidden
  * and intermediate sizes whose K/128 is 1, 2, 3 or a multiple of 4 (cuBLAS pads the rows of
  * 128x128 block scales to 4). Each case runs through the ops (the default tuning) and then
- * through gpu/ffn_cuda.h directly with every tuning the benchmark sweeps (1 and 4 streams, the
- * SM target, batched BF16 GEMMs): every one within the tolerance.
+ * through gpu/ffn_cuda.h directly with the tunings the benchmark sweeps (1 and 4 streams, the
+ * SM target, batched BF16 GEMMs, the autotune's timed algorithms with split-K candidates, FP8
+ * fast accumulation): every one within the tolerance.
  * Prints one line per case and 'N passed, N failed'; exit 77 with 'SKIP: no GPU' without one. */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -43,9 +44,13 @@ static const epd_ffn_cuda_tuning_t tunings[] = {
     {.streams = 4, .batched = false, .sm_target = false},
     {.streams = 4, .batched = false, .sm_target = true},
     {.streams = 1, .batched = true, .sm_target = false},
+    {.streams = 1, .autotune = true},
+    {.streams = 4, .autotune = true},
+    {.streams = 4, .autotune = true, .fast_accum = true},
 };
 static const char *const tuning_names[] = {"streams=1", "streams=4", "streams=4,sm_target",
-                                           "batched"};
+                                           "batched", "streams=1,autotune", "streams=4,autotune",
+                                           "streams=4,autotune,fast_accum"};
 
 /* The worst relative L2 over n partials of got against ref, both read as combine reads them
  * (dequantized when FP8); a_f, b_f: H floats of scratch. NaN stays NaN (never within a tolerance). */
@@ -199,7 +204,7 @@ static void run_case(const ffn_case_t *c, epd_ops_ctx_t *hctx_unused)
                 if (st == EPD_OK) st = epd_ffn_cuda_experts(ffn, &s, 1, d_rec, n, rows, d_part,
                                                             NULL, err);
                 if (st == EPD_OK) st = epd_ffn_cuda_sync(ffn, err);
-                if (st == EPD_ERR_UNSUPPORTED && tunings[t].batched) {
+                if (st == EPD_ERR_UNSUPPORTED && (tunings[t].batched || tunings[t].fast_accum)) {
                     /* an optional tuning this cuBLASLt lacks: said, and not the daemon's */
                     printf("note  tuning %s not supported here: %s\n", tuning_names[t], err);
                     continue;
