@@ -21,7 +21,7 @@ export EPDPY_REF=$BUILD/tests/py_ref EPDPY_TMP=$TMP PYTORCH_CUDA_ALLOC_CONF=expa
 launch() {
     local np=$1; shift
     EPD_LOG=$TMP/epd.log
-    setsid "$MPIRUN" --oversubscribe -np "$np" --mca pml ucx --mca pml_ucx_tls any \
+    setsid "$MPIRUN" --oversubscribe -np "$np" --bind-to none --mca pml ucx --mca pml_ucx_tls any \
         --mca pml_ucx_devices any "$EPD" --set "socket.path=$TMP/epd-%r.sock" \
         --set device.backend=cuda --set experts.kind=external "$@" >"$EPD_LOG" 2>&1 &
     EPD_PID=$!
