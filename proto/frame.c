@@ -3,6 +3,7 @@
  * it), the exact uint64 "id" read from the JSON text. Tensor descriptors live in tensor.c, SUBMIT
  * validation and encoders in submit.c. */
 #include "proto/frame.h"
+#include "proto/json_build.h"
 #include "proto/json_strict.h"
 
 #include <errno.h>
@@ -324,7 +325,6 @@ static epd_status_t decoder_parse_meta(epd_decoder_t *dec, char err[EPD_ERR_LEN]
     const char *text = dec->meta_text;
     size_t len = dec->header.meta_len;
     size_t bad;
-    const char *end = NULL;
     cJSON *meta;
 
     if (memchr(text, '\0', len) != NULL) {
@@ -338,18 +338,13 @@ static epd_status_t decoder_parse_meta(epd_decoder_t *dec, char err[EPD_ERR_LEN]
                  (uint8_t)text[bad], bad);
         return EPD_ERR_BAD_JSON;
     }
-    /* cJSON is lenient (BOM, leading zeros, escaped NULs): the strict grammar first. */
+    /* cJSON is lenient (BOM, leading zeros, escaped NULs): the strict grammar decides. */
     if (epd_json_strict_check(text, len, err) != EPD_OK) return EPD_ERR_BAD_JSON;
-    meta = cJSON_ParseWithLengthOpts(text, len + 1, &end, 1);
+    /* the checker passed it: the fast builder gives cJSON's tree (NULL only without memory) */
+    meta = epd_json_build(text, len);
     if (meta == NULL) {
-        size_t at = end != NULL && end >= text ? (size_t)(end - text) : 0;
-        if (at >= len) {
-            snprintf(err, EPD_ERR_LEN, "meta JSON is truncated (%zu bytes)", len);
-        } else {
-            snprintf(err, EPD_ERR_LEN, "meta is not valid JSON (error near offset %zu of %zu)", at,
-                     len);
-        }
-        return EPD_ERR_BAD_JSON;
+        snprintf(err, EPD_ERR_LEN, "out of memory parsing a meta of %zu bytes", len);
+        return EPD_ERR_NO_MEMORY;
     }
     if (!cJSON_IsObject(meta)) {
         cJSON_Delete(meta);

@@ -1,7 +1,7 @@
 # proto/: the wire codec (PROTO_SRCS, linked by the daemon too), libepd (static, shared, pkg-config),
 # epctl, the codec's unit tests, and `make fuzz` (libFuzzer harness of the decoder).
 
-PROTO_SRCS := proto/frame.c proto/json_strict.c proto/tensor.c proto/submit.c proto/base64.c
+PROTO_SRCS := proto/frame.c proto/json_strict.c proto/json_build.c proto/tensor.c proto/submit.c proto/base64.c
 LIBEPD_SRCS := $(PROTO_SRCS) proto/client.c common/status.c common/parse.c
 EPCTL_SRCS := proto/epctl.c proto/cuda_dl.c
 
@@ -39,7 +39,8 @@ INSTALL_EXTRA += install -m 0644 $(BUILD)/libepd.a $(DESTDIR)$(PREFIX)/lib/ ; \
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' proto/epd.pc.in \
 	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/epd.pc ;
 
-UNIT_TESTS += frame client
+UNIT_TESTS += frame client json_build
+test_json_build_SRCS := proto/json_build.c proto/json_strict.c common/status.c
 test_frame_SRCS := $(PROTO_SRCS) common/status.c common/parse.c
 test_client_SRCS := $(LIBEPD_SRCS)
 

@@ -1,0 +1,17 @@
+/* Builds the cJSON tree of a JSON text that epd_json_strict_check accepted, several times faster
+ * than cJSON_Parse (which allocates and strtod()s every number through the locale: 35 us for an
+ * EXPERTS meta of 256 counts, 5 us for a SUBMIT meta). The tree is cJSON's own (free it with
+ * cJSON_Delete) and holds what cJSON_Parse would give: duplicate keys kept in order, numbers as
+ * doubles (integers of up to 15 digits exactly, others by strtod, as cJSON), strings unescaped to
+ * UTF-8. */
+#ifndef EPD_PROTO_JSON_BUILD_H
+#define EPD_PROTO_JSON_BUILD_H
+
+#include <stddef.h>
+
+#include <cjson/cJSON.h>
+
+/* The tree of text[0..len), which must have passed epd_json_strict_check; NULL without memory. */
+cJSON *epd_json_build(const char *text, size_t len);
+
+#endif

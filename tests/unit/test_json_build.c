@@ -1,0 +1,134 @@
+/* Unit tests of proto/json_build.c: for every text the strict checker accepts, the fast builder
+ * gives the tree cJSON_Parse gives (same types, keys in the same order, strings byte for byte,
+ * numbers bit for bit); texts are handwritten edge cases, the fuzz corpora's metas and generated
+ * metas of the daemon's frames. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/json_build.h"
+#include "proto/json_strict.h"
+
+static void assert_same_tree(const cJSON *a, const cJSON *b, const char *text)
+{
+    if (a == NULL || b == NULL) {
+        if (a != b) fail_msg("one tree is NULL for %s", text);
+        return;
+    }
+    if ((a->type & 0xff) != (b->type & 0xff)) fail_msg("types differ in %s", text);
+    if ((a->string == NULL) != (b->string == NULL) ||
+        (a->string != NULL && strcmp(a->string, b->string) != 0))
+        fail_msg("keys differ in %s", text);
+    if (cJSON_IsString(a) && strcmp(a->valuestring, b->valuestring) != 0)
+        fail_msg("strings differ in %s", text);
+    if (cJSON_IsNumber(a) && (memcmp(&a->valuedouble, &b->valuedouble, sizeof(double)) != 0 ||
+                              a->valueint != b->valueint))
+        fail_msg("numbers differ in %s: %.17g vs %.17g", text, a->valuedouble, b->valuedouble);
+    const cJSON *x = a->child, *y = b->child;
+    for (; x != NULL && y != NULL; x = x->next, y = y->next) assert_same_tree(x, y, text);
+    if (x != NULL || y != NULL) fail_msg("child counts differ in %s", text);
+    /* the list's tail link, which cJSON's own appends rely on */
+    if (a->child != NULL && a->child->prev->next != NULL) fail_msg("bad tail link in %s", text);
+}
+
+static int checked;
+
+static void check_text(const char *text, size_t len)
+{
+    char err[EPD_ERR_LEN];
+    if (epd_json_strict_check(text, len, err) != EPD_OK) return; /* the builder never sees it */
+    char *copy = malloc(len + 1);
+    assert_non_null(copy);
+    memcpy(copy, text, len);
+    copy[len] = '\0';
+    cJSON *want = cJSON_ParseWithLengthOpts(copy, len + 1, NULL, 1);
+    cJSON *got = epd_json_build(copy, len);
+    assert_non_null(got);
+    assert_same_tree(got, want, copy);
+    /* and the builder's tree works with cJSON's own calls */
+    cJSON_AddNumberToObject(got, "appended", 1);
+    cJSON_Delete(got);
+    cJSON_Delete(want);
+    free(copy);
+    checked++;
+}
+
+static void test_edge_cases(void **state)
+{
+    (void)state;
+    static const char *const texts[] = {
+        "{}", "[]", " { } ", "{\"a\":1}", "[1,2,3]", "{\"a\":[],\"b\":{},\"c\":[{}]}",
+        "{\"id\":0,\"id\":1}", "[0,-0,1,-1,123456789012345,1234567890123456,-999999999999999]",
+        "[18446744073709551615,9007199254740993,1e308,1e-320,-2.5e-3,0.1,3.14159265358979323]",
+        "[1E5,1e+5,1.0,0.000001,2147483647,2147483648,-2147483648,-2147483649]",
+        "[true,false,null]", "{\"s\":\"\"}", "{\"s\":\"plain ascii\"}",
+        "{\"s\":\"q\\\" b\\\\ s\\/ \\b\\f\\n\\r\\t\"}", "{\"u\":\"\\u00e9\\u20ac\\u0041\"}",
+        "{\"u\":\"\\ud83d\\ude00 pair\"}", "{\"utf8\":\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"}",
+        "{\"k\\u0065y\":\"v\"}", "{\"nested\":{\"a\":{\"b\":{\"c\":[[[[1]]]]}}}}",
+        "  \t\r\n{ \"a\" : [ 1 , 2 ] , \"b\" : \"x\" }  \n",
+    };
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) check_text(texts[i], strlen(texts[i]));
+    assert_int_equal(checked, (int)(sizeof texts / sizeof texts[0]));
+}
+
+static void test_daemon_metas(void **state)
+{
+    (void)state;
+    char meta[16384];
+    for (int n_counts = 0; n_counts <= 256; n_counts += 32) {
+        int n = snprintf(meta, sizeof meta, "{\"step\":%d,\"layer\":3,\"counts\":[", n_counts * 977);
+        for (int e = 0; e < n_counts; e++) n += snprintf(meta + n, sizeof meta - n, "%s%d", e ? "," : "", (e * 7919) % 1000);
+        n += snprintf(meta + n, sizeof meta - n,
+                      "],\"tensors\":{\"x\":{\"dtype\":\"f8_e4m3\",\"shape\":[%d,7168],\"region\":1,"
+                      "\"offset\":0}},\"scale\":0.0123456789,\"sent_ns\":1234567890123456}",
+                      n_counts);
+        check_text(meta, (size_t)n);
+    }
+    const char *submit = "{\"id\":1099511627776,\"layer\":0,\"tensors\":{\"x\":{\"dtype\":\"bf16\","
+                         "\"shape\":[1,7168],\"data_offsets\":[0,14336]},\"topk_ids\":{\"dtype\":"
+                         "\"i64\",\"shape\":[1,8],\"region\":2,\"offset\":64}}}";
+    check_text(submit, strlen(submit));
+}
+
+/* Every file of the fuzz corpora (the ones the checker accepts). */
+static void test_corpora(void **state)
+{
+    (void)state;
+    const char *dirs[] = {"tests/fuzz/meta-corpus", "tests/fuzz/config-corpus"};
+    int before = checked;
+    for (size_t d = 0; d < 2; d++) {
+        DIR *dir = opendir(dirs[d]);
+        if (dir == NULL) continue;
+        struct dirent *ent;
+        while ((ent = readdir(dir)) != NULL) {
+            if (ent->d_name[0] == '.') continue;
+            char path[512];
+            snprintf(path, sizeof path, "%s/%s", dirs[d], ent->d_name);
+            FILE *f = fopen(path, "rb");
+            if (f == NULL) continue;
+            static char buf[1 << 16];
+            size_t len = fread(buf, 1, sizeof buf, f);
+            fclose(f);
+            check_text(buf, len);
+        }
+        closedir(dir);
+    }
+    assert_true(checked > before); /* the corpus holds texts the checker accepts */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_edge_cases),
+        cmocka_unit_test(test_daemon_metas),
+        cmocka_unit_test(test_corpora),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
