@@ -1,6 +1,6 @@
 /* libFuzzer harness of the CONTROL meta path: each input is a frame's meta text. The strict
  * checker (proto/json_strict.c) is held against cJSON (anything it accepts cJSON must parse, to
- * an object or not), then the input goes through the decoder as a CONTROL frame and, when it
+ * an object or not, and the decoder's builder, proto/json_build.c, must give cJSON's tree), then the input goes through the decoder as a CONTROL frame and, when it
  * decodes, its "op" and "id" are read as the daemon reads them. Built and run by `make fuzz`. */
 #include <stddef.h>
 #include <stdint.h>
@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "proto/frame.h"
+#include "proto/json_build.h"
 #include "proto/json_strict.h"
 
 #define FUZZ_CHECK(cond)                                                                 \
@@ -39,6 +40,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             const char *end = NULL;
             cJSON *json = cJSON_ParseWithLengthOpts(text, size + 1, &end, 1);
             FUZZ_CHECK(json != NULL);
+            /* and the decoder's own builder gives cJSON's tree (as printed, numbers included) */
+            cJSON *built = epd_json_build(text, size);
+            FUZZ_CHECK(built != NULL);
+            char *a = cJSON_PrintUnformatted(json), *b = cJSON_PrintUnformatted(built);
+            FUZZ_CHECK(a != NULL && b != NULL && strcmp(a, b) == 0);
+            free(a);
+            free(b);
+            cJSON_Delete(built);
             cJSON_Delete(json);
         }
     }
