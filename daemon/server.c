@@ -60,6 +60,7 @@ struct epd_server {
      * epd_server_wake): set by the worker, taken by the spinning loop. */
     atomic_bool wake_pending;
     atomic_bool spinning;
+    bool loop_done; /* server_break: epd_server_run returns */
     struct event *housekeeping;
     struct event *signal_ev[EPD_ARRAY_SIZE(server_signals)];
     struct event *drain_timer;
@@ -89,6 +90,15 @@ static epd_status_t server_control(void *arg, const char *op, char **meta_p, cha
     return epd_control_answer(server->control, op, meta_p, payload_p, payload_len_p, err);
 }
 
+/* Ends epd_server_run. event_base_loopbreak alone is lost when it is called outside a loop
+ * iteration (epd_server_run calls wake_cb directly while it spins, and libevent clears the flag
+ * when the next iteration starts): the flag below is what epd_server_run looks at. */
+static void server_break(epd_server_t *server)
+{
+    server->loop_done = true;
+    event_base_loopbreak(server->base);
+}
+
 static void server_conn_closed(void *arg, epd_conn_t *conn)
 {
     epd_server_t *server = arg;
@@ -97,7 +107,7 @@ static void server_conn_closed(void *arg, epd_conn_t *conn)
 
     epd_conn_table_remove(server->conns, conn);
     if (server->stopping && epd_conn_table_count(server->conns) == 0)
-        event_base_loopbreak(server->base);
+        server_break(server);
 }
 
 static epd_status_t server_serve_experts(void *arg, epd_conn_t *conn, epd_region_t *in,
@@ -162,7 +172,7 @@ static void drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
     epd_log_warn("%zu clients did not read their last answers within %d s; closing them",
                  (size_t)epd_conn_table_count(server->conns), SERVER_DRAIN_TIMEOUT_S);
     epd_conn_table_each(server->conns, epd_conn_abort);
-    event_base_loopbreak(server->base);
+    server_break(server);
 }
 
 /* The engine has stopped: every accepted request is answered. Stop accepting, flush, close. */
@@ -185,7 +195,7 @@ static void server_stop(epd_server_t *server)
 
     epd_conn_table_each(server->conns, epd_conn_shutdown);
     if (epd_conn_table_count(server->conns) == 0) {
-        event_base_loopbreak(server->base);
+        server_break(server);
         return;
     }
     struct timeval tv = {SERVER_DRAIN_TIMEOUT_S, 0};
@@ -264,9 +274,11 @@ int epd_server_run(epd_server_t *server)
         atomic_store(&server->spinning, hot);
         if (atomic_exchange(&server->wake_pending, false)) wake_cb(-1, 0, server);
         if (server->external != NULL) epd_external_poll(server->external);
+        if (server->loop_done) return 0;
         int rc = event_base_loop(server->base, hot ? EVLOOP_NONBLOCK : EVLOOP_ONCE);
         if (rc < 0) return -1;
-        if (rc == 1 || event_base_got_break(server->base) || event_base_got_exit(server->base))
+        if (rc == 1 || server->loop_done || event_base_got_break(server->base) ||
+            event_base_got_exit(server->base))
             return 0;
     }
 }

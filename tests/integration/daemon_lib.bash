@@ -38,13 +38,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# epd_launch NP LOG ARGS...: starts mpirun (own process group) without waiting for readiness.
+# epd_launch NP LOG ARGS...: starts mpirun (own process group) without waiting for readiness;
+# MPIRUN_EXTRA adds mpirun arguments (e.g. --bind-to none).
 epd_launch() {
     local np=$1 log=$2; shift 2
     EPD_LOG=$log
-    setsid "$MPIRUN" --oversubscribe -np "$np" --mca pml ucx --mca pml_ucx_tls any \
-        --mca pml_ucx_devices any "$EPD" --set "socket.path=$TMP/epd-%r.sock" \
-        --set device.backend=cpu "$@" >"$log" 2>&1 &
+    # shellcheck disable=SC2086 # MPIRUN_EXTRA: more mpirun arguments, split on spaces
+    setsid "$MPIRUN" --oversubscribe ${MPIRUN_EXTRA:-} -np "$np" --mca pml ucx \
+        --mca pml_ucx_tls any --mca pml_ucx_devices any "$EPD" \
+        --set "socket.path=$TMP/epd-%r.sock" --set device.backend=cpu "$@" >"$log" 2>&1 &
     EPD_PID=$!
 }
 

@@ -77,6 +77,18 @@ check_drain "$TMP/epd.log" 1
 grep -q "epd\[rank 1\] INFO: shutdown requested by SIGTERM" "$TMP/epd.log" || die "rank 1 did not see SIGTERM"
 ! grep -q "epd\[rank 0\] INFO: shutdown requested" "$TMP/epd.log" || die "rank 0 got a signal too"
 
+echo "== SIGUSR1 to one hot rank whose loop spins (--bind-to none), five times"
+# The drain's last wake-up reaches a spinning loop through a flag, outside libevent's loop: the
+# stop must still end the loop (it once hung there, blocked in epoll with nothing left to wake it).
+for i in 1 2 3 4 5; do
+    MPIRUN_EXTRA="--bind-to none" epd_start 1 "${opts[@]}" --set dispatch.hot_ms=10000
+    "$CHECK" --socket "$(sock 0)" --clients 1 --requests 200 --max-tokens 8 --seed "$i" \
+        >"$TMP/hot.log" 2>&1 || { cat "$TMP/hot.log"; die "the client saw a wrong answer"; }
+    kill -USR1 "$(rank_pid 0)"
+    epd_wait_exit 15
+    [[ $EPD_RC == 0 ]] || die "run $i: mpirun exited $EPD_RC after SIGUSR1 to a hot rank (124: still running after 15 s)"
+done
+
 echo "== SIGKILL to rank 1"
 epd_start 2 "${opts[@]}"
 pid1=$($WIRE health "$(sock 1)" | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
