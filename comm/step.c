@@ -32,6 +32,7 @@ struct epd_step {
     uint32_t *xsend_block;    /* [W * (2 + E/W)] */
     uint32_t *xrecv_block;    /* [W * (2 + E/W)] */
     uint32_t *expert_rows;    /* [E/W] rows per local expert of the records one experts op gets */
+    uint32_t *local_rows;     /* [E/W] rows per local expert of the whole step (all senders) */
     /* The step scale (DESIGN.md section 3), with epd_step_set_scale_exchange: each block of the
      * count exchange then ends with one more word, the bits of the largest scale of the records
      * for that peer (positive floats order like their bits), and S is the largest received. */
@@ -125,6 +126,7 @@ void epd_step_destroy(epd_step_t *step)
     free(step->xsend_block);
     free(step->xrecv_block);
     free(step->expert_rows);
+    free(step->local_rows);
     free(step->send_counts);
     free(step->send_displs);
     free(step->recv_counts);
@@ -192,8 +194,9 @@ epd_status_t epd_step_create(const epd_moe_shape_t *shape, uint32_t max_tokens,
         step->xsend_block = calloc(shape->world * block, sizeof(uint32_t));
         step->xrecv_block = calloc(shape->world * block, sizeof(uint32_t));
         step->expert_rows = calloc(block, sizeof(uint32_t));
+        step->local_rows = calloc(block, sizeof(uint32_t));
         if (step->layout.expert_counts_host == NULL || step->xsend_block == NULL ||
-            step->xrecv_block == NULL || step->expert_rows == NULL)
+            step->xrecv_block == NULL || step->expert_rows == NULL || step->local_rows == NULL)
             goto no_memory_host;
     }
     step->send_counts = calloc(shape->world, sizeof(uint64_t));
@@ -482,6 +485,10 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
         }
         for (uint32_t r = 0; r < world; r++)
             step->recv_counts32[r] = step->xrecv_block[(size_t)r * (size_t)block];
+        for (uint32_t e = 0; e < per_rank; e++) step->local_rows[e] = 0;
+        for (uint32_t r = 0; r < world; r++)
+            for (uint32_t e = 0; e < per_rank; e++)
+                step->local_rows[e] += step->xrecv_block[(size_t)r * (size_t)block + 1 + e];
         if (scale_on) {
             uint32_t big = 0;
             for (uint32_t r = 0; r < world; r++) {
@@ -607,6 +614,9 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
         tm.combine_bytes = (uint64_t)tm.records_recv * row_bytes;
         tm.combine_bytes_off_rank = (uint64_t)tm.records_recv_off_rank * row_bytes;
         tm.quant_error = qerr;
+        tm.n_local = shape->num_experts / world;
+        tm.local_first = me * tm.n_local;
+        tm.local_expert_rows = step->local_rows;
         *timing_p = tm;
     }
     return EPD_OK;

@@ -50,6 +50,11 @@ typedef struct epd_step_timing {
     uint64_t combine_bytes_off_rank;
     /* telemetry.quant_error: this step's error sums (all zero when off or nothing quantized) */
     epd_quant_error_t quant_error;
+    /* The rows (token, expert) pairs this rank's experts ran, per local expert, from the count
+     * exchange: local_expert_rows[e] for expert local_first + e, e < n_local. The step owns the
+     * array; it holds until the next step. */
+    const uint32_t *local_expert_rows;
+    uint32_t local_first, n_local;
 } epd_step_timing_t;
 
 /* The step's input and output buffers in ops memory, each sized for max_tokens rows. */

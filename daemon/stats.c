@@ -41,7 +41,8 @@ typedef struct histogram {
 
 typedef struct layer_counts {
     uint32_t layer;
-    uint64_t *tokens; /* [E] */
+    uint64_t *tokens; /* [2E]: routed by this rank's clients to expert e, then rows this rank's
+                       * experts ran at E + e (nonzero for its own experts only) */
 } layer_counts_t;
 
 struct epd_metrics {
@@ -55,6 +56,7 @@ struct epd_metrics {
     layer_counts_t *layers; /* sorted by layer */
     size_t n_layers;
     uint64_t untracked_tokens; /* routed tokens of layers beyond METRICS_MAX_LAYERS */
+    uint32_t local_first, n_local; /* this rank's experts (from the steps) */
 };
 
 #define HIST_INIT(h, b) \
@@ -117,7 +119,7 @@ static uint64_t *layer_tokens(epd_metrics_t *m, uint32_t layer)
         if (m->layers[mid].layer < layer) lo = mid + 1; else hi = mid;
     }
     if (m->n_layers == METRICS_MAX_LAYERS) return NULL;
-    uint64_t *tokens = calloc(m->num_experts, sizeof(*tokens));
+    uint64_t *tokens = calloc(2 * (size_t)m->num_experts, sizeof(*tokens));
     layer_counts_t *grown = realloc(m->layers, (m->n_layers + 1) * sizeof(*grown));
     if (tokens == NULL || grown == NULL) {
         free(tokens);
@@ -152,6 +154,17 @@ void epd_metrics_observe_step(void *arg, const epd_step_timing_t *timing, uint32
                 tokens[e]++;
             else
                 m->untracked_tokens++;
+        }
+    }
+    if (timing->local_expert_rows != NULL && timing->n_local > 0 &&
+        timing->local_first + timing->n_local <= m->num_experts) {
+        m->local_first = timing->local_first;
+        m->n_local = timing->n_local;
+        uint64_t *tokens = NULL;
+        for (uint32_t e = 0; e < timing->n_local; e++) {
+            if (timing->local_expert_rows[e] == 0) continue;
+            if (tokens == NULL && (tokens = layer_tokens(m, layer)) == NULL) break;
+            tokens[m->num_experts + timing->local_first + e] += timing->local_expert_rows[e];
         }
     }
     pthread_mutex_unlock(&m->mu);
@@ -318,7 +331,7 @@ static bool metrics_recorded(FILE *f, epd_metrics_t *m)
     n_layers = m->n_layers;
     if (n_layers > 0) {
         layer_ids = malloc(n_layers * sizeof(*layer_ids));
-        counts = malloc(n_layers * n_experts * sizeof(*counts));
+        counts = malloc(n_layers * 2 * n_experts * sizeof(*counts));
         if (layer_ids == NULL || counts == NULL) {
             pthread_mutex_unlock(&m->mu);
             free(layer_ids);
@@ -327,7 +340,8 @@ static bool metrics_recorded(FILE *f, epd_metrics_t *m)
         }
         for (size_t i = 0; i < n_layers; i++) {
             layer_ids[i] = m->layers[i].layer;
-            memcpy(counts + i * n_experts, m->layers[i].tokens, n_experts * sizeof(*counts));
+            memcpy(counts + i * 2 * n_experts, m->layers[i].tokens,
+                   2 * n_experts * sizeof(*counts));
         }
     }
     latency = m->request_latency;
@@ -335,6 +349,7 @@ static bool metrics_recorded(FILE *f, epd_metrics_t *m)
     memcpy(phases, m->phase_duration, sizeof(phases));
     tokens = m->step_tokens;
     untracked = m->untracked_tokens;
+    uint32_t local_first = m->local_first, n_local = m->n_local;
     pthread_mutex_unlock(&m->mu);
 
     metric_head(f, "epd_request_latency_seconds", "histogram",
@@ -358,7 +373,14 @@ static bool metrics_recorded(FILE *f, epd_metrics_t *m)
     for (size_t i = 0; i < n_layers; i++)
         for (size_t e = 0; e < n_experts; e++)
             fprintf(f, "epd_expert_routed_tokens_total{layer=\"%" PRIu32 "\",expert=\"%zu\"} %"
-                       PRIu64 "\n", layer_ids[i], e, counts[i * n_experts + e]);
+                       PRIu64 "\n", layer_ids[i], e, counts[i * 2 * n_experts + e]);
+    metric_head(f, "epd_expert_tokens_total", "counter",
+                "Tokens this rank's own experts ran (each a row of the expert's GEMMs), by layer "
+                "and expert (global id): the expert's load, one rank each.");
+    for (size_t i = 0; i < n_layers; i++)
+        for (size_t e = local_first; e < (size_t)local_first + n_local; e++)
+            fprintf(f, "epd_expert_tokens_total{layer=\"%" PRIu32 "\",expert=\"%zu\"} %" PRIu64
+                       "\n", layer_ids[i], e, counts[i * 2 * n_experts + n_experts + e]);
     metric_u64(f, "epd_expert_untracked_tokens_total", "counter",
                "Routed tokens of layers beyond the 1024 tracked per expert (counted only here).",
                untracked);

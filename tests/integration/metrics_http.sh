@@ -103,6 +103,19 @@ done
 [[ $(value "$TMP/rank0.prom" 'epd_expert_routed_tokens_total{layer="7",expert="0"}') == 0 ]] ||
     die "rank 0: expert 0 of layer 7 counted tokens of layer 0"
 grep -q 'epd_expert_routed_tokens_total{layer="3",' "$TMP/rank0.prom" && die "a layer nobody used"
+# the tokens each rank's own experts ran (16 experts: rank 0 owns 0-7, rank 1 owns 8-15)
+for e in 0 1 2 3; do
+    [[ $(value "$TMP/rank0.prom" "epd_expert_tokens_total{layer=\"0\",expert=\"$e\"}") == 15 ]] ||
+        die "rank 0: its expert $e did not run 15 tokens of layer 0"
+done
+for e in 4 5 6 7; do
+    [[ $(value "$TMP/rank0.prom" "epd_expert_tokens_total{layer=\"7\",expert=\"$e\"}") == 10 ]] ||
+        die "rank 0: its expert $e did not run 10 tokens of layer 7"
+done
+grep -q 'epd_expert_tokens_total{layer="0",expert="8"}' "$TMP/rank0.prom" &&
+    die "rank 0 reports tokens run by an expert it does not own"
+grep -q '^epd_expert_tokens_total{' "$TMP/rank1.prom" &&
+    die "rank 1 reports tokens run by its experts, which ran none"
 steps=$(value "$TMP/rank0.prom" epd_steps_total)
 [[ $(value "$TMP/rank0.prom" epd_step_duration_seconds_count) == "$steps" ]] ||
     die "rank 0: step histogram count differs from epd_steps_total ($steps)"

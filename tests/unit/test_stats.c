@@ -167,6 +167,10 @@ static void test_stats__recorder__histograms_and_expert_counters(void **state)
     epd_step_timing_t tm = {.total_ns = 1000000, .n_tokens = 3};
     tm.phase_ns[EPD_PHASE_DISPATCH] = 30000;           /* 30 us */
     const int32_t ids[] = {0, 1, 3, -1, 0, 7};
+    const uint32_t rows[] = {3, 0, 1}; /* this rank's experts 4, 5, 6 (from the count exchange) */
+    tm.local_expert_rows = rows;
+    tm.local_first = 4;
+    tm.n_local = 3;
     epd_metrics_observe_step(m, &tm, 5, ids, 3);
     epd_step_timing_t idle = {.total_ns = 100000};
     epd_metrics_observe_step(m, &idle, 2, NULL, 0);     /* took part with nothing */
@@ -202,6 +206,11 @@ static void test_stats__recorder__histograms_and_expert_counters(void **state)
         "epd_expert_routed_tokens_total{layer=\"5\",expert=\"7\"} 1\n",
         "epd_expert_routed_tokens_total{layer=\"1\",expert=\"0\"} 1\n",
         "epd_expert_untracked_tokens_total 0\n",
+        "# TYPE epd_expert_tokens_total counter\n",
+        "epd_expert_tokens_total{layer=\"5\",expert=\"4\"} 3\n",
+        "epd_expert_tokens_total{layer=\"5\",expert=\"5\"} 0\n",
+        "epd_expert_tokens_total{layer=\"5\",expert=\"6\"} 1\n",
+        "epd_expert_tokens_total{layer=\"1\",expert=\"4\"} 3\n",
     };
     for (size_t i = 0; i < sizeof(expected) / sizeof(expected[0]); i++)
         if (strstr(text, expected[i]) == NULL) fail_msg("missing: %s", expected[i]);
@@ -209,6 +218,9 @@ static void test_stats__recorder__histograms_and_expert_counters(void **state)
     assert_true(strstr(text, "layer=\"1\"") < strstr(text, "layer=\"5\""));
     assert_null(strstr(text, "layer=\"2\""));
     assert_null(strstr(text, "expert=\"8\""));
+    /* only this rank's experts have a series of tokens run */
+    assert_null(strstr(text, "epd_expert_tokens_total{layer=\"5\",expert=\"3\"}"));
+    assert_null(strstr(text, "epd_expert_tokens_total{layer=\"5\",expert=\"7\"}"));
     free(text);
     server.metrics = NULL;
     epd_metrics_free(m);
