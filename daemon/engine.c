@@ -61,8 +61,8 @@ struct epd_engine {
     const epd_transport_t *transport;
     epd_transport_ctx_t *transport_ctx;
     epd_step_t *step;
-    /* Pinned host staging for one step (ops->alloc_host): the requests' ids and weights are
-     * gathered here and go to the device in one copy each. */
+    /* Pinned host staging for one step (ops->alloc_host): the requests' ids, then their
+     * weights, are gathered here and go to the device in one copy. */
     uint8_t *stage;
     epd_pinned_pool_t *pinned; /* payloads and results (socket.pinned_bytes) */
 
