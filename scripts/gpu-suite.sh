@@ -2,20 +2,24 @@
 # Everything epd runs on a GPU node, in one go (what the closing notes quote):
 #   build    build/ against the system MPI, build-cuda-mpi/ against /opt/epd-cuda-mpi when present
 #   unit     the GPU unit tests (tests/gpu/test_*: numerics and device ops against the host, bit for bit)
-#   kbench   the quantization kernels against a same-run device copy
+#   kbench   tests/gpu/quant_gpu.sh: test_quant, the step scale on 2 ranks, kbench's sweep (issue 18)
 #   mpi      tests/gpu/mpi_cuda_aware with the stock MPI and with the CUDA-aware one
 #   daemon   tests/gpu/daemon_gpu.sh: the daemon on 2 GPUs through its sockets, every transport
 #   bench    epd --bench on 2 ranks for each transport (staged mpi, direct mpi, nccl)
 #   accuracy tests/gpu/accuracy_gpu.sh: epd --accuracy with ffn experts, 1 and 2 ranks (docs/accuracy.md)
 #   python   tests/gpu/python_cuda.sh: the Python client's device regions and examples/torch_moe.py
-#   ffn      tests/gpu/daemon_ffn_gpu.sh (ffn experts through the sockets, 1 and 2 ranks on GPU 0)
-#            and epd --bench of the ffn experts at E_local 32, H 7168, I 2048
+#   ffn      tests/gpu/ffn_gpu.sh: test_ffn_cuda, daemon_ffn_gpu.sh and the ffn bench's sweep
+#            at E_local 32, H 7168, I 2048 (issue 17)
+#   external tests/gpu/external_gpu.sh: external experts bit for bit, hand-over latency (issue 24)
+#   e2e      tests/gpu/e2e_gpu.sh: the end-to-end path against the step (issue 25)
+# Every stage runs under a time limit (STAGE_TIMEOUT seconds, default 420): a hang costs one
+# stage, not the session's GPU time.
 # Usage: scripts/gpu-suite.sh [STAGE...]   (default: all). Logs go to $OUT (or build/gpu-suite).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu-suite}
 mkdir -p "$out"
-stages=${*:-build unit kbench mpi daemon bench accuracy python ffn}
+stages=${*:-build unit kbench mpi daemon bench accuracy python ffn external e2e}
 cuda_mpi=/opt/epd-cuda-mpi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mpi_args=(--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any)
@@ -24,8 +28,9 @@ status=0
 
 stage() { # stage NAME CMD...: runs CMD, its output in $out/NAME.log, one summary line
     local name=$1 rc start=$SECONDS; shift
-    "$@" >"$out/$name.log" 2>&1
+    timeout -k 10 "${STAGE_TIMEOUT:-420}" "$@" >"$out/$name.log" 2>&1
     rc=$?
+    [[ $rc -eq 124 || $rc -eq 137 ]] && echo "stage $name: killed after ${STAGE_TIMEOUT:-420} s" >>"$out/$name.log"
     printf '%-28s exit %-3d %4ss  %s\n' "$name" "$rc" "$((SECONDS - start))" \
         "$(grep -E 'passed|PASS|SKIP|FAIL|error' "$out/$name.log" | tail -n 1)"
     [[ $rc -eq 0 || $rc -eq 77 ]] || status=1
@@ -46,7 +51,7 @@ for s in $stages; do
         done
         ;;
     kbench)
-        stage kbench build/kbench
+        stage quant env OUT="$out/quant" bash tests/gpu/quant_gpu.sh
         ;;
     mpi)
         stage mpi-stock env BUILD=build tests/gpu/run-mpi-cuda-aware.sh
@@ -78,10 +83,13 @@ for s in $stages; do
         stage python env BUILD=build MPIRUN=mpirun bash tests/gpu/python_cuda.sh
         ;;
     ffn)
-        stage daemon-ffn env BUILD=build MPIRUN=mpirun bash tests/gpu/daemon_ffn_gpu.sh
-        stage bench-ffn mpirun -np 1 "${mpi_args[@]}" build/epd --bench --set experts.kind=ffn \
-            --bench-weights random --set model.num_experts=32 --set device.backend=cuda \
-            --bench-tokens "${EPD_FFN_BENCH_TOKENS:-32,128,512,2048}"
+        stage ffn env OUT="$out/ffn" BUILD=build MPIRUN=mpirun bash tests/gpu/ffn_gpu.sh
+        ;;
+    external)
+        stage external env BUILD=build MPIRUN=mpirun bash tests/gpu/external_gpu.sh
+        ;;
+    e2e)
+        stage e2e env OUT="$out/e2e" BUILD=build MPIRUN=mpirun bash tests/gpu/e2e_gpu.sh
         ;;
     *)
         echo "unknown stage $s" >&2

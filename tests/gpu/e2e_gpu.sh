@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The end-to-end benchmark of issue 25 on one GPU (docs/results.md, "the end-to-end path"): one
+# CUDA rank (mpirun --bind-to none), epctl bench at 1 and 128 tokens with the tensors in the
+# frame, in a host region and in a device region, each with and without --spin-us, then 128
+# tokens x 8 connections; the daemon's own per-leg p50s (EPD_TRACE) and, in the same run, the
+# GPU step (epd --bench) they are compared with. Prints; fails only when a run fails.
+# E2E_DATA narrows the data kinds (default "cuda host payload"; on a machine without a GPU
+# "host payload" with E2E_BACKEND=cpu). Logs in $OUT (or build/e2e-gpu).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=${BUILD:-build}
+out=${OUT:-$BUILD/e2e-gpu}
+mkdir -p "$out"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+backend=${E2E_BACKEND:-cuda}
+data=${E2E_DATA:-cuda host payload}
+requests=${E2E_REQUESTS:-3000}
+mpi=(--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any --bind-to none)
+if [[ $backend == cuda ]] && ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "SKIP: no GPU (E2E_BACKEND=cpu E2E_DATA='host payload' runs it on the host)"
+    exit 77
+fi
+dir=$(mktemp -d /tmp/epd-e2e.XXXXXX)
+sock=$dir/epd-0.sock
+EPD_TRACE=$requests setsid "${MPIRUN:-mpirun}" -np 1 "${mpi[@]}" -x EPD_TRACE "$BUILD/epd" \
+    --set "socket.path=$dir/epd-%r.sock" --set device.backend="$backend" >"$out/daemon.log" 2>&1 &
+mp=$!
+stop() { # SIGUSR1 to the rank (mpirun may not forward it), bounded wait, then SIGKILL
+    local pid
+    pid=$("$BUILD/epctl" --socket "$sock" --json health 2>/dev/null | python3 -c \
+        'import json,sys; d=json.load(sys.stdin); print(d["sockets"][0]["reply"]["pid"])' 2>/dev/null)
+    [[ -n $pid ]] && kill -USR1 "$pid"
+    for _ in $(seq 100); do kill -0 "$mp" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$mp" 2>/dev/null; then
+        echo "FAIL: the daemon did not exit within 10 s of SIGUSR1"
+        kill -KILL -- -"$mp" 2>/dev/null
+        return 1
+    fi
+}
+trap 'kill -KILL -- -$mp 2>/dev/null; rm -rf "$dir"' EXIT
+for _ in $(seq 120); do "$BUILD/epctl" --socket "$sock" health >/dev/null 2>&1 && break; sleep 0.5; done
+"$BUILD/epctl" --socket "$sock" health >/dev/null 2>&1 || { echo "FAIL: the daemon did not come up"; tail "$out/daemon.log"; exit 1; }
+rc=0
+for t in 1 128; do
+    for d in $data; do
+        for spin in 0 300; do
+            line=$(timeout 120 "$BUILD/epctl" --socket "$sock" bench --tokens $t --requests "$requests" \
+                --data "$d" --spin-us $spin 2>&1 | grep -E 'latency|error' | tr '\n' ' ') || rc=1
+            printf '%-8s %4s tokens  spin %3s us: %s\n' "$d" "$t" "$spin" "$line"
+        done
+    done
+done
+for d in $data; do
+    line=$(timeout 120 "$BUILD/epctl" --socket "$sock" bench --tokens 128 --requests 8000 \
+        --concurrency 8 --data "$d" 2>&1 | grep -E 'throughput|error' | tr '\n' ' ') || rc=1
+    printf '%-8s  128 tokens x 8 connections: %s\n' "$d" "$line"
+done
+stop || rc=1
+echo "the daemon's legs per bench run above, in order (EPD_TRACE; us: p10 p50 p90 p99):"
+grep -E 'trace: ' "$out/daemon.log" | sed 's/^.*trace: /  /' | tee "$out/trace.txt" | head -120
+timeout 120 "${MPIRUN:-mpirun}" -np 1 "${mpi[@]}" "$BUILD/epd" --bench --set device.backend="$backend" \
+    --bench-tokens 1,128 >"$out/bench.log" 2>&1 || rc=1
+echo "the GPU step in the same run (epd --bench, median us):"
+grep -E '^ +(1|128) (fp8|bf16) ' "$out/bench.log" | grep median
+exit $rc
