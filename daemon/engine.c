@@ -441,11 +441,6 @@ static bool step_layer(epd_engine_t *engine, uint32_t layer)
     if (status == EPD_OK) {
         engine->step_no++;
         for (epd_result_t *res = head; res != NULL; res = res->next) res->step = engine->step_no;
-        for (epd_request_t *req = taken; req != NULL;) {
-            epd_request_t *next = req->next;
-            epd_request_free(req);
-            req = next;
-        }
         epd_engine_stats_t *st = &engine->stats;
         st->steps++;
         st->tokens += n;
@@ -480,6 +475,14 @@ static bool step_layer(epd_engine_t *engine, uint32_t layer)
     }
     pthread_mutex_unlock(&engine->mu);
     if (head != NULL) engine->wake(engine->wake_arg);
+    /* the answers are on their way: the requests (payloads, region references) go after */
+    if (status == EPD_OK) {
+        for (epd_request_t *req = taken; req != NULL;) {
+            epd_request_t *next = req->next;
+            epd_request_free(req);
+            req = next;
+        }
+    }
     return status == EPD_OK;
 }
 
