@@ -309,9 +309,7 @@ const uint8_t *epd_step_experts_failures(const epd_step_t *step)
  * exchange per step), then the ranks' failure codes. */
 static epd_status_t run_experts_hook(epd_step_t *step, uint64_t n_recv, char err[EPD_ERR_LEN])
 {
-    uint32_t me = step->shape.rank, world = step->shape.world;
-    uint32_t per_rank = step->shape.num_experts / world;
-    size_t block = 1 + per_rank;
+    uint32_t me = step->shape.rank;
     uint64_t own_first = step->recv_displs[me], after = own_first + step->recv_counts[me];
     epd_step_experts_t call;
     uint8_t failure = 0;
@@ -332,11 +330,7 @@ static epd_status_t run_experts_hook(epd_step_t *step, uint64_t n_recv, char err
         .partials = (uint8_t *)step->partials + after * step->partial.size};
     call.n_segments = EPD_EXTERNAL_SEGMENTS;
     call.n_records = (uint32_t)n_recv;
-    for (uint32_t e = 0; e < per_rank; e++) step->expert_rows[e] = 0;
-    for (uint32_t r = 0; r < world; r++)
-        for (uint32_t e = 0; e < per_rank; e++)
-            step->expert_rows[e] += step->xrecv_block[r * block + 1 + e];
-    call.expert_rows = step->expert_rows;
+    call.expert_rows = step->local_rows; /* every sender's rows: the count exchange's sums */
     epd_status_t status = step->experts_hook(step->experts_arg, &step->shape, &call, &failure, why);
     if (status != EPD_OK) {
         snprintf(err, EPD_ERR_LEN, "step: experts: %s: %.200s", epd_status_name(status), why);
