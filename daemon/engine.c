@@ -136,6 +136,7 @@ void epd_request_free(epd_request_t *req)
     else
         free(req->storage);
     free(req->owned);
+    if (req->x_copy != NULL) req->x_copy_free(req->x_copy_arg, req->x_copy);
     free(req);
 }
 

@@ -250,7 +250,19 @@ typedef struct epd_submit_regions {
     epd_status_t (*device_fetch)(void *arg, const void *ids, size_t ids_bytes, void *ids_dst,
                                  const void *w, size_t w_bytes, void *w_dst, const uint16_t *x,
                                  uint64_t x_n, int64_t *x_bad_p, char err[EPD_ERR_LEN]);
+    /* A host x (in the payload or a host region) of at least EPD_SUBMIT_DEVICE_SCAN_BYTES,
+     * scanned for Inf and NaN by the device (*x_bad_p, -1: none) where it is page-locked:
+     * EPD_ERR_AGAIN when it is not, another code with err when the device failed; the codec
+     * scans x itself after any code but EPD_OK. NULL: the codec scans every host x. Called with
+     * scan_arg. */
+    epd_status_t (*host_scan)(void *scan_arg, const uint16_t *x, uint64_t x_n, int64_t *x_bad_p,
+                              char err[EPD_ERR_LEN]);
+    void *scan_arg;
 } epd_submit_regions_t;
+
+/* A host x smaller than this is scanned by the codec whatever host_scan says: a device round trip
+ * costs about what a core takes for 256 KiB. */
+#define EPD_SUBMIT_DEVICE_SCAN_BYTES (256u * 1024u)
 
 /* The tensors of a SUBMIT, in epd_submit_view_t.regions order. */
 enum { EPD_SUBMIT_X = 0, EPD_SUBMIT_IDS, EPD_SUBMIT_WEIGHTS, EPD_SUBMIT_Y, EPD_SUBMIT_TENSORS };

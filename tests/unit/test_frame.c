@@ -1124,6 +1124,86 @@ static void test_frame__non_finite_x__is_non_finite_input(void **state)
     assert_string_equal(err, "x[0][0] is not finite (Inf or NaN)");
 }
 
+/* host_scan: what the fake device says, counted; EPD_ERR_AGAIN or a failure: the codec scans. */
+static int host_scans;
+static epd_status_t host_scan_answer;
+static epd_status_t fake_host_scan(void *arg, const uint16_t *x, uint64_t n, int64_t *first_p,
+                                   char err[EPD_ERR_LEN])
+{
+    (void)arg;
+    host_scans++;
+    if (host_scan_answer != EPD_OK) {
+        snprintf(err, EPD_ERR_LEN, "fake device says %s", epd_status_name(host_scan_answer));
+        return host_scan_answer;
+    }
+    *first_p = -1;
+    for (uint64_t i = 0; i < n; i++)
+        if (!epd_bf16_is_finite(x[i])) {
+            *first_p = (int64_t)i;
+            break;
+        }
+    return EPD_OK;
+}
+
+/* A payload SUBMIT of n tokens at hidden H (K 2) with x[at] = bits, validated with host_scan. */
+static epd_status_t large_x_status(uint32_t n, uint32_t hidden, uint64_t at, uint16_t bits,
+                                   char err[EPD_ERR_LEN])
+{
+    epd_submit_limits_t lim = {.hidden = hidden, .topk = 2, .num_experts = 8, .max_tokens = n};
+    epd_submit_regions_t hooks = {.host_scan = fake_host_scan};
+    uint16_t *x = calloc((size_t)n * hidden, sizeof *x);
+    int32_t *ids = calloc((size_t)n * 2, sizeof *ids);
+    float *w = calloc((size_t)n * 2, sizeof *w);
+    epd_frame_out_t out;
+    epd_frame_t frame = {0};
+    epd_submit_view_t view = {0};
+    assert_non_null(x);
+    assert_non_null(ids);
+    assert_non_null(w);
+    for (uint64_t i = 0; i < (uint64_t)n * hidden; i++) x[i] = (uint16_t)(0x3f00 + i % 97);
+    for (uint64_t i = 0; i < (uint64_t)n * 2; i++) ids[i] = (int32_t)(i % 2); /* distinct */
+    x[at] = bits;
+    assert_int_equal(epd_frame_encode_submit(9, n, hidden, 2, x, ids, w, &out, err), EPD_OK);
+    assert_int_equal(decode_bytes(flatten(&out), &frame, err), EPD_OK);
+    err[0] = '\0';
+    epd_status_t status = epd_submit_validate_regions(&frame, &lim, &hooks, &view, err);
+    free(view.owned);
+    epd_frame_free(&frame);
+    free(x);
+    free(ids);
+    free(w);
+    return status;
+}
+
+static void test_frame__large_host_x__scanned_by_the_device_or_else_the_codec(void **state)
+{
+    char err[EPD_ERR_LEN];
+    uint32_t hidden = 1024, n = EPD_SUBMIT_DEVICE_SCAN_BYTES / (1024 * 2); /* exactly the bound */
+    (void)state;
+    host_scan_answer = EPD_OK;
+    host_scans = 0;
+    assert_int_equal(large_x_status(n, hidden, 5, 0x3f80, err), EPD_OK);
+    assert_int_equal(host_scans, 1);
+    assert_int_equal(large_x_status(n, hidden, (uint64_t)(n - 1) * hidden + 7, 0x7f80, err),
+                     EPD_ERR_NON_FINITE_INPUT);
+    assert_string_equal(err, "x[127][7] is not finite (Inf or NaN)");
+    assert_int_equal(host_scans, 2);
+    /* one token fewer: under the bound, the codec scans it alone */
+    assert_int_equal(large_x_status(n - 1, hidden, 3, 0xffc1, err), EPD_ERR_NON_FINITE_INPUT);
+    assert_string_equal(err, "x[0][3] is not finite (Inf or NaN)");
+    assert_int_equal(host_scans, 2);
+    /* not page-locked (AGAIN), or the device failed: the codec scans, with the same answers */
+    epd_status_t answers[] = {EPD_ERR_AGAIN, EPD_ERR_CUDA};
+    for (size_t i = 0; i < EPD_ARRAY_SIZE(answers); i++) {
+        host_scan_answer = answers[i];
+        assert_int_equal(large_x_status(n, hidden, 2049, 0x7fc0, err), EPD_ERR_NON_FINITE_INPUT);
+        assert_string_equal(err, "x[2][1] is not finite (Inf or NaN)");
+        assert_int_equal(large_x_status(n, hidden, 2049, 0x3f80, err), EPD_OK);
+    }
+    assert_int_equal(host_scans, 6);
+    host_scan_answer = EPD_OK;
+}
+
 static void test_frame__largest_finite_x__passes(void **state)
 {
     char err[EPD_ERR_LEN];
@@ -1231,6 +1311,7 @@ int main(void)
         cmocka_unit_test(test_frame__non_finite_weights__is_non_finite_input),
         cmocka_unit_test(test_frame__non_finite_x__is_non_finite_input),
         cmocka_unit_test(test_frame__largest_finite_x__passes),
+        cmocka_unit_test(test_frame__large_host_x__scanned_by_the_device_or_else_the_codec),
         cmocka_unit_test(test_frame__non_finite_weight_and_x__reports_the_weight),
         cmocka_unit_test(test_frame__large_experts__checks_duplicates_with_heap_bitmap),
         cmocka_unit_test(test_frame__dtype_names__round_trip),
