@@ -322,10 +322,10 @@ static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
     memset(&hooks, 0, sizeof(hooks));
     if (c->regions != NULL) epd_region_submit_hooks(c->regions, &hooks);
     /* a large x in page-locked memory (a pooled payload, a host region) is scanned by the device */
-    const epd_ops_t *ops;
+    const epd_ops_t *ops = NULL;
     epd_ops_ctx_t *ops_ctx;
-    epd_engine_ops(c->ctx->engine, &ops, &ops_ctx);
-    if (ops->ingest_scan_host != NULL) {
+    if (c->ctx->engine != NULL) epd_engine_ops(c->ctx->engine, &ops, &ops_ctx);
+    if (ops != NULL && ops->ingest_scan_host != NULL) {
         hooks.host_scan = conn_host_scan;
         hooks.scan_arg = c;
     }

@@ -274,10 +274,16 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
         tail = res;
     }
 
-    /* One request whose tensors are in device regions is read and written in place. */
+    /* One request whose tensors are in device regions is read and written in place; its y in
+     * page-locked host memory (a host region, a pooled result) the step writes over the bus. */
     bool alone = reqs != NULL && reqs->next == NULL;
     const uint16_t *x = alone && reqs->x_device ? reqs->x : io->x;
     uint16_t *y = alone && reqs->y_dst != NULL && reqs->y_device ? reqs->y_dst : io->y;
+    if (alone && y == io->y && ops->host_mapped != NULL && reqs->n_tokens > 0) {
+        void *host = reqs->y_dst != NULL ? (void *)reqs->y_dst : head->y;
+        uint16_t *mapped = ops->host_mapped(engine->ops_ctx, host, (size_t)reqs->n_tokens * row);
+        if (mapped != NULL) y = mapped;
+    }
 
     /* ids and weights (small, always on the host) gathered in pinned memory, the weights right
      * after the ids, and sent in one copy to the same layout on the device (epd_step_io_t) */
@@ -313,7 +319,7 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
     if (observe != NULL)
         observe(observe_arg, timing_p, reqs != NULL ? reqs->layer : 0, ids_stage, n);
 
-    /* y back, once per request, then one sync (written in place for a lone device request) */
+    /* y back, once per request, then one sync (a lone request's y may be written in place) */
     at = 0;
     bool copied = false;
     epd_result_t *res = head;

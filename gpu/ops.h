@@ -275,6 +275,10 @@ typedef struct epd_ops {
                                      int64_t *x_bad_p, void **x_copy_p, char err[EPD_ERR_LEN]);
     /* Gives back a copy of ingest_scan_host (NULL: nothing); any thread. */
     void (*ingest_free)(epd_ops_ctx_t *ctx, void *copy);
+    /* Optional: the address at which the ops' kernels read and write host memory `host` (bytes
+     * of it), when it is page-locked and mapped (a pinned-pool block, a registered host region);
+     * NULL when it is not, or the ops have no device. The step then writes y there directly. */
+    void *(*host_mapped)(epd_ops_ctx_t *ctx, void *host, size_t bytes);
 } epd_ops_t;
 
 extern const epd_ops_t epd_ops_host;

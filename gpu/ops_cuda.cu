@@ -1857,6 +1857,23 @@ static epd_status_t cuda_ingest_scan_host(epd_ops_ctx_t *ctx, const uint16_t *x,
     return status;
 }
 
+static void *cuda_host_mapped(epd_ops_ctx_t *ctx, void *host, size_t bytes)
+{
+    cudaPointerAttributes first, last;
+    if (host == NULL || bytes == 0 || cudaSetDevice(ctx->device) != cudaSuccess) return NULL;
+    /* both ends in page-locked memory of one mapping (a block, a registered range) */
+    if (cudaPointerGetAttributes(&first, host) != cudaSuccess ||
+        cudaPointerGetAttributes(&last, (uint8_t *)host + bytes - 1) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    if (first.type != cudaMemoryTypeHost || last.type != cudaMemoryTypeHost ||
+        first.devicePointer == NULL ||
+        (uint8_t *)last.devicePointer != (uint8_t *)first.devicePointer + bytes - 1)
+        return NULL;
+    return first.devicePointer;
+}
+
 static void cuda_ingest_free(epd_ops_ctx_t *ctx, void *copy)
 {
     if (copy != NULL && cudaSetDevice(ctx->device) == cudaSuccess) cudaFreeAsync(copy, ctx->ingest);
@@ -1898,4 +1915,5 @@ extern "C" const epd_ops_t epd_ops_cuda = {
     .ingest_fetch = cuda_ingest_fetch,
     .ingest_scan_host = cuda_ingest_scan_host,
     .ingest_free = cuda_ingest_free,
+    .host_mapped = cuda_host_mapped,
 };
