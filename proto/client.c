@@ -23,6 +23,7 @@
 #include "common/status.h"
 #include "proto/base64.h"
 #include "proto/frame.h"
+#include "proto/json_build.h"
 
 #ifndef EPD_VERSION
 #define EPD_VERSION "0"
@@ -1212,11 +1213,83 @@ static uint64_t meta_u64_or(const cJSON *meta, const char *key, uint64_t fallbac
     return epd_json_to_u64(cJSON_GetObjectItemCaseSensitive(meta, key), &v) ? v : fallback;
 }
 
-/* Runs the worker's callback on one EXPERTS frame (freed here) and answers EXPERTS_DONE. */
+/* The counts of an EXPERTS meta from their JSON text (strict-checked): plain integers are read
+ * here, anything else through the tree (numbers that are not non-negative integers count 0, as
+ * before). *n_p gets how many; the array (malloc'ed, one element at least) is the caller's. */
+static uint32_t *experts_counts(const char *text, size_t len, uint32_t *n_p)
+{
+    uint32_t *rows = malloc((len / 2 + 1) * sizeof *rows); /* a digit and a comma each */
+    uint32_t n = 0;
+    size_t at = 1; /* past '[' */
+
+    *n_p = 0;
+    if (rows == NULL) return NULL;
+#define WS(i) ((i) < len && (text[i] == ' ' || text[i] == '\t' || text[i] == '\n' || text[i] == '\r'))
+    while (WS(at)) at++;
+    if (at < len && text[at] == ']') return rows;
+    for (;;) {
+        while (WS(at)) at++;
+        uint64_t v = 0;
+        size_t digits = 0;
+        while (at < len && text[at] >= '0' && text[at] <= '9' && digits < 11) {
+            v = v * 10u + (uint64_t)(text[at++] - '0');
+            digits++;
+        }
+        if (digits == 0 || digits > 10 || v > UINT32_MAX) break;
+        while (WS(at)) at++;
+        rows[n++] = (uint32_t)v;
+        if (at < len && text[at] == ',') {
+            at++;
+            continue;
+        }
+        if (at < len && text[at] == ']') {
+            *n_p = n;
+            return rows;
+        }
+        break;
+    }
+#undef WS
+    /* a fraction, an exponent, a sign, not a number: the tree's reading */
+    free(rows);
+    cJSON *counts = epd_json_build(text, len);
+    if (!cJSON_IsArray(counts)) {
+        cJSON_Delete(counts);
+        return NULL;
+    }
+    n = (uint32_t)cJSON_GetArraySize(counts);
+    rows = calloc(n ? n : 1, sizeof *rows);
+    if (rows != NULL) {
+        uint32_t i = 0;
+        for (const cJSON *v = counts->child; v != NULL; v = v->next, i++)
+            rows[i] = cJSON_IsNumber(v) && v->valuedouble >= 0 ? (uint32_t)v->valuedouble : 0;
+        *n_p = n;
+    }
+    cJSON_Delete(counts);
+    return rows;
+}
+
+/* Runs the worker's callback on one EXPERTS frame (freed here) and answers EXPERTS_DONE. The
+ * decoder gave its meta as text (epd_decoder_keep_text): the tree is built without the counts,
+ * which are read straight from the text (for 256 experts the tree's numbers were most of the
+ * frame's decoding). */
 static int client_serve_one(epd_client_t *c, epd_frame_t *frame, uint64_t seen_ns)
 {
-    const cJSON *meta = frame->meta, *tensors = cJSON_GetObjectItemCaseSensitive(meta, "tensors");
+    const char *counts_text = NULL;
+    size_t counts_len = 0;
+    cJSON *built = NULL;
+    if (frame->meta_text != NULL) {
+        built = epd_json_build_except(frame->meta_text, frame->meta_len, "counts", &counts_text,
+                                      &counts_len);
+        if (built == NULL) {
+            epd_frame_free(frame);
+            return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "out of memory");
+        }
+    }
+    const cJSON *meta = built != NULL ? built : frame->meta;
+    const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(meta, "tensors");
     const cJSON *counts = cJSON_GetObjectItemCaseSensitive(meta, "counts");
+    bool have_counts = built != NULL ? counts_text != NULL && counts_text[0] == '['
+                                     : cJSON_IsArray(counts);
     const cJSON *input = cJSON_GetObjectItemCaseSensitive(meta, "input");
     const cJSON *layout = cJSON_GetObjectItemCaseSensitive(meta, "layout");
     const cJSON *scale = cJSON_GetObjectItemCaseSensitive(meta, "scale");
@@ -1226,9 +1299,10 @@ static int client_serve_one(epd_client_t *c, epd_frame_t *frame, uint64_t seen_n
 
     memset(&b, 0, sizeof b);
     if (!epd_json_to_u64(cJSON_GetObjectItemCaseSensitive(meta, "step"), &step) ||
-        !cJSON_IsArray(counts) || !cJSON_IsString(input) || !cJSON_IsString(layout) ||
+        !have_counts || !cJSON_IsString(input) || !cJSON_IsString(layout) ||
         !experts_tensor(tensors, "x", &b.input_region, &b.x_offset, &bytes) ||
         !experts_tensor(tensors, "y", &b.output_region, &b.y_offset, &bytes)) {
+        cJSON_Delete(built);
         epd_frame_free(frame);
         client_disconnect(c);
         return client_fail(c, EPD_CLIENT_ERR_PROTOCOL, NULL, "an EXPERTS frame without step, "
@@ -1243,15 +1317,21 @@ static int client_serve_one(epd_client_t *c, epd_frame_t *frame, uint64_t seen_n
     b.input = input->valuestring;
     b.masked = strcmp(layout->valuestring, "masked") == 0;
     b.meta_json = NULL;
-    b.n_experts = (uint32_t)cJSON_GetArraySize(counts);
-    uint32_t *rows = calloc(b.n_experts ? b.n_experts : 1, sizeof *rows);
+    uint32_t *rows;
+    if (built != NULL) {
+        rows = experts_counts(counts_text, counts_len, &b.n_experts);
+    } else {
+        b.n_experts = (uint32_t)cJSON_GetArraySize(counts);
+        rows = calloc(b.n_experts ? b.n_experts : 1, sizeof *rows);
+        uint32_t i = 0;
+        for (const cJSON *n = counts->child; rows != NULL && n != NULL; n = n->next, i++)
+            rows[i] = cJSON_IsNumber(n) && n->valuedouble >= 0 ? (uint32_t)n->valuedouble : 0;
+    }
     if (rows == NULL) {
+        cJSON_Delete(built);
         epd_frame_free(frame);
         return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "out of memory");
     }
-    uint32_t i = 0;
-    for (const cJSON *n = counts->child; n != NULL; n = n->next, i++)
-        rows[i] = cJSON_IsNumber(n) && n->valuedouble >= 0 ? (uint32_t)n->valuedouble : 0;
     b.counts = rows;
     b.scale = cJSON_IsNumber(scale) ? (float)scale->valuedouble : 0.0f;
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(tensors, "x");
@@ -1277,6 +1357,7 @@ static int client_serve_one(epd_client_t *c, epd_frame_t *frame, uint64_t seen_n
     int answer = c->experts_fn(c->experts_arg, &b);
     c->serving = false;
     free(rows);
+    cJSON_Delete(built);
     epd_frame_free(frame);
     if (answer != 0) {
         /* the worker gave up on this batch: no answer (the rank's step times out) */
@@ -1337,6 +1418,7 @@ EPD_CLIENT_API int epd_client_serve_experts(epd_client_t *c, uint32_t input_regi
     if (epd_frame_encode_text(EPD_FRAME_CONTROL, meta, &out, err) != EPD_OK)
         return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "%s", err);
     /* set before the REPLY comes: an EXPERTS may follow it at once */
+    epd_decoder_keep_text(&c->dec, 1u << EPD_FRAME_EXPERTS);
     c->experts_fn = fn;
     c->experts_arg = arg;
     c->experts_in = input_region;
@@ -1346,11 +1428,13 @@ EPD_CLIENT_API int epd_client_serve_experts(epd_client_t *c, uint32_t input_regi
     if (rc == EPD_CLIENT_OK) rc = client_take(c, match_control, NULL, &frame);
     if (rc != EPD_CLIENT_OK) {
         c->experts_fn = NULL;
+        epd_decoder_keep_text(&c->dec, 0);
         return rc;
     }
     if (frame.type == EPD_FRAME_ERROR) {
         epd_client_reply_t reply;
         c->experts_fn = NULL;
+        epd_decoder_keep_text(&c->dec, 0);
         rc = reply_from_frame(c, &frame, &reply);
         epd_client_reply_free(&reply);
         return rc;
