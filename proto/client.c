@@ -203,19 +203,6 @@ EPD_CLIENT_API void epd_client_set_spin(epd_client_t *c, unsigned spin_us)
     if (c != NULL) c->spin_ns = (uint64_t)spin_us * 1000u;
 }
 
-/* poll(2) for input until the deadline, spinning first for the client's spin time. */
-static int client_poll_in(epd_client_t *c, struct pollfd *pfd, int64_t deadline)
-{
-    if (c->spin_ns != 0) {
-        uint64_t until = epd_now_ns() + c->spin_ns;
-        do {
-            int n = poll(pfd, 1, 0);
-            if (n != 0) return n;
-        } while (epd_now_ns() < until);
-    }
-    return poll(pfd, 1, ms_left(deadline));
-}
-
 EPD_CLIENT_API const char *epd_client_last_error(const epd_client_t *c)
 {
     return c ? c->code : "invalid_argument";
@@ -341,12 +328,15 @@ static int client_decode_buffered(epd_client_t *c, bool *got_p)
     return EPD_CLIENT_OK;
 }
 
-/* One read from the socket into rbuf (which the caller has drained), then decoding. */
-static int client_read_some(epd_client_t *c)
+/* One read from the socket into rbuf (which the caller has drained), then decoding; *read_p
+ * (may be NULL) says whether bytes came. */
+static int client_read_bytes(epd_client_t *c, bool *read_p)
 {
     char ebuf[128];
     ssize_t n;
     bool got;
+
+    if (read_p != NULL) *read_p = false;
     do {
         n = recv(c->fd, c->rbuf, CLIENT_READ_CHUNK, 0);
     } while (n < 0 && errno == EINTR);
@@ -367,6 +357,7 @@ static int client_read_some(epd_client_t *c)
         return client_fail(c, EPD_CLIENT_ERR_IO, NULL, "reading from the daemon: %s",
                            errno_text(errno, ebuf, sizeof(ebuf)));
     }
+    if (read_p != NULL) *read_p = true;
     c->roff = 0;
     c->rlen = (size_t)n;
     /* decode every whole frame of this read into the queue */
@@ -375,6 +366,26 @@ static int client_read_some(epd_client_t *c)
         if (rc != EPD_CLIENT_OK) return rc;
         if (!got) return EPD_CLIENT_OK;
     }
+}
+
+static int client_read_some(epd_client_t *c)
+{
+    return client_read_bytes(c, NULL);
+}
+
+/* Reads without sleeping for up to the client's spin time (not past deadline): recv(2) straight
+ * away, without a poll(2) before each, so bytes are seen one system call after they come.
+ * *read_p says whether any came. */
+static int client_spin_read(epd_client_t *c, int64_t deadline, bool *read_p)
+{
+    uint64_t now = epd_now_ns(), until = now + c->spin_ns;
+    if (deadline >= 0 && (uint64_t)deadline * 1000000u < until)
+        until = (uint64_t)deadline * 1000000u;
+    do {
+        int rc = client_read_bytes(c, read_p);
+        if (rc != EPD_CLIENT_OK || *read_p) return rc;
+    } while (epd_now_ns() < until);
+    return EPD_CLIENT_OK;
 }
 
 static int client_require_connected(epd_client_t *c)
@@ -420,8 +431,14 @@ static int client_take(epd_client_t *c, frame_match_fn match, const void *arg,
         }
         rc = client_require_connected(c);
         if (rc != EPD_CLIENT_OK) return rc;
+        if (c->spin_ns != 0) {
+            bool read;
+            rc = client_spin_read(c, deadline, &read);
+            if (rc != EPD_CLIENT_OK) return rc;
+            if (read) continue;
+        }
         struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
-        int n = client_poll_in(c, &pfd, deadline);
+        int n = poll(&pfd, 1, ms_left(deadline));
         if (n < 0 && errno != EINTR) {
             return client_fail(c, EPD_CLIENT_ERR_IO, NULL, "poll: %s",
                                errno_text(errno, ebuf, sizeof(ebuf)));

@@ -334,6 +334,13 @@ static void test_client__submit__returns_y_and_step(void **state)
     assert_int_equal(epd_client_submit(c, &bt.b, y, &step), EPD_CLIENT_OK);
     assert_memory_equal(y, bt.x, sizeof(y));
     assert_int_equal(step, 1005);
+    /* the same answer when the client spins on recv instead of sleeping in poll */
+    epd_client_set_spin(c, 1000000);
+    memset(y, 0, sizeof y);
+    assert_int_equal(epd_client_submit(c, &bt.b, y, &step), EPD_CLIENT_OK);
+    assert_memory_equal(y, bt.x, sizeof(y));
+    assert_int_equal(step, 1005);
+    epd_client_set_spin(c, 0);
     assert_string_equal(epd_client_last_error(c), "");
     assert_int_equal(epd_client_in_flight(c), 0);
     epd_client_destroy(c);
@@ -523,6 +530,13 @@ static void test_client__silent_daemon__times_out(void **state)
     double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
     assert_true(took >= 0.14);
     assert_string_equal(epd_client_last_error(c), "timeout");
+    /* a client that spins (far longer than its timeout) still keeps the timeout */
+    epd_client_set_spin(c, 60u * 1000000u);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(epd_client_submit(c, &bt.b, y, NULL), EPD_CLIENT_ERR_TIMEOUT);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    assert_true(took >= 0.14 && took < 30.0);
     epd_client_destroy(c); /* closing lets the fake daemon's read end */
     batch_free(&bt);
     fake_stop(&f);
@@ -551,19 +565,23 @@ static int experts_record(void *arg, const epd_client_experts_t *b)
 
 static void test_client__experts__counts_read_as_the_tree_gives_them(void **state)
 {
-    fake_t f;
-    experts_seen_t seen = {.calls = 0, .ok = true};
     (void)state;
-    fake_start(&f, FAKE_EXPERTS, 0, 64);
-    epd_client_t *c = connect_to(&f);
-    assert_int_equal(epd_client_serve_experts(c, 1, 2, experts_record, &seen, NULL),
-                     EPD_CLIENT_OK);
-    /* the fake closes once it has every EXPERTS_DONE */
-    assert_int_equal(epd_client_serve(c, 5000), EPD_CLIENT_ERR_CLOSED);
-    assert_int_equal(seen.calls, EPD_ARRAY_SIZE(experts_cases));
-    assert_true(seen.ok);
-    epd_client_destroy(c);
-    fake_stop(&f);
+    /* sleeping in poll, and spinning on recv (epd_client_set_spin) */
+    for (unsigned spin_us = 0; spin_us <= 1000000; spin_us += 1000000) {
+        fake_t f;
+        experts_seen_t seen = {.calls = 0, .ok = true};
+        fake_start(&f, FAKE_EXPERTS, 0, 64);
+        epd_client_t *c = connect_to(&f);
+        epd_client_set_spin(c, spin_us);
+        assert_int_equal(epd_client_serve_experts(c, 1, 2, experts_record, &seen, NULL),
+                         EPD_CLIENT_OK);
+        /* the fake closes once it has every EXPERTS_DONE */
+        assert_int_equal(epd_client_serve(c, 5000), EPD_CLIENT_ERR_CLOSED);
+        assert_int_equal(seen.calls, EPD_ARRAY_SIZE(experts_cases));
+        assert_true(seen.ok);
+        epd_client_destroy(c);
+        fake_stop(&f);
+    }
 }
 
 static void test_client__no_daemon__is_connect_error_naming_path(void **state)
