@@ -179,6 +179,25 @@ def _dequantized_torch(batch, x, scales):
     return q * s
 
 
+def serve_fields(ids, input_scale):
+    """CONTROL serve_experts's fields for the input and output region ids and input_scale (S for
+    every layer, {layer: S}, or None)."""
+    fields = {"input": ids[0], "output": ids[1]}
+    if input_scale is not None:
+        fields["input_scale"] = ({str(k): float(v) for k, v in input_scale.items()}
+                                 if isinstance(input_scale, dict) else float(input_scale))
+    return fields
+
+
+def register_fields(buf):
+    """CONTROL register's fields for a DeviceBuffer (a cuda region)."""
+    import base64
+    from . import _torch
+    handle, base, _ = _torch.device_allocation(buf.buf)
+    return {"kind": "cuda", "handle": base64.b64encode(handle).decode(),
+            "offset": buf.buf.data_ptr() - base, "bytes": buf.nbytes}
+
+
 def done_meta(batch, done_ns):
     """EXPERTS_DONE's meta for a batch (with the worker's times for the daemon's latency log)."""
     if not isinstance(batch, ExpertsBatch):
