@@ -24,8 +24,9 @@
 
 /* A waiting step polls for the answer at least this long before it sleeps on the condition
  * variable (a worker that answers within it is seen without a wake-up), unless the process has
- * one core; while the loop thread spins (the daemon is hot on a node with a core per thread), it
- * polls on for up to dispatch.hot_ms: a condition variable's wake-up cost 5-15 us. */
+ * one core. While the loop thread spins (the daemon is hot on a node with a core per thread) and
+ * the process may use three cores (the loop thread, this one, and one left for the worker), it
+ * polls on for up to dispatch.hot_ms: a condition variable's wake-up is several microseconds. */
 #define EXTERNAL_SPIN_NS 20000u
 /* Failures of one kind are logged once, then at most once a second with a count. */
 #define EXTERNAL_LOG_NS 1000000000u
@@ -100,6 +101,7 @@ struct epd_external {
     atomic_bool send_pending; /* an EXPERTS to send: the spinning loop polls it */
     atomic_bool *loop_spinning; /* the server's flag, or NULL */
     uint64_t spin_ns;        /* EXTERNAL_SPIN_NS, or 0 on one core */
+    bool spin_on;            /* the process may use 3 cores: spin while the loop spins */
 
     /* engine worker thread only: scratch grown as needed (host, or ops memory: _ops) */
     int32_t *ids; size_t ids_cap;                 /* the records' top-k ids (pinned) */
@@ -187,8 +189,9 @@ epd_status_t epd_external_create(const epd_config_t *cfg, uint32_t world, uint32
     {
         cpu_set_t set;
         CPU_ZERO(&set);
-        bool one_core = sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < 2;
-        ext->spin_ns = one_core ? 0 : EXTERNAL_SPIN_NS;
+        int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+        ext->spin_ns = cores < 2 ? 0 : EXTERNAL_SPIN_NS;
+        ext->spin_on = cores >= 3;
     }
     ext->first_row = calloc(ext->n_local, sizeof *ext->first_row);
     if (ext->first_row == NULL) goto out_free;
@@ -876,7 +879,8 @@ static handoff_t wait_answer(epd_external_t *ext)
         uint64_t waited = epd_now_ns() - start;
         if (waited >= timeout_ns) break;
         if (waited < ext->spin_ns) continue;
-        if (waited < hot_ns && ext->loop_spinning != NULL && atomic_load(ext->loop_spinning))
+        if (ext->spin_on && waited < hot_ns && ext->loop_spinning != NULL &&
+            atomic_load(ext->loop_spinning))
             continue;
         break;
     }
