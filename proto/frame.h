@@ -70,7 +70,8 @@ typedef struct epd_frame {
     epd_frame_type_t type;
     uint32_t meta_len;
     uint64_t payload_len;
-    cJSON *meta;  /* always a JSON object */
+    cJSON *meta;  /* a JSON object; NULL for the types kept as text (epd_decoder_keep_text) */
+    char *meta_text; /* those types' meta, checked strict JSON, NUL-terminated (meta_len bytes) */
     uint8_t *payload;
     epd_frame_id_kind_t id_kind;
     uint64_t id;  /* meaningful when id_kind == EPD_FRAME_ID_VALID */
@@ -119,6 +120,7 @@ typedef struct epd_decoder {
     epd_decoder_admit_fn admit; /* NULL: every frame is admitted */
     void *admit_arg;
     const epd_payload_alloc_t *alloc; /* NULL: malloc */
+    uint32_t text_types;    /* bit t: frames of type t keep their meta as text */
 } epd_decoder_t;
 
 /* Sets up a decoder. max_payload is socket.max_frame_bytes; max_meta is at most
@@ -131,6 +133,11 @@ void epd_decoder_set_admit(epd_decoder_t *dec, epd_decoder_admit_fn admit, void 
 /* Sets where payloads are kept (NULL: malloc); the table must outlive the decoder's frames.
  * Kept across epd_decoder_reset. */
 void epd_decoder_set_alloc(epd_decoder_t *dec, const epd_payload_alloc_t *alloc);
+
+/* Frames of the types in type_mask (bit t for type t) get their meta as text (frame->meta_text,
+ * frame->meta NULL), checked exactly as the others, for a caller that reads it faster than
+ * through the tree (libepd's EXPERTS). Kept across epd_decoder_reset. */
+void epd_decoder_keep_text(epd_decoder_t *dec, uint32_t type_mask);
 
 /* Frees any partial frame; the decoder can be initialized again or dropped. */
 void epd_decoder_free(epd_decoder_t *dec);

@@ -510,6 +510,53 @@ static void test_frame__bad_meta_json__is_bad_json(void **state)
 }
 
 /* Issue 20 item 9: meta cJSON took although it is not RFC 8259 JSON. */
+/* Feeds one frame's bytes to a decoder that keeps EXPERTS meta as text. */
+static epd_status_t decode_keeping_text(bytes_t b, epd_frame_t *frame, char err[EPD_ERR_LEN])
+{
+    epd_decoder_t dec;
+    size_t used = 0;
+    epd_decoder_init(&dec, MAX_PAYLOAD, EPD_FRAME_MAX_META);
+    epd_decoder_keep_text(&dec, 1u << EPD_FRAME_EXPERTS);
+    epd_decoder_reset(&dec); /* the setting survives a reset */
+    epd_status_t status = epd_decoder_feed(&dec, b.buf, b.len, &used, frame, err);
+    epd_decoder_free(&dec);
+    free(b.buf);
+    return status;
+}
+
+static void test_frame__keep_text__gives_checked_meta_text_for_those_types_only(void **state)
+{
+    (void)state;
+    const char *meta = " {\"step\":7,\"id\":42,\"counts\":[1,2,3]} ";
+    epd_frame_t frame = {0};
+    char err[EPD_ERR_LEN] = "";
+
+    assert_int_equal(decode_keeping_text(simple_frame(EPD_FRAME_EXPERTS, meta), &frame, err),
+                     EPD_OK);
+    assert_null(frame.meta);
+    assert_non_null(frame.meta_text);
+    assert_string_equal(frame.meta_text, meta);
+    assert_int_equal(frame.id_kind, EPD_FRAME_ID_VALID);
+    assert_int_equal(frame.id, 42);
+    epd_frame_free(&frame);
+    assert_null(frame.meta_text);
+    /* other types still get the tree */
+    assert_int_equal(decode_keeping_text(simple_frame(EPD_FRAME_REPLY, meta), &frame, err),
+                     EPD_OK);
+    assert_non_null(frame.meta);
+    assert_null(frame.meta_text);
+    epd_frame_free(&frame);
+    /* kept text is checked as strictly: not strict, not UTF-8, not an object */
+    static const char *const bad[] = {"{\"step\":07}", "{\"s\":\"\xff\"}", "[1,2]", " \"x\""};
+    for (size_t i = 0; i < EPD_ARRAY_SIZE(bad); i++) {
+        err[0] = '\0';
+        epd_status_t status =
+            decode_keeping_text(simple_frame(EPD_FRAME_EXPERTS, bad[i]), &frame, err);
+        if (status != EPD_ERR_BAD_JSON) fail_msg("case %zu: got %s", i, epd_status_name(status));
+        assert_true(strlen(err) > 10);
+    }
+}
+
 static void test_frame__meta_not_strict_json__is_bad_json(void **state)
 {
     (void)state;
@@ -1283,6 +1330,7 @@ int main(void)
         cmocka_unit_test(test_frame__oversize__is_frame_too_large_before_allocation),
         cmocka_unit_test(test_frame__bad_meta_json__is_bad_json),
         cmocka_unit_test(test_frame__meta_not_strict_json__is_bad_json),
+        cmocka_unit_test(test_frame__keep_text__gives_checked_meta_text_for_those_types_only),
         cmocka_unit_test(test_frame__truncated_stream__is_reported),
         cmocka_unit_test(test_frame__submit_id__missing_or_invalid_is_bad_json),
         cmocka_unit_test(test_frame__submit_tensors__missing_is_bad_json),
