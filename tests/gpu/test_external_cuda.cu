@@ -182,6 +182,7 @@ static void run_case(epd_wire_dtype_t dtype, epd_scale_kind_t scale, epd_scale_f
     float *s_d = (float *)dev_copy(s_h, s_bytes + 16);
     cudaMemset(x_d, 0, x_bytes + 16);
     cudaMemset(s_d, 0, s_bytes + 16);
+    cudaDeviceSynchronize(); /* the memsets are asynchronous, on a stream the ops' does not wait for */
     memset(x_h, 0, x_bytes + 16);
     memset(s_h, 0, s_bytes + 16);
     epd_external_gather_host(&sh, &plan, x_h, s_h, err);

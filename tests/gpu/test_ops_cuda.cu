@@ -266,6 +266,10 @@ static bool run_case(const epd_moe_shape_t *base, uint32_t n, uint64_t seed, sim
         s->send_d = (uint8_t *)d->alloc(dctx, pb);
         if (!s->send_d) return failf("alloc of the send buffers");
         CUDA_OK(cudaMemset(s->send_d, 0, pb < 256 ? 256 : pb));
+        /* cudaMemset is asynchronous and on the legacy stream, which the ops' non-blocking stream
+         * does not wait for: without this the zeros could land on the packed records (seen with
+         * the GPU shared by other processes) */
+        CUDA_OK(cudaDeviceSynchronize());
         memset(s->smax_d, 0, sizeof s->smax_d);
         s->lay_d.scale_max_host = s->smax_d;
         OPS_OK(d, dctx, d->pack(dctx, &shape[r], s->x_d, s->ids_d, s->w_d, &s->lay_d, s->send_d), "pack");

@@ -152,6 +152,7 @@ static epd_status_t impl_requant(uint8_t *q, const float *s, const int32_t *coun
     void *dc = dev_copy(counts, E * sizeof(int32_t)), *dbig = dev_copy(NULL, 4);
     void *dout = q_out ? dev_copy(q_out, nq) : dq;
     CUDA_OK(cudaMemset(dbig, 0xff, 4));
+    CUDA_OK(cudaDeviceSynchronize()); /* asynchronous, on the legacy stream */
     epd_status_t st = epd_requant_cuda((const uint8_t *)dq, (const float *)ds, (const int32_t *)dc,
                                        E, cap, hidden, kind, static_s, (uint8_t *)dout,
                                        (float *)dbig, l, NULL, err);
@@ -374,6 +375,7 @@ static void case_requant_live(uint32_t E, uint32_t cap, uint32_t hidden, epd_sca
         void *dq = dev_copy(q, nq), *ds = dev_copy(s, nsc * 4), *dbig = dev_copy(NULL, 4);
         void *dout = in_place ? dq : dev_copy(got, nq);
         CUDA_OK(cudaMemset(dbig, 0xff, 4));
+        CUDA_OK(cudaDeviceSynchronize()); /* asynchronous, on the legacy stream */
         st = s_mode == 3 ? epd_requant_step_cuda((const uint8_t *)dq, (const float *)ds, counts, E,
                                                  cap, hidden, kind, (uint8_t *)dout, (float *)dbig,
                                                  l, NULL, err)
