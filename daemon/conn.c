@@ -1,5 +1,7 @@
 /* One client connection: an explicit state machine (memcached's conn_states / drive_machine) over a
  * bufferevent. Bytes go to the frame decoder as they arrive, a bounded number of frames per event;
+ * a payload being collected is read straight into its buffer (one copy, the kernel's: page-locked
+ * memory on a daemon with a pool), headers and meta through the input buffer;
  * SUBMITs are validated at ingest and queued on the engine, CONTROLs answered at once; framing
  * errors are answered, then the connection closes once its output is flushed; unsent output above
  * socket.max_output_bytes pauses reading until the client catches up. A frame whose payload would
