@@ -306,6 +306,19 @@ static void queue_push(epd_client_t *c, queued_frame_t *q)
     c->tail = q;
 }
 
+/* Queues a whole frame for the callers that wait for it (takes it over). */
+static int client_queue_frame(epd_client_t *c, epd_frame_t *frame)
+{
+    queued_frame_t *q = malloc(sizeof(*q));
+    if (q == NULL) {
+        epd_frame_free(frame);
+        return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "cannot queue a reply");
+    }
+    q->frame = *frame;
+    queue_push(c, q);
+    return EPD_CLIENT_OK;
+}
+
 /* Feeds buffered bytes to the decoder; on a whole frame, queues it and returns OK. AGAIN when the
  * buffered bytes ran out. */
 static int client_decode_buffered(epd_client_t *c, bool *got_p)
@@ -326,13 +339,8 @@ static int client_decode_buffered(epd_client_t *c, bool *got_p)
                                NULL, "the daemon sent a bad frame (%s): %s",
                                epd_status_name(status), err);
         }
-        queued_frame_t *q = malloc(sizeof(*q));
-        if (q == NULL) {
-            epd_frame_free(&frame);
-            return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "cannot queue a reply");
-        }
-        q->frame = frame;
-        queue_push(c, q);
+        int rc = client_queue_frame(c, &frame);
+        if (rc != EPD_CLIENT_OK) return rc;
         *got_p = true;
         return EPD_CLIENT_OK;
     }
@@ -340,14 +348,27 @@ static int client_decode_buffered(epd_client_t *c, bool *got_p)
     return EPD_CLIENT_OK;
 }
 
-/* One read from the socket into rbuf (which the caller has drained), then decoding. */
+/* One read from the socket (rbuf drained by the caller), then decoding: into the payload of the
+ * frame being collected when there is one (a RESULT's y is copied once, by the kernel), else into
+ * rbuf. */
 static int client_read_some(epd_client_t *c)
 {
-    char ebuf[128];
+    char ebuf[128], err[EPD_ERR_LEN];
+    void *window;
+    size_t window_len;
     ssize_t n;
     bool got;
+    epd_status_t status = epd_decoder_payload_window(&c->dec, &window, &window_len, err);
+    if (status != EPD_OK) {
+        client_disconnect(c);
+        return client_fail(c, status == EPD_ERR_NO_MEMORY ? EPD_CLIENT_ERR_NO_MEMORY
+                                                           : EPD_CLIENT_ERR_PROTOCOL,
+                           NULL, "reading a frame from the daemon (%s): %s",
+                           epd_status_name(status), err);
+    }
     do {
-        n = recv(c->fd, c->rbuf, CLIENT_READ_CHUNK, 0);
+        n = window_len > 0 ? recv(c->fd, window, window_len, 0)
+                           : recv(c->fd, c->rbuf, CLIENT_READ_CHUNK, 0);
     } while (n < 0 && errno == EINTR);
     if (n == 0) {
         bool idle = epd_decoder_idle(&c->dec);
@@ -365,6 +386,15 @@ static int client_read_some(epd_client_t *c)
         }
         return client_fail(c, EPD_CLIENT_ERR_IO, NULL, "reading from the daemon: %s",
                            errno_text(errno, ebuf, sizeof(ebuf)));
+    }
+    if (window_len > 0) {
+        epd_frame_t frame;
+        status = epd_decoder_payload_commit(&c->dec, (size_t)n, &frame, err);
+        if (status == EPD_OK) return client_queue_frame(c, &frame);
+        if (status == EPD_ERR_AGAIN) return EPD_CLIENT_OK;
+        client_disconnect(c);
+        return client_fail(c, EPD_CLIENT_ERR_PROTOCOL, NULL, "reading a frame from the daemon: %s",
+                           err);
     }
     c->roff = 0;
     c->rlen = (size_t)n;
