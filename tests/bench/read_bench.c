@@ -8,8 +8,9 @@
  * daemon's page-locked pool reuses them (--malloc: a fresh malloc per frame instead).
  * --sndbuf sets the sender's SO_SNDBUF (what bounds the bytes in flight on a Unix stream socket;
  * the kernel caps it at net.core.wmem_max).
+ * --pin puts the receiver on CPU 0 and the sender on CPU 1.
  *   read-bench [--tokens N] [--hidden H] [--topk K] [--frames F] [--rounds R] [--sndbuf BYTES]
- *              [--malloc] */
+ *              [--malloc] [--pin] */
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
@@ -33,6 +34,8 @@ typedef struct {
     size_t head_len, payload_len;
     int fd;
     unsigned frames;
+    int cpu;         /* pinned to this CPU, or -1 */
+    uint64_t cpu_ns; /* the sender thread's CPU time for the run */
 } sender_t;
 
 /* A block cache in front of malloc, as the page-locked pool reuses its blocks. */
@@ -82,9 +85,14 @@ static void cache_release(void *p)
 
 static const epd_payload_alloc_t cache_alloc = {.resize = cache_resize, .release = cache_release};
 
+static uint64_t ns(clockid_t clock);
+static void pin(int cpu);
+
 static void *send_main(void *arg)
 {
     sender_t *s = arg;
+    pin(s->cpu);
+    uint64_t cpu0 = ns(CLOCK_THREAD_CPUTIME_ID);
     for (unsigned f = 0; f < s->frames; f++) {
         size_t off = 0, len = s->head_len + s->payload_len;
         while (off < len) {
@@ -97,7 +105,18 @@ static void *send_main(void *arg)
             off += (size_t)n;
         }
     }
+    s->cpu_ns = ns(CLOCK_THREAD_CPUTIME_ID) - cpu0;
     return NULL;
+}
+
+/* --pin: sender and receiver each on a CPU of their own (less noise from the scheduler). */
+static void pin(int cpu)
+{
+    if (cpu < 0) return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    pthread_setaffinity_np(pthread_self(), sizeof set, &set);
 }
 
 static uint64_t ns(clockid_t clock)
@@ -195,12 +214,17 @@ static double median(double *v, unsigned n)
 int main(int argc, char **argv)
 {
     unsigned tokens = 128, hidden = 7168, topk = 8, frames = 200, rounds = 9, sndbuf = 0;
+    bool pinned = false;
     char err[EPD_ERR_LEN];
 
     for (int i = 1; i < argc; i++) {
         unsigned *dst = NULL;
         if (strcmp(argv[i], "--malloc") == 0) {
             use_cache = false;
+            continue;
+        }
+        if (strcmp(argv[i], "--pin") == 0) {
+            pinned = true;
             continue;
         }
         if (strcmp(argv[i], "--tokens") == 0) dst = &tokens;
@@ -211,7 +235,7 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--sndbuf") == 0) dst = &sndbuf;
         if (dst == NULL || i + 1 == argc || (*dst = (unsigned)strtoul(argv[++i], NULL, 10)) == 0) {
             fprintf(stderr, "usage: read-bench [--tokens N] [--hidden H] [--topk K] [--frames F] "
-                            "[--rounds R] [--sndbuf BYTES] [--malloc]\n");
+                            "[--rounds R] [--sndbuf BYTES] [--malloc] [--pin]\n");
             return 2;
         }
     }
@@ -237,9 +261,11 @@ int main(int argc, char **argv)
     s.payload_len = total - out.head_len;
     epd_frame_out_free(&out);
 
-    double *v[2][3];
+    double *v[2][4];
     for (int m = 0; m < 2; m++)
-        for (int k = 0; k < 3; k++) v[m][k] = calloc(rounds, sizeof(double));
+        for (int k = 0; k < 4; k++) v[m][k] = calloc(rounds, sizeof(double));
+    s.cpu = pinned ? 1 : -1;
+    pin(pinned ? 0 : -1);
     for (unsigned r = 0; r < rounds; r++) {
         for (int m = 0; m < 2; m++) {
             int sv[2];
@@ -257,6 +283,7 @@ int main(int argc, char **argv)
             v[window][0][r] = res.cpu_us;
             v[window][1][r] = res.wall_us;
             v[window][2][r] = res.reads;
+            v[window][3][r] = (double)s.cpu_ns / 1e3 / frames;
         }
     }
     int got_sndbuf = 0;
@@ -271,12 +298,13 @@ int main(int argc, char **argv)
     printf("read-bench: %u tokens x %u hidden, top-%u: payload %zu bytes, %u frames x %u rounds, "
            "payload buffers %s, sender SO_SNDBUF %d\n", tokens, hidden, topk, s.payload_len,
            frames, rounds, use_cache ? "reused" : "malloc'ed per frame", got_sndbuf);
-    printf("  %-8s %14s %14s %12s\n", "path", "cpu us/frame", "wall us/frame", "reads/frame");
-    double med[2][3];
+    printf("  %-8s %14s %14s %12s %14s\n", "path", "cpu us/frame", "wall us/frame",
+           "reads/frame", "sender cpu us");
+    double med[2][4];
     for (int m = 0; m < 2; m++) {
-        for (int k = 0; k < 3; k++) med[m][k] = median(v[m][k], rounds);
-        printf("  %-8s %14.1f %14.1f %12.1f\n", m ? "window" : "feed", med[m][0], med[m][1],
-               med[m][2]);
+        for (int k = 0; k < 4; k++) med[m][k] = median(v[m][k], rounds);
+        printf("  %-8s %14.1f %14.1f %12.1f %14.1f\n", m ? "window" : "feed", med[m][0],
+               med[m][1], med[m][2], med[m][3]);
     }
     printf("  window / feed: cpu %.2f, wall %.2f (medians of the same run)\n",
            med[1][0] / med[0][0], med[1][1] / med[0][1]);
