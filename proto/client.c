@@ -31,6 +31,7 @@
 /* Largest RESULT/REPLY payload the client accepts (the daemon's own limit is its config). */
 #define CLIENT_MAX_PAYLOAD ((uint64_t)1 << 36)
 #define CLIENT_READ_CHUNK (256u * 1024u)
+#define CLIENT_SNDBUF_BYTES (4 * 1024 * 1024)
 
 typedef struct queued_frame {
     epd_frame_t frame;
@@ -256,6 +257,11 @@ EPD_CLIENT_API int epd_client_connect(epd_client_t *c, const char *path, int tim
         return client_fail(c, EPD_CLIENT_ERR_CONNECT, NULL, "cannot connect to %.200s: socket: %s",
                            path, errno_text(errno, ebuf, sizeof(ebuf)));
     }
+    /* A Unix stream socket holds at most the sender's SO_SNDBUF in flight (208 KiB by default):
+     * a few MiB lets a request's payload go in one or two writes and reads instead of ~9 each
+     * (best effort; the kernel caps it at net.core.wmem_max). */
+    int sndbuf = CLIENT_SNDBUF_BYTES;
+    (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
     for (;;) {
         rc = connect(fd, (struct sockaddr *)&addr, sizeof(addr));
         if (rc == 0) break;
