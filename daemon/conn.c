@@ -101,6 +101,7 @@ struct epd_conn {
     int fds[CONN_MAX_FDS];   /* received with the input, oldest first, not claimed yet */
     unsigned n_fds;
     epd_region_table_t *regions; /* created by the first register */
+    void *x_copy; /* the device copy of the SUBMIT being validated (conn_host_scan) */
     struct event *resume; /* brings a yielded connection back to reading */
     epd_decoder_t decoder;
     uint64_t in_flight; /* requests on the engine, not answered yet */
@@ -293,6 +294,26 @@ static void region_unref_cb(void *region)
     epd_region_unref(region);
 }
 
+/* The device scans a large host x, and leaves a copy of it in device memory for the step
+ * (c->x_copy, taken by the request or given back by conn_handle_submit). */
+static epd_status_t conn_host_scan(void *arg, const uint16_t *x, uint64_t x_n, int64_t *x_bad_p,
+                                   char err[EPD_ERR_LEN])
+{
+    epd_conn_t *c = arg;
+    const epd_ops_t *ops;
+    epd_ops_ctx_t *ops_ctx;
+    epd_engine_ops(c->ctx->engine, &ops, &ops_ctx);
+    return ops->ingest_scan_host(ops_ctx, x, x_n, x_bad_p, &c->x_copy, err);
+}
+
+static void conn_x_copy_free(void *arg, void *copy)
+{
+    const epd_ops_t *ops;
+    epd_ops_ctx_t *ops_ctx;
+    epd_engine_ops(arg, &ops, &ops_ctx);
+    ops->ingest_free(ops_ctx, copy);
+}
+
 /* SUBMIT: full validation by the codec (one pass: shapes, dtypes, regions, ids, weights, x
  * finite), then the engine. The request keeps the frame's payload as its storage (no copy) and a
  * reference on each region it names. */
@@ -305,10 +326,22 @@ static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
     uint64_t read_ns = epd_now_ns();
 
     memset(&view, 0, sizeof(view));
+    memset(&hooks, 0, sizeof(hooks));
     if (c->regions != NULL) epd_region_submit_hooks(c->regions, &hooks);
-    status = epd_submit_validate_regions(frame, c->ctx->limits, c->regions ? &hooks : NULL, &view,
-                                         err);
+    /* a large x in page-locked memory (a pooled payload, a host region) is scanned by the device */
+    const epd_ops_t *ops = NULL;
+    epd_ops_ctx_t *ops_ctx;
+    if (c->ctx->engine != NULL) epd_engine_ops(c->ctx->engine, &ops, &ops_ctx);
+    if (ops != NULL && ops->ingest_scan_host != NULL) {
+        hooks.host_scan = conn_host_scan;
+        hooks.scan_arg = c;
+    }
+    c->x_copy = NULL;
+    status = epd_submit_validate_regions(frame, c->ctx->limits, &hooks, &view, err);
+    void *x_copy = c->x_copy;
+    c->x_copy = NULL;
     bool has_id = frame->id_kind == EPD_FRAME_ID_VALID;
+    if (status != EPD_OK && x_copy != NULL) conn_x_copy_free(c->ctx->engine, x_copy);
     if (status != EPD_OK) {
         free(view.owned);
         if (epd_status_is_framing(status) || !epd_status_is_wire_code(status))
@@ -320,6 +353,7 @@ static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
 
     epd_request_t *req = calloc(1, sizeof(*req));
     if (req == NULL) {
+        if (x_copy != NULL) conn_x_copy_free(c->ctx->engine, x_copy);
         free(view.owned);
         conn_send_error(c, true, view.id, EPD_ERR_INTERNAL, "out of memory");
         return;
@@ -328,8 +362,11 @@ static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
     req->conn_id = c->id;
     req->n_tokens = view.n_tokens;
     req->layer = view.layer;
-    req->x = view.x;
-    req->x_device = view.x_device;
+    req->x = x_copy != NULL ? x_copy : view.x;
+    req->x_device = view.x_device || x_copy != NULL;
+    req->x_copy = x_copy;
+    req->x_copy_free = conn_x_copy_free;
+    req->x_copy_arg = c->ctx->engine;
     req->topk_ids = view.topk_ids;
     req->topk_weights = view.topk_weights;
     req->y_dst = view.y;

@@ -23,7 +23,7 @@ typedef struct epd_request {
     uint32_t n_tokens;
     uint32_t layer;        /* the MoE layer (SUBMIT "layer", default 0); a step serves one */
     const uint16_t *x;     /* bf16 [N,H]: host memory, or ops memory when x_device */
-    bool x_device;         /* x is in a device region */
+    bool x_device;         /* x is in a device region, or a device copy (x_copy) */
     const int32_t *topk_ids;     /* [N,K], host */
     const float *topk_weights;   /* [N,K], host */
     uint16_t *y_dst;       /* y is written here (a region), not into the result; or NULL */
@@ -33,6 +33,11 @@ typedef struct epd_request {
     void *storage;         /* owns what x, ids, weights point to in the payload */
     void (*storage_release)(void *storage); /* how storage is given back; NULL: free */
     void *owned;           /* more host memory behind ids/weights (may be NULL); free()d */
+    /* A device copy of a host x made at ingest (x points to it, x_device is set), given back
+     * with x_copy_free(x_copy_arg, x_copy) when the request is freed; NULL: none. */
+    void *x_copy;
+    void (*x_copy_free)(void *arg, void *copy);
+    void *x_copy_arg;
     /* References on the regions the tensors are in, each dropped with unref when the request is
      * freed (after its answer is complete, y included). */
     void *regions[4];

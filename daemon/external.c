@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,8 +22,11 @@
 #include "gpu/external.h"
 #include "gpu/quant.h"
 
-/* A waiting step polls for the answer this long before it sleeps on the condition variable (a
- * worker that answers within it is seen without a wake-up). */
+/* A waiting step polls for the answer at least this long before it sleeps on the condition
+ * variable (a worker that answers within it is seen without a wake-up), unless the process has
+ * one core. While the loop thread spins (the daemon is hot on a node with a core per thread) and
+ * the process may use three cores (the loop thread, this one, and one left for the worker), it
+ * polls on for up to dispatch.hot_ms: a condition variable's wake-up is several microseconds. */
 #define EXTERNAL_SPIN_NS 20000u
 /* Failures of one kind are logged once, then at most once a second with a count. */
 #define EXTERNAL_LOG_NS 1000000000u
@@ -30,6 +34,17 @@
 #define EXTERNAL_MAX_LOCAL 4096u
 /* Latency samples kept for the summary logged at exit. */
 #define EXTERNAL_SAMPLES 4096u
+
+/* The legs of one exchange kept for the summary at exit (ns). */
+enum {
+    SAMPLE_SEEN,     /* EXPERTS written to the socket -> the worker read it */
+    SAMPLE_RESUMED,  /* the worker sent EXPERTS_DONE -> the step resumed */
+    SAMPLE_FORMED,   /* the worker sent EXPERTS_DONE -> partials formed (queued: combine starts) */
+    SAMPLE_META,     /* rows written -> the EXPERTS meta built and handed to the loop thread */
+    SAMPLE_HANDED,   /* handed to the loop thread -> written to the socket */
+    SAMPLE_DONE_READ, /* the worker sent EXPERTS_DONE -> the loop thread read it */
+    SAMPLE_MAX
+};
 
 /* Where the step stands with the worker (under mu). */
 typedef enum {
@@ -85,6 +100,8 @@ struct epd_external {
     atomic_int handoff_now;  /* handoff, for the waiting step's spin */
     atomic_bool send_pending; /* an EXPERTS to send: the spinning loop polls it */
     atomic_bool *loop_spinning; /* the server's flag, or NULL */
+    uint64_t spin_ns;        /* EXTERNAL_SPIN_NS, or 0 on one core */
+    bool spin_on;            /* the process may use 3 cores: spin while the loop spins */
 
     /* engine worker thread only: scratch grown as needed (host, or ops memory: _ops) */
     int32_t *ids; size_t ids_cap;                 /* the records' top-k ids (pinned) */
@@ -95,7 +112,7 @@ struct epd_external {
     char *meta; size_t meta_cap;
     uint64_t log_ns[EPD_EXTERNAL_FAILURE_MAX];
     uint64_t unlogged[EPD_EXTERNAL_FAILURE_MAX];
-    uint64_t samples[3][EXTERNAL_SAMPLES];        /* handoff, back, partials (ns) */
+    uint64_t samples[SAMPLE_MAX][EXTERNAL_SAMPLES]; /* ns */
     uint64_t n_samples;
 };
 
@@ -169,6 +186,13 @@ epd_status_t epd_external_create(const epd_config_t *cfg, uint32_t world, uint32
     }
     ext->ops = ops;
     ext->ops_ctx = ops_ctx;
+    {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+        ext->spin_ns = cores < 2 ? 0 : EXTERNAL_SPIN_NS;
+        ext->spin_on = cores >= 3;
+    }
     ext->first_row = calloc(ext->n_local, sizeof *ext->first_row);
     if (ext->first_row == NULL) goto out_free;
     pthread_mutex_init(&ext->mu, NULL);
@@ -216,9 +240,13 @@ void epd_external_free(epd_external_t *ext)
     if (n > 0)
         epd_log_info("external experts: p50 over the last %zu exchanges: EXPERTS written -> "
                      "worker saw it %.1f us; worker sent EXPERTS_DONE -> step resumed %.1f us, "
-                     "-> partials formed (combine starts) %.1f us", n,
-                     p50_us(ext->samples[0], n), p50_us(ext->samples[1], n),
-                     p50_us(ext->samples[2], n));
+                     "-> partials formed (combine starts) %.1f us; before the write: rows "
+                     "written -> meta built and handed to the loop %.1f us -> written %.1f us; "
+                     "EXPERTS_DONE sent -> read by the loop %.1f us", n,
+                     p50_us(ext->samples[SAMPLE_SEEN], n), p50_us(ext->samples[SAMPLE_RESUMED], n),
+                     p50_us(ext->samples[SAMPLE_FORMED], n), p50_us(ext->samples[SAMPLE_META], n),
+                     p50_us(ext->samples[SAMPLE_HANDED], n),
+                     p50_us(ext->samples[SAMPLE_DONE_READ], n));
     if (ext->send_ev != NULL) event_free(ext->send_ev);
     epd_region_unref(ext->in);
     epd_region_unref(ext->out);
@@ -738,6 +766,52 @@ static epd_status_t form_partials(epd_external_t *ext, const epd_external_plan_t
 #endif
 }
 
+/* The EXPERTS meta is written by hand into a buffer sized for it (build_meta): one snprintf a
+ * count made the counts of 256 experts most of the hand-over's time. These return the end of
+ * what they wrote. */
+static char *put_text(char *p, const char *text)
+{
+    size_t n = strlen(text);
+    memcpy(p, text, n);
+    return p + n;
+}
+
+static char *put_u64(char *p, uint64_t v)
+{
+    char digits[20];
+    int d = 0;
+    do {
+        digits[d++] = (char)('0' + v % 10u);
+        v /= 10u;
+    } while (v != 0);
+    while (d > 0) *p++ = digits[--d];
+    return p;
+}
+
+/* ,"name":{"dtype":"dtype","shape":[lead..., last],"region":region,"offset":offset} (no comma
+ * before the first tensor: first). */
+static char *put_tensor(char *p, bool first, const char *name, const char *dtype,
+                        const uint32_t *lead, int n_lead, uint64_t last, uint32_t region,
+                        uint64_t offset)
+{
+    p = put_text(p, first ? "\"" : ",\"");
+    p = put_text(p, name);
+    p = put_text(p, "\":{\"dtype\":\"");
+    p = put_text(p, dtype);
+    p = put_text(p, "\",\"shape\":[");
+    for (int i = 0; i < n_lead; i++) {
+        p = put_u64(p, lead[i]);
+        *p++ = ',';
+    }
+    p = put_u64(p, last);
+    p = put_text(p, "],\"region\":");
+    p = put_u64(p, region);
+    p = put_text(p, ",\"offset\":");
+    p = put_u64(p, offset);
+    *p++ = '}';
+    return p;
+}
+
 /* The EXPERTS meta, without its closing brace (the loop thread appends sent_ns). */
 static bool build_meta(epd_external_t *ext, uint64_t step, uint32_t layer,
                        const epd_external_plan_t *plan, const io_layout_t *l, float s,
@@ -747,40 +821,46 @@ static bool build_meta(epd_external_t *ext, uint64_t step, uint32_t layer,
     epd_external_input_t input = cfg->experts.external_input;
     bool masked = plan->layout == EPD_EXTERNAL_MASKED;
     uint32_t H = ext->shape.hidden;
-    size_t need = 1024 + (size_t)plan->n_local * 12;
-    char dims[64], sdims[96];
+    /* the fixed text and its numbers, then at most 10 digits and a comma per count */
+    size_t need = 1024 + (size_t)plan->n_local * 11;
+    /* the rows' leading dimensions: [rows] packed, [experts, capacity] masked */
+    uint32_t lead[2] = {masked ? plan->n_local : plan->n_rows, plan->capacity};
+    int n_lead = masked ? 2 : 1;
 
     if (!grow((void **)&ext->meta, &ext->meta_cap, need)) return false;
-    char *m = ext->meta;
-    size_t at = 0;
-#define PUT(...) at += (size_t)snprintf(m + at, need - at, __VA_ARGS__)
-    if (masked)
-        snprintf(dims, sizeof dims, "%u,%u,", plan->n_local, plan->capacity);
-    else
-        snprintf(dims, sizeof dims, "%u,", plan->n_rows);
-    PUT("{\"step\":%" PRIu64 ",\"layer\":%u,\"first_expert\":%u,\"input\":\"%s\","
-        "\"layout\":\"%s\",\"rows\":%u,\"counts\":[", step, layer, plan->first_expert,
-        input_names[input], masked ? "masked" : "packed", plan->n_rows);
-    for (uint32_t e = 0; e < plan->n_local; e++) PUT("%s%u", e ? "," : "", plan->expert_rows[e]);
-    PUT("],");
-    if (input == EPD_EXTERNAL_FP8_PER_TENSOR) PUT("\"scale\":%.9g,", (double)s);
-    PUT("\"tensors\":{\"x\":{\"dtype\":\"%s\",\"shape\":[%s%u],\"region\":%u,\"offset\":%zu}",
-        input == EPD_EXTERNAL_BF16 ? "bf16" : "f8_e4m3", dims, H, in_id, l->x_off);
-    if (input == EPD_EXTERNAL_FP8_GROUP128) {
-        snprintf(sdims, sizeof sdims, "%s%u", dims,
-                 epd_external_row_scales(&ext->shape, input));
-        PUT(",\"scales\":{\"dtype\":\"f32\",\"shape\":[%s],\"region\":%u,\"offset\":%zu}", sdims,
-            in_id, l->scales_off);
-    } else if (input == EPD_EXTERNAL_FP8_PER_TENSOR) {
-        PUT(",\"scale\":{\"dtype\":\"f32\",\"shape\":[1],\"region\":%u,\"offset\":%zu}", in_id,
-            l->scales_off);
+    char *p = ext->meta;
+    p = put_text(p, "{\"step\":");
+    p = put_u64(p, step);
+    p = put_text(p, ",\"layer\":");
+    p = put_u64(p, layer);
+    p = put_text(p, ",\"first_expert\":");
+    p = put_u64(p, plan->first_expert);
+    p = put_text(p, ",\"input\":\"");
+    p = put_text(p, input_names[input]);
+    p = put_text(p, masked ? "\",\"layout\":\"masked\",\"rows\":"
+                           : "\",\"layout\":\"packed\",\"rows\":");
+    p = put_u64(p, plan->n_rows);
+    p = put_text(p, ",\"counts\":[");
+    for (uint32_t e = 0; e < plan->n_local; e++) {
+        if (e > 0) *p++ = ',';
+        p = put_u64(p, plan->expert_rows[e]);
     }
-    PUT(",\"counts\":{\"dtype\":\"i32\",\"shape\":[%u],\"region\":%u,\"offset\":%zu}",
-        plan->n_local, in_id, l->counts_off);
-    PUT(",\"y\":{\"dtype\":\"bf16\",\"shape\":[%s%u],\"region\":%u,\"offset\":0}}", dims, H,
-        out_id);
-#undef PUT
-    return at + 48 < need;
+    p = put_text(p, "],");
+    if (input == EPD_EXTERNAL_FP8_PER_TENSOR)
+        p += snprintf(p, 48, "\"scale\":%.9g,", (double)s); /* %.9g: the float exactly */
+    p = put_text(p, "\"tensors\":{");
+    p = put_tensor(p, true, "x", input == EPD_EXTERNAL_BF16 ? "bf16" : "f8_e4m3", lead, n_lead, H,
+                   in_id, l->x_off);
+    if (input == EPD_EXTERNAL_FP8_GROUP128)
+        p = put_tensor(p, false, "scales", "f32", lead, n_lead,
+                       epd_external_row_scales(&ext->shape, input), in_id, l->scales_off);
+    else if (input == EPD_EXTERNAL_FP8_PER_TENSOR)
+        p = put_tensor(p, false, "scale", "f32", NULL, 0, 1, in_id, l->scales_off);
+    p = put_tensor(p, false, "counts", "i32", NULL, 0, plan->n_local, in_id, l->counts_off);
+    p = put_tensor(p, false, "y", "bf16", lead, n_lead, H, out_id, 0);
+    *p++ = '}';
+    *p = '\0';
+    return (size_t)(p - ext->meta) + 48 < need;
 }
 
 /* Waits for the answer to the step handed over (mu held on entry and return): DONE, GONE, or
@@ -789,12 +869,20 @@ static handoff_t wait_answer(epd_external_t *ext)
 {
     uint64_t start = epd_now_ns();
     uint64_t timeout_ns = (uint64_t)ext->cfg->experts.external_timeout_ms * 1000000u;
+    uint64_t hot_ns = (uint64_t)ext->cfg->dispatch.hot_ms * 1000000u;
 
-    /* a short spin first: an answer within it is seen without a wake-up */
+    /* spin first (see EXTERNAL_SPIN_NS): an answer within it is seen without a wake-up */
     pthread_mutex_unlock(&ext->mu);
-    while (epd_now_ns() - start < EXTERNAL_SPIN_NS) {
+    for (;;) {
         int h = atomic_load(&ext->handoff_now);
         if (h == HANDOFF_DONE || h == HANDOFF_GONE) break;
+        uint64_t waited = epd_now_ns() - start;
+        if (waited >= timeout_ns) break;
+        if (waited < ext->spin_ns) continue;
+        if (ext->spin_on && waited < hot_ns && ext->loop_spinning != NULL &&
+            atomic_load(ext->loop_spinning))
+            continue;
+        break;
     }
     pthread_mutex_lock(&ext->mu);
     uint64_t due = start + timeout_ns;
@@ -813,12 +901,11 @@ static handoff_t wait_answer(epd_external_t *ext)
     return ext->handoff;
 }
 
-static void keep_sample(epd_external_t *ext, uint64_t handoff, uint64_t back, uint64_t partials)
+/* Keeps one exchange's legs (SAMPLE_*, ns). */
+static void keep_sample(epd_external_t *ext, const uint64_t legs[SAMPLE_MAX])
 {
     size_t i = (size_t)(ext->n_samples++ % EXTERNAL_SAMPLES);
-    ext->samples[0][i] = handoff;
-    ext->samples[1][i] = back;
-    ext->samples[2][i] = partials;
+    for (size_t k = 0; k < SAMPLE_MAX; k++) ext->samples[k][i] = legs[k];
 }
 
 epd_status_t epd_external_run(void *arg, uint64_t step, const epd_moe_shape_t *shape,
@@ -894,6 +981,7 @@ epd_status_t epd_external_run(void *arg, uint64_t step, const epd_moe_shape_t *s
         failure = EPD_EXTERNAL_FAILED;
         goto zero;
     }
+    uint64_t rows_ns = epd_now_ns();
     if (!build_meta(ext, step, shape->layer, &plan, &l, s, in_id, out_id)) {
         failure = EPD_EXTERNAL_FAILED;
         snprintf(detail, sizeof detail, "out of host memory");
@@ -921,6 +1009,7 @@ epd_status_t epd_external_run(void *arg, uint64_t step, const epd_moe_shape_t *s
     /* pending before spinning is looked at; the loop clears spinning before it polls (both
      * seq_cst, as the server's own wake): one of the two sees the other */
     atomic_store(&ext->send_pending, true);
+    uint64_t handed_ns = epd_now_ns();
     if (ext->loop_spinning == NULL || !atomic_load(ext->loop_spinning))
         event_active(ext->send_ev, EV_READ, 0);
     handoff_t got = wait_answer(ext);
@@ -944,7 +1033,11 @@ epd_status_t epd_external_run(void *arg, uint64_t step, const epd_moe_shape_t *s
     CHECK_GOTO(form_partials(ext, &plan, shape, out, &l, false, err), out);
     uint64_t formed_ns = epd_now_ns();
     if (seen_ns != 0 && done_ns != 0) {
-        keep_sample(ext, seen_ns - sent_ns, woke_ns - done_ns, formed_ns - done_ns);
+        uint64_t legs[SAMPLE_MAX] = {
+            [SAMPLE_SEEN] = seen_ns - sent_ns,       [SAMPLE_RESUMED] = woke_ns - done_ns,
+            [SAMPLE_FORMED] = formed_ns - done_ns,   [SAMPLE_META] = handed_ns - rows_ns,
+            [SAMPLE_HANDED] = sent_ns - handed_ns,   [SAMPLE_DONE_READ] = read_ns - done_ns};
+        keep_sample(ext, legs);
         epd_log_debug("external: rank %u step %" PRIu64 " layer %u: %u rows; EXPERTS written -> "
                       "worker saw it %.1f us, worker ran %.1f us, EXPERTS_DONE sent -> read "
                       "%.1f us -> step resumed %.1f us -> partials %s %.1f us", ext->rank,

@@ -10,6 +10,10 @@
 #define PINNED_CLASSES 26u   /* up to 2^41 bytes */
 #define PINNED_MAGIC 0x45504450u /* "EPDP" */
 #define FROM_MALLOC UINT32_MAX
+/* Below this a buffer comes from malloc (a frame without tensors worth copying); from it up, a
+ * 64 KiB block at least: a one-token request's x or y (14 KiB at H 7168) is copied to and from
+ * the device by DMA only from page-locked memory, and written there by the step directly. */
+#define PINNED_SMALL 4096u
 
 /* In front of every buffer; 64 bytes so that what follows stays 64-byte aligned in a block. */
 typedef struct header {
@@ -78,7 +82,7 @@ static void *from_malloc(size_t bytes)
 void *epd_pinned_alloc(epd_pinned_pool_t *pool, size_t bytes)
 {
     if (pool == NULL || pool->max_bytes == 0 || bytes + sizeof(header_t) < bytes ||
-        bytes + sizeof(header_t) <= class_bytes(0) / 2)
+        bytes < PINNED_SMALL)
         return from_malloc(bytes);
     uint32_t cls = 0;
     while (cls < PINNED_CLASSES && class_bytes(cls) < bytes + sizeof(header_t)) cls++;

@@ -2,7 +2,7 @@
  * Copies between the device and pageable memory run at a few GB/s through the driver's own
  * staging; from page-locked memory they run at DMA speed. Page-locking is slow (cudaMallocHost:
  * milliseconds), so blocks are kept and reused: one free list per power-of-two size class from
- * 64 KiB up, never given back before the pool is freed. Below 64 KiB, or once the pool holds
+ * 64 KiB up, never given back before the pool is freed. Below 4 KiB, or once the pool holds
  * socket.pinned_bytes, buffers come from malloc. Every buffer carries a small header naming where
  * it came from, so epd_pinned_release takes any of them. Thread-safe (the loop thread allocates
  * payloads, the worker results; either side releases). */

@@ -58,6 +58,7 @@ struct epd_ops_ctx {
     unsigned long long *ingest_host; /* pinned, INGEST_BLOCKS slots: each block's least bad index */
     uint8_t *ingest_stage;           /* pinned staging of ids and weights read back */
     size_t ingest_stage_bytes;
+    cudaMemPool_t ingest_pool;       /* device copies of host x made at ingest (NULL: none yet) */
 };
 
 struct epd_ops_event {
@@ -1029,6 +1030,7 @@ static void cuda_fini(epd_ops_ctx_t *ctx)
         cudaStreamSynchronize(ctx->up);
         if (ctx->ingest_ready) {
             cudaStreamSynchronize(ctx->ingest);
+            if (ctx->ingest_pool != NULL) cudaMemPoolDestroy(ctx->ingest_pool);
             cudaFreeHost(ctx->ingest_host);
             if (ctx->ingest_stage != NULL) cudaFreeHost(ctx->ingest_stage);
             cudaStreamDestroy(ctx->ingest);
@@ -1680,7 +1682,7 @@ __global__ void ingest_kernel(const uint8_t *__restrict__ a, size_t a_bytes,
                               uint8_t *__restrict__ a_dst, const uint8_t *__restrict__ b,
                               size_t b_bytes, uint8_t *__restrict__ b_dst,
                               const uint16_t *__restrict__ x, uint64_t n,
-                              unsigned long long *__restrict__ slots)
+                              uint16_t *__restrict__ x_dst, unsigned long long *__restrict__ slots)
 {
     __shared__ unsigned long long least;
     uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1701,7 +1703,27 @@ __global__ void ingest_kernel(const uint8_t *__restrict__ a, size_t a_bytes,
         }
     }
     __syncthreads();
-    for (uint64_t i = tid; i < n; i += stride) {
+    /* x in 16-byte loads when it is aligned (host memory read over the bus wants wide reads),
+     * the tail and an unaligned x one value at a time; a thread's elements grow with i. With
+     * x_dst the values are copied there too (up to a non-finite one: that request is refused). */
+    uint64_t n_vec = (((uintptr_t)x | (uintptr_t)x_dst) & 15u) == 0 ? n / 8 : 0;
+    const uint4 *xv = (const uint4 *)x;
+    for (uint64_t i = tid; i < n_vec; i += stride) {
+        uint4 v = xv[i];
+        if (x_dst != NULL) ((uint4 *)x_dst)[i] = v;
+        uint32_t w[4] = {v.x, v.y, v.z, v.w};
+        int lane = -1;
+        for (int k = 7; k >= 0; k--) {
+            uint32_t h = (w[k / 2] >> (16 * (k % 2))) & 0xffffu;
+            if ((h & 0x7f80u) == 0x7f80u) lane = k;
+        }
+        if (lane >= 0) {
+            atomicMin(&least, (unsigned long long)(i * 8 + (uint64_t)lane));
+            break;
+        }
+    }
+    for (uint64_t i = n_vec * 8 + tid; i < n; i += stride) {
+        if (x_dst != NULL) x_dst[i] = x[i];
         if ((x[i] & 0x7f80u) == 0x7f80u) {
             atomicMin(&least, (unsigned long long)i);
             break; /* this thread's later elements are larger */
@@ -1726,10 +1748,10 @@ static epd_status_t ingest_stage(epd_ops_ctx_t *ctx, size_t bytes, char err[EPD_
     return EPD_OK;
 }
 
-static epd_status_t cuda_ingest_fetch(epd_ops_ctx_t *ctx, const void *a, size_t a_bytes,
-                                      void *a_dst, const void *b, size_t b_bytes, void *b_dst,
-                                      const uint16_t *x, uint64_t x_n, int64_t *x_bad_p,
-                                      char err[EPD_ERR_LEN])
+static epd_status_t ingest_run(epd_ops_ctx_t *ctx, const void *a, size_t a_bytes, void *a_dst,
+                               const void *b, size_t b_bytes, void *b_dst, const uint16_t *x,
+                               uint64_t x_n, uint16_t *x_dst, int64_t *x_bad_p,
+                               char err[EPD_ERR_LEN])
 {
     epd_status_t status = ingest_setup(ctx, err);
     if (status != EPD_OK) return status;
@@ -1739,13 +1761,14 @@ static epd_status_t cuda_ingest_fetch(epd_ops_ctx_t *ctx, const void *a, size_t 
     status = ingest_stage(ctx, b_at + b_bytes, err);
     if (status != EPD_OK) return status;
     if (x == NULL) x_n = 0;
-    uint64_t items = x_n > (a_bytes + b_bytes) / 4 ? x_n : (a_bytes + b_bytes) / 4;
+    uint64_t x_items = (((uintptr_t)x | (uintptr_t)x_dst) & 15u) == 0 ? x_n / 8 : x_n;
+    uint64_t items = x_items > (a_bytes + b_bytes) / 4 ? x_items : (a_bytes + b_bytes) / 4;
     uint64_t blocks = (items + FLAT_THREADS - 1) / FLAT_THREADS;
     if (blocks > INGEST_BLOCKS) blocks = INGEST_BLOCKS;
     if (blocks == 0) blocks = 1;
     ingest_kernel<<<(unsigned)blocks, FLAT_THREADS, 0, ctx->ingest>>>(
         (const uint8_t *)a, a_bytes, ctx->ingest_stage + a_at, (const uint8_t *)b, b_bytes,
-        ctx->ingest_stage + b_at, x, x_n, ctx->ingest_host);
+        ctx->ingest_stage + b_at, x, x_n, x_dst, ctx->ingest_host);
     cudaError_t rc = cudaGetLastError();
     if (rc == cudaSuccess) rc = cudaStreamSynchronize(ctx->ingest);
     if (rc != cudaSuccess) return region_fail(err, rc, "reading device tensors");
@@ -1758,6 +1781,102 @@ static epd_status_t cuda_ingest_fetch(epd_ops_ctx_t *ctx, const void *a, size_t 
         *x_bad_p = least == ~0ull ? -1 : (int64_t)least;
     }
     return EPD_OK;
+}
+
+static epd_status_t cuda_ingest_fetch(epd_ops_ctx_t *ctx, const void *a, size_t a_bytes,
+                                      void *a_dst, const void *b, size_t b_bytes, void *b_dst,
+                                      const uint16_t *x, uint64_t x_n, int64_t *x_bad_p,
+                                      char err[EPD_ERR_LEN])
+{
+    return ingest_run(ctx, a, a_bytes, a_dst, b, b_bytes, b_dst, x, x_n, NULL, x_bad_p, err);
+}
+
+/* The device copies of host x come from a pool of their own, used on the ingest stream only
+ * (allocated there, freed there once their step is done), kept rather than given back to the
+ * driver between requests (cudaMalloc costs far more than the copy). */
+static cudaError_t ingest_pool_setup(epd_ops_ctx_t *ctx)
+{
+    if (ctx->ingest_pool != NULL) return cudaSuccess;
+    cudaMemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = ctx->device;
+    cudaMemPool_t pool;
+    cudaError_t rc = cudaMemPoolCreate(&pool, &props);
+    if (rc != cudaSuccess) return rc;
+    uint64_t keep = UINT64_MAX;
+    int no = 0;
+    rc = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+    /* never make the ingest stream wait for another stream's work to reuse memory */
+    if (rc == cudaSuccess)
+        rc = cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies, &no);
+    if (rc != cudaSuccess) {
+        cudaMemPoolDestroy(pool);
+        return rc;
+    }
+    ctx->ingest_pool = pool;
+    return cudaSuccess;
+}
+
+/* A host x the device can read where it is (page-locked, mapped: with unified addressing every
+ * cudaMallocHost block and registered range is) goes through the ingest kernel at its device
+ * address; pageable memory is the host's to scan. */
+static epd_status_t cuda_ingest_scan_host(epd_ops_ctx_t *ctx, const uint16_t *x, uint64_t x_n,
+                                          int64_t *x_bad_p, void **x_copy_p,
+                                          char err[EPD_ERR_LEN])
+{
+    cudaPointerAttributes attr;
+    cudaError_t rc = cudaSetDevice(ctx->device);
+    if (rc != cudaSuccess) return region_fail(err, rc, "cudaSetDevice");
+    rc = cudaPointerGetAttributes(&attr, x);
+    if (rc != cudaSuccess || attr.type != cudaMemoryTypeHost || attr.devicePointer == NULL) {
+        cudaGetLastError();
+        return EPD_ERR_AGAIN;
+    }
+    epd_status_t status = ingest_setup(ctx, err);
+    if (status != EPD_OK) return status;
+    void *copy = NULL;
+    if (x_copy_p != NULL) {
+        *x_copy_p = NULL;
+        /* no memory for a copy: the scan alone (the step copies x itself) */
+        if (ingest_pool_setup(ctx) != cudaSuccess ||
+            cudaMallocFromPoolAsync(&copy, (size_t)x_n * sizeof(uint16_t), ctx->ingest_pool,
+                                    ctx->ingest) != cudaSuccess) {
+            cudaGetLastError();
+            copy = NULL;
+        }
+    }
+    status = ingest_run(ctx, NULL, 0, NULL, NULL, 0, NULL, (const uint16_t *)attr.devicePointer,
+                        x_n, (uint16_t *)copy, x_bad_p, err);
+    if (status != EPD_OK || *x_bad_p >= 0) {
+        if (copy != NULL) cudaFreeAsync(copy, ctx->ingest);
+        copy = NULL;
+    }
+    if (x_copy_p != NULL) *x_copy_p = copy;
+    return status;
+}
+
+static void *cuda_host_mapped(epd_ops_ctx_t *ctx, void *host, size_t bytes)
+{
+    cudaPointerAttributes first, last;
+    if (host == NULL || bytes == 0 || cudaSetDevice(ctx->device) != cudaSuccess) return NULL;
+    /* both ends in page-locked memory of one mapping (a block, a registered range) */
+    if (cudaPointerGetAttributes(&first, host) != cudaSuccess ||
+        cudaPointerGetAttributes(&last, (uint8_t *)host + bytes - 1) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    if (first.type != cudaMemoryTypeHost || last.type != cudaMemoryTypeHost ||
+        first.devicePointer == NULL ||
+        (uint8_t *)last.devicePointer != (uint8_t *)first.devicePointer + bytes - 1)
+        return NULL;
+    return first.devicePointer;
+}
+
+static void cuda_ingest_free(epd_ops_ctx_t *ctx, void *copy)
+{
+    if (copy != NULL && cudaSetDevice(ctx->device) == cudaSuccess) cudaFreeAsync(copy, ctx->ingest);
 }
 
 extern "C" const epd_ops_t epd_ops_cuda = {
@@ -1794,4 +1913,7 @@ extern "C" const epd_ops_t epd_ops_cuda = {
     .ipc_open = cuda_ipc_open,
     .ipc_close = cuda_ipc_close,
     .ingest_fetch = cuda_ingest_fetch,
+    .ingest_scan_host = cuda_ingest_scan_host,
+    .ingest_free = cuda_ingest_free,
+    .host_mapped = cuda_host_mapped,
 };

@@ -23,6 +23,7 @@
 #include "common/status.h"
 #include "proto/base64.h"
 #include "proto/frame.h"
+#include "proto/json_build.h"
 
 #ifndef EPD_VERSION
 #define EPD_VERSION "0"
@@ -203,19 +204,6 @@ EPD_CLIENT_API void epd_client_set_spin(epd_client_t *c, unsigned spin_us)
     if (c != NULL) c->spin_ns = (uint64_t)spin_us * 1000u;
 }
 
-/* poll(2) for input until the deadline, spinning first for the client's spin time. */
-static int client_poll_in(epd_client_t *c, struct pollfd *pfd, int64_t deadline)
-{
-    if (c->spin_ns != 0) {
-        uint64_t until = epd_now_ns() + c->spin_ns;
-        do {
-            int n = poll(pfd, 1, 0);
-            if (n != 0) return n;
-        } while (epd_now_ns() < until);
-    }
-    return poll(pfd, 1, ms_left(deadline));
-}
-
 EPD_CLIENT_API const char *epd_client_last_error(const epd_client_t *c)
 {
     return c ? c->code : "invalid_argument";
@@ -356,14 +344,16 @@ static int client_decode_buffered(epd_client_t *c, bool *got_p)
 
 /* One read from the socket (rbuf drained by the caller), then decoding: into the payload of the
  * frame being collected when there is one (a RESULT's y is copied once, by the kernel), else into
- * rbuf. */
-static int client_read_some(epd_client_t *c)
+ * rbuf; *read_p (may be NULL) says whether bytes came. */
+static int client_read_bytes(epd_client_t *c, bool *read_p)
 {
     char ebuf[128], err[EPD_ERR_LEN];
     void *window;
     size_t window_len;
     ssize_t n;
     bool got;
+
+    if (read_p != NULL) *read_p = false;
     epd_status_t status = epd_decoder_payload_window(&c->dec, &window, &window_len, err);
     if (status != EPD_OK) {
         client_disconnect(c);
@@ -393,6 +383,7 @@ static int client_read_some(epd_client_t *c)
         return client_fail(c, EPD_CLIENT_ERR_IO, NULL, "reading from the daemon: %s",
                            errno_text(errno, ebuf, sizeof(ebuf)));
     }
+    if (read_p != NULL) *read_p = true;
     if (window_len > 0) {
         epd_frame_t frame;
         status = epd_decoder_payload_commit(&c->dec, (size_t)n, &frame, err);
@@ -410,6 +401,26 @@ static int client_read_some(epd_client_t *c)
         if (rc != EPD_CLIENT_OK) return rc;
         if (!got) return EPD_CLIENT_OK;
     }
+}
+
+static int client_read_some(epd_client_t *c)
+{
+    return client_read_bytes(c, NULL);
+}
+
+/* Reads without sleeping for up to the client's spin time (not past deadline): recv(2) straight
+ * away, without a poll(2) before each, so bytes are seen one system call after they come.
+ * *read_p says whether any came. */
+static int client_spin_read(epd_client_t *c, int64_t deadline, bool *read_p)
+{
+    uint64_t now = epd_now_ns(), until = now + c->spin_ns;
+    if (deadline >= 0 && (uint64_t)deadline * 1000000u < until)
+        until = (uint64_t)deadline * 1000000u;
+    do {
+        int rc = client_read_bytes(c, read_p);
+        if (rc != EPD_CLIENT_OK || *read_p) return rc;
+    } while (epd_now_ns() < until);
+    return EPD_CLIENT_OK;
 }
 
 static int client_require_connected(epd_client_t *c)
@@ -455,8 +466,14 @@ static int client_take(epd_client_t *c, frame_match_fn match, const void *arg,
         }
         rc = client_require_connected(c);
         if (rc != EPD_CLIENT_OK) return rc;
+        if (c->spin_ns != 0) {
+            bool read;
+            rc = client_spin_read(c, deadline, &read);
+            if (rc != EPD_CLIENT_OK) return rc;
+            if (read) continue;
+        }
         struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
-        int n = client_poll_in(c, &pfd, deadline);
+        int n = poll(&pfd, 1, ms_left(deadline));
         if (n < 0 && errno != EINTR) {
             return client_fail(c, EPD_CLIENT_ERR_IO, NULL, "poll: %s",
                                errno_text(errno, ebuf, sizeof(ebuf)));
@@ -1248,11 +1265,83 @@ static uint64_t meta_u64_or(const cJSON *meta, const char *key, uint64_t fallbac
     return epd_json_to_u64(cJSON_GetObjectItemCaseSensitive(meta, key), &v) ? v : fallback;
 }
 
-/* Runs the worker's callback on one EXPERTS frame (freed here) and answers EXPERTS_DONE. */
+/* The counts of an EXPERTS meta from their JSON text (strict-checked): plain integers are read
+ * here, anything else through the tree (numbers that are not non-negative integers count 0, as
+ * before). *n_p gets how many; the array (malloc'ed, one element at least) is the caller's. */
+static uint32_t *experts_counts(const char *text, size_t len, uint32_t *n_p)
+{
+    uint32_t *rows = malloc((len / 2 + 1) * sizeof *rows); /* a digit and a comma each */
+    uint32_t n = 0;
+    size_t at = 1; /* past '[' */
+
+    *n_p = 0;
+    if (rows == NULL) return NULL;
+#define WS(i) ((i) < len && (text[i] == ' ' || text[i] == '\t' || text[i] == '\n' || text[i] == '\r'))
+    while (WS(at)) at++;
+    if (at < len && text[at] == ']') return rows;
+    for (;;) {
+        while (WS(at)) at++;
+        uint64_t v = 0;
+        size_t digits = 0;
+        while (at < len && text[at] >= '0' && text[at] <= '9' && digits < 11) {
+            v = v * 10u + (uint64_t)(text[at++] - '0');
+            digits++;
+        }
+        if (digits == 0 || digits > 10 || v > UINT32_MAX) break;
+        while (WS(at)) at++;
+        rows[n++] = (uint32_t)v;
+        if (at < len && text[at] == ',') {
+            at++;
+            continue;
+        }
+        if (at < len && text[at] == ']') {
+            *n_p = n;
+            return rows;
+        }
+        break;
+    }
+#undef WS
+    /* a fraction, an exponent, a sign, not a number: the tree's reading */
+    free(rows);
+    cJSON *counts = epd_json_build(text, len);
+    if (!cJSON_IsArray(counts)) {
+        cJSON_Delete(counts);
+        return NULL;
+    }
+    n = (uint32_t)cJSON_GetArraySize(counts);
+    rows = calloc(n ? n : 1, sizeof *rows);
+    if (rows != NULL) {
+        uint32_t i = 0;
+        for (const cJSON *v = counts->child; v != NULL; v = v->next, i++)
+            rows[i] = cJSON_IsNumber(v) && v->valuedouble >= 0 ? (uint32_t)v->valuedouble : 0;
+        *n_p = n;
+    }
+    cJSON_Delete(counts);
+    return rows;
+}
+
+/* Runs the worker's callback on one EXPERTS frame (freed here) and answers EXPERTS_DONE. The
+ * decoder gave its meta as text (epd_decoder_keep_text): the tree is built without the counts,
+ * which are read straight from the text (for 256 experts the tree's numbers were most of the
+ * frame's decoding). */
 static int client_serve_one(epd_client_t *c, epd_frame_t *frame, uint64_t seen_ns)
 {
-    const cJSON *meta = frame->meta, *tensors = cJSON_GetObjectItemCaseSensitive(meta, "tensors");
+    const char *counts_text = NULL;
+    size_t counts_len = 0;
+    cJSON *built = NULL;
+    if (frame->meta_text != NULL) {
+        built = epd_json_build_except(frame->meta_text, frame->meta_len, "counts", &counts_text,
+                                      &counts_len);
+        if (built == NULL) {
+            epd_frame_free(frame);
+            return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "out of memory");
+        }
+    }
+    const cJSON *meta = built != NULL ? built : frame->meta;
+    const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(meta, "tensors");
     const cJSON *counts = cJSON_GetObjectItemCaseSensitive(meta, "counts");
+    bool have_counts = built != NULL ? counts_text != NULL && counts_text[0] == '['
+                                     : cJSON_IsArray(counts);
     const cJSON *input = cJSON_GetObjectItemCaseSensitive(meta, "input");
     const cJSON *layout = cJSON_GetObjectItemCaseSensitive(meta, "layout");
     const cJSON *scale = cJSON_GetObjectItemCaseSensitive(meta, "scale");
@@ -1262,9 +1351,10 @@ static int client_serve_one(epd_client_t *c, epd_frame_t *frame, uint64_t seen_n
 
     memset(&b, 0, sizeof b);
     if (!epd_json_to_u64(cJSON_GetObjectItemCaseSensitive(meta, "step"), &step) ||
-        !cJSON_IsArray(counts) || !cJSON_IsString(input) || !cJSON_IsString(layout) ||
+        !have_counts || !cJSON_IsString(input) || !cJSON_IsString(layout) ||
         !experts_tensor(tensors, "x", &b.input_region, &b.x_offset, &bytes) ||
         !experts_tensor(tensors, "y", &b.output_region, &b.y_offset, &bytes)) {
+        cJSON_Delete(built);
         epd_frame_free(frame);
         client_disconnect(c);
         return client_fail(c, EPD_CLIENT_ERR_PROTOCOL, NULL, "an EXPERTS frame without step, "
@@ -1279,15 +1369,21 @@ static int client_serve_one(epd_client_t *c, epd_frame_t *frame, uint64_t seen_n
     b.input = input->valuestring;
     b.masked = strcmp(layout->valuestring, "masked") == 0;
     b.meta_json = NULL;
-    b.n_experts = (uint32_t)cJSON_GetArraySize(counts);
-    uint32_t *rows = calloc(b.n_experts ? b.n_experts : 1, sizeof *rows);
+    uint32_t *rows;
+    if (built != NULL) {
+        rows = experts_counts(counts_text, counts_len, &b.n_experts);
+    } else {
+        b.n_experts = (uint32_t)cJSON_GetArraySize(counts);
+        rows = calloc(b.n_experts ? b.n_experts : 1, sizeof *rows);
+        uint32_t i = 0;
+        for (const cJSON *n = counts->child; rows != NULL && n != NULL; n = n->next, i++)
+            rows[i] = cJSON_IsNumber(n) && n->valuedouble >= 0 ? (uint32_t)n->valuedouble : 0;
+    }
     if (rows == NULL) {
+        cJSON_Delete(built);
         epd_frame_free(frame);
         return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "out of memory");
     }
-    uint32_t i = 0;
-    for (const cJSON *n = counts->child; n != NULL; n = n->next, i++)
-        rows[i] = cJSON_IsNumber(n) && n->valuedouble >= 0 ? (uint32_t)n->valuedouble : 0;
     b.counts = rows;
     b.scale = cJSON_IsNumber(scale) ? (float)scale->valuedouble : 0.0f;
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(tensors, "x");
@@ -1313,6 +1409,7 @@ static int client_serve_one(epd_client_t *c, epd_frame_t *frame, uint64_t seen_n
     int answer = c->experts_fn(c->experts_arg, &b);
     c->serving = false;
     free(rows);
+    cJSON_Delete(built);
     epd_frame_free(frame);
     if (answer != 0) {
         /* the worker gave up on this batch: no answer (the rank's step times out) */
@@ -1373,6 +1470,7 @@ EPD_CLIENT_API int epd_client_serve_experts(epd_client_t *c, uint32_t input_regi
     if (epd_frame_encode_text(EPD_FRAME_CONTROL, meta, &out, err) != EPD_OK)
         return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "%s", err);
     /* set before the REPLY comes: an EXPERTS may follow it at once */
+    epd_decoder_keep_text(&c->dec, 1u << EPD_FRAME_EXPERTS);
     c->experts_fn = fn;
     c->experts_arg = arg;
     c->experts_in = input_region;
@@ -1382,11 +1480,13 @@ EPD_CLIENT_API int epd_client_serve_experts(epd_client_t *c, uint32_t input_regi
     if (rc == EPD_CLIENT_OK) rc = client_take(c, match_control, NULL, &frame);
     if (rc != EPD_CLIENT_OK) {
         c->experts_fn = NULL;
+        epd_decoder_keep_text(&c->dec, 0);
         return rc;
     }
     if (frame.type == EPD_FRAME_ERROR) {
         epd_client_reply_t reply;
         c->experts_fn = NULL;
+        epd_decoder_keep_text(&c->dec, 0);
         rc = reply_from_frame(c, &frame, &reply);
         epd_client_reply_free(&reply);
         return rc;

@@ -121,6 +121,7 @@ void epd_frame_free(epd_frame_t *frame)
 {
     if (frame == NULL) return;
     cJSON_Delete(frame->meta);
+    free(frame->meta_text);
     if (frame->payload_release != NULL)
         frame->payload_release(frame->payload);
     else
@@ -287,6 +288,11 @@ void epd_decoder_set_alloc(epd_decoder_t *dec, const epd_payload_alloc_t *alloc)
     dec->alloc = alloc;
 }
 
+void epd_decoder_keep_text(epd_decoder_t *dec, uint32_t type_mask)
+{
+    dec->text_types = type_mask;
+}
+
 void epd_decoder_free(epd_decoder_t *dec)
 {
     if (dec == NULL) return;
@@ -340,6 +346,20 @@ static epd_status_t decoder_parse_meta(epd_decoder_t *dec, char err[EPD_ERR_LEN]
     }
     /* cJSON is lenient (BOM, leading zeros, escaped NULs): the strict grammar decides. */
     if (epd_json_strict_check(text, len, err) != EPD_OK) return EPD_ERR_BAD_JSON;
+    if (dec->text_types & (1u << dec->header.type)) {
+        size_t at = 0;
+        while (at < len && (text[at] == ' ' || text[at] == '\t' || text[at] == '\n' ||
+                            text[at] == '\r'))
+            at++;
+        if (text[at] != '{') {
+            snprintf(err, EPD_ERR_LEN, "meta must be a JSON object");
+            return EPD_ERR_BAD_JSON;
+        }
+        dec->frame.meta_text = dec->meta_text; /* NUL-terminated: meta_len + 1 bytes */
+        dec->frame.id_kind = meta_read_id(text, len, &dec->frame.id);
+        dec->meta_text = NULL;
+        return EPD_OK;
+    }
     /* the checker passed it: the fast builder gives cJSON's tree (NULL only without memory) */
     meta = epd_json_build(text, len);
     if (meta == NULL) {

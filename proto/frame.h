@@ -70,7 +70,8 @@ typedef struct epd_frame {
     epd_frame_type_t type;
     uint32_t meta_len;
     uint64_t payload_len;
-    cJSON *meta;  /* always a JSON object */
+    cJSON *meta;  /* a JSON object; NULL for the types kept as text (epd_decoder_keep_text) */
+    char *meta_text; /* those types' meta, checked strict JSON, NUL-terminated (meta_len bytes) */
     uint8_t *payload;
     epd_frame_id_kind_t id_kind;
     uint64_t id;  /* meaningful when id_kind == EPD_FRAME_ID_VALID */
@@ -119,6 +120,7 @@ typedef struct epd_decoder {
     epd_decoder_admit_fn admit; /* NULL: every frame is admitted */
     void *admit_arg;
     const epd_payload_alloc_t *alloc; /* NULL: malloc */
+    uint32_t text_types;    /* bit t: frames of type t keep their meta as text */
 } epd_decoder_t;
 
 /* Sets up a decoder. max_payload is socket.max_frame_bytes; max_meta is at most
@@ -131,6 +133,11 @@ void epd_decoder_set_admit(epd_decoder_t *dec, epd_decoder_admit_fn admit, void 
 /* Sets where payloads are kept (NULL: malloc); the table must outlive the decoder's frames.
  * Kept across epd_decoder_reset. */
 void epd_decoder_set_alloc(epd_decoder_t *dec, const epd_payload_alloc_t *alloc);
+
+/* Frames of the types in type_mask (bit t for type t) get their meta as text (frame->meta_text,
+ * frame->meta NULL), checked exactly as the others, for a caller that reads it faster than
+ * through the tree (libepd's EXPERTS). Kept across epd_decoder_reset. */
+void epd_decoder_keep_text(epd_decoder_t *dec, uint32_t type_mask);
 
 /* Frees any partial frame; the decoder can be initialized again or dropped. */
 void epd_decoder_free(epd_decoder_t *dec);
@@ -272,7 +279,19 @@ typedef struct epd_submit_regions {
     epd_status_t (*device_fetch)(void *arg, const void *ids, size_t ids_bytes, void *ids_dst,
                                  const void *w, size_t w_bytes, void *w_dst, const uint16_t *x,
                                  uint64_t x_n, int64_t *x_bad_p, char err[EPD_ERR_LEN]);
+    /* A host x (in the payload or a host region) of at least EPD_SUBMIT_DEVICE_SCAN_BYTES,
+     * scanned for Inf and NaN by the device (*x_bad_p, -1: none) where it is page-locked:
+     * EPD_ERR_AGAIN when it is not, another code with err when the device failed; the codec
+     * scans x itself after any code but EPD_OK. NULL: the codec scans every host x. Called with
+     * scan_arg. */
+    epd_status_t (*host_scan)(void *scan_arg, const uint16_t *x, uint64_t x_n, int64_t *x_bad_p,
+                              char err[EPD_ERR_LEN]);
+    void *scan_arg;
 } epd_submit_regions_t;
+
+/* A host x smaller than this is scanned by the codec whatever host_scan says: a device round trip
+ * costs about what a core takes for 256 KiB. */
+#define EPD_SUBMIT_DEVICE_SCAN_BYTES (256u * 1024u)
 
 /* The tensors of a SUBMIT, in epd_submit_view_t.regions order. */
 enum { EPD_SUBMIT_X = 0, EPD_SUBMIT_IDS, EPD_SUBMIT_WEIGHTS, EPD_SUBMIT_Y, EPD_SUBMIT_TENSORS };

@@ -136,9 +136,42 @@ static cJSON *read_number(reader_t *r)
     return cJSON_CreateNumber(v);
 }
 
+/* Moves r->at past the value that starts there. */
+static void skip_value(reader_t *r)
+{
+    size_t depth = 0;
+    do {
+        char c = r->s[r->at];
+        if (c == '"') {
+            r->at++;
+            while (r->s[r->at] != '"') r->at += r->s[r->at] == '\\' ? 2 : 1;
+            r->at++;
+        } else if (c == '{' || c == '[') {
+            depth++;
+            r->at++;
+        } else if (c == '}' || c == ']') {
+            depth--;
+            r->at++;
+        } else if (depth == 0) { /* a number, true, false or null */
+            while (r->at < r->len && strchr(",}] \t\r\n", r->s[r->at]) == NULL) r->at++;
+        } else {
+            r->at++;
+        }
+    } while (depth > 0);
+}
+
+/* A member left out of the tree (epd_json_build_except): its key, then where its value is. */
+typedef struct {
+    const char *key;
+    const char *value;
+    size_t value_len;
+} left_out_t;
+
 static cJSON *read_value(reader_t *r);
 
-static cJSON *read_container(reader_t *r, bool object)
+/* The array or object at r->at; an object's first member named out->key (out may be NULL) is
+ * skipped and its value's place kept in out. */
+static cJSON *read_container(reader_t *r, bool object, left_out_t *out)
 {
     cJSON *c = object ? cJSON_CreateObject() : cJSON_CreateArray();
     if (c == NULL) return NULL;
@@ -159,6 +192,15 @@ static cJSON *read_container(reader_t *r, bool object)
             r->at++; /* ':' */
         }
         skip_ws(r);
+        if (out != NULL && out->value == NULL && strcmp(key, out->key) == 0) {
+            free(key);
+            out->value = r->s + r->at;
+            skip_value(r);
+            out->value_len = (size_t)(r->s + r->at - out->value);
+            skip_ws(r);
+            if (r->s[r->at++] == ',') continue;
+            return c;
+        }
         cJSON *item = read_value(r);
         if (item == NULL) {
             free(key);
@@ -186,8 +228,8 @@ fail:
 static cJSON *read_value(reader_t *r)
 {
     switch (r->s[r->at]) {
-    case '{': return read_container(r, true);
-    case '[': return read_container(r, false);
+    case '{': return read_container(r, true, NULL);
+    case '[': return read_container(r, false, NULL);
     case '"': {
         char *text = read_string(r);
         if (text == NULL) return NULL;
@@ -212,4 +254,16 @@ cJSON *epd_json_build(const char *text, size_t len)
     reader_t r = {.s = text, .len = len, .at = 0};
     skip_ws(&r);
     return read_value(&r);
+}
+
+cJSON *epd_json_build_except(const char *text, size_t len, const char *key, const char **value_p,
+                             size_t *value_len_p)
+{
+    reader_t r = {.s = text, .len = len, .at = 0};
+    left_out_t out = {.key = key, .value = NULL, .value_len = 0};
+    skip_ws(&r);
+    cJSON *tree = r.s[r.at] == '{' ? read_container(&r, true, &out) : NULL;
+    *value_p = tree != NULL ? out.value : NULL;
+    *value_len_p = tree != NULL ? out.value_len : 0;
+    return tree;
 }

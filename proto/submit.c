@@ -414,7 +414,15 @@ epd_status_t epd_submit_validate_regions(const epd_frame_t *frame,
                                        n_tokens * limits->hidden, &bad, err);
         if (status != EPD_OK) return status;
     } else if (!view_p->x_device) {
-        bad = find_non_finite(view_p->x, n_tokens * limits->hidden);
+        uint64_t x_n = n_tokens * limits->hidden;
+        status = EPD_ERR_AGAIN;
+        if (regions != NULL && regions->host_scan != NULL &&
+            x_n * sizeof(uint16_t) >= EPD_SUBMIT_DEVICE_SCAN_BYTES) {
+            char why[EPD_ERR_LEN] = "";
+            status = regions->host_scan(regions->scan_arg, view_p->x, x_n, &bad, why);
+        }
+        /* not page-locked, or the device failed (the step will say so): the host scans it */
+        if (status != EPD_OK) bad = find_non_finite(view_p->x, x_n);
     }
     if (bad >= 0) {
         snprintf(err, EPD_ERR_LEN, "x[%" PRId64 "][%" PRId64 "] is not finite (Inf or NaN)",

@@ -1,10 +1,15 @@
 """The asyncio client: one connection to one rank's socket, a reader task that matches every
 answer to its request by id, and writes serialized by a lock (frames never interleave). Many
-coroutines may share one AsyncClient; pipelining is simply many awaits in flight."""
+coroutines may share one AsyncClient; pipelining is simply many awaits in flight. A worker
+(serve_experts) gets its EXPERTS served by a task of its own, one at a time, while the reader
+goes on matching answers: a coroutine that submits on the same connection cannot deadlock."""
 import array
 import asyncio
+import inspect
 import socket
+import time
 
+from . import experts as ex
 from . import frame as fr
 from ._session import Session, torch_module
 from .client import DEFAULT_SOCKET, connect_unix
@@ -28,6 +33,10 @@ class AsyncClient:
         self._register_lock = asyncio.Lock()
         self._config = None
         self._closing = False
+        self._serve_task = None     # serving the EXPERTS queued (serve_experts)
+        self._serve_error = None    # the callback's exception, raised by serve()
+        self._serve_failed = asyncio.Event()
+        self._expert_regions = []
         self._reader = asyncio.get_running_loop().create_task(self._read_loop())
 
     @classmethod
@@ -55,10 +64,20 @@ class AsyncClient:
                 await self._reader
             except asyncio.CancelledError:
                 pass
+            if self._serve_task is not None:
+                self._serve_task.cancel()
+                try:
+                    await self._serve_task
+                except BaseException:
+                    pass
             if self._sock is not None:
                 self._sock.close()
                 self._sock = None
             self._s.on_eof("the client was closed")
+            for r in self._expert_regions:
+                if not isinstance(r, ex.DeviceBuffer):
+                    r.close()
+            self._expert_regions = []
 
     # ---- requests --------------------------------------------------------------------------
 
@@ -159,6 +178,100 @@ class AsyncClient:
         fut = self._future(p)
         await self._send([data])
         await self._await(fut, None)
+
+    # ---- external experts ------------------------------------------------------------------
+
+    async def serve_experts(self, callback, input_bytes=None, output_bytes=None,
+                            input_scale=None, device=None):
+        """As Client.serve_experts: this connection becomes its rank's expert worker. callback
+        (a function, or a coroutine function) gets each EXPERTS as an epd.experts.ExpertsBatch
+        whose y it fills; EXPERTS_DONE is sent when it returns (device regions: after the
+        current torch stream is synchronized). Batches are served one at a time, in order, by a
+        task of this client, whatever the other coroutines await. A callback that raises
+        answers nothing for its batch (the daemon's step times out) and the exception is raised
+        by serve(). Returns the REPLY; a second worker on a rank gets epd.Busy."""
+        if self._s.experts is not None:
+            raise ex.InvalidArgument("this connection already serves experts")
+        if input_bytes is None or output_bytes is None:
+            cfg = await self.config()
+            need_in, need_out = ex.region_bytes(cfg, (await self.health())["world"])
+            input_bytes = input_bytes or need_in
+            output_bytes = output_bytes or need_out
+        regions = []
+        try:
+            if device is not None:
+                ids = []
+                for n in (input_bytes, output_bytes):
+                    buf = ex.DeviceBuffer(n, device)
+                    regions.append(buf)
+                    ids.append((await self.control("register", **ex.register_fields(buf)))[0]
+                               ["region"])
+            else:
+                for n in (input_bytes, output_bytes):
+                    regions.append(await self.host_region(n))
+                ids = [self._s.host_region_id(r) for r in regions]
+            self._s.experts = (callback, {ids[0]: regions[0], ids[1]: regions[1]})
+            reply = (await self.control("serve_experts", **ex.serve_fields(ids, input_scale)))[0]
+        except BaseException:
+            self._s.experts = None
+            for r in regions:
+                if isinstance(r, ex.DeviceBuffer):
+                    continue  # released with the connection
+                if self._sock is not None and self._s.host_region_id(r) is not None:
+                    await self.unregister(r)
+                r.close()
+            raise
+        self._expert_regions = regions
+        return reply
+
+    async def serve(self, timeout=None):
+        """Lets the EXPERTS be served (they are, by this client's own task, whatever is awaited)
+        for timeout seconds, or until the connection ends (timeout None: then
+        ConnectionClosed); raises at once the exception of a callback that failed."""
+        if self._s.experts is None:
+            raise ex.InvalidArgument("this connection does not serve experts (serve_experts)")
+        failed = asyncio.get_running_loop().create_task(self._serve_failed.wait())
+        try:
+            await asyncio.wait({self._reader, failed}, timeout=timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            failed.cancel()
+        if self._serve_error is not None:
+            e, self._serve_error = self._serve_error, None
+            self._serve_failed.clear()
+            raise e
+        if timeout is None and self._reader.done():
+            raise ConnectionClosed("the daemon closed the connection")
+
+    def _serve_soon(self):
+        """From the reader: EXPERTS are queued; the serving task runs them (one task at a
+        time)."""
+        if self._s.experts_queue and (self._serve_task is None or self._serve_task.done()):
+            self._serve_task = asyncio.get_running_loop().create_task(self._serve_queued())
+
+    async def _serve_queued(self):
+        q = self._s.experts_queue
+        while q and self._sock is not None:
+            batch = q.popleft()
+            try:
+                answer = self._s.experts[0](batch)
+                if inspect.isawaitable(answer):
+                    await answer
+                if batch.on_device:
+                    import torch
+                    torch.cuda.current_stream(batch.y.device).synchronize()
+            except asyncio.CancelledError:
+                raise
+            except BaseException as e:  # no answer for this batch; serve() raises it
+                if self._serve_error is None:
+                    self._serve_error = e
+                    self._serve_failed.set()
+                continue
+            meta = ex.done_meta(batch, time.monotonic_ns())
+            try:
+                await self._send([fr.encode(fr.EXPERTS_DONE, meta)])
+            except ConnectionClosed:
+                return
 
     def new_id(self):
         """A request id no other request of this connection uses (for send_raw)."""
@@ -269,3 +382,5 @@ class AsyncClient:
         frame = self._rx.got(n)
         if frame is not None:
             self._s.on_frame(*frame)
+            if frame[0] == fr.EXPERTS:
+                self._serve_soon()

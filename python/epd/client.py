@@ -268,12 +268,8 @@ class Client:
                 for n in (input_bytes, output_bytes):
                     regions.append(self.host_region(n))
                 ids = [self._s.host_region_id(r) for r in regions]
-            fields = {"input": ids[0], "output": ids[1]}
-            if input_scale is not None:
-                fields["input_scale"] = ({str(k): float(v) for k, v in input_scale.items()}
-                                         if isinstance(input_scale, dict) else float(input_scale))
             self._s.experts = (callback, {ids[0]: regions[0], ids[1]: regions[1]})
-            reply = self.control("serve_experts", **fields)[0]
+            reply = self.control("serve_experts", **ex.serve_fields(ids, input_scale))[0]
         except BaseException:
             self._s.experts = None
             for r in regions:
@@ -289,12 +285,8 @@ class Client:
 
     def _register_buffer(self, buf, regions):
         """Registers a DeviceBuffer as a cuda region; its id."""
-        from . import _torch
-        handle, base, _ = _torch.device_allocation(buf.buf)
-        import base64
+        meta = ex.register_fields(buf)
         regions.append(buf)
-        meta = {"kind": "cuda", "handle": base64.b64encode(handle).decode(),
-                "offset": buf.buf.data_ptr() - base, "bytes": buf.nbytes}
         return self.control("register", **meta)[0]["region"]
 
     def serve(self, timeout=None):

@@ -138,6 +138,7 @@ class DeviceBuffer:
     tensors (x uint8 e4m3 codes, y bfloat16, scales float32)."""
 
     _TORCH = {"f8_e4m3": "uint8", "bf16": "bfloat16", "f32": "float32", "i32": "int32"}
+    _SIZE = {"f8_e4m3": 1, "bf16": 2, "f32": 4, "i32": 4}
 
     def __init__(self, nbytes, device):
         import torch
@@ -154,7 +155,7 @@ class DeviceBuffer:
         for d in shape:
             count *= d
         dt = getattr(t, self._TORCH[dtype])
-        size = t.empty(0, dtype=dt).element_size()
+        size = self._SIZE[dtype]  # (not an empty tensor's element_size: a few us each)
         if offset + count * size > self.nbytes:
             raise ProtocolError("EXPERTS names [%d, %d) of a %d-byte device region"
                                 % (offset, offset + count * size, self.nbytes))
@@ -177,6 +178,25 @@ def _dequantized_torch(batch, x, scales):
     groups = scales.shape[-1]
     s = scales.repeat_interleave(x.shape[-1] // groups, dim=-1) if groups > 1 else scales
     return q * s
+
+
+def serve_fields(ids, input_scale):
+    """CONTROL serve_experts's fields for the input and output region ids and input_scale (S for
+    every layer, {layer: S}, or None)."""
+    fields = {"input": ids[0], "output": ids[1]}
+    if input_scale is not None:
+        fields["input_scale"] = ({str(k): float(v) for k, v in input_scale.items()}
+                                 if isinstance(input_scale, dict) else float(input_scale))
+    return fields
+
+
+def register_fields(buf):
+    """CONTROL register's fields for a DeviceBuffer (a cuda region)."""
+    import base64
+    from . import _torch
+    handle, base, _ = _torch.device_allocation(buf.buf)
+    return {"kind": "cuda", "handle": base64.b64encode(handle).decode(),
+            "offset": buf.buf.data_ptr() - base, "bytes": buf.nbytes}
 
 
 def done_meta(batch, done_ns):

@@ -62,4 +62,23 @@ timeout 120 "${MPIRUN:-mpirun}" -np 1 "${mpi[@]}" "$BUILD/epd" --bench --set dev
     --bench-tokens 1,128 >"$out/bench.log" 2>&1 || rc=1
 echo "the GPU step in the same run (epd --bench, median us):"
 grep -E '^ +(1|128) (fp8|bf16) ' "$out/bench.log" | grep median
+# the page-locked copies the host-region target allows (x in, y out at 128 tokens), same run
+if [[ $backend == cuda ]]; then
+    timeout 60 python3 - <<'PY' || echo "(no torch: the copy baseline is not measured)"
+import time, torch
+n = 128 * 7168 * 2
+h = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+d = torch.empty(n, dtype=torch.uint8, device="cuda")
+def p50(f):
+    ts = []
+    for _ in range(300):
+        torch.cuda.synchronize(); t = time.perf_counter(); f(); torch.cuda.synchronize()
+        ts.append((time.perf_counter() - t) * 1e6)
+    return sorted(ts)[len(ts) // 2]
+up = p50(lambda: d.copy_(h, non_blocking=True))
+down = p50(lambda: h.copy_(d, non_blocking=True))
+print(f"cudaMemcpy of 128 tokens' x (1.84 MB, page-locked), p50: host->device {up:.1f} us, "
+      f"device->host {down:.1f} us; the host-region target is step + {up + down:.1f} + 40 us")
+PY
+fi
 exit $rc

@@ -6,12 +6,14 @@
  * be one rank with experts.kind = external; its shape comes from its config reply.
  *   external_check SOCKET [BATCHES]
  * Exit 0 when every answer is right.
- *   external_check SOCKET --latency TOKENS STEPS
- * The hand-over latency with device regions (GPU 0, CUDA through proto/cuda_dl.c): the worker's
- * input and output regions and the request's x, ids, weights and y in device memory, TOKENS
+ *   external_check SOCKET --latency TOKENS STEPS [host] [spin=US]
+ * The hand-over latency with device regions (GPU 0, CUDA through proto/cuda_dl.c; `host`: host
+ * regions, for CPU ranks): the worker's input and output regions and the request's x, ids,
+ * weights and y in device memory, TOKENS
  * random tokens a step, STEPS steps; the worker answers at once (its outputs stay zero: the
  * exchange is timed, not experts). Prints the p50 and p90 of EXPERTS written (the daemon's
- * sent_ns) -> this client read it, and of the whole submit. */
+ * sent_ns) -> this client read it, and of the whole submit. spin=US: the client polls the socket
+ * that long before it sleeps (epd_client_set_spin). */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -112,33 +114,10 @@ static double pct(double *v, unsigned n, double p)
     return n ? v[(unsigned)(p * (n - 1))] : 0.0;
 }
 
-static int latency(epd_client_t *c, uint32_t H, uint32_t K, uint32_t E, uint32_t n,
-                   unsigned steps, uint64_t in_bytes, uint64_t out_bytes)
+/* The request: x random bf16, ids distinct, weights (y after them) into req. */
+static void latency_request(uint8_t *req, uint32_t n, uint32_t H, uint32_t K, uint32_t E)
 {
-    epd_cuda_dl_t cu;
-    char err[256];
-    if (!epd_cuda_dl_open(&cu, err, sizeof err)) {
-        printf("SKIP: %s\n", err);
-        return 77;
-    }
     size_t x_bytes = (size_t)n * H * 2, ids_bytes = (size_t)n * K * 4;
-    size_t req_bytes = 2 * x_bytes + 2 * ids_bytes + 64;
-    void *in_d = NULL, *out_d = NULL, *req_d = NULL;
-    uint8_t h_in[64], h_out[64], h_req[64];
-    int cr = cu.set_device(0);
-    if (cr == 0) cr = cu.malloc(&in_d, in_bytes);
-    if (cr == 0) cr = cu.malloc(&out_d, out_bytes);
-    if (cr == 0) cr = cu.malloc(&req_d, req_bytes);
-    if (cr == 0) cr = cu.ipc_get_mem_handle(h_in, in_d);
-    if (cr == 0) cr = cu.ipc_get_mem_handle(h_out, out_d);
-    if (cr == 0) cr = cu.ipc_get_mem_handle(h_req, req_d);
-    if (cr != 0) {
-        fprintf(stderr, "external_check: cuda: %s\n", cu.error_string(cr));
-        return 1;
-    }
-    /* zero outputs; the request: x random bf16, ids distinct, weights, y after them */
-    uint8_t *zero = calloc(1, out_bytes > req_bytes ? out_bytes : req_bytes);
-    uint8_t *req = calloc(1, req_bytes);
     uint64_t rng = 7;
     uint16_t *x = (uint16_t *)req;
     int32_t *ids = (int32_t *)(req + x_bytes);
@@ -156,16 +135,75 @@ static int latency(epd_client_t *c, uint32_t H, uint32_t K, uint32_t E, uint32_t
             ids[(size_t)t * K + k] = e;
             w[(size_t)t * K + k] = 1.0f / (float)K;
         }
+}
+
+/* The worker's and the request's regions in GPU 0's memory (registered as device regions). */
+static int latency_regions_cuda(epd_client_t *c, uint32_t n, uint32_t H, uint32_t K, uint32_t E,
+                                uint64_t in_bytes, uint64_t out_bytes, size_t req_bytes,
+                                uint32_t *r_in, uint32_t *r_out, uint32_t *r_req)
+{
+    epd_cuda_dl_t cu;
+    char err[256];
+    if (!epd_cuda_dl_open(&cu, err, sizeof err)) {
+        printf("SKIP: %s\n", err);
+        return 77;
+    }
+    void *in_d = NULL, *out_d = NULL, *req_d = NULL;
+    uint8_t h_in[64], h_out[64], h_req[64];
+    int cr = cu.set_device(0);
+    if (cr == 0) cr = cu.malloc(&in_d, in_bytes);
+    if (cr == 0) cr = cu.malloc(&out_d, out_bytes);
+    if (cr == 0) cr = cu.malloc(&req_d, req_bytes);
+    if (cr == 0) cr = cu.ipc_get_mem_handle(h_in, in_d);
+    if (cr == 0) cr = cu.ipc_get_mem_handle(h_out, out_d);
+    if (cr == 0) cr = cu.ipc_get_mem_handle(h_req, req_d);
+    if (cr != 0) {
+        fprintf(stderr, "external_check: cuda: %s\n", cu.error_string(cr));
+        return 1;
+    }
+    /* zero outputs, the request */
+    uint8_t *zero = calloc(1, out_bytes > req_bytes ? out_bytes : req_bytes);
+    uint8_t *req = calloc(1, req_bytes);
+    latency_request(req, n, H, K, E);
     cu.memcpy(out_d, zero, out_bytes, 1);
     cu.memcpy(req_d, req, req_bytes, 1);
     cu.device_synchronize();
     free(zero);
     free(req);
-    uint32_t r_in, r_out, r_req;
-    if (epd_client_register_cuda(c, h_in, 0, in_bytes, &r_in) != EPD_CLIENT_OK ||
-        epd_client_register_cuda(c, h_out, 0, out_bytes, &r_out) != EPD_CLIENT_OK ||
-        epd_client_register_cuda(c, h_req, 0, req_bytes, &r_req) != EPD_CLIENT_OK)
+    if (epd_client_register_cuda(c, h_in, 0, in_bytes, r_in) != EPD_CLIENT_OK ||
+        epd_client_register_cuda(c, h_out, 0, out_bytes, r_out) != EPD_CLIENT_OK ||
+        epd_client_register_cuda(c, h_req, 0, req_bytes, r_req) != EPD_CLIENT_OK)
         return fail(c, "register cuda");
+    return 0;
+}
+
+/* The same in host regions (memfds), for a daemon on CPU ranks. */
+static int latency_regions_host(epd_client_t *c, uint32_t n, uint32_t H, uint32_t K, uint32_t E,
+                                uint64_t in_bytes, uint64_t out_bytes, size_t req_bytes,
+                                uint32_t *r_in, uint32_t *r_out, uint32_t *r_req)
+{
+    void *in_map, *out_map, *req_map;
+    if (epd_client_register_host(c, in_bytes, r_in, &in_map) != EPD_CLIENT_OK ||
+        epd_client_register_host(c, out_bytes, r_out, &out_map) != EPD_CLIENT_OK ||
+        epd_client_register_host(c, req_bytes, r_req, &req_map) != EPD_CLIENT_OK)
+        return fail(c, "register host");
+    latency_request(req_map, n, H, K, E);
+    return 0;
+}
+
+static int latency(epd_client_t *c, uint32_t H, uint32_t K, uint32_t E, uint32_t n,
+                   unsigned steps, bool host, unsigned spin_us, uint64_t in_bytes,
+                   uint64_t out_bytes)
+{
+    size_t x_bytes = (size_t)n * H * 2, ids_bytes = (size_t)n * K * 4;
+    size_t req_bytes = 2 * x_bytes + 2 * ids_bytes + 64;
+    uint32_t r_in, r_out, r_req;
+    int rc = host ? latency_regions_host(c, n, H, K, E, in_bytes, out_bytes, req_bytes, &r_in,
+                                         &r_out, &r_req)
+                  : latency_regions_cuda(c, n, H, K, E, in_bytes, out_bytes, req_bytes, &r_in,
+                                         &r_out, &r_req);
+    if (rc != 0) return rc;
+    epd_client_set_spin(c, spin_us);
     lat_worker_t lw = {.seen_us = calloc(steps, sizeof(double)), .cap = steps};
     double *call_us = calloc(steps, sizeof(double));
     if (epd_client_serve_experts(c, r_in, r_out, lat_worker, &lw, NULL) != EPD_CLIENT_OK)
@@ -184,10 +222,10 @@ static int latency(epd_client_t *c, uint32_t H, uint32_t K, uint32_t E, uint32_t
         call_us[i] = (double)(epd_now_ns() - t0) / 1e3;
     }
     unsigned skip = steps / 10, m = lw.n > skip ? lw.n - skip : 0;
-    printf("tokens %u, rows %u a step, %u steps (C worker, device regions): EXPERTS written -> "
-           "worker read it p50 %.1f us p90 %.1f us; whole submit p50 %.1f us\n", n, n * K,
-           steps, pct(lw.seen_us + skip, m, 0.5), pct(lw.seen_us + skip, m, 0.9),
-           pct(call_us + skip, steps - skip, 0.5));
+    printf("tokens %u, rows %u a step, %u steps (C worker, %s regions, spin %u us): EXPERTS "
+           "written -> worker read it p50 %.1f us p90 %.1f us; whole submit p50 %.1f us\n", n,
+           n * K, steps, host ? "host" : "device", spin_us, pct(lw.seen_us + skip, m, 0.5),
+           pct(lw.seen_us + skip, m, 0.9), pct(call_us + skip, steps - skip, 0.5));
     free(lw.seen_us);
     free(call_us);
     epd_client_destroy(c);
@@ -228,11 +266,21 @@ int main(int argc, char **argv)
     uint32_t H = shape.hidden, K = shape.topk, E = shape.num_experts;
     uint64_t in_bytes = 64u << 20, out_bytes = 64u << 20;
     cJSON_Delete(cfg);
-    if (argc == 5 && strcmp(argv[2], "--latency") == 0) {
+    if (argc >= 5 && strcmp(argv[2], "--latency") == 0) {
         uint32_t n = (uint32_t)strtoul(argv[3], NULL, 10);
         uint64_t rows = (uint64_t)n * K;
+        bool host = false;
+        unsigned spin_us = 0;
+        for (int a = 5; a < argc; a++) {
+            if (strcmp(argv[a], "host") == 0) host = true;
+            else if (strncmp(argv[a], "spin=", 5) == 0) spin_us = (unsigned)strtoul(argv[a] + 5, NULL, 10);
+            else {
+                fprintf(stderr, "external_check: --latency: unknown option %s\n", argv[a]);
+                return 2;
+            }
+        }
         /* x and fp32 group scales (the largest format), counts: rounded up */
-        return latency(c, H, K, E, n, (unsigned)strtoul(argv[4], NULL, 10),
+        return latency(c, H, K, E, n, (unsigned)strtoul(argv[4], NULL, 10), host, spin_us,
                        rows * H * 2 + rows * (H / 128) * 4 + 4096 + 64 * (uint64_t)E,
                        rows * H * 2 + 256);
     }

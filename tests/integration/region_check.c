@@ -67,9 +67,10 @@ typedef struct batch {
     float w[MAX_TOKENS * 16];
 } batch_t;
 
-static void make_batch(batch_t *b, uint64_t *seed)
+/* A batch of n tokens (0: a random count in [1, MAX_TOKENS]). */
+static void make_batch_n(batch_t *b, uint64_t *seed, uint32_t n)
 {
-    b->n = 1 + (uint32_t)(epd_rng_next(seed) % MAX_TOKENS);
+    b->n = n != 0 ? n : 1 + (uint32_t)(epd_rng_next(seed) % MAX_TOKENS);
     for (uint64_t i = 0; i < (uint64_t)b->n * H; i++)
         b->x[i] = epd_f32_to_bf16(epd_rng_unit_f32(seed) * 8.0f - 4.0f);
     for (uint32_t t = 0; t < b->n; t++) {
@@ -82,6 +83,11 @@ static void make_batch(batch_t *b, uint64_t *seed)
             b->w[t * K + k] = epd_rng_unit_f32(seed);
         }
     }
+}
+
+static void make_batch(batch_t *b, uint64_t *seed)
+{
+    make_batch_n(b, seed, 0);
 }
 
 /* The payload path's answer: the oracle. */
@@ -337,6 +343,41 @@ static void check_socket(const char *path, uint64_t seed)
         CHECK(same, "batch %d: x from the region, y in the RESULT differs", i);
         equal += same;
         if (i == BATCHES / 2) misbehave(path, &b, &bl);
+    }
+    /* A NaN late in a large x (past EPD_SUBMIT_DEVICE_SCAN_BYTES: a CUDA daemon scans a
+     * page-locked x on the device), in the region and in the frame: refused, the value named */
+    {
+        make_batch_n(&b, &seed, MAX_TOKENS);
+        layout_t bl = layout_for(b.n);
+        uint64_t at = (uint64_t)(MAX_TOKENS - 2) * H + H - 5;
+        char want[96];
+        snprintf(want, sizeof want, "x[%d][%u]", MAX_TOKENS - 2, H - 5);
+        uint16_t keep = b.x[at];
+        b.x[at] = 0xff80; /* -Inf */
+        fill_region(base, &bl, &b);
+        epd_client_request_t r = region_request(id++, region, &bl, &b, false, true);
+        rc = epd_client_submit_request(c, &r, NULL, NULL);
+        CHECK(rc == EPD_CLIENT_ERR_DAEMON &&
+                  strcmp(epd_client_last_error(c), "non_finite_input") == 0 &&
+                  strstr(epd_client_last_message(c), want) != NULL,
+              "-Inf in a large x in a host region: %s %s %s", epd_client_rc_name(rc),
+              epd_client_last_error(c), epd_client_last_message(c));
+        rc = submit_payload(c, id++, &b, y_got);
+        CHECK(rc == EPD_CLIENT_ERR_DAEMON &&
+                  strcmp(epd_client_last_error(c), "non_finite_input") == 0 &&
+                  strstr(epd_client_last_message(c), want) != NULL,
+              "-Inf in a large x in the frame: %s %s %s", epd_client_rc_name(rc),
+              epd_client_last_error(c), epd_client_last_message(c));
+        b.x[at] = keep;
+        /* and the same x, finite, through both: equal */
+        rc = submit_payload(c, id++, &b, y_pay);
+        CHECK(rc == EPD_CLIENT_OK, "large payload submit: %s", epd_client_last_message(c));
+        fill_region(base, &bl, &b);
+        r = region_request(id++, region, &bl, &b, false, true);
+        rc = epd_client_submit_request(c, &r, NULL, NULL);
+        CHECK(rc == EPD_CLIENT_OK && memcmp(base + bl.y, y_pay, (size_t)b.n * H * 2) == 0,
+              "a large x in a host region differs from the payload path: %s",
+              epd_client_last_message(c));
     }
 
     /* the non-blocking interface: 8 requests queued, answers collected as they come */

@@ -9,12 +9,14 @@ uses (y = x' * f_e, f_e = 1 + e/8: 4 significant bits times x' with 4, every gro
 magnitude 1.75 * 2^j so that the FP8 scales are powers of two): then the results must equal the
 host reference of experts.kind=scale (py_ref, which the daemon's scale kind equals) bit for bit.
 
-EPDX_CASE: exact (random batches on every rank, empty steps), static (fp8_per_tensor with a
-static input_scale), failures (no worker, a second worker, a worker that dies mid-step, one that
-is late, EXPERTS_DONE for a wrong step or from a non-worker, EXPERTS sent by a client).
+EPDX_CASE: exact (random batches on every rank, empty steps; Client and AsyncClient workers),
+static (fp8_per_tensor with a static input_scale), failures (no worker, a second worker, a worker
+that dies mid-step, one that is late, one whose callback raises, EXPERTS_DONE for a wrong step or
+from a non-worker, EXPERTS sent by a client).
 Environment: EPDPY_SOCKETS (rank order), EPDPY_REF, EPDPY_TMP, EPDX_CASE; EPDX_DEVICE (e.g.
 cuda:0, tests/gpu/external_gpu.sh): the workers' regions are device memory there, the experts run
 in torch on it."""
+import asyncio
 import os
 import queue
 import subprocess
@@ -206,6 +208,46 @@ class TestExact(External):
                 f.stop()
 
 
+    def test_external__async_workers__equal_scale_bit_for_bit(self):
+        """AsyncClient.serve_experts: one AsyncClient a rank serves its experts (a coroutine
+        callback on rank 0, a function on the others) and submits on the same connection, every
+        rank's batch at once."""
+        workers = [ScaleWorker() for _ in range(W)]
+
+        async def first_worker(batch):
+            await asyncio.sleep(0)
+            workers[0](batch)
+
+        async def run():
+            clients = [await epd.AsyncClient.connect(SOCKETS[r], timeout=30) for r in range(W)]
+            try:
+                for r, c in enumerate(clients):
+                    reply = await c.serve_experts(first_worker if r == 0 else workers[r],
+                                                  device=DEVICE)
+                    self.assertEqual(reply["first_expert"], r * PER_RANK)
+                    with self.assertRaises(epd.InvalidArgument):
+                        await c.serve_experts(workers[r])
+                results = []
+                for i in range(3):
+                    batches = [exact_batch([5, 40, 17][(i + r) % 3], 700 + 10 * i + r)
+                               for r in range(W)]
+                    ys = await asyncio.gather(*(c.submit(*b) for c, b in zip(clients, batches)))
+                    results.extend(zip(ys, batches))
+                await clients[0].serve(timeout=0.05)  # no failure: returns after the time
+                return results
+            finally:
+                for c in clients:
+                    await c.close()
+
+        for r, (y, b) in enumerate(asyncio.run(run())):
+            bad = np.argwhere(y != reference(*b))
+            self.assertEqual(len(bad), 0, "batch %d: %d values differ from scale's, first at %s"
+                             % (r, len(bad), bad[:1].tolist()))
+        self.assertGreater(len(workers[0].batches), 0, "the coroutine worker served nothing")
+        print("async workers served %d EXPERTS; every result equals scale's"
+              % sum(len(w.batches) for w in workers))
+
+
 class Dying(ScaleWorker):
     """Closes its connection on its first batch without answering (a worker that dies)."""
 
@@ -236,6 +278,35 @@ class Late(ScaleWorker):
 
 @unittest.skipUnless(CASE == "failures", "case " + CASE)
 class TestFailures(External):
+    def test_external__async_callback_that_raises__unavailable_then_raised_by_serve(self):
+        """An AsyncClient worker whose callback raises answers nothing for that batch (its
+        requests get experts_unavailable) and serve() raises the exception, once."""
+        class Boom(Exception):
+            pass
+
+        def worker(batch):
+            calls.append(batch.step)
+            raise Boom("the worker's kernels failed")
+        calls = []
+
+        async def run():
+            clients = [await epd.AsyncClient.connect(SOCKETS[r], timeout=30) for r in range(W)]
+            try:
+                for c in clients:
+                    await c.serve_experts(worker if c is clients[0] else ScaleWorker())
+                x, ids, w = exact_batch(6, 31, experts=range(PER_RANK))  # rank 0's experts
+                with self.assertRaises(epd.ExpertsUnavailable):
+                    await clients[0].submit(x, ids, w)
+                with self.assertRaises(Boom):
+                    await clients[0].serve(timeout=10)
+                await clients[0].serve(timeout=0.01)  # raised once
+            finally:
+                for c in clients:
+                    await c.close()
+
+        asyncio.run(run())
+        self.assertEqual(len(calls), 1)
+
     def expect_unavailable(self, front, x, ids, w):
         front.submit(x, ids, w)
         got = front.result()

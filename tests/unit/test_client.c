@@ -26,7 +26,30 @@ typedef enum {
     FAKE_SILENT,      /* read everything, answer nothing */
     FAKE_FRAMING,     /* answer the first frame with ERROR id null bad_json, then close */
     FAKE_HANGUP,      /* on the first bytes: ERROR id null bad_magic, close with input unread */
+    FAKE_EXPERTS,     /* answer serve_experts, send the EXPERTS of experts_cases, close after
+                       * their EXPERTS_DONE (steps 1, 2, ... in order) */
 } fake_mode_t;
+
+/* EXPERTS metas with their counts written in several ways, and the counts the worker must see
+ * (what the meta's tree says: numbers that are not non-negative integers count 0). */
+#define EXPERTS_TENSORS                                                                      \
+    "\"tensors\":{\"x\":{\"dtype\":\"bf16\",\"shape\":[1,64],\"region\":1,\"offset\":0},"      \
+    "\"counts\":{\"dtype\":\"i32\",\"shape\":[3],\"region\":1,\"offset\":128},"                \
+    "\"y\":{\"dtype\":\"bf16\",\"shape\":[1,64],\"region\":2,\"offset\":0}}"
+#define EXPERTS_HEAD "\"layer\":3,\"first_expert\":8,\"input\":\"bf16\",\"layout\":\"packed\",\"rows\":1"
+static const struct {
+    const char *counts; /* NULL: 256 counts e * 7 % 1000 */
+    bool counts_last;   /* after "tensors" (whose own "counts" tensor must not be taken) */
+    uint32_t n;
+    uint32_t want[6];
+} experts_cases[] = {
+    {"[3,0,12]", false, 3, {3, 0, 12}},
+    {"[ 1 , 2 ,\n3\t]", false, 3, {1, 2, 3}},
+    {"[]", false, 0, {0}},
+    {"[4294967295,0]", true, 2, {4294967295u, 0}},
+    {"[1.0,2.5,-1,1e1,7,\"x\"]", false, 6, {1, 2, 0, 10, 7, 0}},
+    {NULL, false, 256, {0}},
+};
 
 typedef struct {
     fake_mode_t mode;
@@ -115,6 +138,34 @@ static void answer_control(int fd, epd_frame_t *frame)
     send_out(fd, &out);
 }
 
+/* FAKE_EXPERTS: the EXPERTS of experts_cases (steps 1, 2, ...). */
+static void send_experts_cases(int fd)
+{
+    static char meta[8192];
+    for (size_t i = 0; i < EPD_ARRAY_SIZE(experts_cases); i++) {
+        char counts[4096];
+        size_t n = 0;
+        if (experts_cases[i].counts != NULL) {
+            snprintf(counts, sizeof counts, "%s", experts_cases[i].counts);
+        } else {
+            n += (size_t)snprintf(counts, sizeof counts, "[");
+            for (int e = 0; e < 256; e++)
+                n += (size_t)snprintf(counts + n, sizeof counts - n, "%s%d", e ? "," : "", e * 7 % 1000);
+            snprintf(counts + n, sizeof counts - n, "]");
+        }
+        if (experts_cases[i].counts_last)
+            snprintf(meta, sizeof meta, "{\"step\":%zu," EXPERTS_HEAD "," EXPERTS_TENSORS
+                     ",\"counts\":%s,\"sent_ns\":5}", i + 1, counts);
+        else
+            snprintf(meta, sizeof meta, "{\"step\":%zu," EXPERTS_HEAD ",\"counts\":%s,"
+                     EXPERTS_TENSORS ",\"sent_ns\":5}", i + 1, counts);
+        epd_frame_out_t out;
+        char err[EPD_ERR_LEN];
+        FAKE_CHECK(epd_frame_encode_text(EPD_FRAME_EXPERTS, meta, &out, err) == EPD_OK);
+        FAKE_CHECK(send_out(fd, &out) == 0);
+    }
+}
+
 static void *fake_main(void *arg)
 {
     fake_t *f = arg;
@@ -122,6 +173,7 @@ static void *fake_main(void *arg)
     uint8_t buf[65536];
     pending_t *held = calloc((size_t)(f->batch > 0 ? f->batch : 1), sizeof(*held));
     int n_held = 0;
+    uint64_t next_done = 1;
     int fd = accept(f->listen_fd, NULL, NULL);
     if (fd < 0 || held == NULL) goto out;
     epd_decoder_init(&dec, 1u << 30, EPD_FRAME_MAX_META);
@@ -154,6 +206,20 @@ static void *fake_main(void *arg)
             }
             if (f->mode == FAKE_SILENT) {
                 epd_frame_free(&frame);
+            } else if (f->mode == FAKE_EXPERTS && frame.type == EPD_FRAME_CONTROL) {
+                epd_frame_out_t out;
+                FAKE_CHECK(epd_frame_encode_reply("{\"rank\":0}", NULL, 0, &out, err) == EPD_OK);
+                FAKE_CHECK(send_out(fd, &out) == 0);
+                epd_frame_free(&frame);
+                send_experts_cases(fd);
+            } else if (f->mode == FAKE_EXPERTS) {
+                uint64_t step = 0;
+                FAKE_CHECK(frame.type == EPD_FRAME_EXPERTS_DONE);
+                FAKE_CHECK(epd_json_to_u64(cJSON_GetObjectItemCaseSensitive(frame.meta, "step"),
+                                           &step));
+                FAKE_CHECK(step == next_done);
+                epd_frame_free(&frame);
+                if (next_done++ == EPD_ARRAY_SIZE(experts_cases)) goto close_fd;
             } else if (frame.type == EPD_FRAME_CONTROL) {
                 answer_control(fd, &frame);
                 epd_frame_free(&frame);
@@ -268,6 +334,13 @@ static void test_client__submit__returns_y_and_step(void **state)
     assert_int_equal(epd_client_submit(c, &bt.b, y, &step), EPD_CLIENT_OK);
     assert_memory_equal(y, bt.x, sizeof(y));
     assert_int_equal(step, 1005);
+    /* the same answer when the client spins on recv instead of sleeping in poll */
+    epd_client_set_spin(c, 1000000);
+    memset(y, 0, sizeof y);
+    assert_int_equal(epd_client_submit(c, &bt.b, y, &step), EPD_CLIENT_OK);
+    assert_memory_equal(y, bt.x, sizeof(y));
+    assert_int_equal(step, 1005);
+    epd_client_set_spin(c, 0);
     assert_string_equal(epd_client_last_error(c), "");
     assert_int_equal(epd_client_in_flight(c), 0);
     epd_client_destroy(c);
@@ -450,9 +523,10 @@ static void test_client__hangup_while_sending__is_closed_naming_the_error(void *
     batch_t bt;
     epd_client_reply_t r;
     (void)state;
-    fake_start(&f, FAKE_HANGUP, 0, 1024);
+    fake_start(&f, FAKE_HANGUP, 0, 4096);
     epd_client_t *c = connect_to(&f);
-    batch_make(&bt, 1, 512, 1024, false); /* 1 MiB: far more than the socket buffers */
+    /* 16 MiB: far more than the socket buffers (libepd asks for 4 MiB, the kernel doubles it) */
+    batch_make(&bt, 1, 2048, 4096, false);
     assert_int_equal(epd_client_send(c, &bt.b), EPD_CLIENT_ERR_CLOSED);
     assert_non_null(strstr(epd_client_last_message(c), "bad_magic"));
     /* the daemon's last word is still there to collect, then the connection is gone */
@@ -483,9 +557,58 @@ static void test_client__silent_daemon__times_out(void **state)
     double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
     assert_true(took >= 0.14);
     assert_string_equal(epd_client_last_error(c), "timeout");
+    /* a client that spins (far longer than its timeout) still keeps the timeout */
+    epd_client_set_spin(c, 60u * 1000000u);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(epd_client_submit(c, &bt.b, y, NULL), EPD_CLIENT_ERR_TIMEOUT);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    assert_true(took >= 0.14 && took < 30.0);
     epd_client_destroy(c); /* closing lets the fake daemon's read end */
     batch_free(&bt);
     fake_stop(&f);
+}
+
+typedef struct {
+    size_t calls;
+    bool ok;
+} experts_seen_t;
+
+static int experts_record(void *arg, const epd_client_experts_t *b)
+{
+    experts_seen_t *seen = arg;
+    size_t i = seen->calls++;
+    bool ok = i < EPD_ARRAY_SIZE(experts_cases) && b->step == i + 1 && b->layer == 3 &&
+              b->first_expert == 8 && b->n_experts == experts_cases[i].n && b->hidden == 64 &&
+              b->input_region == 1 && b->output_region == 2 && b->sent_ns == 5 &&
+              strcmp(b->input, "bf16") == 0 && !b->masked;
+    for (uint32_t e = 0; ok && e < b->n_experts; e++)
+        ok = b->counts[e] == (experts_cases[i].counts != NULL ? experts_cases[i].want[e]
+                                                              : e * 7 % 1000);
+    if (!ok) fprintf(stderr, "EXPERTS case %zu: the worker saw the wrong batch\n", i);
+    seen->ok = seen->ok && ok;
+    return 0;
+}
+
+static void test_client__experts__counts_read_as_the_tree_gives_them(void **state)
+{
+    (void)state;
+    /* sleeping in poll, and spinning on recv (epd_client_set_spin) */
+    for (unsigned spin_us = 0; spin_us <= 1000000; spin_us += 1000000) {
+        fake_t f;
+        experts_seen_t seen = {.calls = 0, .ok = true};
+        fake_start(&f, FAKE_EXPERTS, 0, 64);
+        epd_client_t *c = connect_to(&f);
+        epd_client_set_spin(c, spin_us);
+        assert_int_equal(epd_client_serve_experts(c, 1, 2, experts_record, &seen, NULL),
+                         EPD_CLIENT_OK);
+        /* the fake closes once it has every EXPERTS_DONE */
+        assert_int_equal(epd_client_serve(c, 5000), EPD_CLIENT_ERR_CLOSED);
+        assert_int_equal(seen.calls, EPD_ARRAY_SIZE(experts_cases));
+        assert_true(seen.ok);
+        epd_client_destroy(c);
+        fake_stop(&f);
+    }
 }
 
 static void test_client__no_daemon__is_connect_error_naming_path(void **state)
@@ -534,6 +657,7 @@ int main(void)
         cmocka_unit_test(test_client__hangup_while_sending__is_closed_naming_the_error),
         cmocka_unit_test(test_client__silent_daemon__times_out),
         cmocka_unit_test(test_client__no_daemon__is_connect_error_naming_path),
+        cmocka_unit_test(test_client__experts__counts_read_as_the_tree_gives_them),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

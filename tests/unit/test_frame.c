@@ -510,6 +510,53 @@ static void test_frame__bad_meta_json__is_bad_json(void **state)
 }
 
 /* Issue 20 item 9: meta cJSON took although it is not RFC 8259 JSON. */
+/* Feeds one frame's bytes to a decoder that keeps EXPERTS meta as text. */
+static epd_status_t decode_keeping_text(bytes_t b, epd_frame_t *frame, char err[EPD_ERR_LEN])
+{
+    epd_decoder_t dec;
+    size_t used = 0;
+    epd_decoder_init(&dec, MAX_PAYLOAD, EPD_FRAME_MAX_META);
+    epd_decoder_keep_text(&dec, 1u << EPD_FRAME_EXPERTS);
+    epd_decoder_reset(&dec); /* the setting survives a reset */
+    epd_status_t status = epd_decoder_feed(&dec, b.buf, b.len, &used, frame, err);
+    epd_decoder_free(&dec);
+    free(b.buf);
+    return status;
+}
+
+static void test_frame__keep_text__gives_checked_meta_text_for_those_types_only(void **state)
+{
+    (void)state;
+    const char *meta = " {\"step\":7,\"id\":42,\"counts\":[1,2,3]} ";
+    epd_frame_t frame = {0};
+    char err[EPD_ERR_LEN] = "";
+
+    assert_int_equal(decode_keeping_text(simple_frame(EPD_FRAME_EXPERTS, meta), &frame, err),
+                     EPD_OK);
+    assert_null(frame.meta);
+    assert_non_null(frame.meta_text);
+    assert_string_equal(frame.meta_text, meta);
+    assert_int_equal(frame.id_kind, EPD_FRAME_ID_VALID);
+    assert_int_equal(frame.id, 42);
+    epd_frame_free(&frame);
+    assert_null(frame.meta_text);
+    /* other types still get the tree */
+    assert_int_equal(decode_keeping_text(simple_frame(EPD_FRAME_REPLY, meta), &frame, err),
+                     EPD_OK);
+    assert_non_null(frame.meta);
+    assert_null(frame.meta_text);
+    epd_frame_free(&frame);
+    /* kept text is checked as strictly: not strict, not UTF-8, not an object */
+    static const char *const bad[] = {"{\"step\":07}", "{\"s\":\"\xff\"}", "[1,2]", " \"x\""};
+    for (size_t i = 0; i < EPD_ARRAY_SIZE(bad); i++) {
+        err[0] = '\0';
+        epd_status_t status =
+            decode_keeping_text(simple_frame(EPD_FRAME_EXPERTS, bad[i]), &frame, err);
+        if (status != EPD_ERR_BAD_JSON) fail_msg("case %zu: got %s", i, epd_status_name(status));
+        assert_true(strlen(err) > 10);
+    }
+}
+
 static void test_frame__meta_not_strict_json__is_bad_json(void **state)
 {
     (void)state;
@@ -1124,6 +1171,86 @@ static void test_frame__non_finite_x__is_non_finite_input(void **state)
     assert_string_equal(err, "x[0][0] is not finite (Inf or NaN)");
 }
 
+/* host_scan: what the fake device says, counted; EPD_ERR_AGAIN or a failure: the codec scans. */
+static int host_scans;
+static epd_status_t host_scan_answer;
+static epd_status_t fake_host_scan(void *arg, const uint16_t *x, uint64_t n, int64_t *first_p,
+                                   char err[EPD_ERR_LEN])
+{
+    (void)arg;
+    host_scans++;
+    if (host_scan_answer != EPD_OK) {
+        snprintf(err, EPD_ERR_LEN, "fake device says %s", epd_status_name(host_scan_answer));
+        return host_scan_answer;
+    }
+    *first_p = -1;
+    for (uint64_t i = 0; i < n; i++)
+        if (!epd_bf16_is_finite(x[i])) {
+            *first_p = (int64_t)i;
+            break;
+        }
+    return EPD_OK;
+}
+
+/* A payload SUBMIT of n tokens at hidden H (K 2) with x[at] = bits, validated with host_scan. */
+static epd_status_t large_x_status(uint32_t n, uint32_t hidden, uint64_t at, uint16_t bits,
+                                   char err[EPD_ERR_LEN])
+{
+    epd_submit_limits_t lim = {.hidden = hidden, .topk = 2, .num_experts = 8, .max_tokens = n};
+    epd_submit_regions_t hooks = {.host_scan = fake_host_scan};
+    uint16_t *x = calloc((size_t)n * hidden, sizeof *x);
+    int32_t *ids = calloc((size_t)n * 2, sizeof *ids);
+    float *w = calloc((size_t)n * 2, sizeof *w);
+    epd_frame_out_t out;
+    epd_frame_t frame = {0};
+    epd_submit_view_t view = {0};
+    assert_non_null(x);
+    assert_non_null(ids);
+    assert_non_null(w);
+    for (uint64_t i = 0; i < (uint64_t)n * hidden; i++) x[i] = (uint16_t)(0x3f00 + i % 97);
+    for (uint64_t i = 0; i < (uint64_t)n * 2; i++) ids[i] = (int32_t)(i % 2); /* distinct */
+    x[at] = bits;
+    assert_int_equal(epd_frame_encode_submit(9, n, hidden, 2, x, ids, w, &out, err), EPD_OK);
+    assert_int_equal(decode_bytes(flatten(&out), &frame, err), EPD_OK);
+    err[0] = '\0';
+    epd_status_t status = epd_submit_validate_regions(&frame, &lim, &hooks, &view, err);
+    free(view.owned);
+    epd_frame_free(&frame);
+    free(x);
+    free(ids);
+    free(w);
+    return status;
+}
+
+static void test_frame__large_host_x__scanned_by_the_device_or_else_the_codec(void **state)
+{
+    char err[EPD_ERR_LEN];
+    uint32_t hidden = 1024, n = EPD_SUBMIT_DEVICE_SCAN_BYTES / (1024 * 2); /* exactly the bound */
+    (void)state;
+    host_scan_answer = EPD_OK;
+    host_scans = 0;
+    assert_int_equal(large_x_status(n, hidden, 5, 0x3f80, err), EPD_OK);
+    assert_int_equal(host_scans, 1);
+    assert_int_equal(large_x_status(n, hidden, (uint64_t)(n - 1) * hidden + 7, 0x7f80, err),
+                     EPD_ERR_NON_FINITE_INPUT);
+    assert_string_equal(err, "x[127][7] is not finite (Inf or NaN)");
+    assert_int_equal(host_scans, 2);
+    /* one token fewer: under the bound, the codec scans it alone */
+    assert_int_equal(large_x_status(n - 1, hidden, 3, 0xffc1, err), EPD_ERR_NON_FINITE_INPUT);
+    assert_string_equal(err, "x[0][3] is not finite (Inf or NaN)");
+    assert_int_equal(host_scans, 2);
+    /* not page-locked (AGAIN), or the device failed: the codec scans, with the same answers */
+    epd_status_t answers[] = {EPD_ERR_AGAIN, EPD_ERR_CUDA};
+    for (size_t i = 0; i < EPD_ARRAY_SIZE(answers); i++) {
+        host_scan_answer = answers[i];
+        assert_int_equal(large_x_status(n, hidden, 2049, 0x7fc0, err), EPD_ERR_NON_FINITE_INPUT);
+        assert_string_equal(err, "x[2][1] is not finite (Inf or NaN)");
+        assert_int_equal(large_x_status(n, hidden, 2049, 0x3f80, err), EPD_OK);
+    }
+    assert_int_equal(host_scans, 6);
+    host_scan_answer = EPD_OK;
+}
+
 static void test_frame__largest_finite_x__passes(void **state)
 {
     char err[EPD_ERR_LEN];
@@ -1621,6 +1748,7 @@ int main(void)
         cmocka_unit_test(test_frame__oversize__is_frame_too_large_before_allocation),
         cmocka_unit_test(test_frame__bad_meta_json__is_bad_json),
         cmocka_unit_test(test_frame__meta_not_strict_json__is_bad_json),
+        cmocka_unit_test(test_frame__keep_text__gives_checked_meta_text_for_those_types_only),
         cmocka_unit_test(test_frame__truncated_stream__is_reported),
         cmocka_unit_test(test_frame__submit_id__missing_or_invalid_is_bad_json),
         cmocka_unit_test(test_frame__submit_tensors__missing_is_bad_json),
@@ -1649,6 +1777,7 @@ int main(void)
         cmocka_unit_test(test_frame__non_finite_weights__is_non_finite_input),
         cmocka_unit_test(test_frame__non_finite_x__is_non_finite_input),
         cmocka_unit_test(test_frame__largest_finite_x__passes),
+        cmocka_unit_test(test_frame__large_host_x__scanned_by_the_device_or_else_the_codec),
         cmocka_unit_test(test_frame__non_finite_weight_and_x__reports_the_weight),
         cmocka_unit_test(test_frame__large_experts__checks_duplicates_with_heap_bitmap),
         cmocka_unit_test(test_frame__dtype_names__round_trip),

@@ -1,7 +1,8 @@
 /* Unit tests of proto/json_build.c: for every text the strict checker accepts, the fast builder
  * gives the tree cJSON_Parse gives (same types, keys in the same order, strings byte for byte,
- * numbers bit for bit); texts are handwritten edge cases, the fuzz corpora's metas and generated
- * metas of the daemon's frames. */
+ * numbers bit for bit), and epd_json_build_except gives it without one member and that member's
+ * value text; texts are handwritten edge cases, the fuzz corpora's metas and generated metas of
+ * the daemon's frames. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -38,7 +39,41 @@ static void assert_same_tree(const cJSON *a, const cJSON *b, const char *text)
     if (a->child != NULL && a->child->prev->next != NULL) fail_msg("bad tail link in %s", text);
 }
 
-static int checked;
+static int checked, checked_except;
+
+/* epd_json_build_except(text, key) gives cJSON's tree without the first member named key, and
+ * that member's value text parses to the member cJSON has. */
+static void check_except(const char *text, size_t len, const char *key)
+{
+    cJSON *want = cJSON_ParseWithLengthOpts(text, len + 1, NULL, 1);
+    cJSON *member = cJSON_DetachItemFromObjectCaseSensitive(want, key);
+    const char *value;
+    size_t value_len;
+    cJSON *got = epd_json_build_except(text, len, key, &value, &value_len);
+    assert_non_null(got);
+    assert_same_tree(got, want, text);
+    if (member == NULL) {
+        assert_null(value);
+        assert_int_equal(value_len, 0);
+    } else {
+        assert_non_null(value);
+        char *copy = malloc(value_len + 1);
+        assert_non_null(copy);
+        memcpy(copy, value, value_len);
+        copy[value_len] = '\0';
+        cJSON *parsed = cJSON_ParseWithLengthOpts(copy, value_len + 1, NULL, 1);
+        if (parsed == NULL) fail_msg("the value text of \"%s\" is not JSON: \"%s\" in %s", key, copy, text);
+        free(parsed->string);
+        parsed->string = member->string != NULL ? strdup(member->string) : NULL;
+        assert_same_tree(parsed, member, text);
+        cJSON_Delete(parsed);
+        free(copy);
+    }
+    cJSON_Delete(member);
+    cJSON_Delete(got);
+    cJSON_Delete(want);
+    checked_except++;
+}
 
 static void check_text(const char *text, size_t len)
 {
@@ -55,6 +90,20 @@ static void check_text(const char *text, size_t len)
     /* and the builder's tree works with cJSON's own calls */
     cJSON_AddNumberToObject(got, "appended", 1);
     cJSON_Delete(got);
+    /* objects: without their first member, their last, and a key they do not have */
+    if (cJSON_IsObject(want)) {
+        if (want->child != NULL && want->child->string != NULL) {
+            check_except(copy, len, want->child->string);
+            check_except(copy, len, want->child->prev->string);
+        }
+        check_except(copy, len, "no such key");
+    } else {
+        const char *value = "untouched";
+        size_t value_len = 7;
+        assert_null(epd_json_build_except(copy, len, "a", &value, &value_len));
+        assert_null(value);
+        assert_int_equal(value_len, 0);
+    }
     cJSON_Delete(want);
     free(copy);
     checked++;
@@ -73,9 +122,12 @@ static void test_edge_cases(void **state)
         "{\"u\":\"\\ud83d\\ude00 pair\"}", "{\"utf8\":\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"}",
         "{\"k\\u0065y\":\"v\"}", "{\"nested\":{\"a\":{\"b\":{\"c\":[[[[1]]]]}}}}",
         "  \t\r\n{ \"a\" : [ 1 , 2 ] , \"b\" : \"x\" }  \n",
+        "{\"a\":\"x]}\\\"\\\\\",\"b\":[1,\"]\",{\"c\":\"}\"}],\"d\":true,\"e\":-1.5e3 , \"f\":null}",
+        "{\"a\" : { \"b\" : [ ] } , \"a\" : 2 }",
     };
     for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) check_text(texts[i], strlen(texts[i]));
     assert_int_equal(checked, (int)(sizeof texts / sizeof texts[0]));
+    assert_true(checked_except > 0);
 }
 
 static void test_daemon_metas(void **state)

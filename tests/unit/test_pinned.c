@@ -71,13 +71,17 @@ static void test_reuse_by_class(void **state)
     assert_int_equal(n_alloc_host, 2);
     epd_pinned_release(b);
     epd_pinned_release(c);
-    /* small buffers come from malloc */
-    void *small = epd_pinned_alloc(pool, 100);
+    /* small buffers come from malloc, from 4 KiB up a 64 KiB block (the first class) */
+    void *small = epd_pinned_alloc(pool, 4095);
     assert_non_null(small);
     assert_int_equal(n_alloc_host, 2);
     epd_pinned_release(small);
+    void *token = epd_pinned_alloc(pool, 14336); /* one token's y at H 7168 */
+    assert_non_null(token);
+    assert_int_equal(n_alloc_host, 3);
+    epd_pinned_release(token);
     epd_pinned_pool_free(pool);
-    assert_int_equal(n_free_host, 2);
+    assert_int_equal(n_free_host, 3);
 }
 
 static void test_cap_falls_back_to_malloc(void **state)
