@@ -51,9 +51,14 @@
 #define CONN_MAX_FDS 4
 
 /* recvmsg calls one readable event may make into a payload while each fills its window (the
- * socket had more): a large payload takes fewer loop rounds, and other connections still get
- * their turn. */
+ * socket had more, or came while it was tried again): a large payload takes fewer loop rounds,
+ * and other connections still get their turn. */
 #define CONN_PAYLOAD_READS 8
+
+/* After a read of at least CONN_SPIN_MIN_READ bytes into a payload, how long the socket is tried
+ * again for the rest before the loop waits for it (conn_read_payload). */
+#define CONN_SPIN_MIN_READ (64u * 1024u)
+#define CONN_SPIN_NS (100u * 1000u)
 
 typedef enum {
     CONN_READING = 0, /* reads on: bytes go to the decoder, whole frames are answered or queued */
@@ -996,19 +1001,31 @@ static ssize_t conn_recv(epd_conn_t *c, struct iovec *iov, size_t n_iov)
 }
 
 /* Reads the payload of the frame being collected straight into its buffer (the decoder's window,
- * page-locked memory on a daemon with a pool): its bytes are copied once, by the kernel. Up to
- * CONN_PAYLOAD_READS recvmsg calls while the socket has bytes, then the loop's other work goes
- * first; a frame it completes is handled as conn_read_frames handles one. */
+ * page-locked memory on a daemon with a pool): its bytes are copied once, by the kernel. A client
+ * that streams a payload (reads of CONN_SPIN_MIN_READ bytes and more) has its next bytes a few
+ * microseconds away: while no other connection is in the middle of a frame, the socket is tried
+ * again for up to CONN_SPIN_NS before the loop goes back to waiting, since a sleep and a wake-up
+ * on both sides cost more than that (tests/bench/read_bench.c measures it). At most
+ * CONN_PAYLOAD_READS reads per event, then the loop's other work goes first; a frame it completes
+ * is handled as conn_read_frames handles one. */
 static void conn_read_payload(epd_conn_t *c, void *window, size_t len)
 {
     char err[EPD_ERR_LEN];
     epd_status_t status;
+    uint64_t spin_until = 0;
+    int reads = 0;
 
-    for (int reads = 0; reads < CONN_PAYLOAD_READS && len > 0; reads++) {
+    while (len > 0 && reads < CONN_PAYLOAD_READS) {
         struct iovec iov = {.iov_base = window, .iov_len = len};
         ssize_t got = conn_recv(c, &iov, 1);
-        if (got <= 0) return;
-        c->active_ns = epd_now_ns();
+        if (got < 0) return;
+        if (got == 0) {
+            if (spin_until == 0 || epd_now_ns() >= spin_until) return;
+            continue;
+        }
+        reads++;
+        uint64_t now = epd_now_ns();
+        c->active_ns = now;
         c->ctx->stats->bytes_in += (uint64_t)got;
         epd_frame_t frame;
         status = epd_decoder_payload_commit(&c->decoder, (size_t)got, &frame, err);
@@ -1023,7 +1040,11 @@ static void conn_read_payload(epd_conn_t *c, void *window, size_t len)
             conn_fail_decoding(c, status, err);
             return;
         }
-        if ((size_t)got < len) return; /* the socket is empty for now */
+        /* buffered_bytes holds every connection's frame in progress: only ours, nobody waits */
+        bool streaming = (size_t)got >= CONN_SPIN_MIN_READ &&
+                         c->ctx->stats->buffered_bytes == c->reserved;
+        spin_until = streaming ? now + CONN_SPIN_NS : 0;
+        if (!streaming && (size_t)got < len) return; /* the socket is empty for now */
         status = epd_decoder_payload_window(&c->decoder, &window, &len, err);
         if (status != EPD_OK) {
             conn_fail_decoding(c, status, err);

@@ -1,11 +1,13 @@
 /* The payload read path, measured alone (issue 25): SUBMIT frames of a V3-shaped request stream
- * over a Unix socketpair from a sender thread, and the receiver decodes them the two ways the
- * daemon can: `feed` (recvmsg into a 256 KiB buffer, then epd_decoder_feed copies the payload out
- * of it: two copies) and `window` (daemon/conn.c's path: recvmsg straight into the decoder's
- * payload window, the buffer only for headers and meta: one copy). Rounds alternate between the
- * two; it prints, per frame, the receiver thread's CPU time, the wall time and the reads, medians
- * over the rounds, and the ratio window / feed of the same run. Payload buffers are reused as the
- * daemon's page-locked pool reuses them (--malloc: a fresh malloc per frame instead).
+ * over a Unix socketpair from a sender thread, and the receiver decodes them the ways the daemon
+ * can: `feed` (recvmsg into a 256 KiB buffer, then epd_decoder_feed copies the payload out of it:
+ * two copies, the path before issue 25), `window` (recvmsg straight into the decoder's payload
+ * window, the buffer only for headers and meta: one copy) and `window+spin` (daemon/conn.c's
+ * path: the window, and after a large read the socket is tried again for a while before poll).
+ * Each round runs every path, starting with the next one; it prints, per frame, the receiver
+ * thread's CPU time, the wall time, the reads and the sender's CPU time, medians over the rounds,
+ * and each path's ratio to feed in the same run. Payload buffers are reused as the daemon's
+ * page-locked pool reuses them (--malloc: a fresh malloc per frame instead).
  * --sndbuf sets the sender's SO_SNDBUF (what bounds the bytes in flight on a Unix stream socket;
  * the kernel caps it at net.core.wmem_max).
  * --pin puts the receiver on CPU 0 and the sender on CPU 1.
@@ -27,6 +29,8 @@
 #include "proto/frame.h"
 
 #define READ_BYTES (256u * 1024u) /* daemon/conn.c's CONN_READ_BYTES */
+#define CONN_SPIN_MIN_READ (64u * 1024u) /* and its CONN_SPIN_MIN_READ, CONN_SPIN_NS */
+#define CONN_SPIN_NS (100u * 1000u)
 #define CACHE_SLOTS 8
 
 typedef struct {
@@ -149,10 +153,17 @@ static void check(epd_status_t status, const char *err)
     exit(1);
 }
 
-/* Receives `frames` frames on fd; window: the daemon's direct path, else feed only. */
-static result_t receive(int fd, unsigned frames, bool window, const uint8_t *want,
-                        size_t want_len)
+/* The three ways to read, in the order they are printed. */
+enum { PATH_FEED, PATH_WINDOW, PATH_SPIN, PATHS };
+static const char *const path_names[PATHS] = {"feed", "window", "window+spin"};
+
+/* Receives `frames` frames on fd the way `path` says: feed only; the payload through the window
+ * (reads counted, misses included); the window and, after a read of CONN_SPIN_MIN_READ bytes or
+ * more, the socket tried again for up to CONN_SPIN_NS before poll (daemon/conn.c's path). */
+static result_t receive(int fd, unsigned frames, int path, const uint8_t *want, size_t want_len)
 {
+    bool window = path != PATH_FEED;
+    uint64_t spin_until = 0;
     static uint8_t buf[READ_BYTES];
     epd_decoder_t dec;
     char err[EPD_ERR_LEN];
@@ -164,7 +175,9 @@ static result_t receive(int fd, unsigned frames, bool window, const uint8_t *wan
     uint64_t cpu0 = ns(CLOCK_THREAD_CPUTIME_ID), wall0 = ns(CLOCK_MONOTONIC);
     while (done < frames) {
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        if (poll(&pfd, 1, 5000) != 1) {
+        if (spin_until != 0 && ns(CLOCK_MONOTONIC) < spin_until) {
+            /* the daemon tries the socket again rather than poll */
+        } else if (poll(&pfd, 1, 5000) != 1) {
             fprintf(stderr, "read-bench: no bytes for 5 s\n");
             exit(1);
         }
@@ -175,16 +188,20 @@ static result_t receive(int fd, unsigned frames, bool window, const uint8_t *wan
         if (window) check(epd_decoder_payload_window(&dec, &ptr, &len, err), err);
         if (len > 0) {
             ssize_t n = recv(fd, ptr, len, MSG_DONTWAIT);
-            reads++;
             if (n <= 0) continue;
+            reads++;
             status = epd_decoder_payload_commit(&dec, (size_t)n, &frame, err);
             check(status, err);
+            spin_until = 0;
             if (status == EPD_OK) frame_done(&frame, &done, want, want_len);
+            else if (path == PATH_SPIN && (size_t)n >= CONN_SPIN_MIN_READ)
+                spin_until = ns(CLOCK_MONOTONIC) + CONN_SPIN_NS;
             continue;
         }
         ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-        reads++;
+        spin_until = 0;
         if (n <= 0) continue;
+        reads++;
         for (size_t at = 0; at < (size_t)n;) {
             size_t used = 0;
             status = epd_decoder_feed(&dec, buf + at, (size_t)n - at, &used, &frame, err);
@@ -261,29 +278,29 @@ int main(int argc, char **argv)
     s.payload_len = total - out.head_len;
     epd_frame_out_free(&out);
 
-    double *v[2][4];
-    for (int m = 0; m < 2; m++)
+    double *v[PATHS][4];
+    for (int m = 0; m < PATHS; m++)
         for (int k = 0; k < 4; k++) v[m][k] = calloc(rounds, sizeof(double));
     s.cpu = pinned ? 1 : -1;
     pin(pinned ? 0 : -1);
     for (unsigned r = 0; r < rounds; r++) {
-        for (int m = 0; m < 2; m++) {
+        for (int m = 0; m < PATHS; m++) {
             int sv[2];
             pthread_t th;
+            /* each round starts with the next path, so none always goes first */
+            int path = (int)((m + r) % PATHS);
             if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return 1;
             s.fd = sv[1];
             if (sndbuf > 0) setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
             pthread_create(&th, NULL, send_main, &s);
-            /* odd rounds start with window, so neither mode always goes first */
-            bool window = (m == 1) ^ (r % 2 == 1);
-            result_t res = receive(sv[0], frames, window, s.frame + s.head_len, s.payload_len);
+            result_t res = receive(sv[0], frames, path, s.frame + s.head_len, s.payload_len);
             pthread_join(th, NULL);
             close(sv[0]);
             close(sv[1]);
-            v[window][0][r] = res.cpu_us;
-            v[window][1][r] = res.wall_us;
-            v[window][2][r] = res.reads;
-            v[window][3][r] = (double)s.cpu_ns / 1e3 / frames;
+            v[path][0][r] = res.cpu_us;
+            v[path][1][r] = res.wall_us;
+            v[path][2][r] = res.reads;
+            v[path][3][r] = (double)s.cpu_ns / 1e3 / frames;
         }
     }
     int got_sndbuf = 0;
@@ -298,16 +315,19 @@ int main(int argc, char **argv)
     printf("read-bench: %u tokens x %u hidden, top-%u: payload %zu bytes, %u frames x %u rounds, "
            "payload buffers %s, sender SO_SNDBUF %d\n", tokens, hidden, topk, s.payload_len,
            frames, rounds, use_cache ? "reused" : "malloc'ed per frame", got_sndbuf);
-    printf("  %-8s %14s %14s %12s %14s\n", "path", "cpu us/frame", "wall us/frame",
+    printf("  %-12s %14s %14s %12s %14s\n", "path", "cpu us/frame", "wall us/frame",
            "reads/frame", "sender cpu us");
-    double med[2][4];
-    for (int m = 0; m < 2; m++) {
+    double med[PATHS][4];
+    for (int m = 0; m < PATHS; m++) {
         for (int k = 0; k < 4; k++) med[m][k] = median(v[m][k], rounds);
-        printf("  %-8s %14.1f %14.1f %12.1f %14.1f\n", m ? "window" : "feed", med[m][0],
-               med[m][1], med[m][2], med[m][3]);
+        printf("  %-12s %14.1f %14.1f %12.1f %14.1f\n", path_names[m], med[m][0], med[m][1],
+               med[m][2], med[m][3]);
     }
-    printf("  window / feed: cpu %.2f, wall %.2f (medians of the same run)\n",
-           med[1][0] / med[0][0], med[1][1] / med[0][1]);
+    for (int m = PATH_WINDOW; m < PATHS; m++)
+        printf("  %s / feed: cpu %.2f, wall %.2f (medians of the same run)\n", path_names[m],
+               med[m][0] / med[PATH_FEED][0], med[m][1] / med[PATH_FEED][1]);
+    for (int m = 0; m < PATHS; m++)
+        for (int k = 0; k < 4; k++) free(v[m][k]);
     free(s.frame);
     free(x);
     free(ids);

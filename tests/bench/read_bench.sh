@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 25's payload read path on this machine's CPUs (no GPU needed): build/read-bench, feed
-# (socket -> buffer -> payload) against the window (socket -> payload), at 128 and 1024 V3 tokens,
-# with the socket's default send buffer and with 4 MiB (what libepd asks for; the kernel caps it at
-# net.core.wmem_max, printed first). Each line's ratio is window / feed of the same run.
+# (socket -> buffer -> payload, the path before) against the window (socket -> payload) and the
+# daemon's window+spin, at 128 and 1024 V3 tokens, with the socket's default send buffer and with
+# 4 MiB (what libepd asks for; the kernel caps it at net.core.wmem_max, printed first). Each ratio
+# is against feed in the same run.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
