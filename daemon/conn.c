@@ -1,5 +1,7 @@
 /* One client connection: an explicit state machine (memcached's conn_states / drive_machine) over a
  * bufferevent. Bytes go to the frame decoder as they arrive, a bounded number of frames per event;
+ * a payload being collected is read straight into its buffer (one copy, the kernel's: page-locked
+ * memory on a daemon with a pool), headers and meta through the input buffer;
  * SUBMITs are validated at ingest and queued on the engine, CONTROLs answered at once; framing
  * errors are answered, then the connection closes once its output is flushed; unsent output above
  * socket.max_output_bytes pauses reading until the client catches up. A frame whose payload would
@@ -47,6 +49,16 @@
  * a connection may have received and not yet claimed. */
 #define CONN_READ_BYTES (256u * 1024u)
 #define CONN_MAX_FDS 4
+
+/* recvmsg calls one readable event may make into a payload while each fills its window (the
+ * socket had more, or came while it was tried again): a large payload takes fewer loop rounds,
+ * and other connections still get their turn. */
+#define CONN_PAYLOAD_READS 8
+
+/* After a read of at least CONN_SPIN_MIN_READ bytes into a payload, how long the socket is tried
+ * again for the rest before the loop waits for it (conn_read_payload). */
+#define CONN_SPIN_MIN_READ (64u * 1024u)
+#define CONN_SPIN_NS (100u * 1000u)
 
 typedef enum {
     CONN_READING = 0, /* reads on: bytes go to the decoder, whole frames are answered or queued */
@@ -652,6 +664,26 @@ static void conn_release_reserved(epd_conn_t *c)
     c->reserved = 0;
 }
 
+/* A whole frame was read: its reservation in the budget and its deadline end; answered or queued. */
+static void conn_frame_read(epd_conn_t *c, epd_frame_t *frame)
+{
+    conn_release_reserved(c);
+    c->frame_start_ns = 0;
+    conn_handle_frame(c, frame);
+    epd_frame_free(frame);
+}
+
+/* The decoder failed (a framing error, or no memory for a buffer): answered, then closing. */
+static void conn_fail_decoding(epd_conn_t *c, epd_status_t status, const char *err)
+{
+    if (status == EPD_ERR_NO_MEMORY) {
+        epd_log_error("conn %" PRIu64 ": out of memory decoding a frame: %s", c->id, err);
+        conn_fail_framing(c, false, 0, EPD_ERR_INTERNAL, "out of memory decoding the frame");
+        return;
+    }
+    conn_fail_framing(c, false, 0, status, err);
+}
+
 /* Feeds buffered input to the decoder and handles whole frames, until the input is used up, the
  * frame budget of this event is spent (yielded) or the state changes (output over the limit,
  * framing error). */
@@ -680,19 +712,11 @@ static void conn_read_frames(epd_conn_t *c)
         c->ctx->stats->bytes_in += used;
         if (status == EPD_ERR_AGAIN) continue;
         if (status == EPD_OK) {
-            conn_release_reserved(c);
-            c->frame_start_ns = 0;
-            conn_handle_frame(c, &frame);
-            epd_frame_free(&frame);
+            conn_frame_read(c, &frame);
             handled++;
             continue;
         }
-        if (status == EPD_ERR_NO_MEMORY) {
-            epd_log_error("conn %" PRIu64 ": out of memory decoding a frame: %s", c->id, err);
-            conn_fail_framing(c, false, 0, EPD_ERR_INTERNAL, "out of memory decoding the frame");
-            return;
-        }
-        conn_fail_framing(c, false, 0, status, err);
+        conn_fail_decoding(c, status, err);
         return;
     }
 }
@@ -941,16 +965,118 @@ static void conn_take_fds(epd_conn_t *c, struct msghdr *msg)
     }
 }
 
-/* The socket is readable: one recvmsg into the input (with any file descriptors), then drive. */
-static void conn_read_ev(evutil_socket_t fd, short what, void *arg)
+/* One recvmsg into iov[n_iov], keeping the file descriptors that came with it (SCM_RIGHTS may
+ * ride on any byte). Returns the bytes read; 0 when there is nothing to read now; -1 when the
+ * connection is over (peer closed, read error), its state closed. */
+static ssize_t conn_recv(epd_conn_t *c, struct iovec *iov, size_t n_iov)
 {
-    epd_conn_t *c = arg;
-    struct evbuffer_iovec vec[2];
     union {
         char buf[CMSG_SPACE(CONN_MAX_FDS * sizeof(int))];
         struct cmsghdr align;
     } control;
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = n_iov,
+                         .msg_control = control.buf, .msg_controllen = sizeof control.buf};
 
+    ssize_t got = recvmsg(c->fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    int saved = errno;
+    /* after a failed recvmsg msg_controllen is what we passed in: nothing came */
+    if (got >= 0) conn_take_fds(c, &msg);
+    if (got < 0) {
+        if (saved == EAGAIN || saved == EWOULDBLOCK || saved == EINTR) return 0;
+        epd_log_debug("conn %" PRIu64 ": read: %s; closing", c->id, strerror(saved));
+        conn_set_state(c, CONN_CLOSED);
+        return -1;
+    }
+    if (got == 0) {
+        epd_log_debug("conn %" PRIu64 ": peer closed%s", c->id,
+                      epd_decoder_idle(&c->decoder) ? "" : " in the middle of a frame");
+        /* A client that closes its end is gone: answers still due to it are discarded. */
+        conn_set_state(c, CONN_CLOSED);
+        return -1;
+    }
+    if (msg.msg_flags & MSG_CTRUNC)
+        epd_log_info("conn %" PRIu64 ": file descriptors beyond %d in one message were dropped",
+                     c->id, CONN_MAX_FDS);
+    return got;
+}
+
+/* Reads the payload of the frame being collected straight into its buffer (the decoder's window,
+ * page-locked memory on a daemon with a pool): its bytes are copied once, by the kernel. A client
+ * that streams a payload (reads of CONN_SPIN_MIN_READ bytes and more) has its next bytes a few
+ * microseconds away: while no other connection is in the middle of a frame, the socket is tried
+ * again for up to CONN_SPIN_NS before the loop goes back to waiting, since a sleep and a wake-up
+ * on both sides cost more than that (tests/bench/read_bench.c measures it). At most
+ * CONN_PAYLOAD_READS reads per event, then the loop's other work goes first; a frame it completes
+ * is handled as conn_read_frames handles one. */
+static void conn_read_payload(epd_conn_t *c, void *window, size_t len)
+{
+    char err[EPD_ERR_LEN];
+    epd_status_t status;
+    uint64_t spin_until = 0;
+    int reads = 0;
+
+    while (len > 0 && reads < CONN_PAYLOAD_READS) {
+        struct iovec iov = {.iov_base = window, .iov_len = len};
+        ssize_t got = conn_recv(c, &iov, 1);
+        if (got < 0) return;
+        if (got == 0) {
+            if (spin_until == 0 || epd_now_ns() >= spin_until) return;
+            continue;
+        }
+        reads++;
+        uint64_t now = epd_now_ns();
+        c->active_ns = now;
+        c->ctx->stats->bytes_in += (uint64_t)got;
+        epd_frame_t frame;
+        status = epd_decoder_payload_commit(&c->decoder, (size_t)got, &frame, err);
+        if (status == EPD_OK) {
+            /* as inside conn_drive: callbacks the frame sets off only mark work */
+            c->driving = true;
+            conn_frame_read(c, &frame);
+            c->driving = false;
+            return;
+        }
+        if (status != EPD_ERR_AGAIN) {
+            conn_fail_decoding(c, status, err);
+            return;
+        }
+        /* buffered_bytes holds every connection's frame in progress: only ours, nobody waits */
+        bool streaming = (size_t)got >= CONN_SPIN_MIN_READ &&
+                         c->ctx->stats->buffered_bytes == c->reserved;
+        spin_until = streaming ? now + CONN_SPIN_NS : 0;
+        if (!streaming && (size_t)got < len) return; /* the socket is empty for now */
+        status = epd_decoder_payload_window(&c->decoder, &window, &len, err);
+        if (status != EPD_OK) {
+            conn_fail_decoding(c, status, err);
+            return;
+        }
+    }
+}
+
+/* The socket is readable: into the payload being collected when no input is buffered ahead of it
+ * (conn_read_payload), else one recvmsg into the input; then drive. */
+static void conn_read_ev(evutil_socket_t fd, short what, void *arg)
+{
+    epd_conn_t *c = arg;
+    struct evbuffer_iovec vec[2];
+    char err[EPD_ERR_LEN];
+
+    if (c->state == CONN_READING && evbuffer_get_length(c->input) == 0 &&
+        !conn_output_over_limit(c)) {
+        void *window;
+        size_t len;
+        epd_status_t status = epd_decoder_payload_window(&c->decoder, &window, &len, err);
+        if (status != EPD_OK) {
+            conn_fail_decoding(c, status, err);
+            conn_drive(c);
+            return;
+        }
+        if (len > 0) {
+            conn_read_payload(c, window, len);
+            conn_drive(c);
+            return;
+        }
+    }
     int n_vec = evbuffer_reserve_space(c->input, CONN_READ_BYTES, vec, 2);
     if (n_vec < 1) {
         epd_log_error("conn %" PRIu64 ": out of memory reading; closing", c->id);
@@ -963,23 +1089,9 @@ static void conn_read_ev(evutil_socket_t fd, short what, void *arg)
         iov[i].iov_base = vec[i].iov_base;
         iov[i].iov_len = vec[i].iov_len;
     }
-    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n_vec,
-                         .msg_control = control.buf, .msg_controllen = sizeof control.buf};
-    ssize_t got = recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    int saved = errno;
-    /* after a failed recvmsg msg_controllen is what we passed in: nothing came */
-    if (got >= 0) conn_take_fds(c, &msg);
-    if (got < 0) {
+    ssize_t got = conn_recv(c, iov, (size_t)n_vec);
+    if (got <= 0) {
         evbuffer_commit_space(c->input, vec, 0);
-        if (saved == EAGAIN || saved == EWOULDBLOCK || saved == EINTR) return;
-        epd_log_debug("conn %" PRIu64 ": read: %s; closing", c->id, strerror(saved));
-        conn_set_state(c, CONN_CLOSED);
-    } else if (got == 0) {
-        evbuffer_commit_space(c->input, vec, 0);
-        epd_log_debug("conn %" PRIu64 ": peer closed%s", c->id,
-                      epd_decoder_idle(&c->decoder) ? "" : " in the middle of a frame");
-        /* A client that closes its end is gone: answers still due to it are discarded. */
-        conn_set_state(c, CONN_CLOSED);
     } else {
         size_t left = (size_t)got;
         for (int i = 0; i < n_vec; i++) {
@@ -989,9 +1101,6 @@ static void conn_read_ev(evutil_socket_t fd, short what, void *arg)
         }
         evbuffer_commit_space(c->input, vec, n_vec);
         c->active_ns = epd_now_ns();
-        if (msg.msg_flags & MSG_CTRUNC)
-            epd_log_info("conn %" PRIu64 ": file descriptors beyond %d in one message were "
-                         "dropped", c->id, CONN_MAX_FDS);
     }
     conn_drive(c);
 }

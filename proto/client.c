@@ -32,6 +32,7 @@
 /* Largest RESULT/REPLY payload the client accepts (the daemon's own limit is its config). */
 #define CLIENT_MAX_PAYLOAD ((uint64_t)1 << 36)
 #define CLIENT_READ_CHUNK (256u * 1024u)
+#define CLIENT_SNDBUF_BYTES (4 * 1024 * 1024)
 
 typedef struct queued_frame {
     epd_frame_t frame;
@@ -244,6 +245,11 @@ EPD_CLIENT_API int epd_client_connect(epd_client_t *c, const char *path, int tim
         return client_fail(c, EPD_CLIENT_ERR_CONNECT, NULL, "cannot connect to %.200s: socket: %s",
                            path, errno_text(errno, ebuf, sizeof(ebuf)));
     }
+    /* A Unix stream socket holds at most the sender's SO_SNDBUF in flight (208 KiB by default):
+     * a few MiB lets a request's payload go in one or two writes and reads instead of ~9 each
+     * (best effort; the kernel caps it at net.core.wmem_max). */
+    int sndbuf = CLIENT_SNDBUF_BYTES;
+    (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
     for (;;) {
         rc = connect(fd, (struct sockaddr *)&addr, sizeof(addr));
         if (rc == 0) break;
@@ -294,6 +300,19 @@ static void queue_push(epd_client_t *c, queued_frame_t *q)
     c->tail = q;
 }
 
+/* Queues a whole frame for the callers that wait for it (takes it over). */
+static int client_queue_frame(epd_client_t *c, epd_frame_t *frame)
+{
+    queued_frame_t *q = malloc(sizeof(*q));
+    if (q == NULL) {
+        epd_frame_free(frame);
+        return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "cannot queue a reply");
+    }
+    q->frame = *frame;
+    queue_push(c, q);
+    return EPD_CLIENT_OK;
+}
+
 /* Feeds buffered bytes to the decoder; on a whole frame, queues it and returns OK. AGAIN when the
  * buffered bytes ran out. */
 static int client_decode_buffered(epd_client_t *c, bool *got_p)
@@ -314,13 +333,8 @@ static int client_decode_buffered(epd_client_t *c, bool *got_p)
                                NULL, "the daemon sent a bad frame (%s): %s",
                                epd_status_name(status), err);
         }
-        queued_frame_t *q = malloc(sizeof(*q));
-        if (q == NULL) {
-            epd_frame_free(&frame);
-            return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "cannot queue a reply");
-        }
-        q->frame = frame;
-        queue_push(c, q);
+        int rc = client_queue_frame(c, &frame);
+        if (rc != EPD_CLIENT_OK) return rc;
         *got_p = true;
         return EPD_CLIENT_OK;
     }
@@ -328,17 +342,29 @@ static int client_decode_buffered(epd_client_t *c, bool *got_p)
     return EPD_CLIENT_OK;
 }
 
-/* One read from the socket into rbuf (which the caller has drained), then decoding; *read_p
- * (may be NULL) says whether bytes came. */
+/* One read from the socket (rbuf drained by the caller), then decoding: into the payload of the
+ * frame being collected when there is one (a RESULT's y is copied once, by the kernel), else into
+ * rbuf; *read_p (may be NULL) says whether bytes came. */
 static int client_read_bytes(epd_client_t *c, bool *read_p)
 {
-    char ebuf[128];
+    char ebuf[128], err[EPD_ERR_LEN];
+    void *window;
+    size_t window_len;
     ssize_t n;
     bool got;
 
     if (read_p != NULL) *read_p = false;
+    epd_status_t status = epd_decoder_payload_window(&c->dec, &window, &window_len, err);
+    if (status != EPD_OK) {
+        client_disconnect(c);
+        return client_fail(c, status == EPD_ERR_NO_MEMORY ? EPD_CLIENT_ERR_NO_MEMORY
+                                                           : EPD_CLIENT_ERR_PROTOCOL,
+                           NULL, "reading a frame from the daemon (%s): %s",
+                           epd_status_name(status), err);
+    }
     do {
-        n = recv(c->fd, c->rbuf, CLIENT_READ_CHUNK, 0);
+        n = window_len > 0 ? recv(c->fd, window, window_len, 0)
+                           : recv(c->fd, c->rbuf, CLIENT_READ_CHUNK, 0);
     } while (n < 0 && errno == EINTR);
     if (n == 0) {
         bool idle = epd_decoder_idle(&c->dec);
@@ -358,6 +384,15 @@ static int client_read_bytes(epd_client_t *c, bool *read_p)
                            errno_text(errno, ebuf, sizeof(ebuf)));
     }
     if (read_p != NULL) *read_p = true;
+    if (window_len > 0) {
+        epd_frame_t frame;
+        status = epd_decoder_payload_commit(&c->dec, (size_t)n, &frame, err);
+        if (status == EPD_OK) return client_queue_frame(c, &frame);
+        if (status == EPD_ERR_AGAIN) return EPD_CLIENT_OK;
+        client_disconnect(c);
+        return client_fail(c, EPD_CLIENT_ERR_PROTOCOL, NULL, "reading a frame from the daemon: %s",
+                           err);
+    }
     c->roff = 0;
     c->rlen = (size_t)n;
     /* decode every whole frame of this read into the queue */

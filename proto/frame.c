@@ -506,6 +506,48 @@ epd_status_t epd_decoder_feed(epd_decoder_t *dec, const void *data, size_t len, 
     }
 }
 
+epd_status_t epd_decoder_payload_window(epd_decoder_t *dec, void **ptr_p, size_t *len_p,
+                                        char err[EPD_ERR_LEN])
+{
+    *ptr_p = NULL;
+    *len_p = 0;
+    if (dec->state == EPD_DECODER_FAILED) {
+        snprintf(err, EPD_ERR_LEN, "stream already failed with %s",
+                 epd_status_name(dec->failure));
+        return dec->failure;
+    }
+    if (dec->state != EPD_DECODER_PAYLOAD || dec->frame.dropped) return EPD_OK;
+    /* not at rest with nothing left: feed completes a frame in the call that fills it */
+    if (dec->payload_have == dec->header.payload_len) return EPD_OK;
+    if (dec->payload_have == dec->payload_cap) {
+        /* one more byte's worth: the growth rule of feed (whole, or the next doubling) */
+        epd_status_t status = decoder_grow_payload(dec, 1, err);
+        if (status != EPD_OK) return decoder_fail(dec, status);
+    }
+    *ptr_p = dec->frame.payload + dec->payload_have;
+    *len_p = (size_t)(dec->payload_cap - dec->payload_have);
+    return EPD_OK;
+}
+
+epd_status_t epd_decoder_payload_commit(epd_decoder_t *dec, size_t got, epd_frame_t *frame_p,
+                                        char err[EPD_ERR_LEN])
+{
+    if (dec->state != EPD_DECODER_PAYLOAD || dec->frame.dropped ||
+        dec->payload_have == dec->header.payload_len) {
+        snprintf(err, EPD_ERR_LEN, "no payload window to commit %zu bytes to", got);
+        return EPD_ERR_INVALID_ARG;
+    }
+    if ((uint64_t)got > dec->payload_cap - dec->payload_have) {
+        snprintf(err, EPD_ERR_LEN, "%zu bytes committed to a payload window of %" PRIu64, got,
+                 dec->payload_cap - dec->payload_have);
+        return EPD_ERR_INVALID_ARG;
+    }
+    dec->payload_have += got;
+    if (dec->payload_have < dec->header.payload_len) return EPD_ERR_AGAIN;
+    decoder_take_frame(dec, frame_p);
+    return EPD_OK;
+}
+
 epd_status_t epd_frame_decode(const void *buf, size_t len, uint64_t max_payload,
                               epd_frame_t *frame_p, char err[EPD_ERR_LEN])
 {

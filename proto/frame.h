@@ -159,6 +159,28 @@ void epd_decoder_reset(epd_decoder_t *dec);
 epd_status_t epd_decoder_feed(epd_decoder_t *dec, const void *data, size_t len, size_t *used_p,
                               epd_frame_t *frame_p, char err[EPD_ERR_LEN]);
 
+/* The direct read of a payload (one copy: socket -> payload, not socket -> buffer -> payload).
+ * While the decoder collects the payload of an admitted frame (its header and meta taken, not
+ * dropped), sets *ptr_p to where the payload's next byte goes and *len_p to how many bytes fit
+ * there, at most the rest of the payload; the caller reads into it and accounts what it read with
+ * epd_decoder_payload_commit. The buffer is allocated or grown as epd_decoder_feed grows it:
+ * whole at once for payloads up to 4 MiB, else from 64 KiB doubling as bytes arrive (a peer that
+ * claims a large payload and sends little holds little), so a window can be smaller than the rest
+ * of the payload. Anywhere else (between frames, in a header or meta, a dropped frame) *len_p is 0
+ * and *ptr_p NULL: feed the bytes instead. Feeding and windows mix freely within a frame.
+ * Returns EPD_OK, the sticky failure of a failed decoder (as feed does), or EPD_ERR_NO_MEMORY
+ * when the buffer could not be grown (the decoder is failed then). */
+epd_status_t epd_decoder_payload_window(epd_decoder_t *dec, void **ptr_p, size_t *len_p,
+                                        char err[EPD_ERR_LEN]);
+
+/* Accounts got bytes read into the window the last epd_decoder_payload_window gave (got at most
+ * its len; 0 is allowed). Returns EPD_OK when that completes the payload: the whole frame is in
+ * *frame_p, as epd_decoder_feed hands it out, and the decoder waits for the next header;
+ * EPD_ERR_AGAIN when more payload is due; EPD_ERR_INVALID_ARG (decoder unchanged) when there is no
+ * window or got exceeds it. *frame_p is written only on EPD_OK. */
+epd_status_t epd_decoder_payload_commit(epd_decoder_t *dec, size_t got, epd_frame_t *frame_p,
+                                        char err[EPD_ERR_LEN]);
+
 /* True between frames (no partial frame held): a peer that closes now closed cleanly. */
 bool epd_decoder_idle(const epd_decoder_t *dec);
 

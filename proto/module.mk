@@ -70,3 +70,10 @@ $(BUILD)/fuzz/fuzz_meta: $(FUZZ_META_SRCS) $(wildcard proto/*.h common/*.h)
 FUZZ_HARNESSES ?= frame meta config
 fuzz: $(BUILD)/fuzz/fuzz_frame $(BUILD)/fuzz/fuzz_meta $(BUILD)/fuzz-config/fuzz_config
 	@BUILD=$(BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run.sh $(FUZZ_HARNESSES)
+
+# The payload read path alone, feed against the direct window (tests/bench/read_bench.c; run by
+# hand, it prints a same-run ratio).
+BINS += $(BUILD)/read-bench
+$(BUILD)/read-bench: $(call obj,tests/bench/read_bench.c $(PROTO_SRCS) common/status.c common/parse.c)
+	@mkdir -p $(dir $@)
+	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LIBEPD_LIBS) $(LDFLAGS)

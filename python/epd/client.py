@@ -33,6 +33,9 @@ def connect_unix(path, timeout):
     """A connected non-blocking AF_UNIX socket; waits up to timeout seconds while the daemon's
     accept queue is full. ConnectError names the path and the reason."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    # a Unix stream socket holds at most the sender's SO_SNDBUF in flight (208 KiB by default): a
+    # few MiB lets a request go in one or two writes (the kernel caps it at net.core.wmem_max)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
     sock.setblocking(False)
     deadline = _deadline(timeout)
     while True:

@@ -446,6 +446,32 @@ static void test_client__many_large_sends__do_not_deadlock(void **state)
     fake_stop(&f);
 }
 
+/* RESULTs of 5.7 MB (H 7168, 400 tokens: above the 4 MiB a payload is allocated whole at, so the
+ * buffer they are read into also grows) arrive whole and exact, pipelined three deep. */
+static void test_client__large_results__arrive_exact(void **state)
+{
+    enum { N_REQ = 3, N_TOK = 400, H = 7168 };
+    fake_t f;
+    batch_t bt[N_REQ];
+    epd_client_reply_t r;
+    (void)state;
+    fake_start(&f, FAKE_ECHO, 0, H);
+    epd_client_t *c = connect_to(&f);
+    for (int i = 0; i < N_REQ; i++) {
+        batch_make(&bt[i], 200 + (uint64_t)i, N_TOK, H, false);
+        assert_int_equal(epd_client_send(c, &bt[i].b), EPD_CLIENT_OK);
+    }
+    for (int i = 0; i < N_REQ; i++) {
+        assert_int_equal(epd_client_wait(c, 200 + (uint64_t)i, &r), EPD_CLIENT_OK);
+        assert_int_equal(r.n_tokens, N_TOK);
+        assert_memory_equal(r.y, bt[i].x, (size_t)N_TOK * H * 2);
+        epd_client_reply_free(&r);
+    }
+    epd_client_destroy(c);
+    for (int i = 0; i < N_REQ; i++) batch_free(&bt[i]);
+    fake_stop(&f);
+}
+
 static void test_client__control__returns_json_and_payload(void **state)
 {
     fake_t f;
@@ -497,9 +523,10 @@ static void test_client__hangup_while_sending__is_closed_naming_the_error(void *
     batch_t bt;
     epd_client_reply_t r;
     (void)state;
-    fake_start(&f, FAKE_HANGUP, 0, 1024);
+    fake_start(&f, FAKE_HANGUP, 0, 4096);
     epd_client_t *c = connect_to(&f);
-    batch_make(&bt, 1, 512, 1024, false); /* 1 MiB: far more than the socket buffers */
+    /* 16 MiB: far more than the socket buffers (libepd asks for 4 MiB, the kernel doubles it) */
+    batch_make(&bt, 1, 2048, 4096, false);
     assert_int_equal(epd_client_send(c, &bt.b), EPD_CLIENT_ERR_CLOSED);
     assert_non_null(strstr(epd_client_last_message(c), "bad_magic"));
     /* the daemon's last word is still there to collect, then the connection is gone */
@@ -624,6 +651,7 @@ int main(void)
         cmocka_unit_test(test_client__rejected_batch__maps_daemon_code),
         cmocka_unit_test(test_client__pipeline__collects_out_of_order_by_id),
         cmocka_unit_test(test_client__many_large_sends__do_not_deadlock),
+        cmocka_unit_test(test_client__large_results__arrive_exact),
         cmocka_unit_test(test_client__control__returns_json_and_payload),
         cmocka_unit_test(test_client__framing_error__ends_wait_then_closed),
         cmocka_unit_test(test_client__hangup_while_sending__is_closed_naming_the_error),

@@ -14,6 +14,7 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -32,10 +33,19 @@
 
 static epd_status_t stub_submit_status = EPD_ERR_SHUTTING_DOWN;
 
+/* With stub_keep set, accepted requests are kept here (EPD_OK) for the test to look at. */
+#define STUB_KEPT_MAX 16
+static bool stub_keep;
+static epd_request_t *stub_kept[STUB_KEPT_MAX];
+static int stub_n_kept;
+
 epd_status_t epd_engine_submit(epd_engine_t *engine, epd_request_t *req)
 {
     (void)engine;
-    (void)req;
+    if (stub_keep && stub_n_kept < STUB_KEPT_MAX) {
+        stub_kept[stub_n_kept++] = req;
+        return EPD_OK;
+    }
     return stub_submit_status;
 }
 
@@ -63,11 +73,12 @@ epd_pinned_pool_t *epd_engine_pinned(epd_engine_t *engine)
     return NULL;
 }
 
-/* No device: region registration is never asked for in these tests. */
+/* No device: ops with no entries (a host region is mapped, not page-locked). */
 void epd_engine_ops(epd_engine_t *engine, const epd_ops_t **ops_p, epd_ops_ctx_t **ops_ctx_p)
 {
+    static const epd_ops_t no_ops;
     (void)engine;
-    *ops_p = NULL;
+    *ops_p = &no_ops;
     *ops_ctx_p = NULL;
 }
 
@@ -123,6 +134,8 @@ static fixture_t *fx_new(void)
                                .stats = &fx->stats, .arg = fx, .request_accepted = fx_accepted,
                                .control = fx_control, .closed = fx_closed};
     stub_submit_status = EPD_ERR_SHUTTING_DOWN;
+    stub_keep = false;
+    stub_n_kept = 0;
     return fx;
 }
 
@@ -173,6 +186,12 @@ static void send_all(int fd, const void *buf, size_t len)
     }
 }
 
+/* The value of x[i] in the SUBMITs of submit_bytes: finite bf16, different for each id. */
+static uint16_t x_value(uint64_t id, size_t i)
+{
+    return (uint16_t)(0x3c00 + (id * 131 + i * 7) % 0x0800);
+}
+
 /* The bytes of one SUBMIT of n tokens (malloc'ed, *len_p set). */
 static uint8_t *submit_bytes(uint64_t id, uint32_t n, size_t *len_p)
 {
@@ -183,10 +202,11 @@ static uint8_t *submit_bytes(uint64_t id, uint32_t n, size_t *len_p)
     char err[EPD_ERR_LEN];
     uint8_t *buf;
 
+    for (size_t i = 0; i < (size_t)n * HIDDEN; i++) x[i] = x_value(id, i);
     for (size_t t = 0; t < n; t++)
         for (size_t k = 0; k < TOPK; k++) {
-            ids[t * TOPK + k] = (int32_t)k;
-            w[t * TOPK + k] = 0.5f;
+            ids[t * TOPK + k] = (int32_t)((t + k) % EXPERTS);
+            w[t * TOPK + k] = 0.5f + (float)k;
         }
     assert_int_equal(epd_frame_encode_submit(id, n, HIDDEN, TOPK, x, ids, w, &out, err), EPD_OK);
     assert_int_equal(epd_frame_out_flatten(&out, &buf, len_p, err), EPD_OK);
@@ -471,6 +491,215 @@ static void test_conn__frame_incomplete_past_frame_timeout__closed_and_counted(v
     fx_free(fx);
 }
 
+/* ---- payloads read straight into their buffer (issue 25) ---- */
+
+/* Sends buf[len] in chunks of random size (as much of each as the socket takes), running the
+ * loop between them, so the connection sees every kind of split. */
+static void pump(fixture_t *fx, int fd, const uint8_t *buf, size_t len, uint32_t *rng)
+{
+    uint64_t end = epd_now_ns() + UINT64_C(20000000000);
+    while (len > 0) {
+        assert_true(epd_now_ns() < end);
+        *rng = *rng * 1664525u + 1013904223u;
+        size_t chunk = 1 + (*rng >> 8) % (*rng & 1 ? 300000u : 2000u);
+        if (chunk > len) chunk = len;
+        ssize_t n = send(fd, buf, chunk, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n < 0) {
+            assert_true(errno == EAGAIN || errno == EINTR);
+            n = 0;
+        }
+        buf += n;
+        len -= (size_t)n;
+        fx_run(fx, 1, 1 << 30);
+    }
+}
+
+/* Runs the loop until the connection has taken `bytes` bytes (or ms pass). */
+static void fx_run_until_read(fixture_t *fx, uint64_t bytes, int ms)
+{
+    uint64_t end = epd_now_ns() + (uint64_t)ms * 1000000u;
+    while (fx->stats.bytes_in < bytes && epd_now_ns() < end) fx_run(fx, 1, 1 << 30);
+}
+
+static void assert_kept_request(const epd_request_t *req, uint64_t id, uint32_t n)
+{
+    assert_non_null(req);
+    assert_true(req->id == id);
+    assert_int_equal(req->n_tokens, n);
+    for (size_t i = 0; i < (size_t)n * HIDDEN; i++)
+        if (req->x[i] != x_value(id, i)) fail_msg("request %d: x[%zu] differs", (int)id, i);
+    for (size_t t = 0; t < n; t++)
+        for (size_t k = 0; k < TOPK; k++) {
+            assert_int_equal(req->topk_ids[t * TOPK + k], (int32_t)((t + k) % EXPERTS));
+            assert_true(req->topk_weights[t * TOPK + k] == 0.5f + (float)k);
+        }
+}
+
+static void stub_kept_free(void)
+{
+    for (int i = 0; i < stub_n_kept; i++) {
+        free(stub_kept[i]->owned);
+        epd_request_free(stub_kept[i]);
+    }
+    stub_n_kept = 0;
+}
+
+/* Pipelined SUBMITs of a few bytes to 6 MB (above the whole-at-once cap: a buffer that grows
+ * while it is read) and a CONTROL between them, sent in random splits: every request reaches the
+ * engine with exactly the bytes sent, every byte is counted in bytes_in, the CONTROL is answered
+ * and the budget of unfinished frames is back to zero. */
+static void test_conn__large_payloads_in_random_splits__reach_the_engine_exact(void **state)
+{
+    (void)state;
+    fixture_t *fx = fx_new();
+    static const uint32_t tokens[] = {1, 8000, 0, 24000, 3};
+    enum { FRAMES = sizeof(tokens) / sizeof(tokens[0]) };
+    uint8_t *stream = NULL;
+    size_t total = 0;
+    uint32_t rng = 12345;
+    int peer;
+
+    fx->cfg.socket.max_frame_bytes = 32u << 20;
+    fx->limits.max_tokens = 40000;
+    stub_keep = true;
+    (void)fx_conn(fx, 1, &peer);
+    for (int i = 0; i < FRAMES; i++) {
+        size_t len;
+        uint8_t *one;
+        if (tokens[i] == 0) {
+            epd_frame_out_t out;
+            char err[EPD_ERR_LEN];
+            assert_int_equal(epd_frame_encode_control("health", &out, err), EPD_OK);
+            assert_int_equal(epd_frame_out_flatten(&out, &one, &len, err), EPD_OK);
+            epd_frame_out_free(&out);
+        } else {
+            one = submit_bytes((uint64_t)i + 1, tokens[i], &len);
+        }
+        stream = realloc(stream, total + len);
+        assert_non_null(stream);
+        memcpy(stream + total, one, len);
+        total += len;
+        free(one);
+    }
+    pump(fx, peer, stream, total, &rng);
+    fx_run_until_read(fx, total, 10000);
+    peer_seen_t seen = {0};
+    peer_read(fx, peer, 200, false, &seen);
+    assert_int_equal(seen.by_type[EPD_FRAME_REPLY], 1);
+    assert_int_equal(seen.by_type[EPD_FRAME_ERROR], 0);
+    assert_int_equal(fx->stats.frames_in, FRAMES);
+    assert_true(fx->stats.bytes_in == total);
+    assert_int_equal(fx->stats.buffered_bytes, 0);
+    assert_int_equal(stub_n_kept, FRAMES - 1);
+    for (int i = 0, k = 0; i < FRAMES; i++)
+        if (tokens[i] != 0) assert_kept_request(stub_kept[k++], (uint64_t)i + 1, tokens[i]);
+    stub_kept_free();
+    free(stream);
+    close(peer);
+    fx_run(fx, 200, 1);
+    assert_int_equal(fx->closed, 1);
+    fx_free(fx);
+}
+
+/* A file descriptor may ride on any byte (DESIGN.md section 4b): one sent with a byte in the
+ * middle of a payload, while the connection reads that payload straight into its buffer, is kept
+ * for the next register; a register with none left is bad_region. */
+static void test_conn__fd_on_a_payload_byte__kept_for_the_next_register(void **state)
+{
+    (void)state;
+    fixture_t *fx = fx_new();
+    size_t len, reg_len;
+    uint8_t *frame = submit_bytes(5, 2000, &len); /* a 512 KB payload */
+    uint8_t *reg;
+    uint32_t rng = 99;
+    epd_frame_out_t out;
+    char err[EPD_ERR_LEN];
+    int peer;
+
+    fx->cfg.socket.max_regions = 4;
+    stub_keep = true;
+    (void)fx_conn(fx, 1, &peer);
+    assert_int_equal(epd_frame_encode_text(EPD_FRAME_CONTROL,
+                                           "{\"op\":\"register\",\"kind\":\"host\",\"bytes\":4096}",
+                                           &out, err), EPD_OK);
+    assert_int_equal(epd_frame_out_flatten(&out, &reg, &reg_len, err), EPD_OK);
+    epd_frame_out_free(&out);
+    int memfd = memfd_create("test_conn", MFD_CLOEXEC);
+    assert_true(memfd >= 0);
+    assert_int_equal(ftruncate(memfd, 4096), 0);
+
+    /* the header, the meta and part of the payload, all read: the payload is being collected */
+    size_t first = len / 3;
+    pump(fx, peer, frame, first, &rng);
+    fx_run_until_read(fx, first, 5000);
+    assert_true(fx->stats.bytes_in == first);
+    /* 1000 payload bytes with the descriptor */
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } control;
+    memset(&control, 0, sizeof control);
+    struct iovec iov = {.iov_base = frame + first, .iov_len = 1000};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                         .msg_controllen = sizeof control.buf};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &memfd, sizeof(int));
+    assert_int_equal(sendmsg(peer, &msg, MSG_NOSIGNAL), 1000);
+    close(memfd);
+    fx_run_until_read(fx, first + 1000, 5000);
+    pump(fx, peer, frame + first + 1000, len - first - 1000, &rng);
+    pump(fx, peer, reg, reg_len, &rng); /* takes the descriptor */
+    pump(fx, peer, reg, reg_len, &rng); /* none left */
+    fx_run_until_read(fx, len + 2 * reg_len, 5000);
+    peer_seen_t seen = {0};
+    peer_read(fx, peer, 200, false, &seen);
+    assert_int_equal(seen.by_type[EPD_FRAME_REPLY], 1);
+    assert_int_equal(seen.by_type[EPD_FRAME_ERROR], 1);
+    assert_int_equal(seen.by_code[EPD_ERR_BAD_REGION], 1);
+    assert_int_equal(stub_n_kept, 1);
+    assert_kept_request(stub_kept[0], 5, 2000);
+    stub_kept_free();
+    free(frame);
+    free(reg);
+    close(peer);
+    fx_run(fx, 200, 1);
+    assert_int_equal(fx->closed, 1);
+    fx_free(fx);
+}
+
+/* A peer that closes in the middle of a payload being read into its buffer: the connection
+ * closes, the partial payload and its share of socket.max_buffered_bytes are given back, and
+ * nothing reaches the engine. */
+static void test_conn__peer_closes_in_a_payload__closed_and_budget_released(void **state)
+{
+    (void)state;
+    fixture_t *fx = fx_new();
+    size_t len;
+    uint8_t *frame = submit_bytes(6, 8000, &len); /* a 2 MB payload */
+    uint32_t rng = 7;
+    int peer;
+
+    fx->cfg.socket.max_frame_bytes = 4u << 20;
+    fx->limits.max_tokens = 8000;
+    stub_keep = true;
+    (void)fx_conn(fx, 1, &peer);
+    pump(fx, peer, frame, len / 2, &rng);
+    fx_run_until_read(fx, len / 2, 5000);
+    assert_true(fx->stats.bytes_in == len / 2);
+    assert_true(fx->stats.buffered_bytes > len / 2);
+    close(peer);
+    fx_run(fx, 1000, 1);
+    assert_int_equal(fx->closed, 1);
+    assert_int_equal(fx->stats.buffered_bytes, 0);
+    assert_int_equal(fx->stats.frames_in, 0);
+    assert_int_equal(stub_n_kept, 0);
+    free(frame);
+    fx_free(fx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -479,6 +708,9 @@ int main(void)
         cmocka_unit_test(test_conn__frame_over_buffer_budget__answered_busy_and_conn_stays),
         cmocka_unit_test(test_conn__idle_past_idle_timeout__closed_and_counted),
         cmocka_unit_test(test_conn__frame_incomplete_past_frame_timeout__closed_and_counted),
+        cmocka_unit_test(test_conn__large_payloads_in_random_splits__reach_the_engine_exact),
+        cmocka_unit_test(test_conn__fd_on_a_payload_byte__kept_for_the_next_register),
+        cmocka_unit_test(test_conn__peer_closes_in_a_payload__closed_and_budget_released),
     };
     epd_log_init(-1, EPD_LOG_WARN);
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1312,6 +1312,419 @@ static void test_frame__dtype_names__round_trip(void **state)
     assert_string_equal(epd_frame_type_name(9), "unknown");
 }
 
+/* ---- the payload window (the daemon's direct read) ---- */
+
+/* A stream of frames with payloads of many sizes (none, a few bytes, one byte, 300 KB, and 5 MB,
+ * above the whole-at-once cap so its buffer grows while it is read), each payload distinct. */
+typedef struct {
+    uint8_t *buf;
+    size_t len;
+    int n_frames;
+} stream_t;
+
+#define WINDOW_BIG_PAYLOAD (5u * 1024u * 1024u)
+#define WINDOW_MAX_PAYLOAD (8u * 1024u * 1024u)
+
+static void stream_add(stream_t *st, uint16_t type, const char *meta, uint64_t payload_len,
+                       uint32_t seed)
+{
+    uint8_t *payload = malloc(payload_len ? (size_t)payload_len : 1);
+    assert_non_null(payload);
+    uint32_t r = seed;
+    for (size_t i = 0; i < payload_len; i++) {
+        r = r * 1664525u + 1013904223u;
+        payload[i] = (uint8_t)(r >> 24);
+    }
+    bytes_t b = raw_frame(NULL, 1, type, 0, meta, strlen(meta), payload, payload_len);
+    free(payload);
+    st->buf = realloc(st->buf, st->len + b.len);
+    assert_non_null(st->buf);
+    memcpy(st->buf + st->len, b.buf, b.len);
+    st->len += b.len;
+    st->n_frames++;
+    free(b.buf);
+}
+
+static stream_t window_stream(void)
+{
+    stream_t st = {0};
+    stream_add(&st, EPD_FRAME_CONTROL, "{\"op\":\"health\",\"id\":1}", 0, 1);
+    stream_add(&st, EPD_FRAME_SUBMIT, "{\"id\":2,\"tensors\":{}}", 48, 2);
+    stream_add(&st, EPD_FRAME_SUBMIT, "{\"id\":3}", 1, 3);
+    stream_add(&st, EPD_FRAME_SUBMIT, "{\"id\":18446744073709551615}", 300000, 4);
+    stream_add(&st, EPD_FRAME_REPLY, "{\"a\":[1,2,3]}", 7, 5);
+    stream_add(&st, EPD_FRAME_SUBMIT, "{\"id\":6}", WINDOW_BIG_PAYLOAD, 6);
+    stream_add(&st, EPD_FRAME_CONTROL, "{\"op\":\"stats\"}", 0, 7);
+    stream_add(&st, EPD_FRAME_SUBMIT, "{\"id\":8}", 65536 + 3, 8);
+    return st;
+}
+
+static void assert_frames_equal(const epd_frame_t *a, const epd_frame_t *b)
+{
+    assert_int_equal(a->type, b->type);
+    assert_int_equal(a->meta_len, b->meta_len);
+    assert_true(a->payload_len == b->payload_len);
+    assert_true(cJSON_Compare(a->meta, b->meta, true));
+    assert_int_equal(a->id_kind, b->id_kind);
+    assert_true(a->id == b->id);
+    assert_int_equal(a->dropped, b->dropped);
+    assert_int_equal(a->payload == NULL, b->payload == NULL);
+    if (a->payload_len > 0 && a->payload != NULL)
+        assert_memory_equal(a->payload, b->payload, (size_t)a->payload_len);
+}
+
+/* The stream through feed alone, the reference. */
+static epd_frame_t *feed_all(const stream_t *st)
+{
+    epd_frame_t *frames = calloc((size_t)st->n_frames, sizeof(*frames));
+    epd_decoder_t dec;
+    char err[EPD_ERR_LEN];
+    size_t at = 0;
+    int n = 0;
+    assert_non_null(frames);
+    epd_decoder_init(&dec, WINDOW_MAX_PAYLOAD, EPD_FRAME_MAX_META);
+    while (at < st->len) {
+        size_t used = 0;
+        epd_status_t status = epd_decoder_feed(&dec, st->buf + at, st->len - at, &used,
+                                               &frames[n], err);
+        at += used;
+        if (status == EPD_OK) n++;
+        else assert_int_equal(status, EPD_ERR_AGAIN);
+    }
+    assert_int_equal(n, st->n_frames);
+    assert_true(epd_decoder_idle(&dec));
+    epd_decoder_free(&dec);
+    return frames;
+}
+
+static uint32_t test_rng;
+
+static size_t rand_below(size_t n)
+{
+    test_rng ^= test_rng << 13; /* xorshift32 */
+    test_rng ^= test_rng >> 17;
+    test_rng ^= test_rng << 5;
+    return n == 0 ? 0 : (size_t)test_rng % n;
+}
+
+/* A read of a random size: mostly small, sometimes up to a few hundred KB, sometimes huge. */
+static size_t rand_read(void)
+{
+    switch (rand_below(4)) {
+    case 0: return 1 + rand_below(32);
+    case 1: return 1 + rand_below(4096);
+    case 2: return 1 + rand_below(300000);
+    default: return 1 + rand_below(8u << 20);
+    }
+}
+
+/* Decodes the stream the way the daemon reads a socket: while a window is open (and the coin
+ * says so), a "read" of random size lands in it (never more than the window), else a random
+ * chunk is fed (every read lands in a window while one is open, for a quarter of the seeds);
+ * every frame must equal feed's, byte for byte. */
+static void test_frame__payload_window__random_splits_equal_feed(void **state)
+{
+    (void)state;
+    stream_t st = window_stream();
+    epd_frame_t *want = feed_all(&st);
+    char err[EPD_ERR_LEN];
+    int all_windows = 0;
+
+    for (uint32_t seed = 1; seed <= 24; seed++) {
+        epd_decoder_t dec;
+        size_t at = 0;
+        int n = 0, windows = 0;
+        test_rng = seed;
+        epd_decoder_init(&dec, WINDOW_MAX_PAYLOAD, EPD_FRAME_MAX_META);
+        while (at < st.len) {
+            void *ptr;
+            size_t len;
+            epd_frame_t frame;
+            epd_status_t status;
+            assert_int_equal(epd_decoder_payload_window(&dec, &ptr, &len, err), EPD_OK);
+            size_t chunk = rand_read();
+            if (chunk > st.len - at) chunk = st.len - at;
+            if (len > 0 && (seed % 4 == 0 || rand_below(4) != 0)) {
+                assert_non_null(ptr);
+                if (chunk > len) chunk = len;
+                memcpy(ptr, st.buf + at, chunk);
+                status = epd_decoder_payload_commit(&dec, chunk, &frame, err);
+                at += chunk;
+                windows++;
+            } else {
+                size_t used = 0;
+                status = epd_decoder_feed(&dec, st.buf + at, chunk, &used, &frame, err);
+                assert_true(used <= chunk);
+                assert_true(status == EPD_OK || used == chunk);
+                at += used;
+            }
+            if (status == EPD_OK) {
+                assert_true(n < st.n_frames);
+                assert_frames_equal(&frame, &want[n]);
+                epd_frame_free(&frame);
+                n++;
+            } else {
+                assert_int_equal(status, EPD_ERR_AGAIN);
+            }
+        }
+        assert_int_equal(n, st.n_frames);
+        if (seed % 4 == 0) assert_true(windows > 0);
+        all_windows += windows;
+        assert_true(epd_decoder_idle(&dec));
+        epd_decoder_free(&dec);
+    }
+    assert_true(all_windows > 24);
+    for (int i = 0; i < st.n_frames; i++) epd_frame_free(&want[i]);
+    free(want);
+    free(st.buf);
+}
+
+/* No window between frames, in a header or a meta, or for a frame without payload; one right
+ * after the meta; a payload finished partly in the window and partly by a feed that goes on into
+ * the next frame's header stops at the payload's end. */
+static void test_frame__payload_window__only_inside_an_admitted_payload(void **state)
+{
+    (void)state;
+    bytes_t a = sample_submit(21, 3), b = sample_submit(22, 2);
+    size_t head = a.len - 3 * 4 * 2 - 3 * 2 * 4 - 3 * 2 * 4; /* header + meta of a */
+    epd_decoder_t dec;
+    epd_frame_t frame;
+    char err[EPD_ERR_LEN];
+    void *ptr;
+    size_t len, used;
+    uint8_t *stream = malloc(a.len + b.len);
+    assert_non_null(stream);
+    memcpy(stream, a.buf, a.len);
+    memcpy(stream + a.len, b.buf, b.len);
+
+    epd_decoder_init(&dec, MAX_PAYLOAD, EPD_FRAME_MAX_META);
+    assert_int_equal(epd_decoder_payload_window(&dec, &ptr, &len, err), EPD_OK);
+    assert_int_equal(len, 0);
+    assert_null(ptr);
+    for (size_t cut = 1; cut < head; cut += 7) { /* inside the header, then the meta */
+        epd_decoder_reset(&dec);
+        assert_int_equal(epd_decoder_feed(&dec, stream, cut, &used, &frame, err), EPD_ERR_AGAIN);
+        assert_int_equal(epd_decoder_payload_window(&dec, &ptr, &len, err), EPD_OK);
+        assert_int_equal(len, 0);
+        assert_int_equal(epd_decoder_payload_commit(&dec, 1, &frame, err), EPD_ERR_INVALID_ARG);
+    }
+    epd_decoder_reset(&dec);
+    assert_int_equal(epd_decoder_feed(&dec, stream, head, &used, &frame, err), EPD_ERR_AGAIN);
+    assert_int_equal(epd_decoder_payload_window(&dec, &ptr, &len, err), EPD_OK);
+    assert_int_equal(len, a.len - head); /* a small payload: the whole of it */
+    /* half of it in the window, the rest and all of b in one feed */
+    size_t half = len / 2;
+    memcpy(ptr, stream + head, half);
+    assert_int_equal(epd_decoder_payload_commit(&dec, half, &frame, err), EPD_ERR_AGAIN);
+    assert_int_equal(epd_decoder_payload_window(&dec, &ptr, &len, err), EPD_OK);
+    assert_int_equal(len, a.len - head - half);
+    assert_int_equal(epd_decoder_feed(&dec, stream + head + half, a.len + b.len - head - half,
+                                      &used, &frame, err), EPD_OK);
+    assert_int_equal(used, a.len - head - half);
+    assert_sample_frame(&frame, 21, 3);
+    assert_true(epd_decoder_idle(&dec));
+    assert_int_equal(epd_decoder_payload_window(&dec, &ptr, &len, err), EPD_OK);
+    assert_int_equal(len, 0);
+    assert_int_equal(epd_decoder_feed(&dec, stream + a.len, b.len, &used, &frame, err), EPD_OK);
+    assert_sample_frame(&frame, 22, 2);
+
+    /* a frame without payload is handed out by the feed that completes its meta */
+    bytes_t c = simple_frame(EPD_FRAME_CONTROL, "{\"op\":\"health\"}");
+    assert_int_equal(epd_decoder_feed(&dec, c.buf, c.len, &used, &frame, err), EPD_OK);
+    epd_frame_free(&frame);
+    assert_int_equal(epd_decoder_payload_window(&dec, &ptr, &len, err), EPD_OK);
+    assert_int_equal(len, 0);
+    epd_decoder_free(&dec);
+    free(c.buf);
+    free(stream);
+    free(a.buf);
+    free(b.buf);
+}
+
+static bool refuse_all(void *arg, const epd_frame_header_t *header)
+{
+    (void)header;
+    ++*(int *)arg;
+    return false;
+}
+
+/* A frame the admit callback refuses gets no window: its payload goes through feed and is thrown
+ * away, the frame handed out dropped, and the next frame decodes as usual. */
+static void test_frame__payload_window__dropped_frame_has_none(void **state)
+{
+    (void)state;
+    bytes_t a = sample_submit(31, 4);
+    size_t payload = 4 * 4 * 2 + 4 * 2 * 4 + 4 * 2 * 4, head = a.len - payload;
+    epd_decoder_t dec;
+    epd_frame_t frame;
+    char err[EPD_ERR_LEN];
+    void *ptr;
+    size_t len, used;
+    int asked = 0;
+
+    epd_decoder_init(&dec, MAX_PAYLOAD, EPD_FRAME_MAX_META);
+    epd_decoder_set_admit(&dec, refuse_all, &asked);
+    assert_int_equal(epd_decoder_feed(&dec, a.buf, head + 1, &used, &frame, err), EPD_ERR_AGAIN);
+    assert_int_equal(asked, 1);
+    assert_int_equal(epd_decoder_payload_window(&dec, &ptr, &len, err), EPD_OK);
+    assert_int_equal(len, 0);
+    assert_int_equal(epd_decoder_payload_commit(&dec, 1, &frame, err), EPD_ERR_INVALID_ARG);
+    assert_int_equal(epd_decoder_feed(&dec, a.buf + head + 1, payload - 1, &used, &frame, err),
+                     EPD_OK);
+    assert_true(frame.dropped);
+    assert_null(frame.payload);
+    assert_true(frame.id == 31);
+    epd_frame_free(&frame);
+
+    epd_decoder_set_admit(&dec, NULL, NULL);
+    assert_int_equal(epd_decoder_feed(&dec, a.buf, head, &used, &frame, err), EPD_ERR_AGAIN);
+    assert_int_equal(epd_decoder_payload_window(&dec, &ptr, &len, err), EPD_OK);
+    assert_int_equal(len, payload);
+    memcpy(ptr, a.buf + head, payload);
+    assert_int_equal(epd_decoder_payload_commit(&dec, payload, &frame, err), EPD_OK);
+    assert_false(frame.dropped);
+    assert_sample_frame(&frame, 31, 4);
+    epd_decoder_free(&dec);
+    free(a.buf);
+}
+
+/* An allocator that counts the bytes it holds and can be told to fail. */
+typedef struct {
+    size_t held, peak;
+    bool fail;
+} count_alloc_t;
+
+static void *count_resize(void *arg, void *p, size_t keep, size_t bytes)
+{
+    count_alloc_t *ca = arg;
+    if (ca->fail) return NULL;
+    size_t *q = realloc(p ? (size_t *)p - 2 : NULL, 2 * sizeof(size_t) + bytes);
+    if (q == NULL) return NULL;
+    if (p != NULL) ca->held -= q[0];
+    (void)keep;
+    q[0] = bytes;
+    ca->held += bytes;
+    if (ca->held > ca->peak) ca->peak = ca->held;
+    return q + 2;
+}
+
+static count_alloc_t *count_alloc_of_release; /* count_release has no arg */
+
+static void count_release(void *p)
+{
+    if (p == NULL) return;
+    size_t *q = (size_t *)p - 2;
+    count_alloc_of_release->held -= q[0];
+    free(q);
+}
+
+/* A peer that claims a 1 GiB payload and sends a little: the windows open on 64 KiB and double
+ * only as they fill, so the decoder holds about twice what came; up to 4 MiB the first window is
+ * the whole payload. Committing more than the window, or without one, is refused and changes
+ * nothing; without memory the window fails the decoder with no_memory. */
+static void test_frame__payload_window__grows_geometrically_and_checks_commits(void **state)
+{
+    (void)state;
+    count_alloc_t ca = {0};
+    epd_payload_alloc_t alloc = {.resize = count_resize, .release = count_release, .arg = &ca};
+    const char *meta = "{\"id\":9}";
+    uint8_t h[EPD_FRAME_HEADER_LEN];
+    epd_decoder_t dec;
+    epd_frame_t frame;
+    char err[EPD_ERR_LEN];
+    void *ptr;
+    size_t len, used, sent = 0;
+
+    count_alloc_of_release = &ca;
+    epd_decoder_init(&dec, UINT64_C(1) << 31, EPD_FRAME_MAX_META);
+    epd_decoder_set_alloc(&dec, &alloc);
+    epd_frame_header_encode(EPD_FRAME_SUBMIT, (uint32_t)strlen(meta), UINT64_C(1) << 30, h);
+    assert_int_equal(epd_decoder_feed(&dec, h, sizeof h, &used, &frame, err), EPD_ERR_AGAIN);
+    assert_int_equal(epd_decoder_feed(&dec, meta, strlen(meta), &used, &frame, err),
+                     EPD_ERR_AGAIN);
+    assert_int_equal(ca.held, 0); /* nothing before the first window */
+    size_t want = 64u * 1024u;
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(epd_decoder_payload_window(&dec, &ptr, &len, err), EPD_OK);
+        assert_int_equal(len, want);
+        memset(ptr, i, len);
+        /* one byte too many is refused, nothing taken */
+        assert_int_equal(epd_decoder_payload_commit(&dec, len + 1, &frame, err),
+                         EPD_ERR_INVALID_ARG);
+        assert_true(strlen(err) > 10);
+        assert_int_equal(epd_decoder_payload_commit(&dec, len, &frame, err), EPD_ERR_AGAIN);
+        sent += len;
+        assert_true(ca.held <= 2 * sent);
+        want = sent; /* the buffer doubles: the next window is as large as what came */
+    }
+    /* a window asked for again without a commit is the same window */
+    void *again;
+    assert_int_equal(epd_decoder_payload_window(&dec, &ptr, &len, err), EPD_OK);
+    assert_int_equal(epd_decoder_payload_window(&dec, &again, &used, err), EPD_OK);
+    assert_ptr_equal(ptr, again);
+    assert_int_equal(len, used);
+    assert_int_equal(epd_decoder_payload_commit(&dec, 0, &frame, err), EPD_ERR_AGAIN);
+    assert_true(ca.peak <= 4 * 1024 * 1024 + 64 * 1024);
+    epd_decoder_free(&dec); /* a partial payload goes back to the allocator */
+    assert_int_equal(ca.held, 0);
+
+    /* up to 4 MiB: the whole payload at once, and the frame's payload is the allocator's */
+    epd_decoder_reset(&dec);
+    epd_frame_header_encode(EPD_FRAME_SUBMIT, (uint32_t)strlen(meta), 4u << 20, h);
+    assert_int_equal(epd_decoder_feed(&dec, h, sizeof h, &used, &frame, err), EPD_ERR_AGAIN);
+    assert_int_equal(epd_decoder_feed(&dec, meta, strlen(meta), &used, &frame, err),
+                     EPD_ERR_AGAIN);
+    assert_int_equal(epd_decoder_payload_window(&dec, &ptr, &len, err), EPD_OK);
+    assert_int_equal(len, 4u << 20);
+    memset(ptr, 0x5a, len);
+    assert_int_equal(epd_decoder_payload_commit(&dec, len - 1, &frame, err), EPD_ERR_AGAIN);
+    assert_int_equal(epd_decoder_payload_window(&dec, &ptr, &len, err), EPD_OK);
+    assert_int_equal(len, 1);
+    assert_int_equal(epd_decoder_payload_commit(&dec, 1, &frame, err), EPD_OK);
+    assert_true(frame.payload_release == count_release);
+    assert_true(frame.payload_len == 4u << 20);
+    assert_int_equal(frame.payload[0], 0x5a);
+    assert_int_equal(frame.payload[(4u << 20) - 1], 0x5a);
+    assert_int_equal(epd_decoder_payload_commit(&dec, 1, &frame, err), EPD_ERR_INVALID_ARG);
+    epd_frame_free(&frame);
+    assert_int_equal(ca.held, 0);
+
+    /* no memory: no_memory, and the decoder stays failed with it */
+    ca.fail = true;
+    assert_int_equal(epd_decoder_feed(&dec, h, sizeof h, &used, &frame, err), EPD_ERR_AGAIN);
+    assert_int_equal(epd_decoder_feed(&dec, meta, strlen(meta), &used, &frame, err),
+                     EPD_ERR_AGAIN);
+    assert_int_equal(epd_decoder_payload_window(&dec, &ptr, &len, err), EPD_ERR_NO_MEMORY);
+    assert_int_equal(len, 0);
+    assert_true(strlen(err) > 10);
+    assert_int_equal(epd_decoder_payload_window(&dec, &ptr, &len, err), EPD_ERR_NO_MEMORY);
+    assert_int_equal(epd_decoder_feed(&dec, h, 1, &used, &frame, err), EPD_ERR_NO_MEMORY);
+    epd_decoder_free(&dec);
+}
+
+/* A failed decoder's window answers with its sticky failure, as feed does. */
+static void test_frame__payload_window__failed_decoder_is_sticky(void **state)
+{
+    (void)state;
+    bytes_t bad = raw_frame((const uint8_t *)"EPD2", 1, EPD_FRAME_CONTROL, 0, "{}", 2, NULL, 0);
+    epd_decoder_t dec;
+    epd_frame_t frame;
+    char err[EPD_ERR_LEN];
+    void *ptr;
+    size_t len, used;
+
+    epd_decoder_init(&dec, MAX_PAYLOAD, EPD_FRAME_MAX_META);
+    assert_int_equal(epd_decoder_feed(&dec, bad.buf, bad.len, &used, &frame, err),
+                     EPD_ERR_BAD_MAGIC);
+    err[0] = '\0';
+    assert_int_equal(epd_decoder_payload_window(&dec, &ptr, &len, err), EPD_ERR_BAD_MAGIC);
+    assert_int_equal(len, 0);
+    assert_true(strlen(err) > 10);
+    assert_int_equal(epd_decoder_payload_commit(&dec, 1, &frame, err), EPD_ERR_INVALID_ARG);
+    epd_decoder_free(&dec);
+    free(bad.buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1323,6 +1736,11 @@ int main(void)
         cmocka_unit_test(test_frame__every_split__yields_the_frame),
         cmocka_unit_test(test_frame__one_byte_at_a_time__yields_each_frame),
         cmocka_unit_test(test_frame__partial_frame__is_freed_by_decoder_free),
+        cmocka_unit_test(test_frame__payload_window__random_splits_equal_feed),
+        cmocka_unit_test(test_frame__payload_window__only_inside_an_admitted_payload),
+        cmocka_unit_test(test_frame__payload_window__dropped_frame_has_none),
+        cmocka_unit_test(test_frame__payload_window__grows_geometrically_and_checks_commits),
+        cmocka_unit_test(test_frame__payload_window__failed_decoder_is_sticky),
         cmocka_unit_test(test_frame__bad_magic__is_bad_magic),
         cmocka_unit_test(test_frame__bad_version__is_bad_version),
         cmocka_unit_test(test_frame__unknown_type__is_bad_type),
