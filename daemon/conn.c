@@ -1003,9 +1003,10 @@ static ssize_t conn_recv(epd_conn_t *c, struct iovec *iov, size_t n_iov)
 /* Reads the payload of the frame being collected straight into its buffer (the decoder's window,
  * page-locked memory on a daemon with a pool): its bytes are copied once, by the kernel. A client
  * that streams a payload (reads of CONN_SPIN_MIN_READ bytes and more) has its next bytes a few
- * microseconds away: while no other connection is in the middle of a frame, the socket is tried
- * again for up to CONN_SPIN_NS before the loop goes back to waiting, since a sleep and a wake-up
- * on both sides cost more than that (tests/bench/read_bench.c measures it). At most
+ * microseconds away: while no other connection is in the middle of a frame and the engine is
+ * not hot (the loop would sleep), the socket is tried again for up to CONN_SPIN_NS before the
+ * loop goes back to waiting, since a sleep and a wake-up on both sides cost more than that
+ * (tests/bench/read_bench.c measures it). At most
  * CONN_PAYLOAD_READS reads per event, then the loop's other work goes first; a frame it completes
  * is handled as conn_read_frames handles one. */
 static void conn_read_payload(epd_conn_t *c, void *window, size_t len)
@@ -1040,9 +1041,12 @@ static void conn_read_payload(epd_conn_t *c, void *window, size_t len)
             conn_fail_decoding(c, status, err);
             return;
         }
-        /* buffered_bytes holds every connection's frame in progress: only ours, nobody waits */
+        /* buffered_bytes holds every connection's frame in progress: only ours, nobody waits.
+         * Not while the engine is hot: the loop spins then (no sleep, no wake-up to save), and
+         * results waiting for it to write them must not wait for this socket. */
         bool streaming = (size_t)got >= CONN_SPIN_MIN_READ &&
-                         c->ctx->stats->buffered_bytes == c->reserved;
+                         c->ctx->stats->buffered_bytes == c->reserved &&
+                         (c->ctx->engine == NULL || !epd_engine_hot(c->ctx->engine));
         spin_until = streaming ? now + CONN_SPIN_NS : 0;
         if (!streaming && (size_t)got < len) return; /* the socket is empty for now */
         status = epd_decoder_payload_window(&c->decoder, &window, &len, err);

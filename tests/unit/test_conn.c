@@ -73,6 +73,13 @@ epd_pinned_pool_t *epd_engine_pinned(epd_engine_t *engine)
     return NULL;
 }
 
+/* Never hot: a streaming payload read may spin (conn_read_payload). */
+bool epd_engine_hot(epd_engine_t *engine)
+{
+    (void)engine;
+    return false;
+}
+
 /* No device: ops with no entries (a host region is mapped, not page-locked). */
 void epd_engine_ops(epd_engine_t *engine, const epd_ops_t **ops_p, epd_ops_ctx_t **ops_ctx_p)
 {
