@@ -107,6 +107,7 @@ struct epd_conn {
     unsigned n_fds;
     epd_region_table_t *regions; /* created by the first register */
     void *x_copy; /* the device copy of the SUBMIT being validated (conn_host_scan) */
+    uint64_t scan_ns; /* time in conn_host_scan for that SUBMIT (EPD_TRACE) */
     struct event *resume; /* brings a yielded connection back to reading */
     epd_decoder_t decoder;
     uint64_t in_flight; /* requests on the engine, not answered yet */
@@ -308,7 +309,10 @@ static epd_status_t conn_host_scan(void *arg, const uint16_t *x, uint64_t x_n, i
     const epd_ops_t *ops;
     epd_ops_ctx_t *ops_ctx;
     epd_engine_ops(c->ctx->engine, &ops, &ops_ctx);
-    return ops->ingest_scan_host(ops_ctx, x, x_n, x_bad_p, &c->x_copy, err);
+    uint64_t start = epd_now_ns();
+    epd_status_t status = ops->ingest_scan_host(ops_ctx, x, x_n, x_bad_p, &c->x_copy, err);
+    c->scan_ns += epd_now_ns() - start;
+    return status;
 }
 
 static void conn_x_copy_free(void *arg, void *copy)
@@ -342,9 +346,11 @@ static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
         hooks.scan_arg = c;
     }
     c->x_copy = NULL;
+    c->scan_ns = 0;
     status = epd_submit_validate_regions(frame, c->ctx->limits, &hooks, &view, err);
     void *x_copy = c->x_copy;
     c->x_copy = NULL;
+    uint64_t ingest_ns = c->scan_ns + (c->regions != NULL ? epd_region_take_fetch_ns(c->regions) : 0);
     bool has_id = frame->id_kind == EPD_FRAME_ID_VALID;
     if (status != EPD_OK && x_copy != NULL) conn_x_copy_free(c->ctx->engine, x_copy);
     if (status != EPD_OK) {
@@ -387,6 +393,7 @@ static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
         if (view.regions[k] != NULL) epd_region_ref(view.regions[k]);
     }
     req->read_ns = read_ns;
+    req->ingest_ns = ingest_ns;
     req->enqueued_ns = epd_now_ns();
     frame->payload = NULL; /* the request owns it now */
 

@@ -358,6 +358,7 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
         }
         res->latency_ns = now - req->enqueued_ns;
         res->read_ns = req->read_ns;
+        res->ingest_ns = req->ingest_ns;
         res->enqueued_ns = req->enqueued_ns;
         res->taken_ns = req->taken_ns;
         res->done_ns = now;

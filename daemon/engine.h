@@ -43,6 +43,7 @@ typedef struct epd_request {
     void *regions[4];
     void (*unref)(void *region);
     uint64_t read_ns;      /* CLOCK_MONOTONIC when its frame was read (before validation) */
+    uint64_t ingest_ns;    /* of its validation, the time the device took (ns; 0: none) */
     uint64_t enqueued_ns;  /* CLOCK_MONOTONIC when queued */
     uint64_t taken_ns;     /* when a step took it */
     struct epd_request *next;
@@ -64,6 +65,7 @@ typedef struct epd_result {
     uint64_t latency_ns;   /* queued to answered */
     /* the request's times (daemon/trace.h): frame read, queued, taken, step done */
     uint64_t read_ns, enqueued_ns, taken_ns, done_ns;
+    uint64_t ingest_ns;                  /* the request's device ingest (a duration) */
     uint64_t step_begin_ns, step_end_ns; /* epd_step_run called and returned */
     uint64_t handed_ns;                  /* queued for the loop thread */
     struct epd_result *next;

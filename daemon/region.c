@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "daemon/log.h"
 
 struct epd_region {
@@ -32,6 +33,7 @@ struct epd_region_table {
     const epd_ops_t *ops;
     epd_ops_ctx_t *ops_ctx;
     epd_region_t **slots; /* [max_regions] */
+    uint64_t fetch_ns;    /* time in the device fetch since the last take (EPD_TRACE) */
 };
 
 epd_region_table_t *epd_region_table_create(uint32_t max_regions, const epd_ops_t *ops,
@@ -278,11 +280,20 @@ static epd_status_t hook_device_fetch(void *arg, const void *ids, size_t ids_byt
     epd_region_table_t *table = arg;
     char why[EPD_ERR_LEN] = "";
 
-    if (table->ops->ingest_fetch(table->ops_ctx, ids, ids_bytes, ids_dst, w, w_bytes, w_dst, x,
-                                 x_n, x_bad_p, why) == EPD_OK)
-        return EPD_OK;
+    uint64_t start = epd_now_ns();
+    epd_status_t status = table->ops->ingest_fetch(table->ops_ctx, ids, ids_bytes, ids_dst, w,
+                                                   w_bytes, w_dst, x, x_n, x_bad_p, why);
+    table->fetch_ns += epd_now_ns() - start;
+    if (status == EPD_OK) return EPD_OK;
     snprintf(err, EPD_ERR_LEN, "reading device tensors failed: %.200s", why);
     return EPD_ERR_BAD_REGION;
+}
+
+uint64_t epd_region_take_fetch_ns(epd_region_table_t *table)
+{
+    uint64_t ns = table->fetch_ns;
+    table->fetch_ns = 0;
+    return ns;
 }
 
 void epd_region_submit_hooks(epd_region_table_t *table, epd_submit_regions_t *hooks_p)

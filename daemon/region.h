@@ -39,6 +39,10 @@ epd_status_t epd_region_register_cuda(epd_region_table_t *table, const uint8_t h
  * last request using it is answered. */
 epd_status_t epd_region_unregister(epd_region_table_t *table, uint32_t id, char err[EPD_ERR_LEN]);
 
+/* The time the table's hooks spent reading device tensors since the last call (ns; EPD_TRACE's
+ * "device ingest" leg), and starts over. */
+uint64_t epd_region_take_fetch_ns(epd_region_table_t *table);
+
 /* The epd_submit_regions_t of this table, for epd_submit_validate_regions. */
 void epd_region_submit_hooks(epd_region_table_t *table, epd_submit_regions_t *hooks_p);
 
