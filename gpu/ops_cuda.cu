@@ -1819,44 +1819,7 @@ static cudaError_t ingest_pool_setup(epd_ops_ctx_t *ctx)
     return cudaSuccess;
 }
 
-/* A host x the device can read where it is (page-locked, mapped: with unified addressing every
- * cudaMallocHost block and registered range is) goes through the ingest kernel at its device
- * address; pageable memory is the host's to scan. */
-static epd_status_t cuda_ingest_scan_host(epd_ops_ctx_t *ctx, const uint16_t *x, uint64_t x_n,
-                                          int64_t *x_bad_p, void **x_copy_p,
-                                          char err[EPD_ERR_LEN])
-{
-    cudaPointerAttributes attr;
-    cudaError_t rc = cudaSetDevice(ctx->device);
-    if (rc != cudaSuccess) return region_fail(err, rc, "cudaSetDevice");
-    rc = cudaPointerGetAttributes(&attr, x);
-    if (rc != cudaSuccess || attr.type != cudaMemoryTypeHost || attr.devicePointer == NULL) {
-        cudaGetLastError();
-        return EPD_ERR_AGAIN;
-    }
-    epd_status_t status = ingest_setup(ctx, err);
-    if (status != EPD_OK) return status;
-    void *copy = NULL;
-    if (x_copy_p != NULL) {
-        *x_copy_p = NULL;
-        /* no memory for a copy: the scan alone (the step copies x itself) */
-        if (ingest_pool_setup(ctx) != cudaSuccess ||
-            cudaMallocFromPoolAsync(&copy, (size_t)x_n * sizeof(uint16_t), ctx->ingest_pool,
-                                    ctx->ingest) != cudaSuccess) {
-            cudaGetLastError();
-            copy = NULL;
-        }
-    }
-    status = ingest_run(ctx, NULL, 0, NULL, NULL, 0, NULL, (const uint16_t *)attr.devicePointer,
-                        x_n, (uint16_t *)copy, x_bad_p, err);
-    if (status != EPD_OK || *x_bad_p >= 0) {
-        if (copy != NULL) cudaFreeAsync(copy, ctx->ingest);
-        copy = NULL;
-    }
-    if (x_copy_p != NULL) *x_copy_p = copy;
-    return status;
-}
-
+/* Where the device reads and writes page-locked host memory [host, host + bytes), or NULL. */
 static void *cuda_host_mapped(epd_ops_ctx_t *ctx, void *host, size_t bytes)
 {
     cudaPointerAttributes first, last;
@@ -1872,6 +1835,39 @@ static void *cuda_host_mapped(epd_ops_ctx_t *ctx, void *host, size_t bytes)
         (uint8_t *)last.devicePointer != (uint8_t *)first.devicePointer + bytes - 1)
         return NULL;
     return first.devicePointer;
+}
+
+/* A host x the device can read where it is (page-locked, mapped: with unified addressing every
+ * cudaMallocHost block and registered range is) goes through the ingest kernel at its device
+ * address; pageable memory is the host's to scan. */
+static epd_status_t cuda_ingest_scan_host(epd_ops_ctx_t *ctx, const uint16_t *x, uint64_t x_n,
+                                          int64_t *x_bad_p, void **x_copy_p,
+                                          char err[EPD_ERR_LEN])
+{
+    const uint16_t *mapped =
+        (const uint16_t *)cuda_host_mapped(ctx, (void *)x, (size_t)x_n * sizeof(uint16_t));
+    if (mapped == NULL) return EPD_ERR_AGAIN;
+    epd_status_t status = ingest_setup(ctx, err);
+    if (status != EPD_OK) return status;
+    void *copy = NULL;
+    if (x_copy_p != NULL) {
+        *x_copy_p = NULL;
+        /* no memory for a copy: the scan alone (the step copies x itself) */
+        if (ingest_pool_setup(ctx) != cudaSuccess ||
+            cudaMallocFromPoolAsync(&copy, (size_t)x_n * sizeof(uint16_t), ctx->ingest_pool,
+                                    ctx->ingest) != cudaSuccess) {
+            cudaGetLastError();
+            copy = NULL;
+        }
+    }
+    status = ingest_run(ctx, NULL, 0, NULL, NULL, 0, NULL, mapped, x_n, (uint16_t *)copy, x_bad_p,
+                        err);
+    if (status != EPD_OK || *x_bad_p >= 0) {
+        if (copy != NULL) cudaFreeAsync(copy, ctx->ingest);
+        copy = NULL;
+    }
+    if (x_copy_p != NULL) *x_copy_p = copy;
+    return status;
 }
 
 static void cuda_ingest_free(epd_ops_ctx_t *ctx, void *copy)
