@@ -58,37 +58,27 @@ if [[ ${EPDX_LATENCY_ONLY:-0} != 1 ]] && ((n_gpus >= 2)); then
 fi
 
 echo "== latency: V3 shape, one rank, device regions ($(date +%T))"
-for n in 128 2048; do
+# latency_run N LABEL CMD...: a fresh one-rank daemon for N tokens, CMD as its worker, then the
+# daemon's own p50 line prefixed with LABEL
+latency_run() {
+    local n=$1 label=$2; shift 2
     launch 1 --set model.hidden=7168 --set model.num_experts=256 --set model.topk=8 \
         --set dispatch.max_tokens_per_request=$n --set dispatch.max_tokens_per_step=$n \
         --set experts.external_input=fp8_group128 --set experts.external_timeout_ms=10000 \
         --set socket.max_frame_bytes=268435456
+    timeout 600 "$@" 2>&1 || die "latency run at $n tokens ($label)"
+    epd_stop_ranks
+    grep "external experts: p50" "$EPD_LOG" | sed "s/^/daemon, $n tokens, $label: /" ||
+        die "the daemon logged no latency summary"
+}
+for n in 128 2048; do
     # the C worker (libepd) first: the daemon's hand-over without Python's own costs; sleeping
     # in poll(2) between EXPERTS (spin=0, the library's default), then polling its socket
     # (epd_client_set_spin, 200 ms: longer than any step here) in the same session
-    timeout 600 "$BUILD/tests/external_check" "$(sock 0)" --latency "$n" 2000 2>&1 ||
-        die "latency run at $n tokens (C worker)"
-    epd_stop_ranks
-    grep "external experts: p50" "$EPD_LOG" | sed "s/^/daemon, $n tokens, C worker: /" ||
-        die "the daemon logged no latency summary"
-    launch 1 --set model.hidden=7168 --set model.num_experts=256 --set model.topk=8 \
-        --set dispatch.max_tokens_per_request=$n --set dispatch.max_tokens_per_step=$n \
-        --set experts.external_input=fp8_group128 --set experts.external_timeout_ms=10000 \
-        --set socket.max_frame_bytes=268435456
-    timeout 600 "$BUILD/tests/external_check" "$(sock 0)" --latency "$n" 2000 spin=200000 2>&1 ||
-        die "latency run at $n tokens (C worker, spinning)"
-    epd_stop_ranks
-    grep "external experts: p50" "$EPD_LOG" | sed "s/^/daemon, $n tokens, C worker spinning: /" ||
-        die "the daemon logged no latency summary"
-    launch 1 --set model.hidden=7168 --set model.num_experts=256 --set model.topk=8 \
-        --set dispatch.max_tokens_per_request=$n --set dispatch.max_tokens_per_step=$n \
-        --set experts.external_input=fp8_group128 --set experts.external_timeout_ms=10000 \
-        --set socket.max_frame_bytes=268435456
-    timeout 600 "$PY" tests/gpu/external_latency.py "$(sock 0)" "$n" 2000 2>&1 ||
-        die "latency run at $n tokens (Python worker)"
-    epd_stop_ranks
-    grep "external experts: p50" "$EPD_LOG" | sed "s/^/daemon, $n tokens, Python worker: /" ||
-        die "the daemon logged no latency summary"
+    latency_run $n "C worker" "$BUILD/tests/external_check" "$(sock 0)" --latency "$n" 2000
+    latency_run $n "C worker spinning" "$BUILD/tests/external_check" "$(sock 0)" --latency "$n" \
+        2000 spin=200000
+    latency_run $n "Python worker" "$PY" tests/gpu/external_latency.py "$(sock 0)" "$n" 2000
 done
 if [[ ${EPDX_LATENCY_ONLY:-0} == 1 ]]; then
     echo "PASS: latencies above (EPDX_LATENCY_ONLY: the exactness runs were left out)"

@@ -87,6 +87,17 @@ static int fail(epd_client_t *c, const char *what)
     return 1;
 }
 
+/* A random expert in [0, E) that is none of the token's first k ids. */
+static int32_t distinct_expert(uint64_t *rng, const int32_t *row, uint32_t k, uint32_t E)
+{
+    for (;;) {
+        int32_t e = (int32_t)(epd_rng_next(rng) % E);
+        bool dup = false;
+        for (uint32_t q = 0; q < k; q++) dup |= row[q] == e;
+        if (!dup) return e;
+    }
+}
+
 /* ---- --latency ---- */
 
 typedef struct lat_worker {
@@ -125,14 +136,7 @@ static void latency_request(uint8_t *req, uint32_t n, uint32_t H, uint32_t K, ui
     for (size_t i = 0; i < (size_t)n * H; i++) x[i] = epd_f32_to_bf16(epd_rng_unit_f32(&rng) - 0.5f);
     for (uint32_t t = 0; t < n; t++)
         for (uint32_t k = 0; k < K; k++) {
-            int32_t e;
-            bool dup;
-            do {
-                e = (int32_t)(epd_rng_next(&rng) % E);
-                dup = false;
-                for (uint32_t q = 0; q < k; q++) dup |= ids[(size_t)t * K + q] == e;
-            } while (dup);
-            ids[(size_t)t * K + k] = e;
+            ids[(size_t)t * K + k] = distinct_expert(&rng, ids + (size_t)t * K, k, E);
             w[(size_t)t * K + k] = 1.0f / (float)K;
         }
 }
@@ -318,13 +322,7 @@ int main(int argc, char **argv)
                 x[(size_t)t * H + g * 128 + epd_rng_next(&rng) % 128] = epd_f32_to_bf16(amax);
             }
             for (uint32_t k = 0; k < K; k++) {
-                int32_t e;
-                bool dup;
-                do {
-                    e = (int32_t)(epd_rng_next(&rng) % E);
-                    dup = false;
-                    for (uint32_t q = 0; q < k; q++) dup |= ids[(size_t)t * K + q] == e;
-                } while (dup);
+                int32_t e = distinct_expert(&rng, ids + (size_t)t * K, k, E);
                 ids[(size_t)t * K + k] = epd_rng_next(&rng) % 8 == 0 ? -1 : e;
                 wt[(size_t)t * K + k] = (float)(epd_rng_next(&rng) % 1000) / 997.0f;
             }
