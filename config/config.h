@@ -38,6 +38,7 @@ typedef struct epd_config {
         uint32_t idle_timeout_ms;       /* close an idle connection after this; 0: never */
         uint32_t frame_timeout_ms;      /* close when a started frame takes longer; 0: never */
         uint32_t max_regions;           /* shared regions per connection */
+        uint32_t sndbuf_bytes;          /* SO_SNDBUF of each connection; 0: the system's */
         uint32_t allow_uids[EPD_CONFIG_MAX_UIDS]; /* empty list: any peer the file mode lets in */
         uint32_t n_allow_uids;
     } socket;

@@ -97,6 +97,10 @@ const epd_setting_t epd_settings[] = {
      .offset = FIELD(socket.frame_timeout_ms),
      .doc = "close a connection whose frame is not complete this long after its first byte; "
             "0: never"},
+    {.name = "socket.sndbuf_bytes", .env = "EPD_SOCKET_SNDBUF_BYTES", .type = EPD_SETTING_U32,
+     .def = "4194304", .min = 0, .max = INT64_C(1) << 30, .offset = FIELD(socket.sndbuf_bytes),
+     .doc = "SO_SNDBUF asked for each connection, so that a large RESULT goes out in one write "
+            "(the kernel caps it at net.core.wmem_max); 0: the system's default"},
     {.name = "model.hidden", .env = "EPD_MODEL_HIDDEN", .type = EPD_SETTING_U32, .def = "7168",
      .min = 128, .max = 65536, .multiple_of = 128, .offset = FIELD(model.hidden),
      .doc = "hidden size H of a token"},

@@ -27,6 +27,7 @@
 
 #define LISTENER_BACKLOG 1024
 #define LISTENER_RETRY_MS 100 /* pause after accept() fails (e.g. out of descriptors) */
+
 #define LISTENER_REFUSED_LOG_MS 1000 /* at most one line about refused peers this often */
 
 struct epd_listener {
@@ -360,6 +361,12 @@ static void listener_accept_cb(struct evconnlistener *evl, evutil_socket_t fd,
         listener_refuse_busy(listener, fd, cred.pid);
         return;
     }
+    /* A Unix stream socket holds at most the sender's SO_SNDBUF in flight (208 KiB by
+     * default): with a few MiB a RESULT's y goes out in one write rather than ~9, each waiting
+     * for the client to read and the loop to be woken for writing again (libepd asks the same
+     * for its SUBMITs). Best effort: the kernel caps it at net.core.wmem_max. */
+    int sndbuf = (int)listener->cfg->socket.sndbuf_bytes;
+    if (sndbuf > 0) (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
     listener->accept(listener->arg, fd, cred.uid, cred.pid);
 }
 
