@@ -111,23 +111,17 @@ static epd_status_t parse_tensors(const cJSON *tensors, uint64_t payload_len,
     return EPD_OK;
 }
 
-/* Ids in [0, E) or -1, distinct within a token; a bitmap over experts keeps it O(N*K). */
+/* Ids in [0, E) or -1, distinct within a token; a bitmap over experts keeps it O(N*K), in one
+ * pass. An id out of range anywhere is reported before a repeated id (the first of each). */
 static epd_status_t check_ids(const int32_t *ids, uint64_t n_tokens, uint32_t topk,
                               uint32_t num_experts, char err[EPD_ERR_LEN])
 {
     uint64_t stack_bits[64];
     size_t words = ((size_t)num_experts + 63) / 64;
     uint64_t *bits = stack_bits;
-    epd_status_t status = EPD_OK;
+    uint64_t dup_tok = UINT64_MAX;
+    int32_t dup_id = 0;
 
-    for (uint64_t i = 0; i < n_tokens * topk; i++) {
-        if (ids[i] != -1 && (ids[i] < 0 || (uint32_t)ids[i] >= num_experts)) {
-            snprintf(err, EPD_ERR_LEN,
-                     "token %" PRIu64 " slot %" PRIu64 ": expert id %d is not in [0, %u) or -1",
-                     i / topk, i % topk, ids[i], num_experts);
-            return EPD_ERR_EXPERT_OUT_OF_RANGE;
-        }
-    }
     if (words > EPD_ARRAY_SIZE(stack_bits)) {
         bits = calloc(words, sizeof(*bits));
         if (bits == NULL) {
@@ -137,27 +131,43 @@ static epd_status_t check_ids(const int32_t *ids, uint64_t n_tokens, uint32_t to
     } else {
         memset(bits, 0, words * sizeof(*bits));
     }
-    for (uint64_t tok = 0; tok < n_tokens && status == EPD_OK; tok++) {
+    for (uint64_t tok = 0; tok < n_tokens; tok++) {
         const int32_t *row = ids + tok * topk;
-        uint32_t k;
-        for (k = 0; k < topk; k++) {
+        /* -1 maps to 0 and [0, E) to [1, E]: one unsigned compare for the range */
+        uint32_t bad = 0;
+        for (uint32_t k = 0; k < topk; k++) bad |= (uint32_t)row[k] + 1u > num_experts;
+        if (bad) {
+            for (uint32_t k = 0; k < topk; k++) {
+                if ((uint32_t)row[k] + 1u > num_experts) {
+                    snprintf(err, EPD_ERR_LEN,
+                             "token %" PRIu64 " slot %u: expert id %d is not in [0, %u) or -1",
+                             tok, k, row[k], num_experts);
+                    if (bits != stack_bits) free(bits);
+                    return EPD_ERR_EXPERT_OUT_OF_RANGE;
+                }
+            }
+        }
+        if (dup_tok != UINT64_MAX) continue; /* only the ranges are left to check */
+        for (uint32_t k = 0; k < topk; k++) {
             if (row[k] < 0) continue;
             uint64_t mask = 1ull << (row[k] % 64);
-            if (bits[row[k] / 64] & mask) {
-                snprintf(err, EPD_ERR_LEN, "token %" PRIu64 ": expert id %d appears twice", tok,
-                         row[k]);
-                status = EPD_ERR_INVALID_TOPK;
-                break;
+            if ((bits[row[k] / 64] & mask) && dup_tok == UINT64_MAX) {
+                dup_tok = tok;
+                dup_id = row[k];
             }
             bits[row[k] / 64] |= mask;
         }
-        /* clear what this token set (up to where it stopped) */
-        for (uint32_t j = 0; j < k && j < topk; j++) {
-            if (row[j] >= 0) bits[row[j] / 64] &= ~(1ull << (row[j] % 64));
-        }
+        /* clear what this token set */
+        for (uint32_t k = 0; k < topk; k++)
+            if (row[k] >= 0) bits[row[k] / 64] &= ~(1ull << (row[k] % 64));
     }
     if (bits != stack_bits) free(bits);
-    return status;
+    if (dup_tok != UINT64_MAX) {
+        snprintf(err, EPD_ERR_LEN, "token %" PRIu64 ": expert id %d appears twice", dup_tok,
+                 dup_id);
+        return EPD_ERR_INVALID_TOPK;
+    }
+    return EPD_OK;
 }
 
 /* Index of the first bf16 value of x[n] that is Inf or NaN, or -1 when all are finite. */
