@@ -438,10 +438,16 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
                                  step->layout.send_counts_host, step->layout.send_offsets_host,
                                  step->layout.expert_counts_host, &step->layout.n_send, err);
         if (status != EPD_OK) return status;
-        status = ops->copy_queued(octx, step->layout.slot, step->slot_host,
-                                  (size_t)n_tokens * world * sizeof(int32_t));
-        if (status != EPD_OK) return op_failed(step, status, "slot upload", err);
+        if (ops->pack_reads_host) {
+            /* the pack reads them where they are and leaves them in layout.slot */
+            step->layout.slot_src_host = step->slot_host;
+        } else {
+            status = ops->copy_queued(octx, step->layout.slot, step->slot_host,
+                                      (size_t)n_tokens * world * sizeof(int32_t));
+            if (status != EPD_OK) return op_failed(step, status, "slot upload", err);
+        }
         status = ops->pack(octx, shape, x, topk_ids, topk_weights, &step->layout, step->send_buf);
+        step->layout.slot_src_host = NULL;
         if (status != EPD_OK) return op_failed(step, status, "pack", err);
     } else {
         status = ops->layout(octx, shape, topk_ids, &step->layout);
@@ -471,8 +477,14 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
                    per_rank * sizeof(uint32_t));
             if (scale_on) memcpy(b + 1 + per_rank, &step->scale_max_host[r], sizeof(uint32_t));
         }
-        rc = MPI_Alltoall(step->xsend_block, block, MPI_UINT32_T, step->xrecv_block, block,
-                          MPI_UINT32_T, step->comm);
+        /* one rank exchanges with itself: a copy (the collective costs a microsecond) */
+        if (world == 1) {
+            memcpy(step->xrecv_block, step->xsend_block, (size_t)block * sizeof(uint32_t));
+            rc = MPI_SUCCESS;
+        } else {
+            rc = MPI_Alltoall(step->xsend_block, block, MPI_UINT32_T, step->xrecv_block, block,
+                              MPI_UINT32_T, step->comm);
+        }
         if (rc != MPI_SUCCESS) {
             snprintf(err, EPD_ERR_LEN, "step: MPI_Alltoall of record counts failed (code %d)", rc);
             return EPD_ERR_MPI;

@@ -104,7 +104,9 @@ void epd_step_destroy(epd_step_t *step);
 const epd_step_io_t *epd_step_io(const epd_step_t *step);
 
 /* Runs one step on all ranks of comm (collective; n_tokens may be 0 and differ between ranks).
- * x bf16 [N,H], ids/weights [N,K] and y bf16 [N,H] are ops memory; y is complete on return.
+ * x bf16 [N,H], ids/weights [N,K] and y bf16 [N,H] are ops memory (ids and weights may be
+ * alloc_host memory with ops->pack_reads_host and the ids set by epd_step_set_host_ids: only
+ * the pack reads them); y is complete on return.
  * timing_p may be NULL. A failure after the count exchange leaves the ranks out of step: the
  * caller must treat any error as fatal for the job. */
 epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x,

@@ -307,15 +307,22 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
                        out_copy);
         at += rows;
     }
-    if (n > 0)
-        CHECK_GOTO(copy_queued(engine, io->topk_ids, ids_stage,
-                               (size_t)n * topk * (sizeof(int32_t) + sizeof(float)), false),
-                   out_copy);
+    /* ops whose pack reads page-locked host memory take them from the stage (no copy, no
+     * launch of one); the others get them in one copy */
+    const int32_t *ids_step = ids_stage;
+    const float *w_step = w_stage;
+    if (!ops->pack_reads_host) {
+        if (n > 0)
+            CHECK_GOTO(copy_queued(engine, io->topk_ids, ids_stage,
+                                   (size_t)n * topk * (sizeof(int32_t) + sizeof(float)), false),
+                       out_copy);
+        ids_step = io->topk_ids;
+        w_step = w_dev;
+    }
     /* the ids are on the host: the step lays the tokens out there */
     epd_step_set_host_ids(engine->step, ids_stage);
     uint64_t step_begin_ns = epd_now_ns();
-    CHECK_GOTO(epd_step_run(engine->step, n, x, io->topk_ids, w_dev, y, timing_p, err),
-               out_results);
+    CHECK_GOTO(epd_step_run(engine->step, n, x, ids_step, w_step, y, timing_p, err), out_results);
     uint64_t step_end_ns = epd_now_ns();
     /* a step serves one layer: its requests' (none on a rank that only takes part) */
     pthread_mutex_lock(&engine->mu);

@@ -144,6 +144,10 @@ typedef struct epd_step_layout {
      * scale of the records it writes for rank r (the caller zeroes it first; cuda: the values
      * land with the ops' next sync). The step's scale exchange (DESIGN.md section 3). */
     float *scale_max_host;
+    /* [N*W] alloc_host memory or NULL: slots made on the host (epd_layout_host) that pack reads
+     * there instead of from slot, leaving a copy in slot for the ops after it (combine). Only
+     * with epd_ops_t.pack_reads_host; it spares the step the slots' own upload. */
+    const int32_t *slot_src_host;
 } epd_step_layout_t;
 
 typedef struct epd_ops_ctx epd_ops_ctx_t;
@@ -153,6 +157,10 @@ typedef struct epd_ops {
     const char *name; /* "host" or "cuda" */
     /* Ops memory is device memory, not addressable by the host (false: plain host memory). */
     bool device_memory;
+    /* pack accepts topk_ids, topk_weights and layout->slot_src_host in alloc_host memory (cuda:
+     * page-locked and mapped, read over the bus by the pack kernel): the step's small inputs
+     * then need no copies of their own, each of which costs a launch. */
+    bool pack_reads_host;
 
     epd_status_t (*init)(int device_id, epd_ops_ctx_t **ctx_p, char err[EPD_ERR_LEN]);
     void (*fini)(epd_ops_ctx_t *ctx);
@@ -180,7 +188,8 @@ typedef struct epd_ops {
                                   epd_step_layout_t *layout);
 
     /* Pack (quantizing for FP8) x bf16 [N,H], ids, weights into records at send_buf, record index
-     * from layout->slot. One pass over x. Needs layout->n_tokens and slot, not the counts. With
+     * from layout->slot (or layout->slot_src_host, see there). One pass over x. Needs
+     * layout->n_tokens and slot, not the counts. With
      * shape->quant_error and FP8, the error of each record (a token once per destination) is
      * added to the context's sums (quant_error_take). */
     epd_status_t (*pack)(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, const uint16_t *x,

@@ -56,6 +56,8 @@ struct epd_ops_ctx {
     bool ingest_ready;
     cudaStream_t ingest;
     unsigned long long *ingest_host; /* pinned, INGEST_BLOCKS slots: each block's least bad index */
+    unsigned *ingest_seq_host;       /* pinned, INGEST_BLOCKS: the launch number each block is done with */
+    unsigned ingest_seq;             /* the number of the last launch */
     uint8_t *ingest_stage;           /* pinned staging of ids and weights read back */
     size_t ingest_stage_bytes;
     cudaMemPool_t ingest_pool;       /* device copies of host x made at ingest (NULL: none yet) */
@@ -410,7 +412,8 @@ struct pack_args {
     const uint16_t *x;
     const int32_t *ids;
     const float *weights;
-    const int32_t *slot;
+    const int32_t *slot;  /* read; page-locked host memory when slot_copy is set */
+    int32_t *slot_copy;   /* NULL, or the layout's slots on the device, written from slot */
     uint8_t *send;
     uint32_t n, hidden, h16, k_count, world;
     uint32_t rec_size, rec_scales, rec_ids;
@@ -420,22 +423,34 @@ struct pack_args {
     uint32_t *smax; /* [world] largest scale (fp32 bits) of the records to each rank, or NULL */
 };
 
-/* The metadata words of token t handled by thread `part` of `parts`: ids, weights (bit copies),
- * the source index, then zero padding, to every destination of the token. */
+/* Metadata word j of token t's records: ids, weights (bit copies), the source index, then zero
+ * padding. */
+__device__ __forceinline__ uint32_t tail_word(const pack_args &a, uint32_t t, uint32_t j)
+{
+    if (j < a.k_count) return (uint32_t)a.ids[(size_t)t * a.k_count + j];
+    if (j < 2 * a.k_count) return __float_as_uint(a.weights[(size_t)t * a.k_count + (j - a.k_count)]);
+    return j == 2 * a.k_count ? t : 0u;
+}
+
+/* The metadata words of token t handled by thread `part` of `parts`, to each of its n_dst
+ * records dst[] (the row pack's compacted slots, in shared memory). */
+__device__ __forceinline__ void pack_tail_dsts(const pack_args &a, uint32_t t, const int32_t *dst,
+                                               uint32_t n_dst, uint32_t part, uint32_t parts)
+{
+    for (uint32_t j = part; j < a.tail_words; j += parts) {
+        uint32_t v = tail_word(a, t, j);
+        for (uint32_t d = 0; d < n_dst; d++)
+            *reinterpret_cast<uint32_t *>(a.send + (size_t)dst[d] * a.rec_size + a.rec_ids + 4u * j) = v;
+    }
+}
+
+/* The same to every destination of the token, its slots read from a.slot. */
 __device__ __forceinline__ void pack_tail(const pack_args &a, uint32_t t, uint32_t part,
                                           uint32_t parts)
 {
     const int32_t *slot = a.slot + (size_t)t * a.world;
     for (uint32_t j = part; j < a.tail_words; j += parts) {
-        uint32_t v;
-        if (j < a.k_count)
-            v = (uint32_t)a.ids[(size_t)t * a.k_count + j];
-        else if (j < 2 * a.k_count)
-            v = __float_as_uint(a.weights[(size_t)t * a.k_count + (j - a.k_count)]);
-        else if (j == 2 * a.k_count)
-            v = t;
-        else
-            v = 0;
+        uint32_t v = tail_word(a, t, j);
         for (uint32_t r = 0; r < a.world; r++) {
             int32_t s = slot[r];
             if (s >= 0)
@@ -459,8 +474,11 @@ __global__ void __launch_bounds__(PACK_MAX_THREADS) pack_row_kernel(pack_args a,
     float qe_e2 = 0.0f, qe_r2 = 0.0f; /* telemetry of this thread's elements, records counted */
     for (uint32_t t = blockIdx.x; t < a.n; t += gridDim.x) {
         /* the token's W slots loaded side by side, then compacted in rank order by one thread */
-        for (uint32_t r = threadIdx.x; r < a.world && r < PACK_MAX_DESTS; r += blockDim.x)
-            s_slot[r] = a.slot[(size_t)t * a.world + r];
+        for (uint32_t r = threadIdx.x; r < a.world && r < PACK_MAX_DESTS; r += blockDim.x) {
+            int32_t v = a.slot[(size_t)t * a.world + r];
+            s_slot[r] = v;
+            if (a.slot_copy != NULL) a.slot_copy[(size_t)t * a.world + r] = v;
+        }
         __syncthreads();
         if (threadIdx.x == 0) {
             uint32_t n = 0;
@@ -542,7 +560,7 @@ __global__ void __launch_bounds__(PACK_MAX_THREADS) pack_row_kernel(pack_args a,
                     atomicMax(a.smax + s_rank[d], __float_as_uint(tok_smax));
             }
         }
-        pack_tail(a, t, threadIdx.x, blockDim.x);
+        pack_tail_dsts(a, t, s_dst, n_dst, threadIdx.x, blockDim.x);
         __syncthreads(); /* s_dst is rewritten for the next token */
     }
     if (FP8 && a.qe != NULL) epd_dev_qe_block_add(a.qe, 0, qe_e2, qe_r2);
@@ -1032,6 +1050,7 @@ static void cuda_fini(epd_ops_ctx_t *ctx)
             cudaStreamSynchronize(ctx->ingest);
             if (ctx->ingest_pool != NULL) cudaMemPoolDestroy(ctx->ingest_pool);
             cudaFreeHost(ctx->ingest_host);
+            cudaFreeHost(ctx->ingest_seq_host);
             if (ctx->ingest_stage != NULL) cudaFreeHost(ctx->ingest_stage);
             cudaStreamDestroy(ctx->ingest);
         }
@@ -1257,6 +1276,7 @@ static epd_status_t cuda_pack(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, 
     epd_status_t status;
     epd_record_layout_t rec;
     pack_args a;
+    bool row_kernel;
 
     CHECK_GOTO(enter(ctx), out);
     if (!shape_fits(ctx, shape)) return EPD_ERR_INVALID_ARG;
@@ -1274,6 +1294,20 @@ static epd_status_t cuda_pack(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, 
     a.weights = topk_weights;
     a.slot = layout->slot;
     a.send = (uint8_t *)send_buf;
+    row_kernel = shape->dtype == EPD_WIRE_BF16 || shape->scale == EPD_SCALE_GROUP128;
+    if (layout->slot_src_host != NULL) {
+        /* the row pack reads the host's slots once a token over the bus and leaves them in
+         * layout->slot; the token pack reads its slots in every thread: those are copied */
+        if (row_kernel) {
+            a.slot = layout->slot_src_host;
+            a.slot_copy = layout->slot;
+        } else {
+            CUDA_TRY(ctx, cudaMemcpyAsync(layout->slot, layout->slot_src_host,
+                                          (size_t)layout->n_tokens * shape->world * sizeof(int32_t),
+                                          cudaMemcpyHostToDevice, ctx->stream),
+                     "cudaMemcpyAsync of the slots");
+        }
+    }
     a.n = layout->n_tokens;
     a.hidden = shape->hidden;
     a.h16 = shape->hidden / CHUNK;
@@ -1291,7 +1325,7 @@ static epd_status_t cuda_pack(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, 
                  "cudaMemsetAsync of the scale maxima");
     }
 
-    if (shape->dtype == EPD_WIRE_BF16 || shape->scale == EPD_SCALE_GROUP128) {
+    if (row_kernel) {
         uint32_t threads = row_threads(a.h16, PACK_MAX_THREADS);
         uint32_t passes = (a.h16 + threads - 1) / threads;
         uint32_t blocks = a.n < 0x7fffffffu ? a.n : 0x7fffffffu;
@@ -1668,6 +1702,14 @@ static epd_status_t ingest_setup(epd_ops_ctx_t *ctx, char err[EPD_ERR_LEN])
         cudaStreamDestroy(ctx->ingest);
         return region_fail(err, rc, "cudaMallocHost");
     }
+    if ((rc = cudaMallocHost(&ctx->ingest_seq_host, INGEST_BLOCKS * sizeof *ctx->ingest_seq_host)) !=
+        cudaSuccess) {
+        cudaFreeHost(ctx->ingest_host);
+        cudaStreamDestroy(ctx->ingest);
+        return region_fail(err, rc, "cudaMallocHost");
+    }
+    memset(ctx->ingest_seq_host, 0, INGEST_BLOCKS * sizeof *ctx->ingest_seq_host);
+    ctx->ingest_seq = 0;
     ctx->ingest_ready = true;
     return EPD_OK;
 }
@@ -1677,12 +1719,16 @@ static epd_status_t ingest_setup(epd_ops_ctx_t *ctx, char err[EPD_ERR_LEN])
  * The blocks copy a and b into the pinned stage (host memory the device writes directly: with
  * unified addressing cudaMallocHost memory is mapped), word by word when both ends allow it,
  * and scan x[n] for a bf16 whose exponent is all ones; block j writes the least such index it
- * saw, or ~0, into slots[j] (every slot of the launch is written: nothing to clear first). */
+ * saw, or ~0, into slots[j] (every slot of the launch is written: nothing to clear first), and
+ * then, when done is not NULL, the launch's number seq into done[j] once everything it wrote
+ * is visible to the host: the loop thread waits for those words rather than for the stream,
+ * which reports a kernel's end several microseconds later. */
 __global__ void ingest_kernel(const uint8_t *__restrict__ a, size_t a_bytes,
                               uint8_t *__restrict__ a_dst, const uint8_t *__restrict__ b,
                               size_t b_bytes, uint8_t *__restrict__ b_dst,
                               const uint16_t *__restrict__ x, uint64_t n,
-                              uint16_t *__restrict__ x_dst, unsigned long long *__restrict__ slots)
+                              uint16_t *__restrict__ x_dst, unsigned long long *__restrict__ slots,
+                              unsigned *done, unsigned seq)
 {
     __shared__ unsigned long long least;
     uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1731,6 +1777,35 @@ __global__ void ingest_kernel(const uint8_t *__restrict__ a, size_t a_bytes,
     }
     __syncthreads();
     if (threadIdx.x == 0) slots[blockIdx.x] = least;
+    if (done != NULL) {
+        /* every thread's stores (the staged ids and weights) before the block's word */
+        __threadfence_system();
+        __syncthreads();
+        if (threadIdx.x == 0) *(volatile unsigned *)(done + blockIdx.x) = seq;
+    }
+}
+
+/* Waits until the blocks of ingest launch seq have reported in done[] (see ingest_kernel), or
+ * the stream says the kernel ended (then its words are visible) or failed. */
+static cudaError_t ingest_wait(epd_ops_ctx_t *ctx, uint64_t blocks, unsigned seq)
+{
+    const volatile unsigned *done = ctx->ingest_seq_host;
+    uint64_t j = 0;
+    for (uint32_t spins = 1;; spins++) {
+        while (j < blocks && done[j] == seq) j++;
+        if (j == blocks) break;
+        if ((spins & 255u) == 0) {
+            cudaError_t rc = cudaStreamQuery(ctx->ingest);
+            if (rc == cudaSuccess) {
+                while (j < blocks && done[j] == seq) j++;
+                if (j == blocks) break;
+                return cudaErrorUnknown; /* ended without reporting: not this kernel */
+            }
+            if (rc != cudaErrorNotReady) return rc;
+        }
+    }
+    __atomic_thread_fence(__ATOMIC_ACQUIRE); /* the stage and slots are read after the words */
+    return cudaSuccess;
 }
 
 /* Grows the pinned staging of the ingest to at least bytes. */
@@ -1766,11 +1841,21 @@ static epd_status_t ingest_run(epd_ops_ctx_t *ctx, const void *a, size_t a_bytes
     uint64_t blocks = (items + FLAT_THREADS - 1) / FLAT_THREADS;
     if (blocks > INGEST_BLOCKS) blocks = INGEST_BLOCKS;
     if (blocks == 0) blocks = 1;
+    /* Without a device copy of x the loop thread waits for the blocks' words; a device copy is
+     * read by the step's stream next, so the whole kernel must have finished: a stream sync. */
+    const bool report = x_dst == NULL;
+    unsigned seq = ++ctx->ingest_seq;
+    if (seq == 0) {
+        /* wrapped: no word may still hold the number about to be reused */
+        memset(ctx->ingest_seq_host, 0, INGEST_BLOCKS * sizeof *ctx->ingest_seq_host);
+        seq = ctx->ingest_seq = 1;
+    }
     ingest_kernel<<<(unsigned)blocks, FLAT_THREADS, 0, ctx->ingest>>>(
         (const uint8_t *)a, a_bytes, ctx->ingest_stage + a_at, (const uint8_t *)b, b_bytes,
-        ctx->ingest_stage + b_at, x, x_n, x_dst, ctx->ingest_host);
+        ctx->ingest_stage + b_at, x, x_n, x_dst, ctx->ingest_host,
+        report ? ctx->ingest_seq_host : NULL, seq);
     cudaError_t rc = cudaGetLastError();
-    if (rc == cudaSuccess) rc = cudaStreamSynchronize(ctx->ingest);
+    if (rc == cudaSuccess) rc = report ? ingest_wait(ctx, blocks, seq) : cudaStreamSynchronize(ctx->ingest);
     if (rc != cudaSuccess) return region_fail(err, rc, "reading device tensors");
     if (a_bytes > 0) memcpy(a_dst, ctx->ingest_stage + a_at, a_bytes);
     if (b_bytes > 0) memcpy(b_dst, ctx->ingest_stage + b_at, b_bytes);
@@ -1878,6 +1963,7 @@ static void cuda_ingest_free(epd_ops_ctx_t *ctx, void *copy)
 extern "C" const epd_ops_t epd_ops_cuda = {
     .name = "cuda",
     .device_memory = true,
+    .pack_reads_host = true,
     .init = cuda_init,
     .fini = cuda_fini,
     .alloc = cuda_alloc,

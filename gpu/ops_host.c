@@ -477,6 +477,10 @@ static epd_status_t host_pack(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape, 
     if (x == NULL || topk_ids == NULL || topk_weights == NULL || layout->slot == NULL ||
         (layout->n_send > 0 && send_buf == NULL))
         return BAD_ARGS(ctx, "pack");
+    /* host memory is ops memory: the slots made on the host are the layout's slots */
+    if (layout->slot_src_host != NULL && layout->slot_src_host != layout->slot)
+        memcpy(layout->slot, layout->slot_src_host,
+               (size_t)layout->n_tokens * shape->world * sizeof(int32_t));
     epd_record_layout(shape, &rec);
     world = shape->world;
     hidden = shape->hidden;
@@ -902,6 +906,7 @@ static epd_status_t host_copy_async(epd_ops_ctx_t *ctx, void *dst, const void *s
 const epd_ops_t epd_ops_host = {
     .name = "host",
     .device_memory = false,
+    .pack_reads_host = true,
     .init = host_init,
     .fini = host_fini,
     .alloc = host_alloc,
