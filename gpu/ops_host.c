@@ -357,41 +357,59 @@ epd_status_t epd_layout_host(const epd_moe_shape_t *shape, uint32_t n, const int
                              uint32_t *expert_counts, uint32_t *n_send_p, char err[EPD_ERR_LEN])
 {
     uint32_t world = shape->world, per_rank = shape->num_experts / world, k_count = shape->topk;
+    uint32_t num_experts = shape->num_experts;
+    uint32_t rank_stack[1024], next_stack[256];
+    uint64_t mask_stack[512];
     bool seen[256];
+    /* rank_of: each expert's owner (a table: a division per id cost microseconds at 128
+     * tokens); masks: each token's destinations as bits, with world <= 64 */
+    uint32_t *rank_of = rank_stack, *next = next_stack;
+    uint64_t *masks = mask_stack;
     bool *dest = seen;
-    uint32_t next_stack[256];
-    uint32_t *next = next_stack;
+    const bool narrow = world <= 64;
+    epd_status_t status = EPD_OK;
 
+    if (num_experts > EPD_ARRAY_SIZE(rank_stack)) rank_of = malloc(num_experts * sizeof *rank_of);
+    if (narrow && n > EPD_ARRAY_SIZE(mask_stack)) masks = malloc((size_t)n * sizeof *masks);
     if (world > EPD_ARRAY_SIZE(seen)) {
         dest = malloc(world * sizeof *dest);
         next = malloc(world * sizeof *next);
-        if (dest == NULL || next == NULL) {
-            free(dest);
-            free(next);
-            snprintf(err, EPD_ERR_LEN, "layout: out of memory");
-            return EPD_ERR_NO_MEMORY;
-        }
     }
+    if (rank_of == NULL || masks == NULL || dest == NULL || next == NULL) {
+        snprintf(err, EPD_ERR_LEN, "layout: out of memory");
+        status = EPD_ERR_NO_MEMORY;
+        goto out;
+    }
+    for (uint32_t r = 0; r < world; r++)
+        for (uint32_t j = 0; j < per_rank; j++) rank_of[r * per_rank + j] = r;
 
     /* first pass: validate ids and count records per destination (and tokens per expert) */
     memset(send_counts, 0, world * sizeof(uint32_t));
-    if (expert_counts != NULL) memset(expert_counts, 0, shape->num_experts * sizeof(uint32_t));
+    if (expert_counts != NULL) memset(expert_counts, 0, num_experts * sizeof(uint32_t));
     for (uint32_t t = 0; t < n; t++) {
         const int32_t *ids = topk_ids + (size_t)t * k_count;
-        memset(dest, 0, world * sizeof *dest);
+        uint64_t mask = 0;
         for (uint32_t k = 0; k < k_count; k++) {
-            if (ids[k] == -1) continue;
-            if (ids[k] < -1 || (uint32_t)ids[k] >= shape->num_experts) {
+            int32_t id = ids[k];
+            if ((uint32_t)id + 1u > num_experts) { /* not in [-1, E) */
                 snprintf(err, EPD_ERR_LEN, "layout: expert id %d of token %u is outside [0, %u)",
-                         ids[k], t, shape->num_experts);
-                if (dest != seen) free(dest);
-                if (next != next_stack) free(next);
-                return EPD_ERR_EXPERT_OUT_OF_RANGE;
+                         id, t, num_experts);
+                status = EPD_ERR_EXPERT_OUT_OF_RANGE;
+                goto out;
             }
-            dest[(uint32_t)ids[k] / per_rank] = true;
-            if (expert_counts != NULL) expert_counts[ids[k]]++;
+            if (id < 0) continue;
+            if (narrow) mask |= 1ull << rank_of[id];
+            if (expert_counts != NULL) expert_counts[id]++;
         }
-        for (uint32_t r = 0; r < world; r++) send_counts[r] += dest[r];
+        if (narrow) {
+            masks[t] = mask;
+            for (; mask != 0; mask &= mask - 1) send_counts[__builtin_ctzll(mask)]++;
+        } else {
+            memset(dest, 0, world * sizeof *dest);
+            for (uint32_t k = 0; k < k_count; k++)
+                if (ids[k] >= 0) dest[rank_of[ids[k]]] = true;
+            for (uint32_t r = 0; r < world; r++) send_counts[r] += dest[r];
+        }
     }
     uint32_t total = 0;
     for (uint32_t r = 0; r < world; r++) {
@@ -405,14 +423,22 @@ epd_status_t epd_layout_host(const epd_moe_shape_t *shape, uint32_t n, const int
     for (uint32_t t = 0; t < n; t++) {
         const int32_t *ids = topk_ids + (size_t)t * k_count;
         int32_t *slot = slot_all + (size_t)t * world;
-        memset(dest, 0, world * sizeof *dest);
-        for (uint32_t k = 0; k < k_count; k++)
-            if (ids[k] != -1) dest[(uint32_t)ids[k] / per_rank] = true;
-        for (uint32_t r = 0; r < world; r++) slot[r] = dest[r] ? (int32_t)next[r]++ : -1;
+        if (narrow) {
+            for (uint32_t r = 0; r < world; r++)
+                slot[r] = (masks[t] >> r) & 1u ? (int32_t)next[r]++ : -1;
+        } else {
+            memset(dest, 0, world * sizeof *dest);
+            for (uint32_t k = 0; k < k_count; k++)
+                if (ids[k] >= 0) dest[rank_of[ids[k]]] = true;
+            for (uint32_t r = 0; r < world; r++) slot[r] = dest[r] ? (int32_t)next[r]++ : -1;
+        }
     }
+out:
+    if (rank_of != rank_stack) free(rank_of);
+    if (masks != mask_stack) free(masks);
     if (dest != seen) free(dest);
     if (next != next_stack) free(next);
-    return EPD_OK;
+    return status;
 }
 
 static epd_status_t host_layout(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shape,
