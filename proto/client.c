@@ -33,6 +33,7 @@
 #define CLIENT_MAX_PAYLOAD ((uint64_t)1 << 36)
 #define CLIENT_READ_CHUNK (256u * 1024u)
 #define CLIENT_SNDBUF_BYTES (4 * 1024 * 1024)
+#define SUBMIT_META_CAP 1024 /* a SUBMIT's meta: four tensors of fixed names, ~600 bytes at most */
 
 typedef struct queued_frame {
     epd_frame_t frame;
@@ -836,24 +837,32 @@ typedef struct client_region {
     struct client_region *next;
 } client_region_t;
 
-static void add_place(cJSON *tensors, const char *name, const char *dtype, uint64_t rows,
-                      uint64_t cols, const epd_client_tensor_t *t, uint64_t *payload_at,
-                      uint64_t bytes)
+/* Appends `"name":{"dtype":…,"shape":[rows,cols],…}` (with a leading comma unless first) at
+ * *at in buf (SUBMIT_META_CAP bytes; *at past it when it did not fit): the tensor in its region, or its byte range in the
+ * payload, which then grows by bytes. Written with snprintf: cJSON's printer formats every
+ * number as a double and reads it back, which cost 23 us a SUBMIT on a slow core (the
+ * daemon's validation of the same SUBMIT takes 2). */
+static void put_place(char *buf, size_t *at, bool first, const char *name, const char *dtype,
+                      uint64_t rows, uint64_t cols, const epd_client_tensor_t *t,
+                      uint64_t *payload_at, uint64_t bytes)
 {
-    cJSON *d = cJSON_AddObjectToObject(tensors, name);
-    cJSON_AddStringToObject(d, "dtype", dtype);
-    cJSON *shape = cJSON_AddArrayToObject(d, "shape");
-    cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)rows));
-    cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)cols));
+    size_t cap = SUBMIT_META_CAP;
+    int n;
+
+    if (*at >= cap) return;
     if (t->region != 0) {
-        cJSON_AddNumberToObject(d, "region", (double)t->region);
-        cJSON_AddNumberToObject(d, "offset", (double)t->offset);
-        return;
+        n = snprintf(buf + *at, cap - *at,
+                     "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%" PRIu64 ",%" PRIu64
+                     "],\"region\":%" PRIu32 ",\"offset\":%" PRIu64 "}",
+                     first ? "" : ",", name, dtype, rows, cols, t->region, t->offset);
+    } else {
+        n = snprintf(buf + *at, cap - *at,
+                     "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%" PRIu64 ",%" PRIu64
+                     "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}",
+                     first ? "" : ",", name, dtype, rows, cols, *payload_at, *payload_at + bytes);
+        *payload_at += bytes;
     }
-    cJSON *off = cJSON_AddArrayToObject(d, "data_offsets");
-    cJSON_AddItemToArray(off, cJSON_CreateNumber((double)*payload_at));
-    cJSON_AddItemToArray(off, cJSON_CreateNumber((double)(*payload_at + bytes)));
-    *payload_at += bytes;
+    *at = n < 0 ? cap : *at + (size_t)n;
 }
 
 /* Encodes a SUBMIT of req: tensors in regions are named, the others travel in the payload. */
@@ -871,42 +880,31 @@ static int encode_request(epd_client_t *c, const epd_client_request_t *r, epd_fr
                            "a request needs N, H, K >= 1 and x, topk_ids, topk_weights in a "
                            "region or in memory");
     }
-    cJSON *meta = cJSON_CreateObject();
-    if (meta == NULL) return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "out of memory");
-    cJSON_AddNumberToObject(meta, "id", (double)r->id);
-    if (r->layer >= 0) cJSON_AddNumberToObject(meta, "layer", r->layer);
-    cJSON *tensors = cJSON_AddObjectToObject(meta, "tensors");
+    char text[SUBMIT_META_CAP];
+    size_t meta_len = 0;
+    int n = r->layer >= 0 ? snprintf(text, sizeof text, "{\"id\":%" PRIu64 ",\"layer\":%d,"
+                                                       "\"tensors\":{", r->id, r->layer)
+                          : snprintf(text, sizeof text, "{\"id\":%" PRIu64 ",\"tensors\":{",
+                                     r->id);
+    meta_len = n < 0 ? sizeof text : (size_t)n;
     /* payload order: ids, weights, x (as epd_frame_encode_submit) */
-    add_place(tensors, "topk_ids", r->ids_i64 ? "i64" : "i32", r->n_tokens, r->topk, &r->topk_ids,
-              &at, id_bytes);
-    add_place(tensors, "topk_weights", "f32", r->n_tokens, r->topk, &r->topk_weights, &at,
-              w_bytes);
-    add_place(tensors, "x", "bf16", r->n_tokens, r->hidden, &r->x, &at, x_bytes);
+    put_place(text, &meta_len, true, "topk_ids", r->ids_i64 ? "i64" : "i32", r->n_tokens, r->topk,
+              &r->topk_ids, &at, id_bytes);
+    put_place(text, &meta_len, false, "topk_weights", "f32", r->n_tokens, r->topk,
+              &r->topk_weights, &at, w_bytes);
+    put_place(text, &meta_len, false, "x", "bf16", r->n_tokens, r->hidden, &r->x, &at, x_bytes);
     if (r->y.region != 0)
-        add_place(tensors, "y", "bf16", r->n_tokens, r->hidden, &r->y, &at, x_bytes);
-    /* ids are exact in JSON below 2^53 (cJSON prints doubles); larger ones as text */
-    if (r->id > (UINT64_C(1) << 53)) {
-        char text[32];
-        snprintf(text, sizeof text, "%" PRIu64, r->id);
-        cJSON_ReplaceItemInObject(meta, "id", cJSON_CreateRaw(text));
-    }
-    char *text = cJSON_PrintUnformatted(meta);
-    cJSON_Delete(meta);
-    if (text == NULL) return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "out of memory");
-    size_t meta_len = strlen(text);
-    if (meta_len > EPD_FRAME_MAX_META) {
-        free(text);
+        put_place(text, &meta_len, false, "y", "bf16", r->n_tokens, r->hidden, &r->y, &at,
+                  x_bytes);
+    if (meta_len + 3 > sizeof text)
         return client_fail(c, EPD_CLIENT_ERR_INVALID_ARG, NULL, "request meta too large");
-    }
+    memcpy(text + meta_len, "}}", 3);
+    meta_len += 2;
     memset(out, 0, sizeof *out);
     out->head = malloc(EPD_FRAME_HEADER_LEN + meta_len);
-    if (out->head == NULL) {
-        free(text);
-        return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "out of memory");
-    }
+    if (out->head == NULL) return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "out of memory");
     epd_frame_header_encode(EPD_FRAME_SUBMIT, (uint32_t)meta_len, at, out->head);
     memcpy(out->head + EPD_FRAME_HEADER_LEN, text, meta_len);
-    free(text);
     out->head_len = EPD_FRAME_HEADER_LEN + meta_len;
     if (r->topk_ids.region == 0) {
         out->part[out->n_parts] = r->topk_ids.data;
