@@ -1738,14 +1738,17 @@ __global__ void ingest_kernel(const uint8_t *__restrict__ a, size_t a_bytes,
     const uint8_t *src[2] = {a, b};
     uint8_t *dst[2] = {a_dst, b_dst};
     size_t bytes[2] = {a_bytes, b_bytes};
+    bool staged = false; /* this thread wrote to the pinned stage */
     for (int t = 0; t < 2; t++) {
         if (bytes[t] == 0) continue;
         if ((((uintptr_t)src[t] | (uintptr_t)dst[t] | bytes[t]) & 3u) == 0) {
             const uint32_t *s = (const uint32_t *)src[t];
             uint32_t *d = (uint32_t *)dst[t];
             for (uint64_t i = tid; i < bytes[t] / 4; i += stride) d[i] = s[i];
+            staged |= tid < bytes[t] / 4;
         } else {
             for (uint64_t i = tid; i < bytes[t]; i += stride) dst[t][i] = src[t][i];
+            staged |= tid < bytes[t];
         }
     }
     __syncthreads();
@@ -1778,10 +1781,15 @@ __global__ void ingest_kernel(const uint8_t *__restrict__ a, size_t a_bytes,
     __syncthreads();
     if (threadIdx.x == 0) slots[blockIdx.x] = least;
     if (done != NULL) {
-        /* every thread's stores (the staged ids and weights) before the block's word */
-        __threadfence_system();
+        /* the staged ids and weights, then the slot, visible before the block's word: a system
+         * fence in each thread that wrote them (not in all: a fence of the whole grid costs
+         * microseconds at 128 tokens' 448 blocks), then the barrier, then thread 0's */
+        if (staged) __threadfence_system();
         __syncthreads();
-        if (threadIdx.x == 0) *(volatile unsigned *)(done + blockIdx.x) = seq;
+        if (threadIdx.x == 0) {
+            __threadfence_system();
+            *(volatile unsigned *)(done + blockIdx.x) = seq;
+        }
     }
 }
 

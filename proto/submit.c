@@ -406,7 +406,14 @@ epd_status_t epd_submit_validate_regions(const epd_frame_t *frame,
 
     status = check_ids(view_p->topk_ids, n_tokens, limits->topk, limits->num_experts, err);
     if (status != EPD_OK) return status;
+    /* the weights' exponents or'ed together first (vectorized), the index only when one is bad */
+    uint32_t all_ones = 0;
     for (uint64_t i = 0; i < n_slots; i++) {
+        uint32_t bits;
+        memcpy(&bits, &view_p->topk_weights[i], sizeof bits);
+        all_ones |= (bits & 0x7f800000u) == 0x7f800000u;
+    }
+    for (uint64_t i = 0; all_ones && i < n_slots; i++) {
         if (!isfinite(view_p->topk_weights[i])) {
             snprintf(err, EPD_ERR_LEN, "token %" PRIu64 " slot %" PRIu64 ": weight is %s",
                      i / limits->topk, i % limits->topk,
