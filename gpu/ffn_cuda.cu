@@ -975,9 +975,12 @@ static epd_status_t probe_strided(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
         size_t es = fp8 ? 1 : 2, out_es = f->d_bf16[proj] ? 2 : 4;
         size_t kb = k / GROUP, w_per = (size_t)(nn / GROUP) * l4(k), d_per = (size_t)rows * nn;
         size_t d_bytes = batch * d_per * out_es;
+        /* the scales with room after them (zeros): should cuBLASLt read a batch's scales at
+         * larger strides than assumed, the check sees wrong sums, never a fault */
+        size_t bs_n = batch * rows * kb, ws_n = batch * w_per, slack = 4 * (ws_n + bs_n) + 65536;
         void *b = dalloc(batch * rows * k * es), *d1 = dalloc(d_bytes), *d2 = dalloc(d_bytes);
-        float *bs = (float *)dalloc(batch * rows * kb * sizeof(float));
-        float *ws = (float *)dalloc(batch * w_per * sizeof(float));
+        float *bs = (float *)dalloc((bs_n + slack) * sizeof(float));
+        float *ws = (float *)dalloc((ws_n + slack) * sizeof(float));
         void *h1 = malloc(d_bytes), *h2 = malloc(d_bytes);
         const uint8_t *w = (const uint8_t *)(proj == PROJ_GATE_UP ? l->gate_up : l->down);
         gemm_plan_t *plan;
@@ -987,13 +990,20 @@ static epd_status_t probe_strided(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
             snprintf(err, EPD_ERR_LEN, "ffn experts: out of memory for the strided check");
             status = EPD_ERR_NO_MEMORY;
         }
+        if (status == EPD_OK && (cudaMemsetAsync(bs, 0, (bs_n + slack) * sizeof(float),
+                                                 f->stream) != cudaSuccess ||
+                                 cudaMemsetAsync(ws, 0, (ws_n + slack) * sizeof(float),
+                                                 f->stream) != cudaSuccess)) {
+            snprintf(err, EPD_ERR_LEN, "ffn experts: the strided check's memset failed");
+            status = EPD_ERR_CUDA;
+        }
         if (status == EPD_OK) {
             if (fp8)
                 fill_probe_e4m3<<<256, 256, 0, f->stream>>>((uint8_t *)b, batch * rows * k, 5);
             else
                 fill_random_bf16<<<256, 256, 0, f->stream>>>((uint16_t *)b, batch * rows * k, 5);
-            fill_probe_scales<<<64, 256, 0, f->stream>>>(bs, batch * rows * kb, rows * kb, 3);
-            fill_probe_scales<<<64, 256, 0, f->stream>>>(ws, batch * w_per, w_per, -1);
+            fill_probe_scales<<<64, 256, 0, f->stream>>>(bs, bs_n, rows * kb, 3);
+            fill_probe_scales<<<64, 256, 0, f->stream>>>(ws, ws_n, w_per, -1);
             if (cudaGetLastError() != cudaSuccess) {
                 snprintf(err, EPD_ERR_LEN, "ffn experts: the strided check's fill failed");
                 status = EPD_ERR_CUDA;
