@@ -46,7 +46,7 @@ typedef struct ffn_sweep {
 #ifdef EPD_HAVE_CUDA
     epd_ffn_cuda_tuning_t tuning;
 #endif
-    bool bf16_only; /* batched GEMMs: BF16 weights only */
+    bool bf16_only; /* batched and grouped GEMMs: BF16 weights only */
     bool fp8_only;  /* FP8 fast accumulation */
 } ffn_sweep_t;
 
@@ -69,6 +69,14 @@ static ffn_sweep_t sweeps[] = {
     {.name = "streams=4,autotune,fast_accum",
      .tuning = {.streams = 4, .autotune = true, .fast_accum = true},
      .fp8_only = true},
+    /* strided batches over runs of consecutive experts (gpu/ffn_cuda.h), the run cost in rows */
+    {.name = "strided",
+     .tuning = {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST}},
+    {.name = "strided,streams=1",
+     .tuning = {.streams = 1, .strided = true, .run_cost = EPD_FFN_RUN_COST}},
+    {.name = "strided,cost=64", .tuning = {.streams = 4, .strided = true, .run_cost = 64}},
+    {.name = "strided,one", .tuning = {.streams = 1, .strided = true, .run_cost = UINT32_MAX}},
+    {.name = "grouped", .tuning = {.streams = 1, .grouped = true}, .bf16_only = true},
 };
 #else
 static ffn_sweep_t sweeps[] = {{.name = "default"}};
@@ -308,11 +316,12 @@ static void print_plans(const epd_ffn_cuda_t *ffn, const epd_ffn_weights_t *w, c
     for (uint32_t i = 0; i < n && i < 256; i++) {
         const epd_ffn_cuda_plan_info_t *p = &info[i];
         double bytes = 2.0 * w->intermediate * w->hidden * es / (p->proj == 0 ? 1 : 2);
-        printf("ffn-plan weights=%s tuning=%s proj=%s rows=%u batch=%u tile=%u splitk=%u "
-               "waves=%.2f candidates=%u chosen=%u heuristic_us=%.1f chosen_us=%.1f "
+        printf("ffn-plan weights=%s tuning=%s proj=%s rows=%u batch=%u batch_mode=%s tile=%u "
+               "splitk=%u waves=%.2f candidates=%u chosen=%u heuristic_us=%.1f chosen_us=%.1f "
                "heuristic_GBps=%.0f chosen_GBps=%.0f\n",
                epd_ffn_format_name(w->format), tuning, p->proj == 0 ? "gate_up" : "down",
-               p->rows, p->batch, p->tile, p->splitk, p->waves, p->candidates, p->chosen,
+               p->rows, p->batch,
+               p->batch == 0 ? "none" : p->strided ? "strided" : "pointers", p->tile, p->splitk, p->waves, p->candidates, p->chosen,
                p->heuristic_us, p->chosen_us, p->heuristic_us > 0 ? bytes / p->heuristic_us / 1e3 : 0,
                p->chosen_us > 0 ? bytes / p->chosen_us / 1e3 : 0);
     }

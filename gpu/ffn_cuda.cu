@@ -10,7 +10,9 @@
  *           out); experts spread over the tuning's streams (forked from and joined back into the
  *           caller's stream with events, so the call stays one stream's work and capturable), or
  *           for BF16 weights one pointer-array batched GEMM per group of experts with equal
- *           padded rows;
+ *           padded rows, or one cublasGemmGroupedBatchedEx per projection (grouped); or runs of
+ *           consecutive experts padded to one row count as one strided-batched GEMM per
+ *           projection (strided: BF16, and FP8 where cuBLASLt's batched block scales check out);
  *   combine the weighted sum over ascending k (section 2 step 6, multiply then add) into the
  *           partials: BF16, or FP8 group128 with fp32 scales (combine.dtype fp8, the bytes of
  *           epd_partial_store_host, gpu/partial_dev.cuh).
@@ -21,8 +23,11 @@
  * layouts): the weights' 128x128 blocks (BLK128x128_32F) are [N/128][L4] with L4 = K/128 rounded
  * up to 4, the activations' 1x128 blocks (VEC128_32F) [K/128][rows] per expert. */
 #include <cublasLt.h>
+#include <cublas_api.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,7 +63,8 @@ typedef struct gemm_plan {
     bool valid;
     bool tuned;     /* the algorithm is the fastest of the timed candidates */
     uint32_t n;     /* padded rows */
-    uint32_t batch; /* 0: one GEMM; else a pointer-array batch of this many */
+    uint32_t batch; /* 0: one GEMM; else a batch of this many */
+    bool strided;   /* batch > 0: strided (consecutive experts), else pointer arrays */
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulAlgo_t algo;
     /* what epd_ffn_cuda_plans reports */
@@ -66,6 +72,34 @@ typedef struct gemm_plan {
     float waves;
     double heuristic_us, chosen_us;
 } gemm_plan_t;
+
+/* strided: experts [first, first + count), rows rows each from row row0 (the run's largest
+ * padded row count) */
+typedef struct expert_run {
+    uint32_t first, count, rows, row0;
+} expert_run_t;
+
+/* batched and grouped: the experts with n padded rows, count of them, the first's index among
+ * the call's experts with rows (fill_batches) */
+typedef struct batch_group {
+    uint32_t n, count, first;
+} batch_group_t;
+
+/* grouped: libcublas's entry points, loaded at run time (epd links only cuBLASLt) */
+typedef struct cublas_fns {
+    decltype(&cublasCreate_v2) create;
+    decltype(&cublasDestroy_v2) destroy;
+    decltype(&cublasSetStream_v2) set_stream;
+    decltype(&cublasSetWorkspace_v2) set_workspace;
+    decltype(&cublasGemmGroupedBatchedEx) gemm_grouped;
+} cublas_fns_t;
+
+/* grouped: one call's host arguments, group_count entries each (at most n_local) */
+typedef struct grouped_args {
+    cublasOperation_t *ta, *tb;
+    int *m, *n, *k, *lda, *ldb, *ldc, *size;
+    float *alpha, *beta;
+} grouped_args_t;
 
 struct epd_ffn_cuda {
     epd_ffn_format_t format;
@@ -85,9 +119,17 @@ struct epd_ffn_cuda {
     cublasLtMatmulPreference_t pref;
     gemm_plan_t plans[N_PROJ][PLAN_CACHE];
     uint32_t next_plan[N_PROJ];
+    uint64_t *dp_best;  /* [n_local + 1], [n_local + 1]: plan_runs' scratch */
+    uint32_t *dp_from;
     /* GEMM outputs in BF16: where cuBLASLt has no fp32-out GEMM of the format (the intermediate
      * is then rounded once more, inside section 9's tolerance) */
     bool d_bf16[N_PROJ];
+    expert_run_t *runs; /* [n_local]: the strided runs of the current call */
+    batch_group_t *groups; /* [n_local]: the batched or grouped call's groups */
+    void *cublas_lib;   /* grouped: dlopen's handle, the entry points and a cuBLAS handle */
+    cublas_fns_t cb;
+    cublasHandle_t cublas;
+    grouped_args_t ga;
 
     /* per-call buffers, grown on demand */
     uint32_t cap_pairs, cap_rows;
@@ -399,19 +441,24 @@ static void plans_clear(epd_ffn_cuda_t *f)
     }
 }
 
-/* A layout, made a pointer-array batch of `batch` when batch > 0. */
+/* A layout, made a batch of `batch` when batch > 0: strided by stride elements (the next
+ * matrix's offset; a whole matrix, rows x cols) when strided, else a pointer-array batch. */
 static cublasStatus_t layout_create(cublasLtMatrixLayout_t *l, cudaDataType_t type, uint64_t rows,
-                                    uint64_t cols, int64_t ld, uint32_t batch)
+                                    uint64_t cols, int64_t ld, uint32_t batch, bool strided)
 {
     cublasStatus_t st = cublasLtMatrixLayoutCreate(l, type, rows, cols, ld);
     if (st != CUBLAS_STATUS_SUCCESS || batch == 0) return st;
     int32_t count = (int32_t)batch;
-    uint32_t mode = CUBLASLT_BATCH_MODE_POINTER_ARRAY;
+    uint32_t mode = strided ? CUBLASLT_BATCH_MODE_STRIDED : CUBLASLT_BATCH_MODE_POINTER_ARRAY;
+    int64_t stride = (int64_t)(ld * cols);
     st = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
                                           sizeof count);
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode,
                                               sizeof mode);
+    if (st == CUBLAS_STATUS_SUCCESS && strided)
+        st = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                              &stride, sizeof stride);
     if (st != CUBLAS_STATUS_SUCCESS) cublasLtMatrixLayoutDestroy(*l);
     return st;
 }
@@ -573,12 +620,14 @@ static uint32_t plan_candidates(epd_ffn_cuda_t *f, int proj, const gemm_plan_t *
 }
 
 /* The plan (layouts and algorithm) of a projection at n padded rows (batch 0: one GEMM, else a
- * pointer-array batch of that many), from the cache or made (the heuristic runs once per key).
+ * strided or pointer-array batch of that many), from the cache or made (the heuristic runs once
+ * per key).
  * With the tuning's autotune, a single GEMM's plan wanted with a layer l is made by timing its
  * candidates on l's weights (time_candidates); l NULL (the start-up check): the heuristic's
  * first, timed at its first use with a layer. */
 static epd_status_t get_plan(epd_ffn_cuda_t *f, int proj, const dev_layer_t *l, uint32_t n,
-                             uint32_t batch, gemm_plan_t **plan_p, char err[EPD_ERR_LEN])
+                             uint32_t batch, bool strided, gemm_plan_t **plan_p,
+                             char err[EPD_ERR_LEN])
 {
     bool fp8 = f->format == EPD_FFN_FP8_BLOCK;
     bool tune = f->tuning.autotune && batch == 0 && l != NULL;
@@ -593,7 +642,8 @@ static epd_status_t get_plan(epd_ffn_cuda_t *f, int proj, const dev_layer_t *l, 
 
     for (uint32_t i = 0; i < PLAN_CACHE; i++) {
         gemm_plan_t *q = &f->plans[proj][i];
-        if (!q->valid || q->n != n || q->batch != batch) continue;
+        if (!q->valid || q->n != n || q->batch != batch || (batch > 0 && q->strided != strided))
+            continue;
         if (q->tuned || !tune) {
             *plan_p = q;
             return EPD_OK;
@@ -603,12 +653,13 @@ static epd_status_t get_plan(epd_ffn_cuda_t *f, int proj, const dev_layer_t *l, 
     if (p == NULL) p = &f->plans[proj][f->next_plan[proj]++ % PLAN_CACHE];
     plan_destroy(p);
     proj_dims(f, proj, &nn, &k);
-    if (layout_create(&p->a, in, k, nn, k, batch) != CUBLAS_STATUS_SUCCESS) goto layout_failed;
-    if (layout_create(&p->b, in, k, n, k, batch) != CUBLAS_STATUS_SUCCESS) {
+    if (layout_create(&p->a, in, k, nn, k, batch, strided) != CUBLAS_STATUS_SUCCESS)
+        goto layout_failed;
+    if (layout_create(&p->b, in, k, n, k, batch, strided) != CUBLAS_STATUS_SUCCESS) {
         cublasLtMatrixLayoutDestroy(p->a);
         goto layout_failed;
     }
-    if (layout_create(&p->d, out, nn, n, nn, batch) != CUBLAS_STATUS_SUCCESS) {
+    if (layout_create(&p->d, out, nn, n, nn, batch, strided) != CUBLAS_STATUS_SUCCESS) {
         cublasLtMatrixLayoutDestroy(p->a);
         cublasLtMatrixLayoutDestroy(p->b);
         goto layout_failed;
@@ -628,7 +679,8 @@ static epd_status_t get_plan(epd_ffn_cuda_t *f, int proj, const dev_layer_t *l, 
                  "ffn experts: cuBLASLt has no %s GEMM (%s out%s) for M %u, N %u, K %u on "
                  "this device",
                  fp8 ? "FP8 block-scaled" : "BF16", f->d_bf16[proj] ? "BF16" : "fp32",
-                 batch ? ", pointer-array batch" : "", nn, n, k);
+                 batch == 0 ? "" : strided ? ", strided batch" : ", pointer-array batch", nn, n,
+                 k);
         return EPD_ERR_UNSUPPORTED;
     }
     p->chosen = 0;
@@ -649,6 +701,7 @@ static epd_status_t get_plan(epd_ffn_cuda_t *f, int proj, const dev_layer_t *l, 
     p->algo = cand[p->chosen];
     p->waves = waves[p->chosen];
     p->batch = batch;
+    p->strided = batch > 0 && strided;
     *plan_p = p;
     return EPD_OK;
 layout_failed:
@@ -677,6 +730,7 @@ extern "C" uint32_t epd_ffn_cuda_plans(const epd_ffn_cuda_t *f, epd_ffn_cuda_pla
                 o->proj = (uint32_t)proj;
                 o->rows = p->n;
                 o->batch = p->batch;
+                o->strided = p->strided;
                 o->tile = tile;
                 o->splitk = splitk > 0 ? (uint32_t)splitk : 1;
                 o->candidates = p->candidates;
@@ -691,38 +745,49 @@ extern "C" uint32_t epd_ffn_cuda_plans(const epd_ffn_cuda_t *f, epd_ffn_cuda_pla
     return count;
 }
 
+/* One cublasLtMatmul of plan on stream s: A the weights w (with the FP8 block scales ws), B
+ * the activations b (with the 1x128 scales bs), D d. A batched plan takes the batch's first
+ * matrices and scales; the others follow at the plan's strides. */
+static epd_status_t matmul(epd_ffn_cuda_t *f, int proj, const gemm_plan_t *plan, const void *w,
+                           const float *ws, const void *b, const float *bs, void *d, uint32_t s,
+                           char err[EPD_ERR_LEN])
+{
+    const float one = 1.0f, zero = 0.0f;
+    if (f->format == EPD_FFN_FP8_BLOCK) {
+        LT(cublasLtMatmulDescSetAttribute(f->desc[proj], CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ws,
+                                          sizeof ws), "A scale pointer");
+        LT(cublasLtMatmulDescSetAttribute(f->desc[proj], CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bs,
+                                          sizeof bs), "B scale pointer");
+    }
+    LT(cublasLtMatmul(f->lt, f->desc[proj], &one, w, plan->a, b, plan->b, &zero, d, plan->d, d,
+                      plan->d, &plan->algo, f->workspace[s], WORKSPACE_BYTES, f->streams[s]),
+       plan->batch ? "cublasLtMatmul (strided batch)" : "cublasLtMatmul");
+    return EPD_OK;
+}
+
 /* D ([n][N] at out's row0) = the n padded rows of expert e from row0 of act times its weights,
- * on stream s. */
+ * on stream s; with batch > 0, a strided batch of the experts e .. e + batch - 1, n rows each
+ * from row0 on (their weights, block scales, activations, activation scales and outputs at
+ * fixed strides). */
 static epd_status_t gemm(epd_ffn_cuda_t *f, int proj, const dev_layer_t *l, uint32_t e,
-                         uint32_t row0, uint32_t n, const void *act, const float *act_scale,
-                         void *out, uint32_t s, char err[EPD_ERR_LEN])
+                         uint32_t row0, uint32_t n, uint32_t batch, const void *act,
+                         const float *act_scale, void *out, uint32_t s, char err[EPD_ERR_LEN])
 {
     bool fp8 = f->format == EPD_FFN_FP8_BLOCK;
     size_t es = fp8 ? 1 : 2;
     uint32_t nn, k;
     gemm_plan_t *plan;
     epd_status_t status;
-    const float one = 1.0f, zero = 0.0f;
 
     proj_dims(f, proj, &nn, &k);
-    status = get_plan(f, proj, l, n, 0, &plan, err);
+    status = get_plan(f, proj, l, n, batch, true, &plan, err);
     if (status != EPD_OK) return status;
     const uint8_t *w = (const uint8_t *)(proj == PROJ_GATE_UP ? l->gate_up : l->down) +
                        (size_t)e * nn * k * es;
     const uint8_t *b = (const uint8_t *)act + (size_t)row0 * k * es;
     void *d = (uint8_t *)out + (size_t)row0 * nn * (f->d_bf16[proj] ? 2 : 4);
-    if (fp8) {
-        const float *ws = weight_scales(f, l, proj, e);
-        const float *as = act_scale + (size_t)row0 * (k / GROUP);
-        LT(cublasLtMatmulDescSetAttribute(f->desc[proj], CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ws,
-                                          sizeof ws), "A scale pointer");
-        LT(cublasLtMatmulDescSetAttribute(f->desc[proj], CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &as,
-                                          sizeof as), "B scale pointer");
-    }
-    LT(cublasLtMatmul(f->lt, f->desc[proj], &one, w, plan->a, b, plan->b, &zero, d, plan->d, d,
-                      plan->d, &plan->algo, f->workspace[s], WORKSPACE_BYTES, f->streams[s]),
-       "cublasLtMatmul");
-    return EPD_OK;
+    return matmul(f, proj, plan, w, fp8 ? weight_scales(f, l, proj, e) : NULL, b,
+                  fp8 ? act_scale + (size_t)row0 * (k / GROUP) : NULL, d, s, err);
 }
 
 /* A pointer-array batch of `batch` GEMMs of n rows each (BF16): ptrs holds the device arrays A,
@@ -732,7 +797,7 @@ static epd_status_t gemm_batched(epd_ffn_cuda_t *f, int proj, uint32_t n, uint32
 {
     gemm_plan_t *plan;
     const float one = 1.0f, zero = 0.0f;
-    epd_status_t status = get_plan(f, proj, NULL, n, batch, &plan, err);
+    epd_status_t status = get_plan(f, proj, NULL, n, batch, false, &plan, err);
     if (status != EPD_OK) return status;
     LT(cublasLtMatmul(f->lt, f->desc[proj], &one, ptrs, plan->a, ptrs + batch, plan->b, &zero,
                       ptrs + 2 * batch, plan->d, ptrs + 2 * batch, plan->d, &plan->algo,
@@ -787,6 +852,13 @@ extern "C" void epd_ffn_cuda_destroy(epd_ffn_cuda_t *f)
     cudaFreeHost(f->host);
     for (int i = 0; i < HOST_SLOTS; i++)
         if (f->host_done[i] != NULL) cudaEventDestroy(f->host_done[i]);
+    if (f->cublas != NULL) f->cb.destroy(f->cublas);
+    if (f->cublas_lib != NULL) dlclose(f->cublas_lib);
+    free(f->runs);
+    free(f->groups);
+    free(f->dp_best);
+    free(f->dp_from);
+    free(f->ga.ta);
     if (f->own_stream && f->stream != NULL) cudaStreamDestroy(f->stream);
     free(f);
 }
@@ -832,16 +904,249 @@ static epd_status_t upload_block_scales(float **dst, const float *src, uint32_t 
     return status;
 }
 
+/* ---- the batched tunings' checks (when set) ---------------------------------------------- */
+
+/* p[i] = an e4m3 byte of magnitude in [0.25, 1.875] and random sign, from a hash of (i, seed) */
+__global__ void fill_probe_e4m3(uint8_t *p, size_t n, uint32_t seed)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t x = (uint32_t)i * 0x9e3779b1u ^ seed * 0x85ebca6bu;
+        x ^= x >> 15;
+        x *= 0x2c1b3c6du;
+        x ^= x >> 12;
+        p[i] = (uint8_t)((x & 0x80u) | (0x28u + (x >> 8) % 0x18u));
+    }
+}
+
+/* p[i] = (1 + (i % 7) / 8) * 2^(shift * (i / per)): scales that differ between the batch's
+ * matrices (per scales each), so that one read at another matrix's offset shows */
+__global__ void fill_probe_scales(float *p, size_t n, size_t per, int shift)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        p[i] = ldexpf(1.0f + (float)(i % 7) * 0.125f, shift * (int)(i / per));
+}
+
+/* The worst relative L2 over batch matrices of rows x nn outputs (fp32, or BF16 with bf16) of
+ * got against ref (host copies); *worst_at_p the matrix. NaN is the worst. */
+static double worst_matrix(const void *got, const void *ref, uint32_t batch, size_t per,
+                           bool bf16, uint32_t *worst_at_p)
+{
+    double worst = 0;
+    *worst_at_p = 0;
+    for (uint32_t b = 0; b < batch; b++) {
+        double num = 0, den = 0;
+        for (size_t i = b * per; i < (b + 1) * per; i++) {
+            double x = bf16 ? epd_bf16_to_f32(((const uint16_t *)got)[i])
+                            : ((const float *)got)[i];
+            double y = bf16 ? epd_bf16_to_f32(((const uint16_t *)ref)[i])
+                            : ((const float *)ref)[i];
+            num += (x - y) * (x - y);
+            den += y * y;
+        }
+        double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+        if (!(rel <= worst)) {
+            worst = rel;
+            *worst_at_p = b;
+        }
+    }
+    return worst;
+}
+
+/* strided: a strided batch of the first (up to) 3 experts' GEMMs of each projection, 16 rows
+ * each, on random activations and, for FP8 weights, on block and activation scales that differ
+ * between the batch's experts (by powers of 2 and 8), against the same experts' single GEMMs:
+ * EPD_ERR_UNSUPPORTED saying so when they disagree (cuBLASLt reads the scales of a batch at
+ * other strides than the weights' and activations' layouts give) or when cuBLASLt has no such
+ * batch; EPD_OK with fewer than 2 experts (every run is one expert, no batch). On f->stream,
+ * waited for. */
+static epd_status_t probe_strided(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
+{
+    const uint32_t rows = 16, batch = f->n_local < 3 ? f->n_local : 3;
+    bool fp8 = f->format == EPD_FFN_FP8_BLOCK;
+    epd_status_t status = EPD_OK;
+
+    if (batch < 2 || f->n_layers == 0) return EPD_OK;
+    const dev_layer_t *l = &f->layers[0];
+    for (int proj = 0; proj < N_PROJ && status == EPD_OK; proj++) {
+        uint32_t nn, k;
+        proj_dims(f, proj, &nn, &k);
+        size_t es = fp8 ? 1 : 2, out_es = f->d_bf16[proj] ? 2 : 4;
+        size_t kb = k / GROUP, w_per = (size_t)(nn / GROUP) * l4(k), d_per = (size_t)rows * nn;
+        size_t d_bytes = batch * d_per * out_es;
+        /* the scales with room after them (zeros): should cuBLASLt read a batch's scales at
+         * larger strides than assumed, the check sees wrong sums, never a fault */
+        size_t bs_n = batch * rows * kb, ws_n = batch * w_per, slack = 4 * (ws_n + bs_n) + 65536;
+        void *b = dalloc(batch * rows * k * es), *d1 = dalloc(d_bytes), *d2 = dalloc(d_bytes);
+        float *bs = (float *)dalloc((bs_n + slack) * sizeof(float));
+        float *ws = (float *)dalloc((ws_n + slack) * sizeof(float));
+        void *h1 = malloc(d_bytes), *h2 = malloc(d_bytes);
+        const uint8_t *w = (const uint8_t *)(proj == PROJ_GATE_UP ? l->gate_up : l->down);
+        gemm_plan_t *plan;
+        if (b == NULL || d1 == NULL || d2 == NULL || bs == NULL || ws == NULL || h1 == NULL ||
+            h2 == NULL) {
+            cudaGetLastError();
+            snprintf(err, EPD_ERR_LEN, "ffn experts: out of memory for the strided check");
+            status = EPD_ERR_NO_MEMORY;
+        }
+        if (status == EPD_OK && (cudaMemsetAsync(bs, 0, (bs_n + slack) * sizeof(float),
+                                                 f->stream) != cudaSuccess ||
+                                 cudaMemsetAsync(ws, 0, (ws_n + slack) * sizeof(float),
+                                                 f->stream) != cudaSuccess)) {
+            snprintf(err, EPD_ERR_LEN, "ffn experts: the strided check's memset failed");
+            status = EPD_ERR_CUDA;
+        }
+        if (status == EPD_OK) {
+            if (fp8)
+                fill_probe_e4m3<<<256, 256, 0, f->stream>>>((uint8_t *)b, batch * rows * k, 5);
+            else
+                fill_random_bf16<<<256, 256, 0, f->stream>>>((uint16_t *)b, batch * rows * k, 5);
+            fill_probe_scales<<<64, 256, 0, f->stream>>>(bs, bs_n, rows * kb, 3);
+            fill_probe_scales<<<64, 256, 0, f->stream>>>(ws, ws_n, w_per, -1);
+            if (cudaGetLastError() != cudaSuccess) {
+                snprintf(err, EPD_ERR_LEN, "ffn experts: the strided check's fill failed");
+                status = EPD_ERR_CUDA;
+            }
+        }
+        if (status == EPD_OK) {
+            /* a batch cuBLASLt refuses (no algorithm, or a status for what it cannot do) */
+            status = get_plan(f, proj, NULL, rows, batch, true, &plan, err);
+            if (status == EPD_OK) status = matmul(f, proj, plan, w, ws, b, bs, d1, 0, err);
+            if (status == EPD_ERR_CUDA) status = EPD_ERR_UNSUPPORTED;
+        }
+        if (status == EPD_OK) status = get_plan(f, proj, NULL, rows, 0, false, &plan, err);
+        for (uint32_t m = 0; m < batch && status == EPD_OK; m++)
+            status = matmul(f, proj, plan, w + (size_t)m * nn * k * es, ws + m * w_per,
+                            (const uint8_t *)b + (size_t)m * rows * k * es, bs + m * rows * kb,
+                            (uint8_t *)d2 + m * d_per * out_es, 0, err);
+        if (status == EPD_OK &&
+            (cudaMemcpyAsync(h1, d1, d_bytes, cudaMemcpyDeviceToHost, f->stream) != cudaSuccess ||
+             cudaMemcpyAsync(h2, d2, d_bytes, cudaMemcpyDeviceToHost, f->stream) != cudaSuccess ||
+             cudaStreamSynchronize(f->stream) != cudaSuccess)) {
+            snprintf(err, EPD_ERR_LEN, "ffn experts: the strided check: %s",
+                     cudaGetErrorString(cudaGetLastError()));
+            status = EPD_ERR_CUDA;
+        }
+        if (status == EPD_OK) {
+            uint32_t at = 0;
+            double worst = worst_matrix(h1, h2, batch, d_per, f->d_bf16[proj], &at);
+            if (!(worst <= 1e-2)) {
+                snprintf(err, EPD_ERR_LEN,
+                         "ffn experts: cuBLASLt's strided-batched %s GEMM (%s) disagrees with its "
+                         "single GEMMs: relative L2 %.2e at matrix %u of %u; not used",
+                         fp8 ? "FP8 block-scaled" : "BF16",
+                         proj == PROJ_GATE_UP ? "gate/up" : "down", worst, at, batch);
+                status = EPD_ERR_UNSUPPORTED;
+            }
+        }
+        if (status != EPD_OK) cudaStreamSynchronize(f->stream);
+        cudaFree(b);
+        cudaFree(d1);
+        cudaFree(d2);
+        cudaFree(bs);
+        cudaFree(ws);
+        free(h1);
+        free(h2);
+    }
+    return status;
+}
+
+static epd_status_t gemm_grouped(epd_ffn_cuda_t *f, int proj, const batch_group_t *groups,
+                                 uint32_t n_groups, uint32_t used, const void **ptrs,
+                                 char err[EPD_ERR_LEN]);
+
+/* grouped: libcublas opened and its entry points found (once), a cuBLAS handle on f->stream
+ * with workspace 0, and one grouped GEMM of each projection (16 rows of one expert) run to see
+ * that this cuBLAS has one for these types. EPD_ERR_UNSUPPORTED saying which part is missing. */
+static epd_status_t load_grouped(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
+{
+    static const char *const names[] = {"libcublas.so.13", "libcublas.so"};
+    if (f->cublas_lib == NULL) {
+        for (size_t i = 0; i < sizeof names / sizeof names[0] && f->cublas_lib == NULL; i++)
+            f->cublas_lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (f->cublas_lib == NULL) {
+            const char *why = dlerror();
+            snprintf(err, EPD_ERR_LEN, "ffn experts: grouped GEMMs need libcublas: %s",
+                     why != NULL ? why : "not found");
+            return EPD_ERR_UNSUPPORTED;
+        }
+        f->cb.create = (decltype(f->cb.create))dlsym(f->cublas_lib, "cublasCreate_v2");
+        f->cb.destroy = (decltype(f->cb.destroy))dlsym(f->cublas_lib, "cublasDestroy_v2");
+        f->cb.set_stream = (decltype(f->cb.set_stream))dlsym(f->cublas_lib, "cublasSetStream_v2");
+        f->cb.set_workspace =
+            (decltype(f->cb.set_workspace))dlsym(f->cublas_lib, "cublasSetWorkspace_v2");
+        f->cb.gemm_grouped =
+            (decltype(f->cb.gemm_grouped))dlsym(f->cublas_lib, "cublasGemmGroupedBatchedEx");
+    }
+    if (f->cb.create == NULL || f->cb.destroy == NULL || f->cb.set_stream == NULL ||
+        f->cb.set_workspace == NULL || f->cb.gemm_grouped == NULL) {
+        snprintf(err, EPD_ERR_LEN,
+                 "ffn experts: this libcublas has no cublasGemmGroupedBatchedEx (cuBLAS >= 12.5)");
+        return EPD_ERR_UNSUPPORTED;
+    }
+    if (f->cublas == NULL) LT(f->cb.create(&f->cublas), "cublasCreate");
+    LT(f->cb.set_stream(f->cublas, f->stream), "cublasSetStream");
+    LT(f->cb.set_workspace(f->cublas, f->workspace[0], WORKSPACE_BYTES), "cublasSetWorkspace");
+    if (f->n_layers == 0) return EPD_OK;
+
+    /* one expert's 16 rows through each projection, in scratch buffers */
+    const uint32_t rows = 16;
+    const dev_layer_t *l = &f->layers[0];
+    size_t bytes = (size_t)rows * 2 * f->inter * 4 + (size_t)rows * f->hidden * 4;
+    void *b = dalloc((size_t)rows * (f->hidden > f->inter ? f->hidden : f->inter) * 2);
+    void *d = dalloc(bytes);
+    const void **ptrs = (const void **)dalloc(3 * sizeof(void *));
+    epd_status_t status = EPD_OK;
+    if (b == NULL || d == NULL || ptrs == NULL) {
+        cudaGetLastError();
+        snprintf(err, EPD_ERR_LEN, "ffn experts: out of device memory for the grouped check");
+        status = EPD_ERR_NO_MEMORY;
+    }
+    for (int proj = 0; proj < N_PROJ && status == EPD_OK; proj++) {
+        batch_group_t g = {rows, 1, 0};
+        const void *host[3] = {proj == PROJ_GATE_UP ? l->gate_up : l->down, b, d};
+        if (cudaMemsetAsync(b, 0, (size_t)rows * (f->hidden > f->inter ? f->hidden : f->inter) * 2,
+                            f->stream) != cudaSuccess ||
+            cudaMemcpyAsync(ptrs, host, sizeof host, cudaMemcpyHostToDevice, f->stream) !=
+                cudaSuccess) {
+            snprintf(err, EPD_ERR_LEN, "ffn experts: the grouped check's copies failed");
+            status = EPD_ERR_CUDA;
+            break;
+        }
+        status = gemm_grouped(f, proj, &g, 1, 1, ptrs, err);
+        if (status != EPD_OK) {
+            size_t len = strlen(err);
+            snprintf(err + len, EPD_ERR_LEN - len, " (BF16 in, %s out): not used",
+                     f->d_bf16[proj] ? "BF16" : "fp32");
+            status = EPD_ERR_UNSUPPORTED;
+        }
+        /* the host array is read by the copy: wait before the next projection refills it */
+        if (cudaStreamSynchronize(f->stream) != cudaSuccess && status == EPD_OK) {
+            snprintf(err, EPD_ERR_LEN, "ffn experts: the grouped check: %s",
+                     cudaGetErrorString(cudaGetLastError()));
+            status = EPD_ERR_CUDA;
+        }
+    }
+    cudaFree(b);
+    cudaFree(d);
+    cudaFree((void *)ptrs);
+    return status;
+}
+
 extern "C" void epd_ffn_cuda_default_tuning(epd_ffn_cuda_tuning_t *t)
 {
     memset(t, 0, sizeof *t);
     t->streams = 4;
     t->batched = false;
     t->sm_target = false;
-    /* the autotune is built and swept by the bench but has not run on a GPU yet: the default
-     * stays the tuning measured on the H200 (docs/results.md, ffn run 1) until it has */
+    /* the autotune did not help on the H200 (docs/results.md, ffn run 2) */
     t->autotune = false;
     t->fast_accum = false;
+    /* strided and grouped are built and swept by the bench but have not run on a GPU yet */
+    t->strided = false;
+    t->run_cost = EPD_FFN_RUN_COST;
+    t->grouped = false;
 }
 
 extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn_cuda_tuning_t *t,
@@ -880,6 +1185,24 @@ extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn
                                               sizeof fast), "FP8 fast accumulation");
     }
     plans_clear(f);
+    /* the batched tunings' checks: on failure the tuning stays, without the batching */
+    if (t->strided) {
+        epd_status_t status = probe_strided(f, err);
+        if (status != EPD_OK) {
+            f->tuning.strided = false;
+            return status;
+        }
+    }
+    if (t->grouped && f->format == EPD_FFN_BF16) {
+        epd_status_t status = load_grouped(f, err);
+        if (status != EPD_OK) {
+            f->tuning.grouped = false;
+            return status;
+        }
+    } else if (f->cublas != NULL) {
+        /* the workspace it was given is gone */
+        LT(f->cb.set_workspace(f->cublas, f->workspace[0], WORKSPACE_BYTES), "cublasSetWorkspace");
+    }
     return EPD_OK;
 }
 
@@ -1012,21 +1335,50 @@ extern "C" epd_status_t epd_ffn_cuda_create(const epd_ffn_weights_t *w, void *st
         status = EPD_ERR_NO_MEMORY;
         goto fail;
     }
+    {
+        /* the per-call host arrays: strided runs and their scratch, batched groups, grouped
+         * arguments (one block, ta first) */
+        size_t n = w->n_local ? w->n_local : 1, per = sizeof(cublasOperation_t);
+        f->runs = (expert_run_t *)calloc(n, sizeof *f->runs);
+        f->groups = (batch_group_t *)calloc(n, sizeof *f->groups);
+        f->dp_best = (uint64_t *)calloc(n + 1, sizeof *f->dp_best);
+        f->dp_from = (uint32_t *)calloc(n + 1, sizeof *f->dp_from);
+        uint8_t *ga = (uint8_t *)calloc(n, 2 * per + 7 * sizeof(int) + 2 * sizeof(float));
+        if (f->runs == NULL || f->groups == NULL || f->dp_best == NULL || f->dp_from == NULL ||
+            ga == NULL) {
+            free(ga);
+            snprintf(err, EPD_ERR_LEN, "ffn experts: out of memory");
+            status = EPD_ERR_NO_MEMORY;
+            goto fail;
+        }
+        f->ga.ta = (cublasOperation_t *)ga;
+        f->ga.tb = f->ga.ta + n;
+        f->ga.m = (int *)(f->ga.tb + n);
+        f->ga.n = f->ga.m + n;
+        f->ga.k = f->ga.n + n;
+        f->ga.lda = f->ga.k + n;
+        f->ga.ldb = f->ga.lda + n;
+        f->ga.ldc = f->ga.ldb + n;
+        f->ga.size = f->ga.ldc + n;
+        f->ga.alpha = (float *)(f->ga.size + n);
+        f->ga.beta = f->ga.alpha + n;
+    }
     status = make_descs(f, err);
-    if (status != EPD_OK) goto fail;
-    epd_ffn_cuda_default_tuning(&tuning);
-    status = epd_ffn_cuda_set_tuning(f, &tuning, err);
     if (status != EPD_OK) goto fail;
     for (int p = 0; p < N_PROJ; p++) {
         /* a GEMM this device cannot run is a start-up error, not a step's; fp32 out first */
         gemm_plan_t *plan;
-        status = get_plan(f, p, NULL, pad_rows(1), 0, &plan, err);
+        status = get_plan(f, p, NULL, pad_rows(1), 0, false, &plan, err);
         if (status == EPD_ERR_UNSUPPORTED) {
             f->d_bf16[p] = true;
-            status = get_plan(f, p, NULL, pad_rows(1), 0, &plan, err);
+            status = get_plan(f, p, NULL, pad_rows(1), 0, false, &plan, err);
         }
         if (status != EPD_OK) goto fail;
     }
+    /* after the check above: a tuning's own checks need the output types */
+    epd_ffn_cuda_default_tuning(&tuning);
+    status = epd_ffn_cuda_set_tuning(f, &tuning, err);
+    if (status != EPD_OK) goto fail;
     *ffn_p = f;
     return EPD_OK;
 fail:
@@ -1136,48 +1488,160 @@ static epd_status_t queue_swiglu(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32
     return EPD_OK;
 }
 
-/* The experts of the rows, one stream after another or spread over the tuning's streams (forked
- * from f->stream after the gather, joined back before the combine). */
-static epd_status_t run_streams(epd_ffn_cuda_t *f, const dev_layer_t *l, const uint32_t *row_base,
-                                char err[EPD_ERR_LEN])
+/* The tuning's streams 1.. made to wait for f->stream's work so far (the gather). */
+static epd_status_t fork_streams(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
 {
-    uint32_t n_streams = f->tuning.streams, next = 0;
-    epd_status_t status = EPD_OK;
+    if (f->tuning.streams < 2) return EPD_OK;
+    CU(cudaEventRecord(f->fork, f->stream), "cudaEventRecord");
+    for (uint32_t s = 1; s < f->tuning.streams; s++)
+        CU(cudaStreamWaitEvent(f->streams[s], f->fork, 0), "cudaStreamWaitEvent");
+    return EPD_OK;
+}
 
-    if (n_streams > 1) {
-        CU(cudaEventRecord(f->fork, f->stream), "cudaEventRecord");
-        for (uint32_t s = 1; s < n_streams; s++)
-            CU(cudaStreamWaitEvent(f->streams[s], f->fork, 0), "cudaStreamWaitEvent");
-    }
-    for (uint32_t e = 0; e < f->n_local && status == EPD_OK; e++) {
-        uint32_t n = row_base[e + 1] - row_base[e];
-        if (n == 0) continue; /* an expert without rows reads no weights */
-        uint32_t s = next++ % n_streams;
-        status = gemm(f, PROJ_GATE_UP, l, e, row_base[e], n, f->act, f->act_scale, f->gu, s, err);
-        if (status == EPD_OK) status = queue_swiglu(f, l, row_base[e], n, s, err);
-        if (status == EPD_OK)
-            status = gemm(f, PROJ_DOWN, l, e, row_base[e], n, f->h, f->h_scale, f->y, s, err);
-    }
-    /* joined even after a failure, so that the caller's stream never runs ahead of ours */
-    for (uint32_t s = 1; s < n_streams; s++) {
+/* f->stream made to wait for the streams 1.. (before the combine); called even after a failure,
+ * so that the caller's stream never runs ahead of ours. Returns status, or the join's error. */
+static epd_status_t join_streams(epd_ffn_cuda_t *f, epd_status_t status, char err[EPD_ERR_LEN])
+{
+    for (uint32_t s = 1; s < f->tuning.streams; s++) {
         CU(cudaEventRecord(f->join[s], f->streams[s]), "cudaEventRecord");
         CU(cudaStreamWaitEvent(f->stream, f->join[s], 0), "cudaStreamWaitEvent");
     }
     return status;
 }
 
+/* The experts of the rows, one stream after another or spread over the tuning's streams (forked
+ * from f->stream after the gather, joined back before the combine). */
+static epd_status_t run_streams(epd_ffn_cuda_t *f, const dev_layer_t *l, const uint32_t *row_base,
+                                char err[EPD_ERR_LEN])
+{
+    uint32_t n_streams = f->tuning.streams, next = 0;
+    epd_status_t status = fork_streams(f, err);
+    if (status != EPD_OK) return status;
+
+    for (uint32_t e = 0; e < f->n_local && status == EPD_OK; e++) {
+        uint32_t n = row_base[e + 1] - row_base[e];
+        if (n == 0) continue; /* an expert without rows reads no weights */
+        uint32_t s = next++ % n_streams;
+        status = gemm(f, PROJ_GATE_UP, l, e, row_base[e], n, 0, f->act, f->act_scale, f->gu, s,
+                      err);
+        if (status == EPD_OK) status = queue_swiglu(f, l, row_base[e], n, s, err);
+        if (status == EPD_OK)
+            status = gemm(f, PROJ_DOWN, l, e, row_base[e], n, 0, f->h, f->h_scale, f->y, s, err);
+    }
+    return join_streams(f, status, err);
+}
+
+/* strided: the runs of a call and every expert's rows. An expert with rows needs pad_rows of
+ * them; the runs (consecutive experts, each given the run's largest need) are those of least
+ * cost, tuning.run_cost per run plus, per expert in a run, the larger of the run's rows and
+ * EPD_FFN_READ_ROWS (dynamic programming over the experts in order: best[i] the least cost of
+ * the first i experts, their last run starting at from[i], or not in a run, SKIP); an expert in
+ * no run (only experts without rows) gets none. Fills f->runs and row_base [n_local + 1];
+ * returns the number of runs. */
+#define SKIP UINT32_MAX
+static uint32_t plan_runs(epd_ffn_cuda_t *f, const uint32_t *counts, uint32_t *row_base)
+{
+    uint32_t n = f->n_local, n_runs = 0, total = 0;
+    uint64_t *best = f->dp_best;
+    uint32_t *from = f->dp_from;
+
+    best[0] = 0;
+    for (uint32_t i = 1; i <= n; i++) {
+        uint32_t rows = 0;
+        best[i] = UINT64_MAX;
+        from[i] = SKIP;
+        if (counts[i - 1] == 0) best[i] = best[i - 1];
+        for (uint32_t j = i; j-- > 0;) {
+            if (counts[j] > 0 && pad_rows(counts[j]) > rows) rows = pad_rows(counts[j]);
+            if (rows == 0) continue; /* only experts without rows: not a run */
+            uint64_t per = rows > EPD_FFN_READ_ROWS ? rows : EPD_FFN_READ_ROWS;
+            uint64_t c = best[j] + f->tuning.run_cost + (uint64_t)(i - j) * per;
+            if (c < best[i]) {
+                best[i] = c;
+                from[i] = j;
+            }
+        }
+    }
+    /* the runs from the last back, then in expert order */
+    for (uint32_t i = n; i > 0;) {
+        if (from[i] == SKIP) {
+            i--;
+            continue;
+        }
+        expert_run_t *r = &f->runs[n_runs++];
+        r->first = from[i];
+        r->count = i - from[i];
+        r->rows = 0;
+        for (uint32_t e = r->first; e < i; e++)
+            if (counts[e] > 0 && pad_rows(counts[e]) > r->rows) r->rows = pad_rows(counts[e]);
+        i = from[i];
+    }
+    for (uint32_t a = 0, b = n_runs; b > a + 1; a++, b--) {
+        expert_run_t t = f->runs[a];
+        f->runs[a] = f->runs[b - 1];
+        f->runs[b - 1] = t;
+    }
+    for (uint32_t e = 0, r = 0; e < n; e++) {
+        row_base[e] = total;
+        if (r < n_runs && e == f->runs[r].first) f->runs[r].row0 = total;
+        if (r < n_runs && e >= f->runs[r].first) {
+            total += f->runs[r].rows;
+            if (e + 1 == f->runs[r].first + f->runs[r].count) r++;
+        }
+    }
+    row_base[n] = total;
+    return n_runs;
+}
+#undef SKIP
+
+/* strided: run r's GEMMs of a projection, one strided batch (one GEMM for one expert); where
+ * cuBLASLt has no algorithm for that batch (the check when the tuning was set passed for
+ * another), one GEMM per expert of the run instead. */
+static epd_status_t gemm_run(epd_ffn_cuda_t *f, int proj, const dev_layer_t *l,
+                             const expert_run_t *r, const void *act, const float *act_scale,
+                             void *out, uint32_t s, char err[EPD_ERR_LEN])
+{
+    epd_status_t status = gemm(f, proj, l, r->first, r->row0, r->rows, r->count > 1 ? r->count : 0,
+                               act, act_scale, out, s, err);
+    if (status != EPD_ERR_UNSUPPORTED || r->count < 2) return status;
+    status = EPD_OK;
+    for (uint32_t i = 0; i < r->count && status == EPD_OK; i++)
+        status = gemm(f, proj, l, r->first + i, r->row0 + i * r->rows, r->rows, 0, act,
+                      act_scale, out, s, err);
+    return status;
+}
+
+/* strided: each run as one strided-batched GEMM per projection (its experts' weights at the
+ * fixed stride of an expert, its rows contiguous, the same count per expert) and one SwiGLU over
+ * its rows, the runs round-robin over the tuning's streams. */
+static epd_status_t run_strided(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_t n_runs,
+                                char err[EPD_ERR_LEN])
+{
+    epd_status_t status = fork_streams(f, err);
+    if (status != EPD_OK) return status;
+    for (uint32_t i = 0; i < n_runs && status == EPD_OK; i++) {
+        const expert_run_t *r = &f->runs[i];
+        uint32_t s = i % f->tuning.streams;
+        status = gemm_run(f, PROJ_GATE_UP, l, r, f->act, f->act_scale, f->gu, s, err);
+        if (status == EPD_OK) status = queue_swiglu(f, l, r->row0, r->count * r->rows, s, err);
+        if (status == EPD_OK)
+            status = gemm_run(f, PROJ_DOWN, l, r, f->h, f->h_scale, f->y, s, err);
+    }
+    return join_streams(f, status, err);
+}
+
 /* BF16 weights: the experts with equal padded rows as one pointer-array batched GEMM per
  * projection and group. The pointer arrays (fill_batches, in the host slot, then copied to
  * ptrs_dev): for projection p and group g, from 3 (p used + first) on, the group's A pointers
- * (weights), then its B (activations), then its D (outputs), count each. */
-typedef struct batch_group {
-    uint32_t n, count, first; /* padded rows, experts, index of the group's first expert */
-} batch_group_t;
+ * (weights), then its B (activations), then its D (outputs), count each. Grouped (one
+ * cublasGemmGroupedBatchedEx call per projection over all groups): from 3 p used on, every
+ * group's A pointers in group order, then every B, then every D. */
 
 /* The groups of the experts with rows, and their pointers into ptrs; returns the groups, *used_p
  * the experts with rows. */
 static uint32_t fill_batches(epd_ffn_cuda_t *f, const dev_layer_t *l, const uint32_t *row_base,
-                             const void **ptrs, batch_group_t *groups, uint32_t *used_p)
+                             bool grouped, const void **ptrs, batch_group_t *groups,
+                             uint32_t *used_p)
 {
     uint32_t n_groups = 0, used = 0, H = f->hidden, I = f->inter;
     size_t gu_es = f->d_bf16[PROJ_GATE_UP] ? 2 : 4, y_es = f->d_bf16[PROJ_DOWN] ? 2 : 4;
@@ -1195,17 +1659,20 @@ static uint32_t fill_batches(epd_ffn_cuda_t *f, const dev_layer_t *l, const uint
     }
     for (uint32_t g = 0; g < n_groups; g++) {
         batch_group_t *gr = &groups[g];
-        const void **gu = ptrs + 3 * gr->first, **dn = ptrs + 3 * (used + gr->first);
+        /* the pointer-array batch's A, B and D arrays, count apart; grouped: used apart */
+        size_t step = grouped ? used : gr->count;
+        const void **gu = ptrs + (grouped ? gr->first : 3 * gr->first);
+        const void **dn = ptrs + (grouped ? 3 * used + gr->first : 3 * (used + gr->first));
         uint32_t i = 0;
         for (uint32_t e = 0; e < f->n_local; e++) {
             if (row_base[e + 1] - row_base[e] != gr->n) continue;
             size_t r = row_base[e];
             gu[i] = (const uint16_t *)l->gate_up + (size_t)e * 2 * I * H;
-            gu[gr->count + i] = (const uint16_t *)f->act + r * H;
-            gu[2 * gr->count + i] = (uint8_t *)f->gu + r * 2 * I * gu_es;
+            gu[step + i] = (const uint16_t *)f->act + r * H;
+            gu[2 * step + i] = (uint8_t *)f->gu + r * 2 * I * gu_es;
             dn[i] = (const uint16_t *)l->down + (size_t)e * H * I;
-            dn[gr->count + i] = (const uint16_t *)f->h + r * I;
-            dn[2 * gr->count + i] = (uint8_t *)f->y + r * H * y_es;
+            dn[step + i] = (const uint16_t *)f->h + r * I;
+            dn[2 * step + i] = (uint8_t *)f->y + r * H * y_es;
             i++;
         }
     }
@@ -1228,6 +1695,50 @@ static epd_status_t run_batched(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_
     for (uint32_t g = 0; g < n_groups && status == EPD_OK; g++)
         status = gemm_batched(f, PROJ_DOWN, groups[g].n, groups[g].count,
                               f->ptrs_dev + 3 * (used + groups[g].first), 0, err);
+    return status;
+}
+
+/* grouped: one cublasGemmGroupedBatchedEx of a projection over fill_batches' groups (grouped
+ * layout, ptrs its device arrays A, B, D, used pointers each), on f->stream. */
+static epd_status_t gemm_grouped(epd_ffn_cuda_t *f, int proj, const batch_group_t *groups,
+                                 uint32_t n_groups, uint32_t used, const void **ptrs,
+                                 char err[EPD_ERR_LEN])
+{
+    grouped_args_t *a = &f->ga;
+    uint32_t nn, k;
+    proj_dims(f, proj, &nn, &k);
+    for (uint32_t g = 0; g < n_groups; g++) {
+        a->ta[g] = CUBLAS_OP_T;
+        a->tb[g] = CUBLAS_OP_N;
+        a->m[g] = (int)nn;
+        a->n[g] = (int)groups[g].n;
+        a->k[g] = (int)k;
+        a->lda[g] = (int)k;
+        a->ldb[g] = (int)k;
+        a->ldc[g] = (int)nn;
+        a->size[g] = (int)groups[g].count;
+        a->alpha[g] = 1.0f;
+        a->beta[g] = 0.0f;
+    }
+    LT(f->cb.gemm_grouped(f->cublas, a->ta, a->tb, a->m, a->n, a->k, a->alpha, ptrs, CUDA_R_16BF,
+                          a->lda, ptrs + used, CUDA_R_16BF, a->ldb, a->beta,
+                          (void *const *)(ptrs + 2 * used),
+                          f->d_bf16[proj] ? CUDA_R_16BF : CUDA_R_32F, a->ldc, (int)n_groups,
+                          a->size, CUBLAS_COMPUTE_32F),
+       "cublasGemmGroupedBatchedEx");
+    return EPD_OK;
+}
+
+/* grouped: the gate/up GEMMs of every expert in one call, one SwiGLU over all rows, the down
+ * GEMMs in one call, on the caller's stream. */
+static epd_status_t run_grouped(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_t total,
+                                const batch_group_t *groups, uint32_t n_groups, uint32_t used,
+                                char err[EPD_ERR_LEN])
+{
+    epd_status_t status = gemm_grouped(f, PROJ_GATE_UP, groups, n_groups, used, f->ptrs_dev, err);
+    if (status == EPD_OK) status = queue_swiglu(f, l, 0, total, 0, err);
+    if (status == EPD_OK)
+        status = gemm_grouped(f, PROJ_DOWN, groups, n_groups, used, f->ptrs_dev + 3 * used, err);
     return status;
 }
 
@@ -1297,22 +1808,29 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
                            cudaMemcpyDeviceToHost, f->stream), "reading the row counts");
         CU(cudaStreamSynchronize(f->stream), "waiting for the row counts");
     }
-    for (uint32_t e = 0; e < f->n_local; e++) {
-        row_base[e] = total;
-        total += pad_rows(counts[e]);
+    bool strided = f->tuning.strided;
+    bool grouped = !strided && f->tuning.grouped && !fp8 && f->cublas != NULL;
+    bool batched = !strided && !grouped && f->tuning.batched && !fp8;
+    uint32_t n_runs = 0;
+    if (strided) {
+        n_runs = plan_runs(f, counts, row_base);
+        total = row_base[f->n_local];
+    } else {
+        for (uint32_t e = 0; e < f->n_local; e++) {
+            row_base[e] = total;
+            total += pad_rows(counts[e]);
+        }
+        row_base[f->n_local] = total;
     }
-    row_base[f->n_local] = total;
     if (total == 0) return queue_partials(f, shape, ra, NULL, partials, qe, err);
     status = reserve(f, (uint32_t)pairs, total, err);
     if (status != EPD_OK) return status;
     CU(cudaMemcpyAsync(f->row_base_dev, row_base, ((size_t)f->n_local + 1) * sizeof(uint32_t),
                        cudaMemcpyHostToDevice, f->stream), "cudaMemcpyAsync");
-    bool batched = f->tuning.batched && !fp8;
-    batch_group_t groups[64];
+    batch_group_t *groups = f->groups;
     uint32_t n_groups = 0, used = 0;
-    if (batched && f->n_local > sizeof groups / sizeof groups[0]) batched = false;
-    if (batched) {
-        n_groups = fill_batches(f, l, row_base, ptrs, groups, &used);
+    if (batched || grouped) {
+        n_groups = fill_batches(f, l, row_base, grouped, ptrs, groups, &used);
         CU(cudaMemcpyAsync(f->ptrs_dev, ptrs, 6 * (size_t)used * sizeof(void *),
                            cudaMemcpyHostToDevice, f->stream), "copying the GEMM pointers");
     }
@@ -1338,8 +1856,14 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
     gather_kernel<<<dim3(total, f->hidden / GROUP), GROUP, 0, f->stream>>>(ga);
     CU(cudaGetLastError(), "gather kernel");
 
-    status = batched ? run_batched(f, l, total, groups, n_groups, used, err)
-                     : run_streams(f, l, row_base, err);
+    if (strided)
+        status = run_strided(f, l, n_runs, err);
+    else if (grouped)
+        status = run_grouped(f, l, total, groups, n_groups, used, err);
+    else if (batched)
+        status = run_batched(f, l, total, groups, n_groups, used, err);
+    else
+        status = run_streams(f, l, row_base, err);
     if (status != EPD_OK) return status;
     return queue_partials(f, shape, ra, f->pair_row, partials, qe, err);
 }

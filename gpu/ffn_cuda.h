@@ -1,8 +1,9 @@
 /* The ffn experts on a CUDA device (DESIGN.md section 9): this rank's weights in device memory,
  * the received records grouped by local expert, cuBLASLt GEMMs per expert (gate and up fused in
  * one [2I, H] GEMM, then down; BF16, or FP8 with the DeepSeek 128x128 weight block scales and
- * 1x128 activation scales) spread over a few streams or batched, SwiGLU with the intermediate's
- * rounding or quantization in one kernel, and the weighted sum of section 2 step 6 into the
+ * 1x128 activation scales) spread over a few streams, batched (pointer arrays, strided runs of
+ * experts) or grouped, SwiGLU with the intermediate's rounding or quantization in one kernel,
+ * and the weighted sum of section 2 step 6 into the
  * partials (BF16, or FP8 with combine.dtype fp8). A plain C header: gpu/ops_cuda.cu, the
  * benchmark and the GPU test use it, nothing else sees CUDA. */
 #ifndef EPD_GPU_FFN_CUDA_H
@@ -38,7 +39,32 @@ typedef struct epd_ffn_cuda_tuning {
                        * Pointer-array batched plans always take the heuristic's first */
     bool fast_accum;  /* FP8 weights: cuBLASLt's FP8 fast accumulation (no periodic promotion
                        * of the sums; BF16 weights: ignored) */
+    bool strided;     /* the experts as strided-batched cuBLASLt GEMMs: runs of consecutive
+                       * local experts (their weights lie at a fixed stride), every expert of a
+                       * run given the run's largest padded row count (rows of zeros, whose
+                       * outputs are never read), one GEMM per run and projection and one SwiGLU
+                       * per run, the runs round-robin on the streams. BF16 weights, and FP8 where
+                       * this cuBLASLt's batched block-scaled GEMM agrees with its single GEMMs
+                       * (checked when the tuning is set: EPD_ERR_UNSUPPORTED otherwise). Takes
+                       * precedence over batched; its plans take the heuristic's first */
+    uint32_t run_cost; /* strided: the cost of one more run, in rows of one expert; the runs
+                        * are those that minimise run_cost per run plus, per expert in a run,
+                        * the larger of the run's rows and EPD_FFN_READ_ROWS (an expert's GEMMs
+                        * never cost less than reading its weights; experts without rows
+                        * outside the runs cost nothing). UINT32_MAX: one run from the first to
+                        * the last expert with rows */
+    bool grouped;     /* BF16 weights: one cublasGemmGroupedBatchedEx call per projection over
+                       * every expert with rows (a group per distinct padded row count),
+                       * libcublas loaded at run time (EPD_ERR_UNSUPPORTED without it, or
+                       * without a grouped GEMM of these types); FP8 weights: ignored. Takes
+                       * precedence over batched, strided over it */
 } epd_ffn_cuda_tuning_t;
+
+/* strided: an expert's GEMMs cost at least about as much as computing this many of its rows
+ * (the weights' read at decode sizes; the tensor cores' FLOPs per byte of memory on Hopper) */
+#define EPD_FFN_READ_ROWS 128u
+/* strided: the run cost of epd_ffn_cuda_default_tuning's strided variant, in rows */
+#define EPD_FFN_RUN_COST 256u
 
 /* The tuning a new epd_ffn_cuda_t starts with (the fastest measured, docs/results.md). */
 void epd_ffn_cuda_default_tuning(epd_ffn_cuda_tuning_t *tuning);
@@ -52,7 +78,9 @@ epd_status_t epd_ffn_cuda_create(const epd_ffn_weights_t *weights, void *stream,
 void epd_ffn_cuda_destroy(epd_ffn_cuda_t *ffn);
 
 /* Changes the tuning (waits for the stream; the GEMM plans are made again). EPD_ERR_INVALID_ARG
- * for a streams count out of range, EPD_ERR_NO_MEMORY / EPD_ERR_CUDA with err. */
+ * for a streams count out of range, EPD_ERR_NO_MEMORY / EPD_ERR_CUDA with err;
+ * EPD_ERR_UNSUPPORTED with err saying why when strided or grouped cannot run here (their checks
+ * above), the tuning then set without it. */
 epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *ffn, const epd_ffn_cuda_tuning_t *tuning,
                                      char err[EPD_ERR_LEN]);
 void epd_ffn_cuda_get_tuning(const epd_ffn_cuda_t *ffn, epd_ffn_cuda_tuning_t *tuning_p);
@@ -73,11 +101,13 @@ epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *ffn, const epd_moe_shape_t *sh
                                   char err[EPD_ERR_LEN]);
 
 /* One GEMM plan as chosen: the projection (0 gate and up, 1 down), its padded rows and batch
- * (0: one GEMM), the chosen algorithm's tile id, split-K count and cuBLASLt's waves estimate;
- * with the autotune, how many candidates were timed, the heuristic's first's time and the
- * chosen one's (microseconds per GEMM, alone on the stream; 0 when not timed). */
+ * (0: one GEMM; else a strided or pointer-array batch of that many), the chosen algorithm's
+ * tile id, split-K count and cuBLASLt's waves estimate; with the autotune, how many candidates
+ * were timed, the heuristic's first's time and the chosen one's (microseconds per GEMM, alone
+ * on the stream; 0 when not timed). */
 typedef struct epd_ffn_cuda_plan_info {
     uint32_t proj, rows, batch;
+    bool strided; /* batch > 0: strided (true) or pointer-array batch */
     uint32_t tile, splitk, candidates, chosen;
     float waves;
     double heuristic_us, chosen_us;

@@ -67,9 +67,14 @@ function kv(line, key,   m) { if (match(line, key "=[^ ]+")) return substr(line,
     if (w == "bf16" && r <= 128) { v = kv($0, "vs_read") + 0; if (!((w SUBSEP t) in rd) || v > rd[w, t]) rd[w, t] = v }
     if (w == "bf16" && r == 512) dense[t] = kv($0, "vs_dense") + 0
     if (w == "fp8-block" && r <= 128) { v = kv($0, "fp8_over_bf16"); if (v != "nan") { v += 0; if (!(t in f8) || v > f8[t]) f8[t] = v } }
+    # the fastest tuning per format and rows (for fp8 at its best over bf16 at its best)
+    if (r <= 128) { us = kv($0, "experts_us") + 0; rows[r] = 1; if (!((w SUBSEP r) in fast) || us < fast[w, r]) { fast[w, r] = us; fastt[w, r] = t } }
 }
 /^ffn-accuracy / { acc[kv($0, "weights")] = kv($0, "worst_rel"); tol[kv($0, "weights")] = kv($0, "tolerance") }
 function line(ok, text) { printf "%s  %s\n", ok ? "PASS" : "FAIL", text; if (!ok) bad = 1 }
+# the same for a tuning other than the default: what switching the default would give (the exit
+# status stays that of the default)
+function info(ok, text) { printf "%s  %s\n", ok ? "PASS (not the default)" : "FAIL (not the default)", text }
 END {
     # the best tuning per criterion (lowest vs_read, highest vs_dense, lowest fp8/bf16)
     for (t in tunings) {
@@ -85,6 +90,13 @@ END {
         line((t in f8) && f8[t] <= 0.6, sprintf("fp8-block <= 128 rows/expert: fp8 / bf16, worst %.2f (target <= 0.6) [%s]", f8[t], t))
     }
     printf "best of the sweep: vs_read %.2f [%s]; vs_dense %.2f [%s]; fp8/bf16 %.2f [%s]\n", rd["bf16", br], br, dense[bd], bd, f8[bf], bf
+    if (br != "" && br != "default") info(rd["bf16", br] <= 1.25, sprintf("bf16 <= 128 rows/expert: experts / weight read, worst %.2f (target <= 1.25) [%s]", rd["bf16", br], br))
+    if (bd != "" && bd != "default") info(dense[bd] >= 0.75, sprintf("bf16 512 rows/expert: experts TFLOP/s / dense GEMM %.2f (target >= 0.75) [%s]", dense[bd], bd))
+    if (bf != "" && bf != "default") info(f8[bf] <= 0.6, sprintf("fp8-block <= 128 rows/expert: fp8 / bf16, worst %.2f (target <= 0.6) [%s]", f8[bf], bf))
+    # each format at its fastest tuning per row count (they may differ: the daemon could pick per format)
+    worst = -1; wr = ""
+    for (r in rows) if (("fp8-block" SUBSEP r) in fast && ("bf16" SUBSEP r) in fast) { v = fast["fp8-block", r] / fast["bf16", r]; if (v > worst) { worst = v; wr = r } }
+    if (wr != "") info(worst <= 0.6, sprintf("fp8-block <= 128 rows/expert: fp8 at its fastest tuning / bf16 at its fastest, worst %.2f at %s rows/expert [fp8 %s, bf16 %s] (target <= 0.6)", worst, wr, fastt["fp8-block", wr], fastt["bf16", wr]))
     for (w in acc) line(acc[w] + 0 <= tol[w] + 0, sprintf("accuracy %s weights: worst relative L2 %s (tolerance %s)", w, acc[w], tol[w]))
     if (!("bf16" in acc) || !("fp8-block" in acc)) line(0, "accuracy of both weight formats printed")
     print bad ? 1 : 0 > status_file
@@ -98,8 +110,10 @@ END {
     echo "Device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1); commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)."
     grep -E '^ffn-baseline' "$out/bench.log" | awk '{ printf "Same-run read baseline: %s\n", $0 }' | sed 's/ffn-baseline //'
     echo
-    printf '%s\n' "${summary[@]}" | sed 's/^/- /'
+    ((${#summary[@]})) && printf '%s\n' "${summary[@]}" | sed 's/^/- /'
     sed 's/^/- /' "$out/summary_bench.txt"
+    # tunings this GPU's cuBLAS cannot run (set_tuning refused them), with the reason
+    grep -E '^[a-z0-9-]+ +[a-z0-9=,_]+ +skipped: ' "$out/bench.log" | sed -E 's/^([a-z0-9-]+) +([a-z0-9=,_]+) +skipped: /- skipped: \1 \2: /'
     echo
     echo "Default tuning (used: experts with rows; vs_used: over the read of their weights only):"
     echo
@@ -122,12 +136,15 @@ function kv(line, key) { if (match(line, key "=[^ ]+")) return substr(line, RSTA
     if (w == "bf16" && r == 512) dn[t] = kv($0, "vs_dense") + 0
     if (w == "fp8-block" && r <= 128) { v = kv($0, "fp8_over_bf16"); if (v != "nan") { v += 0; if (!(t in f8) || v > f8[t]) f8[t] = v } }
     if (w == "fp8-block" && r <= 128) { v = kv($0, "vs_read") + 0; if (!(t in fr) || v > fr[t]) fr[t] = v }
+    # the experts and host times at 1 and 128 rows/expert
+    if (r == 1 || r == 128) { us[w, t, r] = kv($0, "experts_us"); hs[w, t, r] = kv($0, "host_us") }
 }
 function cell(a, t) { return (t in a) ? sprintf("%.2f", a[t]) : "-" }
+function tm(w, t, r) { return ((w SUBSEP t SUBSEP r) in us) ? sprintf("%.0f / %.0f", us[w, t, r], hs[w, t, r]) : "-" }
 END {
-    print "| tuning | bf16 vs_read | bf16 vs_used | bf16 vs_dense (512) | fp8/bf16 | fp8 vs_read |"
-    print "|---|---:|---:|---:|---:|---:|"
-    for (i = 1; i <= n; i++) { t = order[i]; printf "| %s | %s | %s | %s | %s | %s |\n", t, cell(rd, t), cell(ru, t), cell(dn, t), cell(f8, t), cell(fr, t) }
+    print "| tuning | bf16 vs_read | bf16 vs_used | bf16 vs_dense (512) | fp8/bf16 | fp8 vs_read | bf16 us / host us (1 row) | (128 rows) | fp8 us / host us (1 row) | (128 rows) |"
+    print "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    for (i = 1; i <= n; i++) { t = order[i]; printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", t, cell(rd, t), cell(ru, t), cell(dn, t), cell(f8, t), cell(fr, t), tm("bf16", t, 1), tm("bf16", t, 128), tm("fp8-block", t, 1), tm("fp8-block", t, 128) }
 }' "$out/bench.log"
     echo
     echo "The default tuning's GEMM plans up to 128 rows (autotune: the heuristic's first against the chosen, alone on the stream; GB/s of weights read):"
@@ -137,6 +154,15 @@ function kv(line, key) { if (match(line, key "=[^ ]+")) return substr(line, RSTA
 BEGIN { print "| weights | proj | rows | candidates | chosen | splitk | waves | heuristic_us | chosen_us | heuristic GB/s | chosen GB/s |"; print "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" }
 /^ffn-plan / && kv($0, "tuning") == "default" && kv($0, "rows") + 0 <= 128 && kv($0, "batch") == "0" {
     printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", kv($0, "weights"), kv($0, "proj"), kv($0, "rows"), kv($0, "candidates"), kv($0, "chosen"), kv($0, "splitk"), kv($0, "waves"), kv($0, "heuristic_us"), kv($0, "chosen_us"), kv($0, "heuristic_GBps"), kv($0, "chosen_GBps")
+}' "$out/bench.log"
+    echo
+    echo "The strided tuning's batched plans (runs of experts as one GEMM; the first 24):"
+    echo
+    awk '
+function kv(line, key) { if (match(line, key "=[^ ]+")) return substr(line, RSTART + length(key) + 1, RLENGTH - length(key) - 1); return "" }
+BEGIN { print "| weights | proj | rows | batch | tile | splitk | waves |"; print "|---|---|---:|---:|---:|---:|---:|" }
+/^ffn-plan / && kv($0, "tuning") == "strided" && kv($0, "batch_mode") == "strided" && n++ < 24 {
+    printf "| %s | %s | %s | %s | %s | %s | %s |\n", kv($0, "weights"), kv($0, "proj"), kv($0, "rows"), kv($0, "batch"), kv($0, "tile"), kv($0, "splitk"), kv($0, "waves")
 }' "$out/bench.log"
 } | tee "$out/summary.md"
 exit $status

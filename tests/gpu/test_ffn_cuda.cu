@@ -9,7 +9,9 @@
  * 128x128 block scales to 4). Each case runs through the ops (the default tuning) and then
  * through gpu/ffn_cuda.h directly with the tunings the benchmark sweeps (1 and 4 streams, the
  * SM target, batched BF16 GEMMs, the autotune's timed algorithms with split-K candidates, FP8
- * fast accumulation): every one within the tolerance.
+ * fast accumulation, strided batches over runs of experts with the default run cost, with none
+ * and as one run, BF16 grouped GEMMs): every one within the tolerance. Routing: uniform, one hot
+ * expert, or rows per expert at the padding's and the runs' edges (16, 17, 128, 129, 1, 0).
  * Prints one line per case and 'N passed, N failed'; exit 77 with 'SKIP: no GPU' without one. */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -34,7 +36,7 @@ typedef struct ffn_case {
     epd_wire_dtype_t dtype;
     epd_scale_kind_t scale;
     uint32_t hidden, inter, experts, topk, world, rank, tokens;
-    uint32_t hot; /* 0: uniform routing; else every token's slot 0 goes to one expert */
+    uint32_t hot; /* 0: uniform routing; 1: every token's slot 0 goes to one expert; 2: edge_rows */
     epd_combine_dtype_t combine;
 } ffn_case_t;
 
@@ -47,10 +49,29 @@ static const epd_ffn_cuda_tuning_t tunings[] = {
     {.streams = 1, .autotune = true},
     {.streams = 4, .autotune = true},
     {.streams = 4, .autotune = true, .fast_accum = true},
+    {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST},
+    {.streams = 1, .strided = true, .run_cost = 0},
+    {.streams = 1, .strided = true, .run_cost = UINT32_MAX},
+    {.streams = 1, .grouped = true},
 };
 static const char *const tuning_names[] = {"streams=1", "streams=4", "streams=4,sm_target",
                                            "batched", "streams=1,autotune", "streams=4,autotune",
-                                           "streams=4,autotune,fast_accum"};
+                                           "streams=4,autotune,fast_accum", "strided",
+                                           "strided,cost=0", "strided,one", "grouped"};
+
+/* hot 2: every token's slot 0 goes to the next local expert with rows left of these (the
+ * padding's and the strided runs' edges: 16 and 17 rows, 128 and 129, one, none), the other
+ * slots are empty; the case's tokens are their sum */
+static const uint32_t edge_rows[] = {16, 17, 0, 128, 129, 1, 0, 33};
+
+static int32_t edge_expert(uint32_t t)
+{
+    for (uint32_t e = 0; e < sizeof edge_rows / sizeof edge_rows[0]; e++) {
+        if (t < edge_rows[e]) return (int32_t)e;
+        t -= edge_rows[e];
+    }
+    return -1;
+}
 
 /* The worst relative L2 over n partials of got against ref, both read as combine reads them
  * (dequantized when FP8); a_f, b_f: H floats of scratch. NaN stays NaN (never within a tolerance). */
@@ -139,7 +160,11 @@ static void run_case(const ffn_case_t *c, epd_ops_ctx_t *hctx_unused)
             x[i] = epd_f32_to_bf16((2.0f * epd_rng_unit_f32(&rng) - 1.0f) *
                                    (1.0f + 3.0f * (float)(i / H % 5)));
         for (uint32_t t = 0; t < N; t++) {
-            for (uint32_t k = 0; k < K; k++) {
+            for (uint32_t k = 0; c->hot == 2 && k < K; k++) {
+                ids[t * K + k] = k == 0 ? (int32_t)(c->rank * per_rank) + edge_expert(t) : -1;
+                kw[t * K + k] = epd_rng_unit_f32(&rng);
+            }
+            for (uint32_t k = 0; c->hot != 2 && k < K; k++) {
                 int32_t e;
                 bool dup;
                 do {
@@ -204,8 +229,11 @@ static void run_case(const ffn_case_t *c, epd_ops_ctx_t *hctx_unused)
                 if (st == EPD_OK) st = epd_ffn_cuda_experts(ffn, &s, 1, d_rec, n, rows, d_part,
                                                             NULL, err);
                 if (st == EPD_OK) st = epd_ffn_cuda_sync(ffn, err);
-                if (st == EPD_ERR_UNSUPPORTED && (tunings[t].batched || tunings[t].fast_accum)) {
-                    /* an optional tuning this cuBLASLt lacks: said, and not the daemon's */
+                if (st == EPD_ERR_UNSUPPORTED &&
+                    (tunings[t].batched || tunings[t].fast_accum || tunings[t].grouped ||
+                     (tunings[t].strided && c->format == EPD_FFN_FP8_BLOCK))) {
+                    /* an optional tuning this cuBLAS lacks: said, and not the daemon's (BF16
+                     * strided batches are plain cuBLASLt: never optional) */
                     printf("note  tuning %s not supported here: %s\n", tuning_names[t], err);
                     continue;
                 }
@@ -311,6 +339,12 @@ int main(void)
         /* 3 tokens over 32 experts: most experts without rows, one row for the others */
         {EPD_FFN_FP8_BLOCK, EPD_WIRE_FP8, EPD_SCALE_GROUP128, 1024, 512, 32, 8, 1, 0, 3, 0},
         {EPD_FFN_BF16, EPD_WIRE_FP8, EPD_SCALE_GROUP128, 1024, 512, 32, 8, 1, 0, 3, 0},
+        /* rows per expert at the padding's and the strided runs' edges (edge_rows), K/128 of 3
+         * (and 2 for FP8's down projection) */
+        {EPD_FFN_BF16, EPD_WIRE_BF16, EPD_SCALE_GROUP128, 384, 384, 8, 8, 1, 0, 324, 2},
+        {EPD_FFN_FP8_BLOCK, EPD_WIRE_FP8, EPD_SCALE_GROUP128, 384, 256, 8, 8, 1, 0, 324, 2},
+        /* the same edges on rank 1 of 2, FP8 at K/128 of 4 and more (the real shape's) */
+        {EPD_FFN_FP8_BLOCK, EPD_WIRE_FP8, EPD_SCALE_GROUP128, 1024, 512, 16, 8, 2, 1, 324, 2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], NULL);
     printf("%d passed, %d failed\n", passed, failed);
