@@ -273,12 +273,11 @@ typedef struct epd_ops {
                                  const void *b, size_t b_bytes, void *b_dst, const uint16_t *x,
                                  uint64_t x_n, int64_t *x_bad_p, char err[EPD_ERR_LEN]);
     /* Optional (loop thread): scans bf16 x[x_n] in HOST memory for the first Inf or NaN
-     * (*x_bad_p; -1: none) with the device, when x is page-locked memory the device can map (a
-     * page-locked payload, a registered host region): no pass over it on a CPU core. When
-     * x_copy_p is not NULL, x is copied to new ops memory, *x_copy_p, and scanned there (cuda:
-     * the copy engine, then a kernel; NULL when there was no memory for it: the device then
-     * reads x where it is), which the caller gives back with ingest_free once the step that
-     * reads it is done.
+     * (*x_bad_p; -1: none) with the device, which reads it where it is, when x is page-locked
+     * memory the device can map (a page-locked payload, a registered host region): one pass over
+     * the bus instead of one on a CPU core. When x_copy_p is not NULL the same pass leaves a copy
+     * of x in new ops memory, *x_copy_p (NULL when there was no memory for it: the scan still
+     * holds), which the caller gives back with ingest_free once the step that reads it is done.
      * EPD_ERR_AGAIN when x is not such memory (scan it on the host), another code with err when
      * the device failed. */
     epd_status_t (*ingest_scan_host)(epd_ops_ctx_t *ctx, const uint16_t *x, uint64_t x_n,

@@ -1724,14 +1724,15 @@ static epd_status_t ingest_setup(epd_ops_ctx_t *ctx, char err[EPD_ERR_LEN])
  * unified addressing cudaMallocHost memory is mapped), word by word when both ends allow it,
  * and scan x[n] for a bf16 whose exponent is all ones; block j writes the least such index it
  * saw, or ~0, into slots[j] (every slot of the launch is written: nothing to clear first), and
- * then the launch's number seq into done[j] once everything it wrote is visible to the host:
- * the loop thread waits for those words rather than for the stream, which reports a kernel's
- * end several microseconds later. */
+ * then, when done is not NULL, the launch's number seq into done[j] once everything it wrote
+ * is visible to the host: the loop thread waits for those words rather than for the stream,
+ * which reports a kernel's end several microseconds later. */
 __global__ void ingest_kernel(const uint8_t *__restrict__ a, size_t a_bytes,
                               uint8_t *__restrict__ a_dst, const uint8_t *__restrict__ b,
                               size_t b_bytes, uint8_t *__restrict__ b_dst,
                               const uint16_t *__restrict__ x, uint64_t n,
-                              unsigned long long *__restrict__ slots, unsigned *done, unsigned seq)
+                              uint16_t *__restrict__ x_dst, unsigned long long *__restrict__ slots,
+                              unsigned *done, unsigned seq)
 {
     __shared__ unsigned long long least;
     uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1756,11 +1757,13 @@ __global__ void ingest_kernel(const uint8_t *__restrict__ a, size_t a_bytes,
     }
     __syncthreads();
     /* x in 16-byte loads when it is aligned (host memory read over the bus wants wide reads),
-     * the tail and an unaligned x one value at a time; a thread's elements grow with i */
-    uint64_t n_vec = ((uintptr_t)x & 15u) == 0 ? n / 8 : 0;
+     * the tail and an unaligned x one value at a time; a thread's elements grow with i. With
+     * x_dst the values are copied there too (up to a non-finite one: that request is refused). */
+    uint64_t n_vec = (((uintptr_t)x | (uintptr_t)x_dst) & 15u) == 0 ? n / 8 : 0;
     const uint4 *xv = (const uint4 *)x;
     for (uint64_t i = tid; i < n_vec; i += stride) {
         uint4 v = xv[i];
+        if (x_dst != NULL) ((uint4 *)x_dst)[i] = v;
         uint32_t w[4] = {v.x, v.y, v.z, v.w};
         int lane = -1;
         for (int k = 7; k >= 0; k--) {
@@ -1773,6 +1776,7 @@ __global__ void ingest_kernel(const uint8_t *__restrict__ a, size_t a_bytes,
         }
     }
     for (uint64_t i = n_vec * 8 + tid; i < n; i += stride) {
+        if (x_dst != NULL) x_dst[i] = x[i];
         if ((x[i] & 0x7f80u) == 0x7f80u) {
             atomicMin(&least, (unsigned long long)i);
             break; /* this thread's later elements are larger */
@@ -1780,14 +1784,16 @@ __global__ void ingest_kernel(const uint8_t *__restrict__ a, size_t a_bytes,
     }
     __syncthreads();
     if (threadIdx.x == 0) slots[blockIdx.x] = least;
-    /* the staged ids and weights, then the slot, visible before the block's word: a system
-     * fence in each thread that wrote them (not in all: a fence of the whole grid costs
-     * microseconds at 128 tokens' 448 blocks), then the barrier, then thread 0's */
-    if (staged) __threadfence_system();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence_system();
-        *(volatile unsigned *)(done + blockIdx.x) = seq;
+    if (done != NULL) {
+        /* the staged ids and weights, then the slot, visible before the block's word: a system
+         * fence in each thread that wrote them (not in all: a fence of the whole grid costs
+         * microseconds at 128 tokens' 448 blocks), then the barrier, then thread 0's */
+        if (staged) __threadfence_system();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence_system();
+            *(volatile unsigned *)(done + blockIdx.x) = seq;
+        }
     }
 }
 
@@ -1831,7 +1837,8 @@ static epd_status_t ingest_stage(epd_ops_ctx_t *ctx, size_t bytes, char err[EPD_
 
 static epd_status_t ingest_run(epd_ops_ctx_t *ctx, const void *a, size_t a_bytes, void *a_dst,
                                const void *b, size_t b_bytes, void *b_dst, const uint16_t *x,
-                               uint64_t x_n, int64_t *x_bad_p, char err[EPD_ERR_LEN])
+                               uint64_t x_n, uint16_t *x_dst, int64_t *x_bad_p,
+                               char err[EPD_ERR_LEN])
 {
     epd_status_t status = ingest_setup(ctx, err);
     if (status != EPD_OK) return status;
@@ -1841,11 +1848,14 @@ static epd_status_t ingest_run(epd_ops_ctx_t *ctx, const void *a, size_t a_bytes
     status = ingest_stage(ctx, b_at + b_bytes, err);
     if (status != EPD_OK) return status;
     if (x == NULL) x_n = 0;
-    uint64_t x_items = ((uintptr_t)x & 15u) == 0 ? x_n / 8 : x_n;
+    uint64_t x_items = (((uintptr_t)x | (uintptr_t)x_dst) & 15u) == 0 ? x_n / 8 : x_n;
     uint64_t items = x_items > (a_bytes + b_bytes) / 4 ? x_items : (a_bytes + b_bytes) / 4;
     uint64_t blocks = (items + FLAT_THREADS - 1) / FLAT_THREADS;
     if (blocks > INGEST_BLOCKS) blocks = INGEST_BLOCKS;
     if (blocks == 0) blocks = 1;
+    /* Without a device copy of x the loop thread waits for the blocks' words; a device copy is
+     * read by the step's stream next, so the whole kernel must have finished: a stream sync. */
+    const bool report = x_dst == NULL;
     unsigned seq = ++ctx->ingest_seq;
     if (seq == 0) {
         /* wrapped: no word may still hold the number about to be reused */
@@ -1854,9 +1864,10 @@ static epd_status_t ingest_run(epd_ops_ctx_t *ctx, const void *a, size_t a_bytes
     }
     ingest_kernel<<<(unsigned)blocks, FLAT_THREADS, 0, ctx->ingest>>>(
         (const uint8_t *)a, a_bytes, ctx->ingest_stage + a_at, (const uint8_t *)b, b_bytes,
-        ctx->ingest_stage + b_at, x, x_n, ctx->ingest_host, ctx->ingest_seq_host, seq);
+        ctx->ingest_stage + b_at, x, x_n, x_dst, ctx->ingest_host,
+        report ? ctx->ingest_seq_host : NULL, seq);
     cudaError_t rc = cudaGetLastError();
-    if (rc == cudaSuccess) rc = ingest_wait(ctx, blocks, seq);
+    if (rc == cudaSuccess) rc = report ? ingest_wait(ctx, blocks, seq) : cudaStreamSynchronize(ctx->ingest);
     if (rc != cudaSuccess) return region_fail(err, rc, "reading device tensors");
     if (a_bytes > 0) memcpy(a_dst, ctx->ingest_stage + a_at, a_bytes);
     if (b_bytes > 0) memcpy(b_dst, ctx->ingest_stage + b_at, b_bytes);
@@ -1874,7 +1885,7 @@ static epd_status_t cuda_ingest_fetch(epd_ops_ctx_t *ctx, const void *a, size_t 
                                       const uint16_t *x, uint64_t x_n, int64_t *x_bad_p,
                                       char err[EPD_ERR_LEN])
 {
-    return ingest_run(ctx, a, a_bytes, a_dst, b, b_bytes, b_dst, x, x_n, x_bad_p, err);
+    return ingest_run(ctx, a, a_bytes, a_dst, b, b_bytes, b_dst, x, x_n, NULL, x_bad_p, err);
 }
 
 /* The device copies of host x come from a pool of their own, used on the ingest stream only
@@ -1946,21 +1957,8 @@ static epd_status_t cuda_ingest_scan_host(epd_ops_ctx_t *ctx, const uint16_t *x,
             copy = NULL;
         }
     }
-    if (copy != NULL) {
-        /* the copy engine brings x over (40 GB/s on an H200, where the kernel's own reads over
-         * the bus reached 28), then the scan reads the copy on the device; the kernel follows
-         * the copy on the stream, so its words say the copy is complete too */
-        cudaError_t rc = cudaMemcpyAsync(copy, x, (size_t)x_n * sizeof(uint16_t),
-                                         cudaMemcpyHostToDevice, ctx->ingest);
-        if (rc != cudaSuccess) {
-            cudaFreeAsync(copy, ctx->ingest);
-            return region_fail(err, rc, "copying x to the device");
-        }
-        status = ingest_run(ctx, NULL, 0, NULL, NULL, 0, NULL, (const uint16_t *)copy, x_n,
-                            x_bad_p, err);
-    } else {
-        status = ingest_run(ctx, NULL, 0, NULL, NULL, 0, NULL, mapped, x_n, x_bad_p, err);
-    }
+    status = ingest_run(ctx, NULL, 0, NULL, NULL, 0, NULL, mapped, x_n, (uint16_t *)copy, x_bad_p,
+                        err);
     if (status != EPD_OK || *x_bad_p >= 0) {
         if (copy != NULL) cudaFreeAsync(copy, ctx->ingest);
         copy = NULL;
