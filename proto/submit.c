@@ -111,26 +111,26 @@ static epd_status_t parse_tensors(const cJSON *tensors, uint64_t payload_len,
     return EPD_OK;
 }
 
-/* Ids in [0, E) or -1, distinct within a token; a bitmap over experts keeps it O(N*K), in one
- * pass. An id out of range anywhere is reported before a repeated id (the first of each). */
+/* Ids in [0, E) or -1, distinct within a token, in one O(N*K) pass: each expert remembers the
+ * last token (a 16-bit stamp) that named it, so nothing is cleared between tokens. An id out of
+ * range anywhere is reported before a repeated id (the first of each). */
 static epd_status_t check_ids(const int32_t *ids, uint64_t n_tokens, uint32_t topk,
                               uint32_t num_experts, char err[EPD_ERR_LEN])
 {
-    uint64_t stack_bits[64];
-    size_t words = ((size_t)num_experts + 63) / 64;
-    uint64_t *bits = stack_bits;
+    uint16_t stack_stamps[1024];
+    uint16_t *stamp = stack_stamps;
     uint64_t dup_tok = UINT64_MAX;
     int32_t dup_id = 0;
+    uint16_t cur = 0;
 
-    if (words > EPD_ARRAY_SIZE(stack_bits)) {
-        bits = calloc(words, sizeof(*bits));
-        if (bits == NULL) {
-            snprintf(err, EPD_ERR_LEN, "cannot allocate the expert bitmap");
+    if (num_experts > EPD_ARRAY_SIZE(stack_stamps)) {
+        stamp = malloc(num_experts * sizeof *stamp);
+        if (stamp == NULL) {
+            snprintf(err, EPD_ERR_LEN, "cannot allocate the expert stamps");
             return EPD_ERR_NO_MEMORY;
         }
-    } else {
-        memset(bits, 0, words * sizeof(*bits));
     }
+    memset(stamp, 0, num_experts * sizeof *stamp);
     for (uint64_t tok = 0; tok < n_tokens; tok++) {
         const int32_t *row = ids + tok * topk;
         /* -1 maps to 0 and [0, E) to [1, E]: one unsigned compare for the range */
@@ -142,26 +142,26 @@ static epd_status_t check_ids(const int32_t *ids, uint64_t n_tokens, uint32_t to
                     snprintf(err, EPD_ERR_LEN,
                              "token %" PRIu64 " slot %u: expert id %d is not in [0, %u) or -1",
                              tok, k, row[k], num_experts);
-                    if (bits != stack_bits) free(bits);
+                    if (stamp != stack_stamps) free(stamp);
                     return EPD_ERR_EXPERT_OUT_OF_RANGE;
                 }
             }
         }
         if (dup_tok != UINT64_MAX) continue; /* only the ranges are left to check */
+        if (++cur == 0) { /* the stamps wrapped: start them again */
+            memset(stamp, 0, num_experts * sizeof *stamp);
+            cur = 1;
+        }
         for (uint32_t k = 0; k < topk; k++) {
             if (row[k] < 0) continue;
-            uint64_t mask = 1ull << (row[k] % 64);
-            if ((bits[row[k] / 64] & mask) && dup_tok == UINT64_MAX) {
+            if (stamp[row[k]] == cur && dup_tok == UINT64_MAX) {
                 dup_tok = tok;
                 dup_id = row[k];
             }
-            bits[row[k] / 64] |= mask;
+            stamp[row[k]] = cur;
         }
-        /* clear what this token set */
-        for (uint32_t k = 0; k < topk; k++)
-            if (row[k] >= 0) bits[row[k] / 64] &= ~(1ull << (row[k] % 64));
     }
-    if (bits != stack_bits) free(bits);
+    if (stamp != stack_stamps) free(stamp);
     if (dup_tok != UINT64_MAX) {
         snprintf(err, EPD_ERR_LEN, "token %" PRIu64 ": expert id %d appears twice", dup_tok,
                  dup_id);
