@@ -406,6 +406,28 @@ layout_slot_kernel(const int32_t *topk_ids, uint32_t n, uint32_t tile, uint32_t 
     }
 }
 
+/* Launches kernel (FLAT_THREADS a block) behind the work queued on stream with programmatic
+ * dependent launch: the grid may be scheduled while the kernel before it still runs, and waits
+ * in cudaGridDependencySynchronize (its first statement: nothing is read or written before it)
+ * for that kernel's end and its memory. The kernels before it let it be scheduled from their
+ * start (cudaTriggerProgrammaticLaunchCompletion: the wait still waits for their end). The
+ * step's kernels follow each other on one stream; this hides the launch gap between them. */
+template <typename... Params, typename... Args>
+static cudaError_t launch_after(void (*kernel)(Params...), unsigned blocks, cudaStream_t stream,
+                                Args... args)
+{
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(blocks);
+    config.blockDim = dim3(FLAT_THREADS);
+    config.stream = stream;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
 /* ---- pack --------------------------------------------------------------------------------- */
 
 struct pack_args {
@@ -469,6 +491,7 @@ __device__ __forceinline__ void pack_tail(const pack_args &a, uint32_t t, uint32
 template <bool FP8>
 __global__ void __launch_bounds__(PACK_MAX_THREADS) pack_row_kernel(pack_args a, uint32_t passes)
 {
+    cudaTriggerProgrammaticLaunchCompletion(); /* the experts may be scheduled (launch_after) */
     __shared__ int32_t s_dst[PACK_MAX_DESTS], s_slot[PACK_MAX_DESTS];
     __shared__ uint16_t s_rank[PACK_MAX_DESTS];
     __shared__ float s_wmax[PACK_MAX_THREADS / 32];
@@ -576,6 +599,7 @@ __global__ void __launch_bounds__(PACK_MAX_THREADS) pack_row_kernel(pack_args a,
  * elements stay in registers, so for H <= 16 * tpt (H <= 8192) the row is read exactly once. */
 __global__ void __launch_bounds__(TOKEN_MAX_THREADS) pack_token_kernel(pack_args a, uint32_t tpt, uint32_t iters)
 {
+    cudaTriggerProgrammaticLaunchCompletion(); /* the experts may be scheduled (launch_after) */
     __shared__ uint32_t s_max[32];
     const uint32_t lt = threadIdx.x % tpt;
     const uint32_t t = blockIdx.x * (blockDim.x / tpt) + threadIdx.x / tpt;
@@ -729,6 +753,8 @@ __device__ __forceinline__ void store_bf16x16_fast(uint16_t *dst, const float *v
 template <bool FP8, typename Expert>
 __global__ void __launch_bounds__(FLAT_THREADS) experts_kernel(experts_args a)
 {
+    cudaGridDependencySynchronize(); /* launched early (launch_after): the pack's records first */
+    cudaTriggerProgrammaticLaunchCompletion(); /* and the combine may be scheduled */
     constexpr uint32_t UNITS = 2;
     __shared__ float s_f[EXPERT_TABLE];
     const uint32_t per_rank = (uint32_t)(a.hi - a.lo);
@@ -812,6 +838,8 @@ __device__ __forceinline__ void store_fp8_partial16(const experts_args &a, bool 
 template <bool FP8, typename Expert>
 __global__ void __launch_bounds__(FLAT_THREADS) experts_fp8_partials_kernel(experts_args a)
 {
+    cudaGridDependencySynchronize(); /* launched early (launch_after): the pack's records first */
+    cudaTriggerProgrammaticLaunchCompletion(); /* and the combine may be scheduled */
     __shared__ float s_f[EXPERT_TABLE];
     const uint32_t per_rank = (uint32_t)(a.hi - a.lo);
     const bool table = Expert::has_factor && per_rank <= EXPERT_TABLE;
@@ -917,6 +945,7 @@ __global__ void __launch_bounds__(FLAT_THREADS)
 combine_kernel(const int32_t *slot, const uint8_t *partials, uint16_t *y, uint32_t n,
                uint32_t hidden, uint32_t h16, uint32_t world, uint32_t part_size)
 {
+    cudaGridDependencySynchronize(); /* launched early (launch_after): the partials first */
     const uint64_t total = (uint64_t)n * h16;
     const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     for (uint64_t idx = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
@@ -1444,14 +1473,15 @@ static epd_status_t cuda_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
         a.qe = shape->quant_error ? ctx->qe_dev : NULL;
         experts_kernel_fn kernel =
             shape->dtype == EPD_WIRE_FP8 ? experts->kernel_fp8_fp8p : experts->kernel_bf16_fp8p;
-        kernel<<<flat_blocks((uint64_t)n_records * a.h16), FLAT_THREADS, 0, ctx->stream>>>(a);
+        CUDA_TRY(ctx, launch_after(kernel, flat_blocks((uint64_t)n_records * a.h16), ctx->stream, a),
+                 "experts kernel launch");
     } else {
         uint64_t units = (uint64_t)n_records * (a.h16 / 2);
         experts_kernel_fn kernel =
             shape->dtype == EPD_WIRE_FP8 ? experts->kernel_fp8 : experts->kernel_bf16;
-        kernel<<<flat_blocks(units), FLAT_THREADS, 0, ctx->stream>>>(a);
+        CUDA_TRY(ctx, launch_after(kernel, flat_blocks(units), ctx->stream, a),
+                 "experts kernel launch");
     }
-    CUDA_TRY(ctx, cudaGetLastError(), "experts kernel launch");
 out:
     return status;
 }
@@ -1485,14 +1515,14 @@ static epd_status_t cuda_combine(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
         epd_partial_layout(shape, &pl);
         unsigned blocks = flat_blocks((uint64_t)layout->n_tokens * h16);
         const uint8_t *parts = (const uint8_t *)partials_back;
-        if (shape->combine_dtype == EPD_COMBINE_FP8)
-            combine_kernel<true><<<blocks, FLAT_THREADS, 0, ctx->stream>>>(
-                layout->slot, parts, y, layout->n_tokens, shape->hidden, h16, shape->world, (uint32_t)pl.size);
-        else
-            combine_kernel<false><<<blocks, FLAT_THREADS, 0, ctx->stream>>>(
-                layout->slot, parts, y, layout->n_tokens, shape->hidden, h16, shape->world, (uint32_t)pl.size);
+        CUDA_TRY(ctx,
+                 launch_after(shape->combine_dtype == EPD_COMBINE_FP8 ? combine_kernel<true>
+                                                                     : combine_kernel<false>,
+                              blocks, ctx->stream, (const int32_t *)layout->slot, parts, y,
+                              layout->n_tokens, shape->hidden, h16, shape->world,
+                              (uint32_t)pl.size),
+                 "combine kernel launch");
     }
-    CUDA_TRY(ctx, cudaGetLastError(), "combine kernel launch");
     if (shape->quant_error && !ctx->qe_queued) {
         /* the step's telemetry comes back with the step: quant_error_take after the step's last
          * sync then costs no round trip of its own (one read-back pending at a time: what is
@@ -1785,15 +1815,13 @@ __global__ void ingest_kernel(const uint8_t *__restrict__ a, size_t a_bytes,
     __syncthreads();
     if (threadIdx.x == 0) slots[blockIdx.x] = least;
     if (done != NULL) {
-        /* the staged ids and weights, then the slot, visible before the block's word: a system
+        /* the staged ids and weights and the slot visible before the block's word: a system
          * fence in each thread that wrote them (not in all: a fence of the whole grid costs
-         * microseconds at 128 tokens' 448 blocks), then the barrier, then thread 0's */
-        if (staged) __threadfence_system();
+         * microseconds at 128 tokens' 448 blocks), the barrier, then the word (one fence on
+         * thread 0's way, not two) */
+        if (staged || threadIdx.x == 0) __threadfence_system();
         __syncthreads();
-        if (threadIdx.x == 0) {
-            __threadfence_system();
-            *(volatile unsigned *)(done + blockIdx.x) = seq;
-        }
+        if (threadIdx.x == 0) *(volatile unsigned *)(done + blockIdx.x) = seq;
     }
 }
 
