@@ -623,6 +623,7 @@ epd_status_t epd_step_run(epd_step_t *step, uint32_t n_tokens, const uint16_t *x
         tm.n_local = shape->num_experts / world;
         tm.local_first = me * tm.n_local;
         tm.local_expert_rows = step->local_rows;
+        tm.expert_tokens = step->layout.expert_counts_host;
         *timing_p = tm;
     }
     return EPD_OK;

@@ -55,6 +55,9 @@ typedef struct epd_step_timing {
      * array; it holds until the next step. */
     const uint32_t *local_expert_rows;
     uint32_t local_first, n_local;
+    /* This rank's tokens naming each expert [E] (the layout's counts: every expert's count of
+     * the step's top-k ids, the empty slots not counted); the step owns it until the next step. */
+    const uint32_t *expert_tokens;
 } epd_step_timing_t;
 
 /* The step's input and output buffers in ops memory, each sized for max_tokens rows. */

@@ -144,7 +144,17 @@ void epd_metrics_observe_step(void *arg, const epd_step_timing_t *timing, uint32
     for (int p = 0; p < EPD_PHASE_MAX; p++)
         hist_observe(&m->phase_duration[p], (double)timing->phase_ns[p] / 1e9);
     hist_observe(&m->step_tokens, (double)n_tokens);
-    if (n_tokens > 0 && topk_ids != NULL) {
+    if (n_tokens > 0 && timing->expert_tokens != NULL) {
+        /* the layout's counts: E additions rather than an increment per id (1024 at 128
+         * tokens, top-8) */
+        uint64_t *tokens = layer_tokens(m, layer);
+        if (tokens != NULL) {
+            for (uint32_t e = 0; e < m->num_experts; e++) tokens[e] += timing->expert_tokens[e];
+        } else {
+            for (uint32_t e = 0; e < m->num_experts; e++)
+                m->untracked_tokens += timing->expert_tokens[e];
+        }
+    } else if (n_tokens > 0 && topk_ids != NULL) {
         uint64_t *tokens = layer_tokens(m, layer);
         size_t n = (size_t)n_tokens * m->topk;
         for (size_t i = 0; i < n; i++) {
