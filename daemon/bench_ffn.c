@@ -321,7 +321,8 @@ static void print_plans(const epd_ffn_cuda_t *ffn, const epd_ffn_weights_t *w, c
                "heuristic_GBps=%.0f chosen_GBps=%.0f\n",
                epd_ffn_format_name(w->format), tuning, p->proj == 0 ? "gate_up" : "down",
                p->rows, p->batch,
-               p->batch == 0 ? "none" : p->strided ? "strided" : "pointers", p->tile, p->splitk, p->waves, p->candidates, p->chosen,
+               p->batch == 0 ? "none" : p->strided ? "strided" : "pointers", p->tile, p->splitk,
+               p->waves, p->candidates, p->chosen,
                p->heuristic_us, p->chosen_us, p->heuristic_us > 0 ? bytes / p->heuristic_us / 1e3 : 0,
                p->chosen_us > 0 ? bytes / p->chosen_us / 1e3 : 0);
     }

@@ -27,7 +27,6 @@
 
 #define LISTENER_BACKLOG 1024
 #define LISTENER_RETRY_MS 100 /* pause after accept() fails (e.g. out of descriptors) */
-
 #define LISTENER_REFUSED_LOG_MS 1000 /* at most one line about refused peers this often */
 
 struct epd_listener {

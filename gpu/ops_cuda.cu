@@ -56,7 +56,7 @@ struct epd_ops_ctx {
     bool ingest_ready;
     cudaStream_t ingest;
     unsigned long long *ingest_host; /* pinned, INGEST_BLOCKS slots: each block's least bad index */
-    unsigned *ingest_seq_host;       /* pinned, INGEST_BLOCKS: the launch number each block is done with */
+    unsigned *ingest_seq_host;       /* pinned, INGEST_BLOCKS: the launch each block is done with */
     unsigned ingest_seq;             /* the number of the last launch */
     uint8_t *ingest_stage;           /* pinned staging of ids and weights read back */
     size_t ingest_stage_bytes;
@@ -450,7 +450,8 @@ struct pack_args {
 __device__ __forceinline__ uint32_t tail_word(const pack_args &a, uint32_t t, uint32_t j)
 {
     if (j < a.k_count) return (uint32_t)a.ids[(size_t)t * a.k_count + j];
-    if (j < 2 * a.k_count) return __float_as_uint(a.weights[(size_t)t * a.k_count + (j - a.k_count)]);
+    if (j < 2 * a.k_count)
+        return __float_as_uint(a.weights[(size_t)t * a.k_count + (j - a.k_count)]);
     return j == 2 * a.k_count ? t : 0u;
 }
 
@@ -463,8 +464,10 @@ __device__ __forceinline__ void pack_tail_dsts(const pack_args &a, uint32_t t, c
 {
     for (uint32_t j = part; j < a.tail_words; j += parts) {
         uint32_t v = j == part ? first : tail_word(a, t, j);
-        for (uint32_t d = 0; d < n_dst; d++)
-            *reinterpret_cast<uint32_t *>(a.send + (size_t)dst[d] * a.rec_size + a.rec_ids + 4u * j) = v;
+        for (uint32_t d = 0; d < n_dst; d++) {
+            uint8_t *rec = a.send + (size_t)dst[d] * a.rec_size;
+            *reinterpret_cast<uint32_t *>(rec + a.rec_ids + 4u * j) = v;
+        }
     }
 }
 
@@ -1473,7 +1476,8 @@ static epd_status_t cuda_experts(epd_ops_ctx_t *ctx, const epd_moe_shape_t *shap
         a.qe = shape->quant_error ? ctx->qe_dev : NULL;
         experts_kernel_fn kernel =
             shape->dtype == EPD_WIRE_FP8 ? experts->kernel_fp8_fp8p : experts->kernel_bf16_fp8p;
-        CUDA_TRY(ctx, launch_after(kernel, flat_blocks((uint64_t)n_records * a.h16), ctx->stream, a),
+        CUDA_TRY(ctx,
+                 launch_after(kernel, flat_blocks((uint64_t)n_records * a.h16), ctx->stream, a),
                  "experts kernel launch");
     } else {
         uint64_t units = (uint64_t)n_records * (a.h16 / 2);
@@ -1736,8 +1740,8 @@ static epd_status_t ingest_setup(epd_ops_ctx_t *ctx, char err[EPD_ERR_LEN])
         cudaStreamDestroy(ctx->ingest);
         return region_fail(err, rc, "cudaMallocHost");
     }
-    if ((rc = cudaMallocHost(&ctx->ingest_seq_host, INGEST_BLOCKS * sizeof *ctx->ingest_seq_host)) !=
-        cudaSuccess) {
+    rc = cudaMallocHost(&ctx->ingest_seq_host, INGEST_BLOCKS * sizeof *ctx->ingest_seq_host);
+    if (rc != cudaSuccess) {
         cudaFreeHost(ctx->ingest_host);
         cudaStreamDestroy(ctx->ingest);
         return region_fail(err, rc, "cudaMallocHost");
@@ -1895,7 +1899,8 @@ static epd_status_t ingest_run(epd_ops_ctx_t *ctx, const void *a, size_t a_bytes
         ctx->ingest_stage + b_at, x, x_n, x_dst, ctx->ingest_host,
         report ? ctx->ingest_seq_host : NULL, seq);
     cudaError_t rc = cudaGetLastError();
-    if (rc == cudaSuccess) rc = report ? ingest_wait(ctx, blocks, seq) : cudaStreamSynchronize(ctx->ingest);
+    if (rc == cudaSuccess)
+        rc = report ? ingest_wait(ctx, blocks, seq) : cudaStreamSynchronize(ctx->ingest);
     if (rc != cudaSuccess) return region_fail(err, rc, "reading device tensors");
     if (a_bytes > 0) memcpy(a_dst, ctx->ingest_stage + a_at, a_bytes);
     if (b_bytes > 0) memcpy(b_dst, ctx->ingest_stage + b_at, b_bytes);

@@ -838,10 +838,10 @@ typedef struct client_region {
 } client_region_t;
 
 /* Appends `"name":{"dtype":…,"shape":[rows,cols],…}` (with a leading comma unless first) at
- * *at in buf (SUBMIT_META_CAP bytes; *at past it when it did not fit): the tensor in its region, or its byte range in the
- * payload, which then grows by bytes. Written with snprintf: cJSON's printer formats every
- * number as a double and reads it back, which cost 23 us a SUBMIT on a slow core (the
- * daemon's validation of the same SUBMIT takes 2). */
+ * *at in buf (SUBMIT_META_CAP bytes; *at goes past it when it did not fit): the tensor in its
+ * region, or its byte range in the payload, which then grows by bytes. Written with snprintf:
+ * cJSON's printer formats every number as a double and reads it back, which cost 23 us a
+ * SUBMIT on a slow core (the daemon's validation of the same SUBMIT takes 2). */
 static void put_place(char *buf, size_t *at, bool first, const char *name, const char *dtype,
                       uint64_t rows, uint64_t cols, const epd_client_tensor_t *t,
                       uint64_t *payload_at, uint64_t bytes)
