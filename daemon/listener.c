@@ -365,7 +365,15 @@ static void listener_accept_cb(struct evconnlistener *evl, evutil_socket_t fd,
      * for the client to read and the loop to be woken for writing again (libepd asks the same
      * for its SUBMITs). Best effort: the kernel caps it at net.core.wmem_max. */
     int sndbuf = (int)listener->cfg->socket.sndbuf_bytes;
-    if (sndbuf > 0) (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+    if (sndbuf > 0) {
+        int got = 0;
+        socklen_t got_len = sizeof got;
+        (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+        if (getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &got, &got_len) == 0)
+            epd_log_debug("connection of pid %ld: SO_SNDBUF %d bytes (socket.sndbuf_bytes %d; "
+                          "Linux doubles it, up to net.core.wmem_max)",
+                          (long)cred.pid, got, sndbuf);
+    }
     listener->accept(listener->arg, fd, cred.uid, cred.pid);
 }
 
