@@ -37,6 +37,7 @@
 
 typedef struct queued_frame {
     epd_frame_t frame;
+    uint64_t read_ns; /* the recv that completed it returned */
     struct queued_frame *next;
 } queued_frame_t;
 
@@ -44,6 +45,7 @@ struct epd_client {
     int fd;
     int timeout_ms;
     uint64_t spin_ns; /* epd_client_set_spin */
+    uint64_t read_ns; /* the last recv(2) that returned bytes */
     epd_decoder_t dec;
     uint8_t *rbuf;           /* bytes read but not yet fed to the decoder */
     size_t roff;
@@ -310,6 +312,7 @@ static int client_queue_frame(epd_client_t *c, epd_frame_t *frame)
         return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "cannot queue a reply");
     }
     q->frame = *frame;
+    q->read_ns = c->read_ns;
     queue_push(c, q);
     return EPD_CLIENT_OK;
 }
@@ -367,6 +370,7 @@ static int client_read_bytes(epd_client_t *c, bool *read_p)
         n = window_len > 0 ? recv(c->fd, window, window_len, 0)
                            : recv(c->fd, c->rbuf, CLIENT_READ_CHUNK, 0);
     } while (n < 0 && errno == EINTR);
+    if (n > 0) c->read_ns = epd_now_ns();
     if (n == 0) {
         bool idle = epd_decoder_idle(&c->dec);
         client_disconnect(c);
@@ -1322,7 +1326,8 @@ static uint32_t *experts_counts(const char *text, size_t len, uint32_t *n_p)
  * decoder gave its meta as text (epd_decoder_keep_text): the tree is built without the counts,
  * which are read straight from the text (for 256 experts the tree's numbers were most of the
  * frame's decoding). */
-static int client_serve_one(epd_client_t *c, epd_frame_t *frame, uint64_t seen_ns)
+static int client_serve_one(epd_client_t *c, epd_frame_t *frame, uint64_t read_ns,
+                            uint64_t seen_ns)
 {
     const char *counts_text = NULL;
     size_t counts_len = 0;
@@ -1364,6 +1369,7 @@ static int client_serve_one(epd_client_t *c, epd_frame_t *frame, uint64_t seen_n
     b.rows = (uint32_t)meta_u64_or(meta, "rows", 0);
     b.sent_ns = meta_u64_or(meta, "sent_ns", 0);
     b.seen_ns = seen_ns;
+    b.read_ns = read_ns;
     b.input = input->valuestring;
     b.masked = strcmp(layout->valuestring, "masked") == 0;
     b.meta_json = NULL;
@@ -1440,8 +1446,9 @@ static int client_serve_queued(epd_client_t *c)
         *link = q->next;
         if (c->tail == q) c->tail = prev;
         epd_frame_t frame = q->frame;
+        uint64_t read_ns = q->read_ns;
         free(q);
-        int rc = client_serve_one(c, &frame, epd_now_ns());
+        int rc = client_serve_one(c, &frame, read_ns, epd_now_ns());
         if (rc != EPD_CLIENT_OK) return rc;
     }
 }

@@ -232,6 +232,8 @@ typedef struct epd_client_experts {
     uint64_t x_offset, scales_offset, y_offset;
     uint64_t sent_ns, seen_ns;  /* CLOCK_MONOTONIC: the daemon wrote it; this client read it */
     const char *meta_json;      /* reserved (NULL) */
+    uint64_t read_ns;           /* CLOCK_MONOTONIC: the recv(2) that completed the frame returned
+                                 * (seen_ns - read_ns: this library's decoding and queueing) */
 } epd_client_experts_t;
 
 /* The worker's function: fills batch->y (or the device memory at y_offset, stream synchronized)
