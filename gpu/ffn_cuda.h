@@ -2,7 +2,7 @@
  * the received records grouped by local expert, cuBLASLt GEMMs per expert (gate and up fused in
  * one [2I, H] GEMM, then down; BF16, or FP8 with the DeepSeek 128x128 weight block scales and
  * 1x128 activation scales) spread over a few streams, batched (pointer arrays, strided runs of
- * experts) or grouped, SwiGLU with the intermediate's rounding or quantization in one kernel,
+ * experts) or grouped, or one launch per projection of a GEMM kernel of our own, SwiGLU with the intermediate's rounding or quantization in one kernel,
  * and the weighted sum of section 2 step 6 into the
  * partials (BF16, or FP8 with combine.dtype fp8). A plain C header: gpu/ops_cuda.cu, the
  * benchmark and the GPU test use it, nothing else sees CUDA. */
@@ -58,6 +58,13 @@ typedef struct epd_ffn_cuda_tuning {
                        * libcublas loaded at run time (EPD_ERR_UNSUPPORTED without it, or
                        * without a grouped GEMM of these types); FP8 weights: ignored. Takes
                        * precedence over batched, strided over it */
+    bool kernel;      /* the GEMM kernel of our own (gpu/ffn_gemm.h): each projection one launch
+                       * over every expert with rows, BF16 and FP8 block weights, on the call's
+                       * stream (EPD_ERR_UNSUPPORTED where the device or the build cannot run
+                       * it, the tuning then set without it). Takes precedence over the others
+                       * for the calls it takes (kernel_max_rows); the others serve the rest */
+    uint32_t kernel_max_rows; /* kernel: only calls whose mean rows per expert with rows is at
+                               * most this (0: every call) */
 } epd_ffn_cuda_tuning_t;
 
 /* strided: an expert's GEMMs cost at least about as much as computing this many of its rows
