@@ -33,10 +33,11 @@ typedef struct epd_ffn_gemm_args {
     const void *x;     /* [row_base[n_experts]][k] row-major: expert e's rows from row_base[e] */
     const float *x_scale; /* fp8: expert e's [k / 128][row_base[e + 1] - row_base[e]] from
                            * x_scale + row_base[e] * (k / 128) (x = q * scale of its 1x128) */
-    const uint32_t *row_base;  /* [n_experts + 1], ascending multiples of 16 */
-    const uint32_t *counts;    /* [n_experts]: rows of expert e, rounded up to 8 at most
-                                * row_base[e + 1] - row_base[e] (rows past a count to the next
-                                * multiple of 8 are computed: keep them finite) */
+    const uint32_t *row_base;  /* [n_experts + 1] ascending, multiples of 16: expert e's padded
+                                * rows (16-byte aligned FP8 scale columns) */
+    const uint32_t *counts;    /* [n_experts]: rows of expert e (its count rounded up to 8 at
+                                * most its padded rows; the rows from the count to that multiple
+                                * of 8 are computed too, and written: keep them finite) */
     const uint32_t *tile_base; /* [n_experts + 1]: prefix sums of ceil(counts / ROW_TILE) */
     uint32_t n_tiles;          /* tile_base[n_experts] (host) */
     void *d;           /* [row_base[n_experts]][n]: the rows of each tile written, others not */
