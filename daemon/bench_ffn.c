@@ -80,6 +80,10 @@ static ffn_sweep_t sweeps[] = {
     /* the GEMM kernel of our own (gpu/ffn_gemm.h), alone, and up to a mean of 32 or 64 rows per
      * expert with the default's strided batches above */
     {.name = "kernel", .tuning = {.streams = 1, .kernel = true}},
+    /* its weights' L2 prefetch (gpu/ffn_gemm.h): none, and further ahead than the default */
+    {.name = "kernel,prefetch=none",
+     .tuning = {.streams = 1, .kernel = true, .kernel_prefetch = EPD_FFN_NO_PREFETCH}},
+    {.name = "kernel,prefetch=8", .tuning = {.streams = 1, .kernel = true, .kernel_prefetch = 8}},
     {.name = "kernel,upto=32,strided",
      .tuning = {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
                 .kernel_max_rows = 32}},

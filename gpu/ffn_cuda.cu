@@ -1171,6 +1171,7 @@ extern "C" void epd_ffn_cuda_default_tuning(epd_ffn_cuda_tuning_t *t)
      * per expert where it beats strided (0: every call) */
     t->kernel = false;
     t->kernel_max_rows = 0;
+    t->kernel_prefetch = 0;
 }
 
 extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn_cuda_tuning_t *t,
@@ -1812,6 +1813,9 @@ static epd_status_t run_kernel(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_t
     a.counts = f->counts_dev;
     a.tile_base = f->tile_base_dev;
     a.n_tiles = n_tiles;
+    a.prefetch = f->tuning.kernel_prefetch == 0                   ? EPD_FFN_GEMM_PREFETCH
+                 : f->tuning.kernel_prefetch == EPD_FFN_NO_PREFETCH ? 0
+                                                                   : f->tuning.kernel_prefetch;
 
     proj_dims(f, PROJ_GATE_UP, &a.n, &a.k);
     a.out_bf16 = f->d_bf16[PROJ_GATE_UP];

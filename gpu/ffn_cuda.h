@@ -65,6 +65,9 @@ typedef struct epd_ffn_cuda_tuning {
                        * for the calls it takes (kernel_max_rows); the others serve the rest */
     uint32_t kernel_max_rows; /* kernel: only calls whose mean rows per expert with rows is at
                                * most this (0: every call) */
+    uint32_t kernel_prefetch; /* kernel: the weights' L2 prefetch distance in 128-byte stages of
+                               * K (0: EPD_FFN_GEMM_PREFETCH of gpu/ffn_gemm.h;
+                               * EPD_FFN_NO_PREFETCH: none) */
 } epd_ffn_cuda_tuning_t;
 
 /* strided: an expert's GEMMs cost at least about as much as computing this many of its rows
@@ -72,6 +75,9 @@ typedef struct epd_ffn_cuda_tuning {
 #define EPD_FFN_READ_ROWS 128u
 /* strided: the run cost of epd_ffn_cuda_default_tuning's strided variant, in rows */
 #define EPD_FFN_RUN_COST 256u
+
+/* kernel_prefetch: no L2 prefetch */
+#define EPD_FFN_NO_PREFETCH UINT32_MAX
 
 /* The tuning a new epd_ffn_cuda_t starts with (the fastest measured, docs/results.md). */
 void epd_ffn_cuda_default_tuning(epd_ffn_cuda_tuning_t *tuning);

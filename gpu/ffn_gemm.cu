@@ -13,7 +13,8 @@
  *
  * K goes in stages of 128 bytes (64 BF16 or 128 e4m3 elements). Weights go from global memory
  * straight into registers (each weight byte is read by one lane; no reuse across warps), one
- * stage ahead, and an L2 prefetch PF_DIST stages ahead keeps more bytes in flight; the
+ * stage ahead, and an L2 prefetch a few stages ahead (args.prefetch) keeps more bytes in flight;
+ * the
  * activations of a stage go through shared memory (read by the 4 warps) in a STAGES-deep
  * cp.async ring. A dot product's K order is free, so within a stage the k positions are
  * permuted the same way for both operands such that each lane loads 16 contiguous bytes: lane
@@ -37,7 +38,6 @@
 #define NT_MAX (EPD_FFN_GEMM_ROW_TILE / 8)     /* n8 tiles per CTA */
 #define STAGE_BYTES 128                        /* K bytes per stage */
 #define STAGES 4                               /* the activations' cp.async ring */
-#define PF_DIST 3                              /* the weights' L2 prefetch, in stages ahead */
 
 static_assert(THREADS / 32 * WARP_N == EPD_FFN_GEMM_BN, "the warps cover the CTA's features");
 static_assert(MT * 16 == WARP_N, "the m16 tiles cover the warp's features");
@@ -50,7 +50,7 @@ struct gemm_params {
     const float *x_scale;
     const uint32_t *row_base, *counts, *tile_base;
     void *d;
-    uint32_t n, k, kbytes, n_experts, w_scale_ld;
+    uint32_t n, k, kbytes, n_experts, w_scale_ld, prefetch;
 };
 
 /* ---- device helpers ---------------------------------------------------------------------- */
@@ -86,7 +86,7 @@ __device__ static __forceinline__ void prefetch_l2_128(const void *p)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     size_t g = __cvta_generic_to_global(p);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], 128;\n" ::"l"(g) : "memory");
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], 128;\n" ::"l"(g));
 #elif defined(__CUDA_ARCH__)
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 #endif
@@ -244,7 +244,8 @@ __global__ void __launch_bounds__(THREADS, 2) ffn_gemm_kernel(gemm_params p)
         if (nk < n_kb) load_x(nk, nk % STAGES);
         cp_async_commit();
         if (kb + 1 < n_kb) load_w(kb + 1, nxt);
-        if (kb + PF_DIST < n_kb) prefetch_l2_128(wp + (size_t)(kb + PF_DIST) * STAGE_BYTES);
+        if (p.prefetch > 0 && kb + p.prefetch < n_kb)
+            prefetch_l2_128(wp + (size_t)(kb + p.prefetch) * STAGE_BYTES);
         compute(kb, kb % STAGES, cur);
     };
 
@@ -254,7 +255,7 @@ __global__ void __launch_bounds__(THREADS, 2) ffn_gemm_kernel(gemm_params p)
         if (s < n_kb) load_x(s, s);
         cp_async_commit();
     }
-    for (uint32_t s = 1; s < PF_DIST && s < n_kb; s++)
+    for (uint32_t s = 1; s < p.prefetch && s < n_kb; s++)
         prefetch_l2_128(wp + (size_t)s * STAGE_BYTES);
     load_w(0, wa);
     for (uint32_t kb = 0; kb < n_kb; kb += 2) {
@@ -370,6 +371,7 @@ extern "C" epd_status_t epd_ffn_gemm_launch(const epd_ffn_gemm_args_t *a, void *
     p.kbytes = a->k * (a->fp8 ? 1u : 2u);
     p.n_experts = a->n_experts;
     p.w_scale_ld = a->w_scale_ld;
+    p.prefetch = a->prefetch;
     dim3 grid(a->n_tiles, a->n / EPD_FFN_GEMM_BN);
     cudaStream_t s = (cudaStream_t)stream;
     if (a->fp8 && a->out_bf16)

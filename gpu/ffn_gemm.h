@@ -20,6 +20,9 @@ extern "C" {
 #define EPD_FFN_GEMM_ROW_TILE 64u
 /* output features of one CTA: one FP8 weight scale block */
 #define EPD_FFN_GEMM_BN 128u
+/* the weights' L2 prefetch distance the daemon uses, in stages of 128 bytes of K ahead of the
+ * stage being computed (each lane prefetches its weight row's 128 bytes of that stage) */
+#define EPD_FFN_GEMM_PREFETCH 3u
 
 /* One projection over the experts [0, n_experts) (device pointers unless said otherwise). */
 typedef struct epd_ffn_gemm_args {
@@ -41,6 +44,7 @@ typedef struct epd_ffn_gemm_args {
     const uint32_t *tile_base; /* [n_experts + 1]: prefix sums of ceil(counts / ROW_TILE) */
     uint32_t n_tiles;          /* tile_base[n_experts] (host) */
     void *d;           /* [row_base[n_experts]][n]: the rows of each tile written, others not */
+    uint32_t prefetch; /* the weights' L2 prefetch distance in stages (0: none) */
 } epd_ffn_gemm_args_t;
 
 /* EPD_OK when the kernel can run on the current device for the format (BF16: compute capability

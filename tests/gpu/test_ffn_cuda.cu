@@ -462,6 +462,7 @@ static void gemm_check(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const ui
     a.tile_base = dtb;
     a.n_tiles = tile_base[n_exp];
     a.d = dd;
+    a.prefetch = EPD_FFN_GEMM_PREFETCH;
     char what[160];
     snprintf(what, sizeof what, "GEMM kernel %s%s, N %u, K %u, %u experts, %u row tiles",
              fp8 ? "fp8-block" : "bf16", out_bf16 ? " (bf16 out)" : "", n, k, n_exp, a.n_tiles);
