@@ -11,7 +11,7 @@
  * SM target, batched BF16 GEMMs, the autotune's timed algorithms with split-K candidates, FP8
  * fast accumulation, strided batches over runs of experts with the default run cost, with none
  * and as one run, BF16 grouped GEMMs, the GEMM kernel of our own alone and up to 16 rows per
- * expert before strided): every one within the tolerance. Routing: uniform, one hot expert, or
+ * expert before strided or 4 streams): every one within the tolerance. Routing: uniform, one hot expert, or
  * rows per expert at the padding's, the runs' and the kernel's row tiles' edges (16, 17, 128,
  * 129, 1, 0, 33), and all 32 experts live with more rows than a row tile.
  * Before the cases, the GEMM kernel's own checks (gpu/ffn_gemm.h), each failure naming the
@@ -64,12 +64,16 @@ static const epd_ffn_cuda_tuning_t tunings[] = {
     {.streams = 1, .kernel = true},
     {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
      .kernel_max_rows = 16},
+    {.streams = 4, .kernel = true, .kernel_max_rows = 16, .kernel_prefetch = EPD_FFN_NO_PREFETCH},
 };
 static const char *const tuning_names[] = {"streams=1", "streams=4", "streams=4,sm_target",
                                            "batched", "streams=1,autotune", "streams=4,autotune",
                                            "streams=4,autotune,fast_accum", "strided",
                                            "strided,cost=0", "strided,one", "grouped",
-                                           "kernel", "kernel,upto=16,strided"};
+                                           "kernel", "kernel,upto=16,strided",
+                                           "kernel,upto=16,streams=4,prefetch=none"};
+static_assert(sizeof tunings / sizeof tunings[0] == sizeof tuning_names / sizeof tuning_names[0],
+              "a name per tuning");
 
 /* hot 2: every token's slot 0 goes to the next local expert with rows left of these (the
  * padding's and the strided runs' edges: 16 and 17 rows, 128 and 129, one, none), the other
