@@ -1069,6 +1069,135 @@ static epd_status_t probe_strided(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
     return status;
 }
 
+/* kernel: the GEMM kernel of our own against cuBLASLt's single GEMMs, once when the tuning is
+ * set: each projection over the first (up to) 3 experts of layer 0 with 1, 9 and 70 rows (one n8
+ * tile; two; two row tiles) of random activations (FP8: random e4m3 and scales), on f->stream,
+ * waited for. EPD_ERR_UNSUPPORTED saying where when an expert's outputs disagree (relative L2
+ * over its rows above 1e-2), EPD_ERR_CUDA / EPD_ERR_NO_MEMORY with err. */
+static epd_status_t probe_kernel(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
+{
+    static const uint32_t want[3] = {1, 9, 70};
+    const uint32_t n_exp = f->n_local < 3 ? f->n_local : 3;
+    bool fp8 = f->format == EPD_FFN_FP8_BLOCK;
+    uint32_t meta[11], *counts = meta, *row_base = meta + 3, *tile_base = meta + 7, total;
+    uint32_t *meta_dev = NULL;
+    epd_status_t status = EPD_OK;
+
+    if (n_exp == 0 || f->n_layers == 0) return EPD_OK;
+    const dev_layer_t *l = &f->layers[0];
+    memset(meta, 0, sizeof meta);
+    for (uint32_t e = 0; e < n_exp; e++) {
+        counts[e] = want[e];
+        row_base[e + 1] = row_base[e] + pad_rows(want[e]);
+        tile_base[e + 1] =
+            tile_base[e] + (want[e] + EPD_FFN_GEMM_ROW_TILE - 1) / EPD_FFN_GEMM_ROW_TILE;
+    }
+    total = row_base[n_exp];
+    meta_dev = (uint32_t *)dalloc(sizeof meta);
+    if (meta_dev == NULL) {
+        cudaGetLastError();
+        snprintf(err, EPD_ERR_LEN, "ffn experts: out of device memory for the kernel check");
+        return EPD_ERR_NO_MEMORY;
+    }
+    if (cudaMemcpy(meta_dev, meta, sizeof meta, cudaMemcpyHostToDevice) != cudaSuccess) {
+        snprintf(err, EPD_ERR_LEN, "ffn experts: the kernel check's copy failed");
+        cudaFree(meta_dev);
+        return EPD_ERR_CUDA;
+    }
+    for (int proj = 0; proj < N_PROJ && status == EPD_OK; proj++) {
+        uint32_t nn, k;
+        proj_dims(f, proj, &nn, &k);
+        size_t es = fp8 ? 1 : 2, out_es = f->d_bf16[proj] ? 2 : 4;
+        size_t d_bytes = (size_t)total * nn * out_es, bs_n = (size_t)total * (k / GROUP);
+        void *b = dalloc((size_t)total * k * es), *d1 = dalloc(d_bytes), *d2 = dalloc(d_bytes);
+        float *bs = (float *)dalloc(bs_n * sizeof(float));
+        void *h1 = malloc(d_bytes), *h2 = malloc(d_bytes);
+        if (b == NULL || d1 == NULL || d2 == NULL || bs == NULL || h1 == NULL || h2 == NULL) {
+            cudaGetLastError();
+            snprintf(err, EPD_ERR_LEN, "ffn experts: out of memory for the kernel check");
+            status = EPD_ERR_NO_MEMORY;
+        }
+        if (status == EPD_OK) {
+            if (fp8)
+                fill_probe_e4m3<<<256, 256, 0, f->stream>>>((uint8_t *)b, (size_t)total * k, 7);
+            else
+                fill_random_bf16<<<256, 256, 0, f->stream>>>((uint16_t *)b, (size_t)total * k, 7);
+            fill_probe_scales<<<64, 256, 0, f->stream>>>(bs, bs_n, bs_n, 0);
+            if (cudaGetLastError() != cudaSuccess ||
+                cudaMemsetAsync(d1, 0, d_bytes, f->stream) != cudaSuccess ||
+                cudaMemsetAsync(d2, 0, d_bytes, f->stream) != cudaSuccess) {
+                snprintf(err, EPD_ERR_LEN, "ffn experts: the kernel check's fill failed");
+                status = EPD_ERR_CUDA;
+            }
+        }
+        if (status == EPD_OK) {
+            epd_ffn_gemm_args_t a;
+            memset(&a, 0, sizeof a);
+            a.fp8 = fp8;
+            a.out_bf16 = f->d_bf16[proj];
+            a.n = nn;
+            a.k = k;
+            a.n_experts = n_exp;
+            a.w = proj == PROJ_GATE_UP ? l->gate_up : l->down;
+            a.w_scale = fp8 ? (proj == PROJ_GATE_UP ? l->gate_up_scale : l->down_scale) : NULL;
+            a.w_scale_ld = fp8 ? l4(k) : 0;
+            a.x = b;
+            a.x_scale = fp8 ? bs : NULL;
+            a.row_base = meta_dev + 3;
+            a.counts = meta_dev;
+            a.tile_base = meta_dev + 7;
+            a.n_tiles = tile_base[n_exp];
+            a.d = d1;
+            a.prefetch = EPD_FFN_GEMM_PREFETCH;
+            status = epd_ffn_gemm_launch(&a, f->stream, err);
+        }
+        for (uint32_t e = 0; e < n_exp && status == EPD_OK; e++) {
+            gemm_plan_t *plan;
+            uint32_t n = row_base[e + 1] - row_base[e];
+            const uint8_t *w = (const uint8_t *)(proj == PROJ_GATE_UP ? l->gate_up : l->down) +
+                               (size_t)e * nn * k * es;
+            status = get_plan(f, proj, NULL, n, 0, false, &plan, err);
+            if (status == EPD_OK)
+                status = matmul(f, proj, plan, w, fp8 ? weight_scales(f, l, proj, e) : NULL,
+                                (const uint8_t *)b + (size_t)row_base[e] * k * es,
+                                fp8 ? bs + (size_t)row_base[e] * (k / GROUP) : NULL,
+                                (uint8_t *)d2 + (size_t)row_base[e] * nn * out_es, 0, err);
+        }
+        if (status == EPD_OK &&
+            (cudaMemcpyAsync(h1, d1, d_bytes, cudaMemcpyDeviceToHost, f->stream) != cudaSuccess ||
+             cudaMemcpyAsync(h2, d2, d_bytes, cudaMemcpyDeviceToHost, f->stream) != cudaSuccess ||
+             cudaStreamSynchronize(f->stream) != cudaSuccess)) {
+            snprintf(err, EPD_ERR_LEN, "ffn experts: the kernel check: %s",
+                     cudaGetErrorString(cudaGetLastError()));
+            status = EPD_ERR_CUDA;
+        }
+        for (uint32_t e = 0; e < n_exp && status == EPD_OK; e++) {
+            /* expert e's rows below its count: [count][nn] from row_base[e] */
+            size_t off = (size_t)row_base[e] * nn * out_es;
+            uint32_t at = 0;
+            double worst = worst_matrix((const uint8_t *)h1 + off, (const uint8_t *)h2 + off, 1,
+                                        (size_t)counts[e] * nn, f->d_bf16[proj], &at);
+            if (!(worst <= 1e-2)) {
+                snprintf(err, EPD_ERR_LEN,
+                         "ffn experts: the GEMM kernel (%s, %s) disagrees with cuBLASLt: relative "
+                         "L2 %.2e for expert %u's %u rows; not used",
+                         fp8 ? "FP8 block" : "BF16", proj == PROJ_GATE_UP ? "gate/up" : "down",
+                         worst, e, counts[e]);
+                status = EPD_ERR_UNSUPPORTED;
+            }
+        }
+        if (status != EPD_OK) cudaStreamSynchronize(f->stream);
+        cudaFree(b);
+        cudaFree(d1);
+        cudaFree(d2);
+        cudaFree(bs);
+        free(h1);
+        free(h2);
+    }
+    cudaFree(meta_dev);
+    return status;
+}
+
 static epd_status_t gemm_grouped(epd_ffn_cuda_t *f, int proj, const batch_group_t *groups,
                                  uint32_t n_groups, uint32_t used, const void **ptrs,
                                  char err[EPD_ERR_LEN]);
@@ -1216,7 +1345,12 @@ extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn
     char kernel_err[EPD_ERR_LEN] = "";
     if (t->kernel) {
         kernel_status = epd_ffn_gemm_supported(f->format == EPD_FFN_FP8_BLOCK, kernel_err);
+        if (kernel_status == EPD_OK) kernel_status = probe_kernel(f, kernel_err);
         if (kernel_status != EPD_OK) f->tuning.kernel = false;
+        if (kernel_status != EPD_OK && kernel_status != EPD_ERR_UNSUPPORTED) {
+            snprintf(err, EPD_ERR_LEN, "%s", kernel_err);
+            return kernel_status;
+        }
     }
     /* the batched tunings' checks: on failure the tuning stays, without the batching */
     if (t->strided) {

@@ -60,8 +60,10 @@ typedef struct epd_ffn_cuda_tuning {
                        * precedence over batched, strided over it */
     bool kernel;      /* the GEMM kernel of our own (gpu/ffn_gemm.h): each projection one launch
                        * over every expert with rows, BF16 and FP8 block weights, on the call's
-                       * stream (EPD_ERR_UNSUPPORTED where the device or the build cannot run
-                       * it, the tuning then set without it). Takes precedence over the others
+                       * stream; checked against cuBLASLt's single GEMMs when the tuning is set
+                       * (EPD_ERR_UNSUPPORTED saying where when they disagree, or where the
+                       * device or the build cannot run it: the tuning then set without it; a
+                       * CUDA error of the check is returned). Takes precedence over the others
                        * for the calls it takes (kernel_max_rows); the others serve the rest */
     uint32_t kernel_max_rows; /* kernel: only calls whose mean rows per expert with rows is at
                                * most this (0: every call) */
