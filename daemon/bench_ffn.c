@@ -77,6 +77,19 @@ static ffn_sweep_t sweeps[] = {
     {.name = "strided,cost=64", .tuning = {.streams = 4, .strided = true, .run_cost = 64}},
     {.name = "strided,one", .tuning = {.streams = 1, .strided = true, .run_cost = UINT32_MAX}},
     {.name = "grouped", .tuning = {.streams = 1, .grouped = true}, .bf16_only = true},
+    /* the GEMM kernel of our own (gpu/ffn_gemm.h), alone, and up to a mean of 32 or 64 rows per
+     * expert with the default's strided batches above */
+    {.name = "kernel", .tuning = {.streams = 1, .kernel = true}},
+    /* its weights' L2 prefetch (gpu/ffn_gemm.h): none, and further ahead than the default */
+    {.name = "kernel,prefetch=none",
+     .tuning = {.streams = 1, .kernel = true, .kernel_prefetch = EPD_FFN_NO_PREFETCH}},
+    {.name = "kernel,prefetch=8", .tuning = {.streams = 1, .kernel = true, .kernel_prefetch = 8}},
+    {.name = "kernel,upto=32,strided",
+     .tuning = {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
+                .kernel_max_rows = 32}},
+    {.name = "kernel,upto=64,strided",
+     .tuning = {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
+                .kernel_max_rows = 64}},
 };
 #else
 static ffn_sweep_t sweeps[] = {{.name = "default"}};
@@ -386,7 +399,7 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
            ops->name, s.num_experts, s.hidden, inter, s.topk,
            s.dtype == EPD_WIRE_FP8 ? "fp8" : "bf16",
            s.combine_dtype == EPD_COMBINE_FP8 ? "fp8" : "bf16", iters);
-    printf("%-9s %-19s %7s %7s %5s %10s %8s %8s %10s %8s %8s %9s %8s %8s %8s\n", "weights",
+    printf("%-9s %-22s %7s %7s %5s %10s %8s %8s %10s %8s %8s %9s %8s %8s %8s\n", "weights",
            "tuning", "tokens", "rows/e", "used", "experts_us", "host_us", "TFLOP/s", "dense_us",
            "TFLOP/s", "vs_dense", "read_us", "vs_read", "vs_used", "fp8/bf16");
     for (size_t f = 0; f < n_formats && rc == 0; f++) {
@@ -468,12 +481,12 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
                 /* the default runs as the daemon's does: without its strided batches where
                  * they cannot run (set that way, as epd_ffn_cuda_create does) */
                 if (set == EPD_ERR_UNSUPPORTED && sw == 0) {
-                    printf("%-9s %-19s  note: %s: the default runs without it\n",
+                    printf("%-9s %-22s  note: %s: the default runs without it\n",
                            epd_ffn_format_name(w->format), sweeps[sw].name, err);
                     set = EPD_OK;
                 }
                 if (set != EPD_OK) {
-                    printf("%-9s %-19s  skipped: %s\n", epd_ffn_format_name(w->format),
+                    printf("%-9s %-22s  skipped: %s\n", epd_ffn_format_name(w->format),
                            sweeps[sw].name, err);
                     continue;
                 }
@@ -486,7 +499,7 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
                 double rows_e = (double)sizes[i] * s.topk / s.num_experts;
                 if (time_experts(&runner, &s, w->layers[0].layer, &recs[i], sizes[i],
                                  partials[i], iters, &us, &host_us, err) != EPD_OK) {
-                    printf("%-9s %-19s %7u  skipped: %s\n", epd_ffn_format_name(w->format),
+                    printf("%-9s %-22s %7u  skipped: %s\n", epd_ffn_format_name(w->format),
                            sweeps[sw].name, sizes[i], err);
                     continue;
                 }
@@ -502,7 +515,7 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
                     fp8_bf16 = ratio(us, bf16_us[sw][i]);
                 }
                 (void)layer_bytes;
-                printf("%-9s %-19s %7u %7.1f %5u %10.1f %8.1f %8.1f",
+                printf("%-9s %-22s %7u %7.1f %5u %10.1f %8.1f %8.1f",
                        epd_ffn_format_name(w->format), sweeps[sw].name, sizes[i], rows_e, used, us,
                        host_us, flops / us / 1e6);
                 if (dense_us[i] > 0)

@@ -13,6 +13,9 @@
  *           padded rows, or one cublasGemmGroupedBatchedEx per projection (grouped); or runs of
  *           consecutive experts padded to one row count as one strided-batched GEMM per
  *           projection (strided: BF16, and FP8 where cuBLASLt's batched block scales check out);
+ *           or each projection as one launch of our own GEMM kernel over every expert with rows
+ *           (kernel: gpu/ffn_gemm.cu, BF16 and FP8 block weights; its grid from the row counts
+ *           on the host, one row tile list per call);
  *   combine the weighted sum over ascending k (section 2 step 6, multiply then add) into the
  *           partials: BF16, or FP8 group128 with fp32 scales (combine.dtype fp8, the bytes of
  *           epd_partial_store_host, gpu/partial_dev.cuh).
@@ -36,6 +39,7 @@ extern "C" {
 #include "gpu/ops.h"
 }
 #include "gpu/ffn_cuda.h"
+#include "gpu/ffn_gemm.h"
 #include "gpu/fp8.h"
 #include "gpu/partial_dev.cuh"
 
@@ -136,9 +140,11 @@ struct epd_ffn_cuda {
     uint32_t *counts_dev;   /* [2 n_local]: rows, then the scatter's cursors */
     uint32_t *row_base_dev; /* [n_local + 1] */
     const void **ptrs_dev;  /* [6 n_local]: the batched GEMMs' A, B, D pointer arrays */
+    uint32_t *tile_base_dev; /* [n_local + 1]: kernel, the row tiles' prefix sums */
     /* pinned slots, used in turn, each: [n_local] rows per expert, [n_local + 1] row bases,
-     * [6 n_local] pointers; copied to the device by the call that filled them; a slot is refilled
-     * once its copies have run (host_done) */
+     * [6 n_local] pointers, [n_local + 1] row tile bases (slot_ptrs, slot_tiles); copied to the
+     * device by the call that filled them; a slot is refilled once its copies have run
+     * (host_done) */
     uint8_t *host;
     size_t slot_bytes;
     cudaEvent_t host_done[HOST_SLOTS];
@@ -189,6 +195,17 @@ static uint32_t pad_rows(uint32_t c)
 static uint32_t l4(uint32_t k)
 {
     return (k / GROUP + 3) / 4 * 4;
+}
+
+/* A host slot's parts after the counts and row bases: the pointers, then the row tile bases */
+static size_t slot_ptrs(uint32_t n_local)
+{
+    return ((2 * (size_t)n_local + 1) * sizeof(uint32_t) + 15) / 16 * 16;
+}
+
+static size_t slot_tiles(uint32_t n_local)
+{
+    return slot_ptrs(n_local) + 6 * (size_t)n_local * sizeof(void *);
 }
 
 static void proj_dims(const epd_ffn_cuda_t *f, int proj, uint32_t *n_p, uint32_t *k_p)
@@ -846,8 +863,8 @@ extern "C" void epd_ffn_cuda_destroy(epd_ffn_cuda_t *f)
     if (f->lt != NULL) cublasLtDestroy(f->lt);
     streams_free(f);
     if (f->fork != NULL) cudaEventDestroy(f->fork);
-    void *bufs[] = {f->counts_dev, f->row_base_dev, (void *)f->ptrs_dev, f->pair_row, f->row_src,
-                    f->act, f->act_scale, f->gu, f->h, f->h_scale, f->y};
+    void *bufs[] = {f->counts_dev, f->row_base_dev, (void *)f->ptrs_dev, f->tile_base_dev,
+                    f->pair_row, f->row_src, f->act, f->act_scale, f->gu, f->h, f->h_scale, f->y};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
     cudaFreeHost(f->host);
     for (int i = 0; i < HOST_SLOTS; i++)
@@ -1052,6 +1069,135 @@ static epd_status_t probe_strided(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
     return status;
 }
 
+/* kernel: the GEMM kernel of our own against cuBLASLt's single GEMMs, once when the tuning is
+ * set: each projection over the first (up to) 3 experts of layer 0 with 1, 9 and 70 rows (one n8
+ * tile; two; two row tiles) of random activations (FP8: random e4m3 and scales), on f->stream,
+ * waited for. EPD_ERR_UNSUPPORTED saying where when an expert's outputs disagree (relative L2
+ * over its rows above 1e-2), EPD_ERR_CUDA / EPD_ERR_NO_MEMORY with err. */
+static epd_status_t probe_kernel(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
+{
+    static const uint32_t want[3] = {1, 9, 70};
+    const uint32_t n_exp = f->n_local < 3 ? f->n_local : 3;
+    bool fp8 = f->format == EPD_FFN_FP8_BLOCK;
+    uint32_t meta[11], *counts = meta, *row_base = meta + 3, *tile_base = meta + 7, total;
+    uint32_t *meta_dev = NULL;
+    epd_status_t status = EPD_OK;
+
+    if (n_exp == 0 || f->n_layers == 0) return EPD_OK;
+    const dev_layer_t *l = &f->layers[0];
+    memset(meta, 0, sizeof meta);
+    for (uint32_t e = 0; e < n_exp; e++) {
+        counts[e] = want[e];
+        row_base[e + 1] = row_base[e] + pad_rows(want[e]);
+        tile_base[e + 1] =
+            tile_base[e] + (want[e] + EPD_FFN_GEMM_ROW_TILE - 1) / EPD_FFN_GEMM_ROW_TILE;
+    }
+    total = row_base[n_exp];
+    meta_dev = (uint32_t *)dalloc(sizeof meta);
+    if (meta_dev == NULL) {
+        cudaGetLastError();
+        snprintf(err, EPD_ERR_LEN, "ffn experts: out of device memory for the kernel check");
+        return EPD_ERR_NO_MEMORY;
+    }
+    if (cudaMemcpy(meta_dev, meta, sizeof meta, cudaMemcpyHostToDevice) != cudaSuccess) {
+        snprintf(err, EPD_ERR_LEN, "ffn experts: the kernel check's copy failed");
+        cudaFree(meta_dev);
+        return EPD_ERR_CUDA;
+    }
+    for (int proj = 0; proj < N_PROJ && status == EPD_OK; proj++) {
+        uint32_t nn, k;
+        proj_dims(f, proj, &nn, &k);
+        size_t es = fp8 ? 1 : 2, out_es = f->d_bf16[proj] ? 2 : 4;
+        size_t d_bytes = (size_t)total * nn * out_es, bs_n = (size_t)total * (k / GROUP);
+        void *b = dalloc((size_t)total * k * es), *d1 = dalloc(d_bytes), *d2 = dalloc(d_bytes);
+        float *bs = (float *)dalloc(bs_n * sizeof(float));
+        void *h1 = malloc(d_bytes), *h2 = malloc(d_bytes);
+        if (b == NULL || d1 == NULL || d2 == NULL || bs == NULL || h1 == NULL || h2 == NULL) {
+            cudaGetLastError();
+            snprintf(err, EPD_ERR_LEN, "ffn experts: out of memory for the kernel check");
+            status = EPD_ERR_NO_MEMORY;
+        }
+        if (status == EPD_OK) {
+            if (fp8)
+                fill_probe_e4m3<<<256, 256, 0, f->stream>>>((uint8_t *)b, (size_t)total * k, 7);
+            else
+                fill_random_bf16<<<256, 256, 0, f->stream>>>((uint16_t *)b, (size_t)total * k, 7);
+            fill_probe_scales<<<64, 256, 0, f->stream>>>(bs, bs_n, bs_n, 0);
+            if (cudaGetLastError() != cudaSuccess ||
+                cudaMemsetAsync(d1, 0, d_bytes, f->stream) != cudaSuccess ||
+                cudaMemsetAsync(d2, 0, d_bytes, f->stream) != cudaSuccess) {
+                snprintf(err, EPD_ERR_LEN, "ffn experts: the kernel check's fill failed");
+                status = EPD_ERR_CUDA;
+            }
+        }
+        if (status == EPD_OK) {
+            epd_ffn_gemm_args_t a;
+            memset(&a, 0, sizeof a);
+            a.fp8 = fp8;
+            a.out_bf16 = f->d_bf16[proj];
+            a.n = nn;
+            a.k = k;
+            a.n_experts = n_exp;
+            a.w = proj == PROJ_GATE_UP ? l->gate_up : l->down;
+            a.w_scale = fp8 ? (proj == PROJ_GATE_UP ? l->gate_up_scale : l->down_scale) : NULL;
+            a.w_scale_ld = fp8 ? l4(k) : 0;
+            a.x = b;
+            a.x_scale = fp8 ? bs : NULL;
+            a.row_base = meta_dev + 3;
+            a.counts = meta_dev;
+            a.tile_base = meta_dev + 7;
+            a.n_tiles = tile_base[n_exp];
+            a.d = d1;
+            a.prefetch = EPD_FFN_GEMM_PREFETCH;
+            status = epd_ffn_gemm_launch(&a, f->stream, err);
+        }
+        for (uint32_t e = 0; e < n_exp && status == EPD_OK; e++) {
+            gemm_plan_t *plan;
+            uint32_t n = row_base[e + 1] - row_base[e];
+            const uint8_t *w = (const uint8_t *)(proj == PROJ_GATE_UP ? l->gate_up : l->down) +
+                               (size_t)e * nn * k * es;
+            status = get_plan(f, proj, NULL, n, 0, false, &plan, err);
+            if (status == EPD_OK)
+                status = matmul(f, proj, plan, w, fp8 ? weight_scales(f, l, proj, e) : NULL,
+                                (const uint8_t *)b + (size_t)row_base[e] * k * es,
+                                fp8 ? bs + (size_t)row_base[e] * (k / GROUP) : NULL,
+                                (uint8_t *)d2 + (size_t)row_base[e] * nn * out_es, 0, err);
+        }
+        if (status == EPD_OK &&
+            (cudaMemcpyAsync(h1, d1, d_bytes, cudaMemcpyDeviceToHost, f->stream) != cudaSuccess ||
+             cudaMemcpyAsync(h2, d2, d_bytes, cudaMemcpyDeviceToHost, f->stream) != cudaSuccess ||
+             cudaStreamSynchronize(f->stream) != cudaSuccess)) {
+            snprintf(err, EPD_ERR_LEN, "ffn experts: the kernel check: %s",
+                     cudaGetErrorString(cudaGetLastError()));
+            status = EPD_ERR_CUDA;
+        }
+        for (uint32_t e = 0; e < n_exp && status == EPD_OK; e++) {
+            /* expert e's rows below its count: [count][nn] from row_base[e] */
+            size_t off = (size_t)row_base[e] * nn * out_es;
+            uint32_t at = 0;
+            double worst = worst_matrix((const uint8_t *)h1 + off, (const uint8_t *)h2 + off, 1,
+                                        (size_t)counts[e] * nn, f->d_bf16[proj], &at);
+            if (!(worst <= 1e-2)) {
+                snprintf(err, EPD_ERR_LEN,
+                         "ffn experts: the GEMM kernel (%s, %s) disagrees with cuBLASLt: relative "
+                         "L2 %.2e for expert %u's %u rows; not used",
+                         fp8 ? "FP8 block" : "BF16", proj == PROJ_GATE_UP ? "gate/up" : "down",
+                         worst, e, counts[e]);
+                status = EPD_ERR_UNSUPPORTED;
+            }
+        }
+        if (status != EPD_OK) cudaStreamSynchronize(f->stream);
+        cudaFree(b);
+        cudaFree(d1);
+        cudaFree(d2);
+        cudaFree(bs);
+        free(h1);
+        free(h2);
+    }
+    cudaFree(meta_dev);
+    return status;
+}
+
 static epd_status_t gemm_grouped(epd_ffn_cuda_t *f, int proj, const batch_group_t *groups,
                                  uint32_t n_groups, uint32_t used, const void **ptrs,
                                  char err[EPD_ERR_LEN]);
@@ -1149,6 +1295,12 @@ extern "C" void epd_ffn_cuda_default_tuning(epd_ffn_cuda_tuning_t *t)
     t->strided = true;
     t->run_cost = EPD_FFN_RUN_COST;
     t->grouped = false;
+    /* the GEMM kernel of our own (gpu/ffn_gemm.cu): off until tests/gpu/ffn_gpu.sh has shown it
+     * correct and faster on the GPU; then kernel = true, with kernel_max_rows the largest rows
+     * per expert where it beats strided (0: every call) */
+    t->kernel = false;
+    t->kernel_max_rows = 0;
+    t->kernel_prefetch = 0;
 }
 
 extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn_cuda_tuning_t *t,
@@ -1187,6 +1339,19 @@ extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn
                                               sizeof fast), "FP8 fast accumulation");
     }
     plans_clear(f);
+    /* the kernel's check first (a failing strided check below returns early): on failure the
+     * tuning stays, without the kernel */
+    epd_status_t kernel_status = EPD_OK;
+    char kernel_err[EPD_ERR_LEN] = "";
+    if (t->kernel) {
+        kernel_status = epd_ffn_gemm_supported(f->format == EPD_FFN_FP8_BLOCK, kernel_err);
+        if (kernel_status == EPD_OK) kernel_status = probe_kernel(f, kernel_err);
+        if (kernel_status != EPD_OK) f->tuning.kernel = false;
+        if (kernel_status != EPD_OK && kernel_status != EPD_ERR_UNSUPPORTED) {
+            snprintf(err, EPD_ERR_LEN, "%s", kernel_err);
+            return kernel_status;
+        }
+    }
     /* the batched tunings' checks: on failure the tuning stays, without the batching */
     if (t->strided) {
         epd_status_t status = probe_strided(f, err);
@@ -1204,6 +1369,10 @@ extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn
     } else if (f->cublas != NULL) {
         /* the workspace it was given is gone */
         LT(f->cb.set_workspace(f->cublas, f->workspace[0], WORKSPACE_BYTES), "cublasSetWorkspace");
+    }
+    if (kernel_status != EPD_OK) {
+        snprintf(err, EPD_ERR_LEN, "%s", kernel_err);
+        return kernel_status;
     }
     return EPD_OK;
 }
@@ -1323,12 +1492,14 @@ extern "C" epd_status_t epd_ffn_cuda_create(const epd_ffn_weights_t *w, void *st
         status = EPD_ERR_CUDA;
         goto fail;
     }
-    f->slot_bytes = ((2 * (size_t)w->n_local + 1) * sizeof(uint32_t) + 15) / 16 * 16 +
-                    6 * (size_t)w->n_local * sizeof(void *);
+    f->slot_bytes =
+        (slot_tiles(w->n_local) + ((size_t)w->n_local + 1) * sizeof(uint32_t) + 15) / 16 * 16;
     f->counts_dev = (uint32_t *)dalloc(2 * (size_t)w->n_local * sizeof(uint32_t));
     f->row_base_dev = (uint32_t *)dalloc(((size_t)w->n_local + 1) * sizeof(uint32_t));
     f->ptrs_dev = (const void **)dalloc(6 * (size_t)w->n_local * sizeof(void *));
+    f->tile_base_dev = (uint32_t *)dalloc(((size_t)w->n_local + 1) * sizeof(uint32_t));
     if (f->counts_dev == NULL || f->row_base_dev == NULL || f->ptrs_dev == NULL ||
+        f->tile_base_dev == NULL ||
         cudaMallocHost((void **)&f->host, HOST_SLOTS * f->slot_bytes) != cudaSuccess ||
         cudaEventCreateWithFlags(&f->fork, cudaEventDisableTiming) != cudaSuccess) {
         cudaGetLastError();
@@ -1746,6 +1917,63 @@ static epd_status_t run_grouped(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_
     return status;
 }
 
+/* kernel: whether the call with these rows per expert goes to the GEMM kernel (the tuning's
+ * kernel_max_rows against the mean rows of the experts with rows) */
+static bool use_kernel(const epd_ffn_cuda_t *f, const uint32_t *counts)
+{
+    uint64_t rows = 0, used = 0;
+    if (!f->tuning.kernel) return false;
+    if (f->tuning.kernel_max_rows == 0) return true;
+    for (uint32_t e = 0; e < f->n_local; e++) {
+        rows += counts[e];
+        used += counts[e] > 0;
+    }
+    return used == 0 || rows <= (uint64_t)f->tuning.kernel_max_rows * used;
+}
+
+/* kernel: each projection one launch of the GEMM kernel over the experts' row tiles
+ * (tile_base_dev, n_tiles of them; the rows padded as pad_rows gives, row_base_dev), one SwiGLU
+ * over all rows between, on the caller's stream. */
+static epd_status_t run_kernel(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_t total,
+                               uint32_t n_tiles, char err[EPD_ERR_LEN])
+{
+    bool fp8 = f->format == EPD_FFN_FP8_BLOCK;
+    epd_ffn_gemm_args_t a;
+    epd_status_t status;
+    memset(&a, 0, sizeof a);
+    a.fp8 = fp8;
+    a.n_experts = f->n_local;
+    a.row_base = f->row_base_dev;
+    a.counts = f->counts_dev;
+    a.tile_base = f->tile_base_dev;
+    a.n_tiles = n_tiles;
+    a.prefetch = f->tuning.kernel_prefetch == 0                   ? EPD_FFN_GEMM_PREFETCH
+                 : f->tuning.kernel_prefetch == EPD_FFN_NO_PREFETCH ? 0
+                                                                   : f->tuning.kernel_prefetch;
+
+    proj_dims(f, PROJ_GATE_UP, &a.n, &a.k);
+    a.out_bf16 = f->d_bf16[PROJ_GATE_UP];
+    a.w = l->gate_up;
+    a.w_scale = fp8 ? l->gate_up_scale : NULL;
+    a.w_scale_ld = fp8 ? l4(a.k) : 0;
+    a.x = f->act;
+    a.x_scale = fp8 ? f->act_scale : NULL;
+    a.d = f->gu;
+    status = epd_ffn_gemm_launch(&a, f->stream, err);
+    if (status == EPD_OK) status = queue_swiglu(f, l, 0, total, 0, err);
+    if (status != EPD_OK) return status;
+
+    proj_dims(f, PROJ_DOWN, &a.n, &a.k);
+    a.out_bf16 = f->d_bf16[PROJ_DOWN];
+    a.w = l->down;
+    a.w_scale = fp8 ? l->down_scale : NULL;
+    a.w_scale_ld = fp8 ? l4(a.k) : 0;
+    a.x = f->h;
+    a.x_scale = fp8 ? f->h_scale : NULL;
+    a.d = f->y;
+    return epd_ffn_gemm_launch(&a, f->stream, err);
+}
+
 extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_shape_t *shape,
                                              uint32_t layer, const void *recv_buf,
                                              uint32_t n_records, const uint32_t *expert_rows_host,
@@ -1793,8 +2021,8 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
     uint8_t *slot_p = f->host + (size_t)slot * f->slot_bytes;
     uint32_t *counts = (uint32_t *)slot_p;
     uint32_t *row_base = counts + f->n_local, total = 0;
-    const void **ptrs =
-        (const void **)(slot_p + ((2 * (size_t)f->n_local + 1) * sizeof(uint32_t) + 15) / 16 * 16);
+    const void **ptrs = (const void **)(slot_p + slot_ptrs(f->n_local));
+    uint32_t *tile_base = (uint32_t *)(slot_p + slot_tiles(f->n_local)), n_tiles = 0;
     if (f->host_done[slot] == NULL)
         CU(cudaEventCreateWithFlags(&f->host_done[slot], cudaEventDisableTiming),
            "cudaEventCreate");
@@ -1812,9 +2040,10 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
                            cudaMemcpyDeviceToHost, f->stream), "reading the row counts");
         CU(cudaStreamSynchronize(f->stream), "waiting for the row counts");
     }
-    bool strided = f->tuning.strided;
-    bool grouped = !strided && f->tuning.grouped && !fp8 && f->cublas != NULL;
-    bool batched = !strided && !grouped && f->tuning.batched && !fp8;
+    bool kernel = use_kernel(f, counts);
+    bool strided = !kernel && f->tuning.strided;
+    bool grouped = !kernel && !strided && f->tuning.grouped && !fp8 && f->cublas != NULL;
+    bool batched = !kernel && !strided && !grouped && f->tuning.batched && !fp8;
     uint32_t n_runs = 0;
     if (strided) {
         n_runs = plan_runs(f, counts, row_base);
@@ -1831,6 +2060,17 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
     if (status != EPD_OK) return status;
     CU(cudaMemcpyAsync(f->row_base_dev, row_base, ((size_t)f->n_local + 1) * sizeof(uint32_t),
                        cudaMemcpyHostToDevice, f->stream), "cudaMemcpyAsync");
+    if (kernel) {
+        /* the row tiles of each expert: its rows in tiles of EPD_FFN_GEMM_ROW_TILE */
+        tile_base[0] = 0;
+        for (uint32_t e = 0; e < f->n_local; e++)
+            tile_base[e + 1] = tile_base[e] + (counts[e] + EPD_FFN_GEMM_ROW_TILE - 1) /
+                                                  EPD_FFN_GEMM_ROW_TILE;
+        n_tiles = tile_base[f->n_local];
+        CU(cudaMemcpyAsync(f->tile_base_dev, tile_base,
+                           ((size_t)f->n_local + 1) * sizeof(uint32_t), cudaMemcpyHostToDevice,
+                           f->stream), "copying the row tiles");
+    }
     batch_group_t *groups = f->groups;
     uint32_t n_groups = 0, used = 0;
     if (batched || grouped) {
@@ -1860,7 +2100,9 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
     gather_kernel<<<dim3(total, f->hidden / GROUP), GROUP, 0, f->stream>>>(ga);
     CU(cudaGetLastError(), "gather kernel");
 
-    if (strided)
+    if (kernel)
+        status = run_kernel(f, l, total, n_tiles, err);
+    else if (strided)
         status = run_strided(f, l, n_runs, err);
     else if (grouped)
         status = run_grouped(f, l, total, groups, n_groups, used, err);

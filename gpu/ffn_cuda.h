@@ -2,7 +2,7 @@
  * the received records grouped by local expert, cuBLASLt GEMMs per expert (gate and up fused in
  * one [2I, H] GEMM, then down; BF16, or FP8 with the DeepSeek 128x128 weight block scales and
  * 1x128 activation scales) spread over a few streams, batched (pointer arrays, strided runs of
- * experts) or grouped, SwiGLU with the intermediate's rounding or quantization in one kernel,
+ * experts) or grouped, or one launch per projection of a GEMM kernel of our own, SwiGLU with the intermediate's rounding or quantization in one kernel,
  * and the weighted sum of section 2 step 6 into the
  * partials (BF16, or FP8 with combine.dtype fp8). A plain C header: gpu/ops_cuda.cu, the
  * benchmark and the GPU test use it, nothing else sees CUDA. */
@@ -58,6 +58,18 @@ typedef struct epd_ffn_cuda_tuning {
                        * libcublas loaded at run time (EPD_ERR_UNSUPPORTED without it, or
                        * without a grouped GEMM of these types); FP8 weights: ignored. Takes
                        * precedence over batched, strided over it */
+    bool kernel;      /* the GEMM kernel of our own (gpu/ffn_gemm.h): each projection one launch
+                       * over every expert with rows, BF16 and FP8 block weights, on the call's
+                       * stream; checked against cuBLASLt's single GEMMs when the tuning is set
+                       * (EPD_ERR_UNSUPPORTED saying where when they disagree, or where the
+                       * device or the build cannot run it: the tuning then set without it; a
+                       * CUDA error of the check is returned). Takes precedence over the others
+                       * for the calls it takes (kernel_max_rows); the others serve the rest */
+    uint32_t kernel_max_rows; /* kernel: only calls whose mean rows per expert with rows is at
+                               * most this (0: every call) */
+    uint32_t kernel_prefetch; /* kernel: the weights' L2 prefetch distance in 128-byte stages of
+                               * K (0: EPD_FFN_GEMM_PREFETCH of gpu/ffn_gemm.h;
+                               * EPD_FFN_NO_PREFETCH: none) */
 } epd_ffn_cuda_tuning_t;
 
 /* strided: an expert's GEMMs cost at least about as much as computing this many of its rows
@@ -65,6 +77,9 @@ typedef struct epd_ffn_cuda_tuning {
 #define EPD_FFN_READ_ROWS 128u
 /* strided: the run cost of epd_ffn_cuda_default_tuning's strided variant, in rows */
 #define EPD_FFN_RUN_COST 256u
+
+/* kernel_prefetch: no L2 prefetch */
+#define EPD_FFN_NO_PREFETCH UINT32_MAX
 
 /* The tuning a new epd_ffn_cuda_t starts with (the fastest measured, docs/results.md). */
 void epd_ffn_cuda_default_tuning(epd_ffn_cuda_tuning_t *tuning);

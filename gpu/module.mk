@@ -36,6 +36,8 @@ endif
 # CUDA device ops and device selection (select.c includes CUDA headers); the ffn experts' CUDA
 # side (cuBLASLt, hence -lcublasLt in CUDA_LIBS).
 GPU_CU_SRCS += gpu/ops_cuda.cu gpu/ffn_cuda.cu
+# the ffn experts' GEMM kernel of our own (gpu/ffn_gemm.h; the ffn_cuda tuning `kernel`)
+GPU_CU_SRCS += gpu/ffn_gemm.cu
 GPU_SRCS += gpu/select.c
 $(BUILD)/obj/gpu/select.o: CFLAGS += -I$(CUDA_HOME)/include
 UNIT_TESTS += gpu_select
@@ -45,7 +47,7 @@ test_gpu_select_SRCS += gpu/select.c
 ifeq ($(CUDA),1)
 GPU_TESTS += test_ops_cuda daemon_gpu.sh daemon_regions_gpu.sh
 OPS_CUDA_TEST_OBJS += $(BUILD)/obj/tests/gpu/test_ops_cuda.cu.o $(BUILD)/obj/gpu/ops_cuda.cu.o \
-                      $(BUILD)/obj/gpu/ffn_cuda.cu.o \
+                      $(BUILD)/obj/gpu/ffn_cuda.cu.o $(BUILD)/obj/gpu/ffn_gemm.cu.o \
                       $(patsubst %.c,$(BUILD)/obj/%.o,gpu/ops_host.c gpu/quant_host.c gpu/ffn.c \
                                                       gpu/safetensors.c common/status.c)
 $(BUILD)/tests/gpu/test_ops_cuda: $(OPS_CUDA_TEST_OBJS)

@@ -8,6 +8,14 @@
 # Build first: scripts/gpu-node-build.sh all; source /tmp/epd-env.sh
 # Usage: tests/gpu/ffn_gpu.sh [--skip-tests] [--tokens LIST] [--iters N]
 #   logs in $OUT (or build/ffn-gpu): test_ffn_cuda.log, daemon_ffn_gpu.log, bench.log
+# The GEMM kernel of our own (tuning `kernel`, gpu/ffn_gemm.cu), first run:
+#   build/tests/gpu/test_ffn_cuda      its layout and kernel checks first ("PASS  mma layout
+#                                      check ...", "PASS  GEMM kernel ...: 0 of N outputs
+#                                      wrong"), then every case with every tuning; ends
+#                                      "N passed, 0 failed"
+#   bash tests/gpu/ffn_gpu.sh --skip-tests   the sweep with the kernel tunings beside the
+#                                      default; the summary's "kernel tuning" table says where
+#                                      it wins (then epd_ffn_cuda_default_tuning's kernel lines)
 set -uo pipefail
 cd "$(dirname "$(readlink -f "$0")")/../.."
 out=${OUT:-build/ffn-gpu}
@@ -145,6 +153,27 @@ END {
     print "| tuning | bf16 vs_read | bf16 vs_used | bf16 vs_dense (512) | fp8/bf16 | fp8 vs_read | bf16 us / host us (1 row) | (128 rows) | fp8 us / host us (1 row) | (128 rows) |"
     print "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     for (i = 1; i <= n; i++) { t = order[i]; printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", t, cell(rd, t), cell(ru, t), cell(dn, t), cell(f8, t), cell(fr, t), tm("bf16", t, 1), tm("bf16", t, 128), tm("fp8-block", t, 1), tm("fp8-block", t, 128) }
+}' "$out/bench.log"
+    echo
+    echo "The GEMM kernel of our own (tuning kernel) beside the default, per rows/expert (experts us; kernel/default < 1: the kernel wins; fp8/bf16 of the kernel against the kernel's bf16):"
+    echo
+    awk '
+function kv(line, key) { if (match(line, key "=[^ ]+")) return substr(line, RSTART + length(key) + 1, RLENGTH - length(key) - 1); return "" }
+/^ffn-result / {
+    w = kv($0, "weights"); t = kv($0, "tuning"); r = kv($0, "rows_per_expert") + 0
+    if (t != "default" && t != "kernel") next
+    if (!(r in seen)) { seen[r] = 1; order[++n] = r }
+    us[w, t, r] = kv($0, "experts_us") + 0; rd[w, t, r] = kv($0, "vs_read") + 0
+}
+function cell(w, t, r) { return ((w SUBSEP t SUBSEP r) in us) ? sprintf("%.1f", us[w, t, r]) : "-" }
+function rat(a, b) { return (a > 0 && b > 0) ? sprintf("%.2f", a / b) : "-" }
+END {
+    print "| rows/expert | bf16 default | bf16 kernel | kernel/default | kernel vs_read | fp8 default | fp8 kernel | kernel/default | fp8/bf16 (kernel) |"
+    print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    for (i = 1; i <= n; i++) {
+        r = order[i]
+        printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r, cell("bf16", "default", r), cell("bf16", "kernel", r), rat(us["bf16", "kernel", r], us["bf16", "default", r]), (("bf16" SUBSEP "kernel" SUBSEP r) in rd) ? sprintf("%.2f", rd["bf16", "kernel", r]) : "-", cell("fp8-block", "default", r), cell("fp8-block", "kernel", r), rat(us["fp8-block", "kernel", r], us["fp8-block", "default", r]), rat(us["fp8-block", "kernel", r], us["bf16", "kernel", r])
+    }
 }' "$out/bench.log"
     echo
     echo "The default tuning's GEMM plans up to 128 rows (autotune: the heuristic's first against the chosen, alone on the stream; GB/s of weights read):"

@@ -10,8 +10,15 @@
  * through gpu/ffn_cuda.h directly with the tunings the benchmark sweeps (1 and 4 streams, the
  * SM target, batched BF16 GEMMs, the autotune's timed algorithms with split-K candidates, FP8
  * fast accumulation, strided batches over runs of experts with the default run cost, with none
- * and as one run, BF16 grouped GEMMs): every one within the tolerance. Routing: uniform, one hot
- * expert, or rows per expert at the padding's and the runs' edges (16, 17, 128, 129, 1, 0).
+ * and as one run, BF16 grouped GEMMs, the GEMM kernel of our own alone and up to 16 rows per
+ * expert before strided or 4 streams): every one within the tolerance. Routing: uniform, one hot expert, or
+ * rows per expert at the padding's, the runs' and the kernel's row tiles' edges (16, 17, 128,
+ * 129, 1, 0, 33), and all 32 experts live with more rows than a row tile.
+ * Before the cases, the GEMM kernel's own checks (gpu/ffn_gemm.h), each failure naming the
+ * element: one mma.sync (BF16 m16n8k16, e4m3 m16n8k32) on the PTX ISA's fragment layouts against
+ * a CPU dot product (small integers: exact), then the kernel itself on small integers with
+ * power-of-two scales against CPU sums (0, 1, 7, 8, 9, 16, 17, 64, 65, 130 rows per expert, one
+ * FP8 K block, K/128 of 3, the real shape's K 7168 and 2048 and N 7168).
  * Prints one line per case and 'N passed, N failed'; exit 77 with 'SKIP: no GPU' without one. */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -26,6 +33,7 @@ extern "C" {
 #include "common/rng.h"
 #include "gpu/ffn.h"
 #include "gpu/ffn_cuda.h"
+#include "gpu/ffn_gemm.h"
 #include "gpu/fp8.h"
 #include "tests/gpu/cuda_check.cuh"
 
@@ -53,11 +61,19 @@ static const epd_ffn_cuda_tuning_t tunings[] = {
     {.streams = 1, .strided = true, .run_cost = 0},
     {.streams = 1, .strided = true, .run_cost = UINT32_MAX},
     {.streams = 1, .grouped = true},
+    {.streams = 1, .kernel = true},
+    {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
+     .kernel_max_rows = 16},
+    {.streams = 4, .kernel = true, .kernel_max_rows = 16, .kernel_prefetch = EPD_FFN_NO_PREFETCH},
 };
 static const char *const tuning_names[] = {"streams=1", "streams=4", "streams=4,sm_target",
                                            "batched", "streams=1,autotune", "streams=4,autotune",
                                            "streams=4,autotune,fast_accum", "strided",
-                                           "strided,cost=0", "strided,one", "grouped"};
+                                           "strided,cost=0", "strided,one", "grouped",
+                                           "kernel", "kernel,upto=16,strided",
+                                           "kernel,upto=16,streams=4,prefetch=none"};
+static_assert(sizeof tunings / sizeof tunings[0] == sizeof tuning_names / sizeof tuning_names[0],
+              "a name per tuning");
 
 /* hot 2: every token's slot 0 goes to the next local expert with rows left of these (the
  * padding's and the strided runs' edges: 16 and 17 rows, 128 and 129, one, none), the other
@@ -229,9 +245,12 @@ static void run_case(const ffn_case_t *c, epd_ops_ctx_t *hctx_unused)
                 if (st == EPD_OK) st = epd_ffn_cuda_experts(ffn, &s, 1, d_rec, n, rows, d_part,
                                                             NULL, err);
                 if (st == EPD_OK) st = epd_ffn_cuda_sync(ffn, err);
+                char why[EPD_ERR_LEN];
                 if (st == EPD_ERR_UNSUPPORTED &&
                     (tunings[t].batched || tunings[t].fast_accum || tunings[t].grouped ||
-                     (tunings[t].strided && c->format == EPD_FFN_FP8_BLOCK))) {
+                     (tunings[t].strided && c->format == EPD_FFN_FP8_BLOCK) ||
+                     (tunings[t].kernel &&
+                      epd_ffn_gemm_supported(c->format == EPD_FFN_FP8_BLOCK, why) != EPD_OK))) {
                     /* an optional tuning this cuBLAS lacks: said, and not the daemon's (BF16
                      * strided batches are plain cuBLASLt: never optional) */
                     printf("note  tuning %s not supported here: %s\n", tuning_names[t], err);
@@ -306,6 +325,240 @@ out:
     (void)hctx_unused;
 }
 
+/* ---- the GEMM kernel's own checks (gpu/ffn_gemm.h) ---------------------------------------- */
+
+/* a small integer in [-3, 3] from a hash of (i, seed): products and their sums stay exact */
+static int small_int(uint64_t i, uint64_t seed)
+{
+    return (int)(epd_rng_hash(i * 0x9e3779b97f4a7c15ull + seed) % 7) - 3;
+}
+
+/* element i of an operand: BF16 or e4m3 bytes of the integer v */
+static void put_elem(uint8_t *p, size_t i, bool fp8, int v)
+{
+    if (fp8) {
+        p[i] = epd_e4m3_from_f32((float)v);
+    } else {
+        uint16_t h = epd_f32_to_bf16((float)v);
+        memcpy(p + 2 * i, &h, 2);
+    }
+}
+
+/* One mma.sync on the PTX ISA's fragment layouts against a CPU dot product: a [16][K], b [8][K]
+ * (K 16 BF16 or 32 e4m3: 32 bytes a row), d = a b^T exactly. */
+static void mma_check(bool fp8)
+{
+    const uint32_t K = fp8 ? 32 : 16;
+    uint8_t a[16 * 32], b[8 * 32];
+    int av[16][32], bv[8][32];
+    float d[16 * 8];
+    char err[EPD_ERR_LEN];
+    int bad = 0;
+
+    for (uint32_t m = 0; m < 16; m++)
+        for (uint32_t k = 0; k < K; k++) put_elem(a, m * K + k, fp8, av[m][k] = small_int(m * K + k, 1));
+    for (uint32_t n = 0; n < 8; n++)
+        for (uint32_t k = 0; k < K; k++) put_elem(b, n * K + k, fp8, bv[n][k] = small_int(n * K + k, 2));
+    epd_status_t st = epd_ffn_gemm_mma_check(fp8, a, b, d, err);
+    if (st == EPD_ERR_UNSUPPORTED) {
+        printf("note  mma layout check (%s) not run: %s\n", fp8 ? "e4m3 m16n8k32" : "bf16 m16n8k16",
+               err);
+        return;
+    }
+    if (st != EPD_OK) {
+        printf("FAIL  mma layout check (%s): %s\n", fp8 ? "e4m3 m16n8k32" : "bf16 m16n8k16", err);
+        failed++;
+        return;
+    }
+    for (uint32_t m = 0; m < 16; m++) {
+        for (uint32_t n = 0; n < 8; n++) {
+            int want = 0;
+            for (uint32_t k = 0; k < K; k++) want += av[m][k] * bv[n][k];
+            if (d[m * 8 + n] != (float)want && bad++ < 6)
+                printf("      mma %s D[m %u][n %u] = %g, want %d (lane %u register %u)\n",
+                       fp8 ? "e4m3" : "bf16", m, n, d[m * 8 + n], want, (m % 8) * 4 + n / 2,
+                       (m / 8) * 2 + n % 2);
+        }
+    }
+    printf("%s  mma layout check (%s m16n8k%u on the PTX ISA's fragments): %d of 128 wrong\n",
+           bad ? "FAIL" : "PASS", fp8 ? "e4m3" : "bf16", K, bad);
+    if (bad)
+        failed++;
+    else
+        passed++;
+}
+
+/* The GEMM kernel on n_exp experts with counts[e] rows (rows padded to 16, zeros after the
+ * count), N n, K k: weights and activations small integers, FP8 scales powers of two, so the
+ * CPU's sums are exact and the kernel's within rounding of fp32 sums; every (expert, row,
+ * feature) below the counts compared, the first few wrong ones named. */
+static void gemm_check(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const uint32_t *counts,
+                       uint32_t n_exp)
+{
+    const size_t es = fp8 ? 1 : 2, kb = k / 128, ld = (kb + 3) / 4 * 4;
+    uint32_t *row_base = (uint32_t *)calloc(n_exp + 1, 4), *tile_base = (uint32_t *)calloc(n_exp + 1, 4);
+    char err[EPD_ERR_LEN];
+    uint64_t bad = 0, checked = 0;
+    for (uint32_t e = 0; e < n_exp; e++) {
+        row_base[e + 1] = row_base[e] + (counts[e] + 15) / 16 * 16;
+        tile_base[e + 1] = tile_base[e] + (counts[e] + EPD_FFN_GEMM_ROW_TILE - 1) / EPD_FFN_GEMM_ROW_TILE;
+    }
+    const uint32_t total = row_base[n_exp];
+    uint8_t *w = (uint8_t *)malloc((size_t)n_exp * n * k * es);
+    uint8_t *x = (uint8_t *)calloc((size_t)(total ? total : 1) * k, es);
+    float *ws = (float *)calloc((size_t)n_exp * (n / 128) * ld, sizeof(float));
+    float *xs = (float *)calloc((size_t)(total ? total : 1) * kb, sizeof(float));
+    float *d = (float *)malloc((size_t)(total ? total : 1) * n * sizeof(float));
+    int8_t *wv = (int8_t *)malloc((size_t)n_exp * n * k), *xv = (int8_t *)calloc((size_t)(total ? total : 1) * k, 1);
+    for (size_t i = 0; i < (size_t)n_exp * n * k; i++) put_elem(w, i, fp8, wv[i] = (int8_t)small_int(i, 3 + n + k));
+    for (uint32_t e = 0; e < n_exp; e++)
+        for (uint32_t r = 0; r < counts[e]; r++)
+            for (uint32_t c = 0; c < k; c++) {
+                size_t i = (size_t)(row_base[e] + r) * k + c;
+                put_elem(x, i, fp8, xv[i] = (int8_t)small_int(i, 4 + n + k));
+            }
+    /* scales 2^-2 .. 2^2: weights [e][n / 128][ld] (padding 0), activations [k / 128][mpad] */
+    for (uint32_t e = 0; e < n_exp; e++)
+        for (uint32_t nb = 0; nb < n / 128; nb++)
+            for (uint32_t b = 0; b < kb; b++)
+                ws[((size_t)e * (n / 128) + nb) * ld + b] = ldexpf(1.0f, small_int(e * 997 + nb * 31 + b, 5) % 3);
+    for (uint32_t e = 0; e < n_exp; e++) {
+        uint32_t mpad = row_base[e + 1] - row_base[e];
+        for (uint32_t b = 0; b < kb; b++)
+            for (uint32_t m = 0; m < mpad; m++)
+                xs[(size_t)row_base[e] * kb + b * mpad + m] = ldexpf(1.0f, small_int(e * 7919 + b * 131 + m, 6) % 3);
+    }
+    void *dw, *dx, *dd;
+    float *dws, *dxs;
+    uint32_t *drb, *dcnt, *dtb;
+    CUDA_OK(cudaMalloc(&dw, (size_t)n_exp * n * k * es));
+    CUDA_OK(cudaMalloc(&dx, (size_t)(total ? total : 1) * k * es));
+    CUDA_OK(cudaMalloc(&dd, (size_t)(total ? total : 1) * n * sizeof(float)));
+    CUDA_OK(cudaMalloc((void **)&dws, (size_t)n_exp * (n / 128) * ld * sizeof(float)));
+    CUDA_OK(cudaMalloc((void **)&dxs, (size_t)(total ? total : 1) * kb * sizeof(float)));
+    CUDA_OK(cudaMalloc((void **)&drb, (n_exp + 1) * 4));
+    CUDA_OK(cudaMalloc((void **)&dcnt, n_exp * 4));
+    CUDA_OK(cudaMalloc((void **)&dtb, (n_exp + 1) * 4));
+    CUDA_OK(cudaMemcpy(dw, w, (size_t)n_exp * n * k * es, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dx, x, (size_t)(total ? total : 1) * k * es, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dws, ws, (size_t)n_exp * (n / 128) * ld * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dxs, xs, (size_t)(total ? total : 1) * kb * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(drb, row_base, (n_exp + 1) * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dcnt, counts, n_exp * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dtb, tile_base, (n_exp + 1) * 4, cudaMemcpyHostToDevice));
+    /* NaN everywhere first: a row the kernel should write and does not shows */
+    CUDA_OK(cudaMemset(dd, 0xff, (size_t)(total ? total : 1) * n * sizeof(float)));
+
+    epd_ffn_gemm_args_t a;
+    memset(&a, 0, sizeof a);
+    a.fp8 = fp8;
+    a.out_bf16 = out_bf16;
+    a.n = n;
+    a.k = k;
+    a.n_experts = n_exp;
+    a.w = dw;
+    a.w_scale = fp8 ? dws : NULL;
+    a.w_scale_ld = fp8 ? (uint32_t)ld : 0;
+    a.x = dx;
+    a.x_scale = fp8 ? dxs : NULL;
+    a.row_base = drb;
+    a.counts = dcnt;
+    a.tile_base = dtb;
+    a.n_tiles = tile_base[n_exp];
+    a.d = dd;
+    a.prefetch = EPD_FFN_GEMM_PREFETCH;
+    char what[160];
+    snprintf(what, sizeof what, "GEMM kernel %s%s, N %u, K %u, %u experts, %u row tiles",
+             fp8 ? "fp8-block" : "bf16", out_bf16 ? " (bf16 out)" : "", n, k, n_exp, a.n_tiles);
+    epd_status_t st = epd_ffn_gemm_supported(fp8, err);
+    if (st == EPD_ERR_UNSUPPORTED) {
+        printf("note  %s not run: %s\n", what, err);
+        goto out;
+    }
+    st = epd_ffn_gemm_launch(&a, NULL, err);
+    if (st == EPD_OK && cudaDeviceSynchronize() != cudaSuccess) {
+        snprintf(err, EPD_ERR_LEN, "%s", cudaGetErrorString(cudaGetLastError()));
+        st = EPD_ERR_CUDA;
+    }
+    if (st != EPD_OK) {
+        printf("FAIL  %s: %s\n", what, err);
+        failed++;
+        goto out;
+    }
+    CUDA_OK(cudaMemcpy(d, dd, (size_t)(total ? total : 1) * n * sizeof(float), cudaMemcpyDeviceToHost));
+    for (uint32_t e = 0; e < n_exp; e++) {
+        uint32_t mpad = row_base[e + 1] - row_base[e];
+        for (uint32_t r = 0; r < counts[e]; r++) {
+            size_t row = row_base[e] + r;
+            for (uint32_t f = 0; f < n; f++) {
+                double want = 0, mag = 0;
+                const int8_t *wr = wv + ((size_t)e * n + f) * k, *xr = xv + row * k;
+                for (uint32_t b = 0; b < kb; b++) {
+                    double sum = 0, s = 1;
+                    for (uint32_t c = b * 128; c < (b + 1) * 128; c++) sum += (double)wr[c] * xr[c];
+                    if (fp8)
+                        s = (double)ws[((size_t)e * (n / 128) + f / 128) * ld + b] *
+                            xs[(size_t)row_base[e] * kb + b * mpad + r];
+                    want += sum * s;
+                    mag += 128 * 9 * s;
+                }
+                double got = out_bf16 ? epd_bf16_to_f32(((const uint16_t *)d)[row * n + f])
+                                      : d[row * n + f];
+                /* fp32 sums (and BF16 out: its rounding) */
+                double tol = 1e-6 * mag + (out_bf16 ? fabs(want) / 128 : 0);
+                checked++;
+                if (!(fabs(got - want) <= tol) && bad++ < 6)
+                    printf("      %s: expert %u row %u feature %u = %.6g, want %.6g (row tile %u, "
+                           "n8 tile %u, warp %u, m16 tile %u)\n",
+                           what, e, r, f, got, want, r / EPD_FFN_GEMM_ROW_TILE,
+                           r % EPD_FFN_GEMM_ROW_TILE / 8, f % 128 / 32, f % 32 / 16);
+            }
+        }
+    }
+    printf("%s  %s: %llu of %llu outputs wrong\n", bad ? "FAIL" : "PASS", what,
+           (unsigned long long)bad, (unsigned long long)checked);
+    if (bad)
+        failed++;
+    else
+        passed++;
+out:
+    cudaFree(dw);
+    cudaFree(dx);
+    cudaFree(dd);
+    cudaFree(dws);
+    cudaFree(dxs);
+    cudaFree(drb);
+    cudaFree(dcnt);
+    cudaFree(dtb);
+    free(row_base);
+    free(tile_base);
+    free(w);
+    free(x);
+    free(ws);
+    free(xs);
+    free(d);
+    free(wv);
+    free(xv);
+}
+
+static void gemm_checks(void)
+{
+    /* rows at the n8 tiles', the padding's and the row tiles' edges, an expert without rows */
+    static const uint32_t edges[] = {0, 1, 7, 8, 9, 16, 17, 64, 65, 130};
+    static const uint32_t one[] = {5, 200};
+    static const uint32_t real[] = {1, 70, 0, 9};
+    static const uint32_t real_down[] = {3};
+    const uint32_t n_edges = sizeof edges / sizeof edges[0];
+    for (int fp8 = 0; fp8 < 2; fp8++) {
+        mma_check(fp8);
+        gemm_check(fp8, false, 256, 384, edges, n_edges); /* K/128 3: FP8 scale rows padded */
+        gemm_check(fp8, false, 128, 128, one, 2);         /* one FP8 K block, fewer than STAGES */
+        gemm_check(fp8, true, 256, 512, edges, n_edges);  /* BF16 out */
+        gemm_check(fp8, false, 256, 7168, real, 4);       /* gate/up's K */
+        gemm_check(fp8, false, 7168, 2048, real_down, 1); /* down's N and K */
+    }
+}
+
 int main(void)
 {
     int n_dev = 0;
@@ -345,7 +598,11 @@ int main(void)
         {EPD_FFN_FP8_BLOCK, EPD_WIRE_FP8, EPD_SCALE_GROUP128, 384, 256, 8, 8, 1, 0, 324, 2},
         /* the same edges on rank 1 of 2, FP8 at K/128 of 4 and more (the real shape's) */
         {EPD_FFN_FP8_BLOCK, EPD_WIRE_FP8, EPD_SCALE_GROUP128, 1024, 512, 16, 8, 2, 1, 324, 2},
+        /* all 32 experts live, most with more rows than the kernel's row tile (75 on average) */
+        {EPD_FFN_BF16, EPD_WIRE_FP8, EPD_SCALE_GROUP128, 1024, 512, 32, 8, 1, 0, 300, 0},
+        {EPD_FFN_FP8_BLOCK, EPD_WIRE_FP8, EPD_SCALE_GROUP128, 1024, 512, 32, 8, 1, 0, 300, 0},
     };
+    gemm_checks();
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], NULL);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

@@ -1,0 +1,70 @@
+/* The ffn experts' GEMM kernel of our own (gpu/ffn_gemm.cu): one launch computes one projection
+ * of every local expert with rows, D[row][n] = sum_k X[row][k] W[n][k] (BF16, or e4m3 with the
+ * DeepSeek 128x128 weight block scales and 1x128 activation scales), fp32 accumulation, over a
+ * grid of (row tile, 128 output features) covering only the experts with rows. A plain C header:
+ * gpu/ffn_cuda.cu and the GPU test use it. */
+#ifndef EPD_GPU_FFN_GEMM_H
+#define EPD_GPU_FFN_GEMM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* rows of one expert a CTA computes (an expert with more rows gets more row tiles, each reading
+ * the expert's weights again, mostly from L2: the row tiles of an expert are adjacent CTAs) */
+#define EPD_FFN_GEMM_ROW_TILE 64u
+/* output features of one CTA: one FP8 weight scale block */
+#define EPD_FFN_GEMM_BN 128u
+/* the weights' L2 prefetch distance the daemon uses, in stages of 128 bytes of K ahead of the
+ * stage being computed (each lane prefetches its weight row's 128 bytes of that stage) */
+#define EPD_FFN_GEMM_PREFETCH 3u
+
+/* One projection over the experts [0, n_experts) (device pointers unless said otherwise). */
+typedef struct epd_ffn_gemm_args {
+    bool fp8;          /* e4m3 weights and activations with block scales; false: BF16 */
+    bool out_bf16;     /* D in BF16 (round to nearest even); false: fp32 */
+    uint32_t n, k;     /* output features and reduction length, both multiples of 128 */
+    uint32_t n_experts;
+    const void *w;     /* [n_experts][n][k] row-major (DeepSeek's [out, in]) */
+    const float *w_scale; /* fp8: [n_experts][n / 128][w_scale_ld] (w = q * scale of its block) */
+    uint32_t w_scale_ld;  /* fp8: the row length of w_scale (>= k / 128) */
+    const void *x;     /* [row_base[n_experts]][k] row-major: expert e's rows from row_base[e] */
+    const float *x_scale; /* fp8: expert e's [k / 128][row_base[e + 1] - row_base[e]] from
+                           * x_scale + row_base[e] * (k / 128) (x = q * scale of its 1x128) */
+    const uint32_t *row_base;  /* [n_experts + 1] ascending, multiples of 16: expert e's padded
+                                * rows (16-byte aligned FP8 scale columns) */
+    const uint32_t *counts;    /* [n_experts]: rows of expert e (its count rounded up to 8 at
+                                * most its padded rows; the rows from the count to that multiple
+                                * of 8 are computed too, and written: keep them finite) */
+    const uint32_t *tile_base; /* [n_experts + 1]: prefix sums of ceil(counts / ROW_TILE) */
+    uint32_t n_tiles;          /* tile_base[n_experts] (host) */
+    void *d;           /* [row_base[n_experts]][n]: the rows of each tile written, others not */
+    uint32_t prefetch; /* the weights' L2 prefetch distance in stages (0: none) */
+} epd_ffn_gemm_args_t;
+
+/* EPD_OK when the kernel can run on the current device for the format (BF16: compute capability
+ * 8.0 and code built for it; FP8: 8.9); EPD_ERR_UNSUPPORTED with err saying why. */
+epd_status_t epd_ffn_gemm_supported(bool fp8, char err[EPD_ERR_LEN]);
+
+/* Queues the GEMM on stream (a cudaStream_t). EPD_ERR_INVALID_ARG for shapes the kernel does not
+ * take, EPD_ERR_CUDA with the launch's error; err says which. n_tiles 0: nothing queued. */
+epd_status_t epd_ffn_gemm_launch(const epd_ffn_gemm_args_t *args, void *stream,
+                                 char err[EPD_ERR_LEN]);
+
+/* The layout self-check: one mma.sync (BF16 m16n8k16, or e4m3 m16n8k32 with fp8) on the PTX
+ * ISA's fragment layouts, a [16][32 bytes] row-major, b [8][32 bytes] (b[n] is column n of the
+ * mma's B, i.e. a row of activations), d_host [16][8] fp32 out = a b^T; host memory, waited for.
+ * EPD_ERR_UNSUPPORTED / EPD_ERR_CUDA with err. */
+epd_status_t epd_ffn_gemm_mma_check(bool fp8, const void *a_host, const void *b_host,
+                                    float *d_host, char err[EPD_ERR_LEN]);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
