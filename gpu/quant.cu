@@ -420,6 +420,137 @@ __global__ void requant_live_kernel(const uint4 *q, const float *__restrict__ sc
     }
 }
 
+/* ---- layout-aware requantization, the part kernel (split tiles, variants) ---- */
+
+/* q loads and q_out stores of the part kernel: plain, or (nc) through the read-only path without
+ * L1 allocation (never in place: the launcher clears the bit when q_out == q), (cs) streaming. */
+__device__ __forceinline__ uint4 part_load(const uint4 *p, bool nc)
+{
+    uint4 v;
+    if (nc)
+        asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p));
+    else
+        v = *p;
+    return v;
+}
+
+__device__ __forceinline__ void part_store(uint4 *p, uint4 v, bool cs)
+{
+    if (cs)
+        asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
+                     "r"(v.z), "r"(v.w)
+                     : "memory");
+    else
+        *p = v;
+}
+
+/* Where a block is in its work: item `item` (tile item / split, part item % split: rows
+ * part x rows_per_part .. of the tile), its vectors first .. first + n_vec, the pass at f0. */
+struct part_cursor {
+    uint32_t item, f0, n_vec;
+    uint64_t first;
+    const float *sc; /* the scales of the part's first row */
+};
+
+/* The part kernel: block b does items b, b + gridDim.x, ... (n_items = tiles x split), pass
+ * after pass of blockDim.x x VPT vectors; a part is whole rows, so vector f of it has the scale
+ * f / 8 (group-128) or f / nvr of its first row, as in requant_live_kernel. PIPE: the loads of
+ * the block's next pass (of this part or its next one) leave before this pass's math and stores,
+ * so a thread keeps 2 x VPT loads in flight while it works. STEP as requant_live_kernel. */
+template <int VPT, int TABLE, bool STEP, bool PIPE>
+__global__ void requant_part_kernel(const uint4 *q, const float *__restrict__ scales,
+                                    uint32_t n_items, uint32_t split, epd_fast_div tile_of,
+                                    uint32_t rows_per_part, uint32_t nvr, epd_fast_div row_of,
+                                    uint32_t ns, int per_token, uint32_t rbits, float given_inv,
+                                    const float *s_dev, uint4 *q_out, uint32_t flags,
+                                    const __grid_constant__ requant_tiles<TABLE> tiles)
+{
+    const uint32_t rmask = (1u << rbits) - 1u, pass = blockDim.x * VPT;
+    const bool nc = (flags & EPD_QL_NC) != 0, cs = (flags & EPD_QL_CS) != 0;
+    /* the first non-empty part from item `it` on (false: none left) */
+    auto find = [&](part_cursor &c, uint32_t it) -> bool {
+        for (; it < n_items; it += gridDim.x) {
+            const uint32_t t = split > 1 ? epd_fast_div_of(it, tile_of) : it;
+            const uint32_t word = tiles.tile[t], rows = (word & rmask) + 1u;
+            const uint32_t r0 = (it - t * split) * rows_per_part;
+            if (r0 >= rows) continue;
+            const uint32_t r1 = min(r0 + rows_per_part, rows), row = (word >> rbits) + r0;
+            c.item = it;
+            c.f0 = 0;
+            c.n_vec = (r1 - r0) * nvr;
+            c.first = (uint64_t)row * nvr;
+            c.sc = scales + (uint64_t)row * ns;
+            return true;
+        }
+        return false;
+    };
+    /* (one branch a pass on nc, not one a vector, so that the pass's loads leave together) */
+    auto load = [&](const part_cursor &c, uint4 *in, float *sc) {
+        const uint32_t f0 = c.f0 + threadIdx.x;
+        if (nc) {
+#pragma unroll
+            for (int j = 0; j < VPT; j++)
+                if (f0 + (uint32_t)j * blockDim.x < c.n_vec)
+                    in[j] = part_load(q + c.first + f0 + (uint32_t)j * blockDim.x, true);
+        } else {
+#pragma unroll
+            for (int j = 0; j < VPT; j++)
+                if (f0 + (uint32_t)j * blockDim.x < c.n_vec)
+                    in[j] = part_load(q + c.first + f0 + (uint32_t)j * blockDim.x, false);
+        }
+#pragma unroll
+        for (int j = 0; j < VPT; j++) {
+            const uint32_t f = f0 + (uint32_t)j * blockDim.x;
+            if (f < c.n_vec) sc[j] = __ldg(c.sc + (per_token ? epd_fast_div_of(f, row_of) : f / 8));
+        }
+    };
+    part_cursor c;
+    if (!find(c, blockIdx.x)) return;
+    uint4 in[VPT], in2[VPT];
+    float sc[VPT], sc2[VPT];
+    float inv = given_inv;
+    load(c, in, sc);
+    if (STEP) {
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        const float big_s = *s_dev;
+        inv = big_s > 0.0f ? __fdiv_rn(1.0f, big_s) : 0.0f; /* as the host's */
+    }
+    for (;;) {
+        part_cursor d = c;
+        d.f0 += pass;
+        const bool more = d.f0 < d.n_vec || find(d, d.item + gridDim.x);
+        if (PIPE && more) load(d, in2, sc2);
+        const uint32_t f0 = c.f0 + threadIdx.x;
+#pragma unroll
+        for (int j = 0; j < VPT; j++)
+            if (f0 + (uint32_t)j * blockDim.x < c.n_vec) in[j] = epd_dev_requant16(in[j], sc[j], inv);
+        if (cs) {
+#pragma unroll
+            for (int j = 0; j < VPT; j++)
+                if (f0 + (uint32_t)j * blockDim.x < c.n_vec)
+                    part_store(q_out + c.first + f0 + (uint32_t)j * blockDim.x, in[j], true);
+        } else {
+#pragma unroll
+            for (int j = 0; j < VPT; j++)
+                if (f0 + (uint32_t)j * blockDim.x < c.n_vec)
+                    part_store(q_out + c.first + f0 + (uint32_t)j * blockDim.x, in[j], false);
+        }
+        if (!more) break;
+        if (PIPE) {
+#pragma unroll
+            for (int j = 0; j < VPT; j++) {
+                in[j] = in2[j];
+                sc[j] = sc2[j];
+            }
+        } else {
+            load(d, in, sc);
+        }
+        c = d;
+    }
+}
+
 /* ---- launchers ---- */
 
 static epd_status_t launch_result(const char *what, char err[EPD_ERR_LEN])
@@ -756,6 +887,24 @@ static void (*live_kernel(uint32_t vec, bool step))(const uint4 *, const float *
                     : requant_live_kernel<4, TABLE, false>;
 }
 
+/* The part kernel of a launch: vec x table size x step scale x pipelined. */
+template <int TABLE>
+static void (*part_kernel(uint32_t vec, bool step, bool pipe))(
+    const uint4 *, const float *, uint32_t, uint32_t, epd_fast_div, uint32_t, uint32_t,
+    epd_fast_div, uint32_t, int, uint32_t, float, const float *, uint4 *, uint32_t,
+    const requant_tiles<TABLE>)
+{
+#define EPD_PART_KERNEL(S, P)                                                                  \
+    return vec == 1 ? requant_part_kernel<1, TABLE, S, P>                                       \
+         : vec == 2 ? requant_part_kernel<2, TABLE, S, P>                                       \
+                    : requant_part_kernel<4, TABLE, S, P>
+    if (step && pipe) EPD_PART_KERNEL(true, true);
+    if (step) EPD_PART_KERNEL(true, false);
+    if (pipe) EPD_PART_KERNEL(false, true);
+    EPD_PART_KERNEL(false, false);
+#undef EPD_PART_KERNEL
+}
+
 /* The tiles of a layout as made by epd_requant_tiles_make, before they are packed. */
 struct requant_tile_list {
     uint32_t first[EPD_REQUANT_LIVE_TILES];
@@ -763,13 +912,14 @@ struct requant_tile_list {
 };
 
 /* Queues the reduction (step) and the requant of the n_tiles tiles of all (TABLE >= n_tiles),
- * packed with rbits bits for rows - 1. */
+ * packed with rbits bits for rows - 1, tiles of up to rows_per_tile rows. The part kernel when
+ * l asks for parts or a variant (l.split > 1 or l.flags), else requant_live_kernel. */
 template <int TABLE>
 static epd_status_t live_queue(const requant_tile_list &all, uint32_t n_tiles, uint32_t rbits,
-                               const uint8_t *q, const float *scales, uint32_t hidden,
-                               epd_scale_kind_t kind, float scale, uint8_t *q_out,
-                               float *scale_dev, const epd_quant_launch_t &l, cudaStream_t st,
-                               char err[EPD_ERR_LEN])
+                               uint32_t rows_per_tile, const uint8_t *q, const float *scales,
+                               uint32_t hidden, epd_scale_kind_t kind, float scale,
+                               uint8_t *q_out, float *scale_dev, const epd_quant_launch_t &l,
+                               cudaStream_t st, char err[EPD_ERR_LEN])
 {
     epd_status_t status;
     requant_tiles<TABLE> tiles;
@@ -791,7 +941,39 @@ static epd_status_t live_queue(const requant_tile_list &all, uint32_t n_tiles, u
                                                             tiles);
         CHECK_GOTO(launch_result("step scale", err), out);
     }
-    {
+    if (l.split > 1 || l.flags != 0) {
+        /* parts of ceil(l.rows / split) rows (the launch's item), as many a tile as its rows
+         * need (more when epd_requant_tiles_make made the tiles longer to fit the table) */
+        const uint32_t want = l.split > 1 ? l.split : 1;
+        const uint32_t rows_per_part = (l.rows + want - 1) / want;
+        const uint32_t split = (rows_per_tile + rows_per_part - 1) / rows_per_part;
+        const uint32_t n_items = n_tiles * split; /* <= 4096 x 65535 */
+        const uint32_t flags = q == q_out ? l.flags & ~EPD_QL_NC : l.flags;
+        auto kernel = part_kernel<TABLE>(l.vec, step, (flags & EPD_QL_PIPE) != 0);
+        uint32_t resident;
+        CHECK_GOTO(device_blocks((const void *)kernel, l.threads, 0, l.blocks, &resident, err), out);
+        uint32_t grid = n_items < resident ? n_items : resident;
+        if (flags & EPD_QL_BALANCE) { /* every block the same number of items */
+            const uint32_t rounds = (n_items + grid - 1) / grid;
+            grid = (n_items + rounds - 1) / rounds;
+        }
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr[1];
+        cfg.gridDim = dim3(grid);
+        cfg.blockDim = dim3(l.threads);
+        cfg.dynamicSmemBytes = 0;
+        cfg.stream = st;
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = step ? 1 : 0; /* behind the reduction's kernel */
+        const epd_fast_div tile_of = epd_fast_div_make(split > 1 ? split : 2); /* unused at 1 */
+        (void)cudaLaunchKernelEx(&cfg, kernel, reinterpret_cast<const uint4 *>(q), scales, n_items,
+                                 split, tile_of, rows_per_part, nvr, epd_fast_div_make(nvr), ns,
+                                 kind == EPD_SCALE_PER_TOKEN ? 1 : 0, rbits,
+                                 step ? 0.0f : 1.0f / scale, (const float *)scale_dev,
+                                 reinterpret_cast<uint4 *>(q_out), flags, tiles);
+    } else {
         auto kernel = live_kernel<TABLE>(l.vec, step);
         uint32_t resident;
         CHECK_GOTO(device_blocks((const void *)kernel, l.threads, 0, l.blocks, &resident, err), out);
@@ -867,16 +1049,17 @@ static epd_status_t requant_live(const uint8_t *q, const float *scales, const in
     }
 #define EPD_LIVE_QUEUE(T)                                                                       \
     if (n_tiles <= (T))                                                                         \
-        return live_queue<(T)>(all, n_tiles, rbits, q, scales, hidden, kind, scale, q_out,      \
-                               scale_dev, l, st, err)
+        return live_queue<(T)>(all, n_tiles, rbits, rows_per_tile, q, scales, hidden, kind,     \
+                               scale, q_out, scale_dev, l, st, err)
     EPD_LIVE_QUEUE(64);
+    EPD_LIVE_QUEUE(128);
     EPD_LIVE_QUEUE(256);
     EPD_LIVE_QUEUE(512);
     EPD_LIVE_QUEUE(1024);
     EPD_LIVE_QUEUE(2048);
 #undef EPD_LIVE_QUEUE
-    return live_queue<EPD_REQUANT_LIVE_TILES>(all, n_tiles, rbits, q, scales, hidden, kind, scale,
-                                              q_out, scale_dev, l, st, err);
+    return live_queue<EPD_REQUANT_LIVE_TILES>(all, n_tiles, rbits, rows_per_tile, q, scales,
+                                              hidden, kind, scale, q_out, scale_dev, l, st, err);
 out:
     return status;
 }

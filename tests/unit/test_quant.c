@@ -692,6 +692,21 @@ static void test_quant__launch_check__bad_parameters_rejected(void **state)
     assert_non_null(strstr(err, "blocks per SM"));
     l = (epd_quant_launch_t){.threads = 256, .vec = 4, .rows = 4};
     assert_int_equal(epd_quant_launch_check(EPD_QK_MAX, 7168, &l, err), EPD_ERR_INVALID_ARG);
+    /* parts and variant bits: requant_live only, within their ranges */
+    l = (epd_quant_launch_t){.threads = 224, .vec = 4, .rows = 32, .blocks = 4, .split = 16,
+                             .flags = EPD_QL_ALL};
+    assert_int_equal(epd_quant_launch_check(EPD_QK_REQUANT_LIVE, 7168, &l, err), EPD_OK);
+    l.flags = EPD_QL_ALL + 1;
+    assert_int_equal(epd_quant_launch_check(EPD_QK_REQUANT_LIVE, 7168, &l, err), EPD_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "flags"));
+    l.flags = 0;
+    l.split = 65536;
+    assert_int_equal(epd_quant_launch_check(EPD_QK_REQUANT_LIVE, 7168, &l, err), EPD_ERR_INVALID_ARG);
+    l = (epd_quant_launch_t){.threads = 224, .vec = 2, .rows = 4, .blocks = 4, .flags = EPD_QL_PIPE};
+    assert_int_equal(epd_quant_launch_check(EPD_QK_REQUANT, 7168, &l, err), EPD_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "requant_live only"));
+    l = (epd_quant_launch_t){.threads = 256, .vec = 2, .rows = 1, .split = 2};
+    assert_int_equal(epd_quant_launch_check(EPD_QK_QUANT_GROUP, 7168, &l, err), EPD_ERR_INVALID_ARG);
 }
 
 int main(void)
