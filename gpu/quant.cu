@@ -525,7 +525,8 @@ __global__ void requant_part_kernel(const uint4 *q, const float *__restrict__ sc
         const uint32_t f0 = c.f0 + threadIdx.x;
 #pragma unroll
         for (int j = 0; j < VPT; j++)
-            if (f0 + (uint32_t)j * blockDim.x < c.n_vec) in[j] = epd_dev_requant16(in[j], sc[j], inv);
+            if (f0 + (uint32_t)j * blockDim.x < c.n_vec)
+                in[j] = epd_dev_requant16(in[j], sc[j], inv);
         if (cs) {
 #pragma unroll
             for (int j = 0; j < VPT; j++)
@@ -951,7 +952,8 @@ static epd_status_t live_queue(const requant_tile_list &all, uint32_t n_tiles, u
         const uint32_t flags = q == q_out ? l.flags & ~EPD_QL_NC : l.flags;
         auto kernel = part_kernel<TABLE>(l.vec, step, (flags & EPD_QL_PIPE) != 0);
         uint32_t resident;
-        CHECK_GOTO(device_blocks((const void *)kernel, l.threads, 0, l.blocks, &resident, err), out);
+        CHECK_GOTO(device_blocks((const void *)kernel, l.threads, 0, l.blocks, &resident, err),
+                   out);
         uint32_t grid = n_items < resident ? n_items : resident;
         if (flags & EPD_QL_BALANCE) { /* every block the same number of items */
             const uint32_t rounds = (n_items + grid - 1) / grid;
@@ -1026,7 +1028,8 @@ static epd_status_t requant_live(const uint8_t *q, const float *scales, const in
     CHECK_GOTO(epd_requant_tiles_make(counts_host, n_experts, capacity, l.rows,
                                       EPD_REQUANT_LIVE_TILES, all.first, all.rows, &n_tiles,
                                       &rows_per_tile, &live, err), out);
-    if ((uint64_t)rows_per_tile * (hidden / 16) > 0xffffffffull)
+    /* (a pass past a tile's last vector must not wrap the kernels' 32-bit vector index) */
+    if ((uint64_t)rows_per_tile * (hidden / 16) + (uint64_t)l.threads * l.vec > 0xffffffffull)
         return bad_arg(err, "requantize: rows per tile x hidden too large for one tile");
     while (rbits < 16 && (1u << rbits) < rows_per_tile) rbits++;
     if (n_experts > 0 && ((uint64_t)n_experts * capacity - 1) >> (32 - rbits) != 0) {

@@ -493,8 +493,9 @@ epd_status_t epd_quant_launch_check(epd_quant_kernel_t kernel, uint32_t hidden,
     }
     uint32_t v = l->vec;
     if (kernel != EPD_QK_REQUANT_LIVE && (l->split != 0 || l->flags != 0)) {
-        snprintf(err, EPD_ERR_LEN, "%s: parts %u and flags 0x%x are for requant_live only (allowed: 0)",
-                 name, l->split, l->flags);
+        snprintf(err, EPD_ERR_LEN,
+                 "%s: parts %u and flags 0x%x are for requant_live only (allowed: 0)", name,
+                 l->split, l->flags);
         return EPD_ERR_INVALID_ARG;
     }
     switch (kernel) {

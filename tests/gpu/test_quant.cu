@@ -756,7 +756,8 @@ int main(void)
          * part kernel: parts that are not whole passes, more parts asked than rows, idle lanes,
          * one warp a block, the read-only loads asked for in place (the launcher drops them). */
         std::vector<std::pair<int, epd_quant_launch_t>> sweep;
-        if (!epd_parse_geoms(EPD_REQUANT_SWEEP, false, &sweep)) report(false, "EPD_REQUANT_SWEEP parses");
+        if (!epd_parse_geoms(EPD_REQUANT_SWEEP, false, &sweep))
+            report(false, "EPD_REQUANT_SWEEP parses");
         const epd_quant_launch_t edges[] = {{32, 1, 3, 1},         {1024, 4, 1, 2},
                                             {224, 2, 1, 8},        {128, 4, 1, 0},
                                             {96, 4, 5, 0, 2, 15},  {224, 2, 3, 4, 7, 9},
@@ -778,7 +779,8 @@ int main(void)
                                             {448, 1, 8, 4, 8, 8}};
         for (int k = 0; k < 3; k++) {
             case_requant_live(64, 128, 7168, (epd_scale_kind_t)(k % 2), 32, k, false, &parts[k]);
-            case_requant_live(256, 128, 7168, EPD_SCALE_GROUP128, 8, (k + 1) % 4, k == 1, &parts[k]);
+            case_requant_live(256, 128, 7168, EPD_SCALE_GROUP128, 8, (k + 1) % 4, k == 1,
+                              &parts[k]);
         }
         const epd_quant_launch_t doubled = {128, 1, 1, 0, 0, 9};
         case_requant_live(4096, 2, 256, EPD_SCALE_GROUP128, -2, 3, false, &doubled);
