@@ -39,6 +39,8 @@ typedef struct epd_config {
         uint32_t frame_timeout_ms;      /* close when a started frame takes longer; 0: never */
         uint32_t max_regions;           /* shared regions per connection */
         uint32_t sndbuf_bytes;          /* SO_SNDBUF of each connection; 0: the system's */
+        uint32_t io_threads;            /* socket copy threads; 0: all I/O on the loop thread */
+        uint64_t io_offload_bytes;      /* payloads this large are copied by those threads */
         uint32_t allow_uids[EPD_CONFIG_MAX_UIDS]; /* empty list: any peer the file mode lets in */
         uint32_t n_allow_uids;
     } socket;

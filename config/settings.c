@@ -101,6 +101,15 @@ const epd_setting_t epd_settings[] = {
      .def = "4194304", .min = 0, .max = INT64_C(1) << 30, .offset = FIELD(socket.sndbuf_bytes),
      .doc = "SO_SNDBUF asked for each connection, so that a large RESULT goes out in one write "
             "(the kernel caps it at net.core.wmem_max); 0: the system's default"},
+    {.name = "socket.io_threads", .env = "EPD_SOCKET_IO_THREADS", .type = EPD_SETTING_U32,
+     .def = "4", .min = 0, .max = 64, .offset = FIELD(socket.io_threads),
+     .doc = "threads that copy large payloads (x read, y written) between the sockets and "
+            "page-locked memory while the loop thread goes on; 0: the loop thread does all I/O"},
+    {.name = "socket.io_offload_bytes", .env = "EPD_SOCKET_IO_OFFLOAD_BYTES",
+     .type = EPD_SETTING_U64, .def = "262144", .min = 1, .max = INT64_C(1) << 40,
+     .offset = FIELD(socket.io_offload_bytes),
+     .doc = "a payload (SUBMIT's x, RESULT's y) at least this large is copied by the "
+            "socket.io_threads; smaller ones, and everything else, by the loop thread"},
     {.name = "model.hidden", .env = "EPD_MODEL_HIDDEN", .type = EPD_SETTING_U32, .def = "7168",
      .min = 128, .max = 65536, .multiple_of = 128, .offset = FIELD(model.hidden),
      .doc = "hidden size H of a token"},

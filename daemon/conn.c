@@ -25,6 +25,7 @@
 #include <event2/event.h>
 
 #include "common/clock.h"
+#include "daemon/bulk.h"
 #include "daemon/log.h"
 #include "daemon/pinned.h"
 #include "daemon/region.h"
@@ -130,6 +131,20 @@ struct epd_conn {
     struct evbuffer_cb_entry *output_cb; /* settles the answers as the output is written */
     uint64_t *answers;
     size_t answers_cap, answers_head, answers_count;
+
+    /* Socket copies on the pool (ctx->bulk, daemon/bulk.h), at most one each way. While the read
+     * job runs (bulk_reading) the loop does not read this socket (reads stay off) and does not
+     * touch the decoder's window. A write job owns the output from its start until its frame is
+     * written whole (bulk_writing): nothing else is written meanwhile, and the bytes it has left
+     * count in conn_output_len; between its runs on the pool (wjob_busy) it waits for the socket
+     * to take more (wev). A closed connection is freed once no job is on the pool (closed_told:
+     * the server was told already). */
+    epd_bulk_job_t rjob, wjob;
+    bool bulk_reading, bulk_writing, wjob_busy, closed_told;
+    struct event *wev;          /* the socket is writable again, for the write job */
+    uint64_t bulk_out_left;     /* bytes the write job has not written yet */
+    uint8_t *bulk_head;         /* the head of the frame it writes (malloc'ed) */
+    epd_result_t *bulk_result;  /* whose y it writes after the head */
 };
 
 #define CONN_ANSWER_RESULT (UINT64_C(1) << 63)
@@ -142,6 +157,7 @@ static uint64_t conn_timeout_unlogged;
 
 static void conn_drive(epd_conn_t *c);
 static void conn_arm_deadline(epd_conn_t *c, uint64_t now);
+static void conn_bulk_write_end(epd_conn_t *c);
 
 /* The one place a connection's state changes: asserts, traces and assigns; conn_drive does what
  * the new state needs. */
@@ -158,6 +174,7 @@ static void conn_set_state(epd_conn_t *c, conn_state_t state)
 /* Turns reading from the socket on or off (nothing to do when it already is). */
 static void conn_set_reading(epd_conn_t *c, bool on)
 {
+    if (c->bulk_reading) on = false; /* the pool reads the socket now */
     if (on && !c->reading) event_add(c->rev, NULL);
     else if (!on && c->reading) event_del(c->rev);
     c->reading = on;
@@ -169,9 +186,17 @@ static bool conn_closing(const epd_conn_t *c)
     return c->state == CONN_CLOSING || c->state == CONN_FLUSHING || c->state == CONN_CLOSED;
 }
 
+/* Output not written yet: the output buffer's, and the write job's while it runs. */
 static size_t conn_output_len(const epd_conn_t *c)
 {
-    return evbuffer_get_length(bufferevent_get_output(c->bev));
+    return evbuffer_get_length(bufferevent_get_output(c->bev)) + c->bulk_out_left;
+}
+
+/* Writes what the socket takes of the output now, unless a write job has the socket. */
+static void conn_write_now(epd_conn_t *c)
+{
+    if (!c->bulk_writing && c->state != CONN_CLOSED)
+        (void)evbuffer_write(bufferevent_get_output(c->bev), c->fd);
 }
 
 static bool conn_output_over_limit(const epd_conn_t *c)
@@ -813,6 +838,7 @@ static void conn_drive(epd_conn_t *c)
             bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
             struct timeval tv = {CONN_FLUSH_TIMEOUT_S, 0};
             bufferevent_set_timeouts(c->bev, NULL, &tv);
+            if (c->bulk_writing && !c->wjob_busy) event_add(c->wev, &tv);
             conn_set_state(c, CONN_FLUSHING);
             continue;
         }
@@ -826,13 +852,26 @@ static void conn_drive(epd_conn_t *c)
         case CONN_CLOSED:
         case CONN_STATE_MAX:
         default:
-            uint64_t unwritten = conn_answers_settle(c, true);
-            if (unwritten > 0)
-                epd_log_info("conn %" PRIu64 " closed with %" PRIu64 " requests in flight to it: "
-                             "answered, not written whole; discarded", c->id, unwritten);
+            if (!c->closed_told) {
+                uint64_t unwritten = conn_answers_settle(c, true);
+                if (unwritten > 0)
+                    epd_log_info("conn %" PRIu64 " closed with %" PRIu64 " requests in flight to "
+                                 "it: answered, not written whole; discarded", c->id, unwritten);
+                conn_set_reading(c, false);
+                bufferevent_disable(c->bev, EV_READ | EV_WRITE);
+                if (c->deadline != NULL) evtimer_del(c->deadline);
+                evtimer_del(c->resume);
+                conn_release_reserved(c);
+                c->closed_told = true;
+                c->ctx->closed(c->ctx->arg, c);
+            }
+            if (c->bulk_writing && !c->wjob_busy) conn_bulk_write_end(c);
+            if (c->bulk_reading || c->wjob_busy) {
+                c->driving = false; /* freed when the socket copies are back (they use fd) */
+                return;
+            }
+            if (c->wev != NULL) event_free(c->wev);
             evbuffer_remove_cb_entry(bufferevent_get_output(c->bev), c->output_cb);
-            conn_release_reserved(c);
-            c->ctx->closed(c->ctx->arg, c);
             epd_decoder_free(&c->decoder);
             free(c->answers);
             if (c->deadline != NULL) event_free(c->deadline);
@@ -1064,8 +1103,74 @@ static void conn_read_payload(epd_conn_t *c, void *window, size_t len)
     }
 }
 
+/* A read job is back (loop thread): its bytes go to the decoder as one read's would, unless the
+ * connection is closing; the file descriptors that came with them are kept. */
+static void conn_bulk_read_done(epd_bulk_job_t *job)
+{
+    epd_conn_t *c = job->arg;
+    char err[EPD_ERR_LEN];
+
+    c->bulk_reading = false;
+    for (unsigned i = 0; i < job->n_fds; i++) {
+        if (c->n_fds < CONN_MAX_FDS && c->state != CONN_CLOSED) {
+            c->fds[c->n_fds++] = job->fds[i];
+        } else {
+            close(job->fds[i]);
+            job->fds_dropped++;
+        }
+    }
+    if (job->fds_dropped > 0)
+        epd_log_info("conn %" PRIu64 ": more than %d unclaimed file descriptors; %u closed",
+                     c->id, CONN_MAX_FDS, job->fds_dropped);
+    if (!conn_closing(c) && job->moved > 0) {
+        if (job->n_iov > 0) /* the window is not full: the client is slower than the wait */
+            epd_log_debug("conn %" PRIu64 ": read job read %zu bytes; the rest on the next "
+                          "readable event", c->id, job->moved);
+        c->active_ns = epd_now_ns();
+        c->ctx->stats->bytes_in += job->moved;
+        epd_frame_t frame;
+        epd_status_t status = epd_decoder_payload_commit(&c->decoder, job->moved, &frame, err);
+        if (status == EPD_OK) {
+            c->driving = true; /* as inside conn_drive: callbacks only mark work */
+            conn_frame_read(c, &frame);
+            c->driving = false;
+        } else if (status != EPD_ERR_AGAIN) {
+            conn_fail_decoding(c, status, err);
+        }
+    }
+    if (c->state != CONN_CLOSED && (job->eof || job->error != 0)) {
+        if (job->eof)
+            epd_log_debug("conn %" PRIu64 ": peer closed in the middle of a frame", c->id);
+        else
+            epd_log_debug("conn %" PRIu64 ": read: %s; closing", c->id, strerror(job->error));
+        conn_set_state(c, CONN_CLOSED);
+    }
+    conn_drive(c); /* reads on again (the next readable event goes on with the payload) */
+}
+
+/* A payload window of at least socket.io_offload_bytes is read by the pool while the loop goes
+ * on; reads of this socket stay off until the job is back. false: read it here. */
+static bool conn_bulk_read(epd_conn_t *c, void *window, size_t len)
+{
+    const epd_conn_ctx_t *ctx = c->ctx;
+
+    if (ctx->bulk == NULL || c->bulk_reading || len < ctx->cfg->socket.io_offload_bytes)
+        return false;
+    epd_bulk_job_t *job = &c->rjob;
+    job->kind = EPD_BULK_READ;
+    job->fd = c->fd;
+    job->iov[0] = (struct iovec){.iov_base = window, .iov_len = len};
+    job->n_iov = 1;
+    job->done = conn_bulk_read_done;
+    job->arg = c;
+    c->bulk_reading = true;
+    conn_set_reading(c, false);
+    epd_bulk_submit(ctx->bulk, job);
+    return true;
+}
+
 /* The socket is readable: into the payload being collected when no input is buffered ahead of it
- * (conn_read_payload), else one recvmsg into the input; then drive. */
+ * (conn_bulk_read, else conn_read_payload), else one recvmsg into the input; then drive. */
 static void conn_read_ev(evutil_socket_t fd, short what, void *arg)
 {
     epd_conn_t *c = arg;
@@ -1083,7 +1188,7 @@ static void conn_read_ev(evutil_socket_t fd, short what, void *arg)
             return;
         }
         if (len > 0) {
-            conn_read_payload(c, window, len);
+            if (!conn_bulk_read(c, window, len)) conn_read_payload(c, window, len);
             conn_drive(c);
             return;
         }
@@ -1223,6 +1328,103 @@ static void result_release(const void *data, size_t len, void *arg)
     epd_result_free(arg);
 }
 
+/* The write job's frame is written whole, or the connection is closed: the output is let go. */
+static void conn_bulk_write_end(epd_conn_t *c)
+{
+    event_del(c->wev);
+    free(c->bulk_head);
+    c->bulk_head = NULL;
+    epd_result_free(c->bulk_result);
+    c->bulk_result = NULL;
+    c->bulk_out_left = 0;
+    c->bulk_writing = false;
+    if (c->state != CONN_CLOSED) bufferevent_enable(c->bev, EV_WRITE);
+}
+
+/* A write job is back (loop thread). Written whole: what was queued behind it goes out now. Else
+ * it goes back to the pool once the socket takes more (the client reads slowly). */
+static void conn_bulk_write_done(epd_bulk_job_t *job)
+{
+    epd_conn_t *c = job->arg;
+
+    c->wjob_busy = false;
+    c->bulk_out_left -= job->moved;
+    if (job->moved > 0) c->active_ns = epd_now_ns();
+    if (c->state != CONN_CLOSED && job->error != 0) {
+        epd_log_debug("conn %" PRIu64 ": write: %s; closing", c->id, strerror(job->error));
+        conn_set_state(c, CONN_CLOSED);
+    }
+    if (c->state == CONN_CLOSED) {
+        conn_drive(c);
+        return;
+    }
+    (void)conn_answers_settle(c, false);
+    if (job->n_iov > 0) {
+        epd_log_debug("conn %" PRIu64 ": write job has %" PRIu64 " bytes left; waiting for the "
+                      "socket", c->id, c->bulk_out_left);
+        struct timeval tv = {CONN_FLUSH_TIMEOUT_S, 0};
+        event_add(c->wev, conn_closing(c) ? &tv : NULL);
+    } else {
+        conn_bulk_write_end(c);
+        conn_write_now(c);
+    }
+    conn_drive(c);
+}
+
+/* The socket takes more of the write job's frame (or, closing, the client did not read it in
+ * time). */
+static void conn_writable_cb(evutil_socket_t fd, short what, void *arg)
+{
+    epd_conn_t *c = arg;
+
+    if (what & EV_TIMEOUT) {
+        epd_log_warn("conn %" PRIu64 " (pid %ld): did not read its answers within %d s; closing",
+                     c->id, (long)c->pid, CONN_FLUSH_TIMEOUT_S);
+        conn_set_state(c, CONN_CLOSED);
+        conn_drive(c);
+        return;
+    }
+    c->wjob_busy = true;
+    epd_bulk_submit(c->ctx->bulk, &c->wjob);
+}
+
+/* A RESULT whose y is at least socket.io_offload_bytes, with nothing ahead of it in the output,
+ * is written by the pool while the loop goes on; the output is held back until the job is back.
+ * Takes out's head and result when it returns true. */
+static bool conn_bulk_write(epd_conn_t *c, epd_frame_out_t *out, epd_result_t *result)
+{
+    const epd_conn_ctx_t *ctx = c->ctx;
+
+    if (ctx->bulk == NULL || c->bulk_writing || c->state == CONN_CLOSED || out->n_parts != 1 ||
+        out->part_len[0] < ctx->cfg->socket.io_offload_bytes || conn_output_len(c) != 0)
+        return false;
+    if (c->wev == NULL) {
+        c->wev = event_new(ctx->base, c->fd, EV_WRITE, conn_writable_cb, c);
+        if (c->wev == NULL) return false;
+    }
+    epd_bulk_job_t *job = &c->wjob;
+    job->kind = EPD_BULK_WRITE;
+    job->fd = c->fd;
+    job->iov[0] = (struct iovec){.iov_base = out->head, .iov_len = out->head_len};
+    job->iov[1] = (struct iovec){.iov_base = (void *)out->part[0], .iov_len = out->part_len[0]};
+    job->n_iov = 2;
+    job->done = conn_bulk_write_done;
+    job->arg = c;
+    c->bulk_head = out->head;
+    c->bulk_result = result;
+    out->head = NULL;
+    uint64_t total = out->head_len + out->part_len[0];
+    c->bulk_out_left = total;
+    c->out_queued += total;
+    ctx->stats->bytes_out += total;
+    c->bulk_writing = true;
+    c->wjob_busy = true;
+    bufferevent_disable(c->bev, EV_WRITE);
+    epd_frame_out_free(out);
+    epd_bulk_submit(ctx->bulk, job);
+    return true;
+}
+
 void epd_conn_deliver(epd_conn_t *c, epd_result_t *result)
 {
     const epd_config_t *cfg = c->ctx->cfg;
@@ -1254,13 +1456,15 @@ void epd_conn_deliver(epd_conn_t *c, epd_result_t *result)
             conn_answer_queued(c, false);
             epd_result_free(result);
         } else {
-            struct evbuffer *output = bufferevent_get_output(c->bev);
-            bool was_empty = evbuffer_get_length(output) == 0;
-            conn_queue_frame(c, &out, result_release, result);
+            bool was_empty = conn_output_len(c) == 0;
+            if (!conn_bulk_write(c, &out, result)) {
+                conn_queue_frame(c, &out, result_release, result);
+                /* Nothing ahead of it: write now rather than on the loop's next turn (a write
+                 * event and its epoll round); what the socket does not take the bufferevent
+                 * writes later. */
+                if (was_empty) conn_write_now(c);
+            }
             conn_answer_queued(c, true);
-            /* Nothing ahead of it: write now rather than on the loop's next turn (a write event
-             * and its epoll round); what the socket does not take the bufferevent writes later. */
-            if (was_empty && c->state != CONN_CLOSED) (void)evbuffer_write(output, c->fd);
         }
     }
     /* Pauses reads if the client is now too far behind (or frees c if queueing failed). */
@@ -1283,8 +1487,7 @@ epd_status_t epd_conn_send_text(epd_conn_t *c, epd_frame_type_t type, const char
                       epd_frame_type_name((int)type), err);
         return EPD_ERR_INTERNAL;
     }
-    struct evbuffer *output = bufferevent_get_output(c->bev);
-    bool was_empty = evbuffer_get_length(output) == 0;
+    bool was_empty = conn_output_len(c) == 0;
     conn_queue_frame(c, &out, NULL, NULL);
     if (c->state == CONN_CLOSED) {
         conn_drive(c);
@@ -1293,7 +1496,7 @@ epd_status_t epd_conn_send_text(epd_conn_t *c, epd_frame_type_t type, const char
     c->active_ns = epd_now_ns();
     /* Latency: write now rather than on the loop's next turn (the bufferevent writes the rest,
      * if any). Only when nothing else was queued, so the stream's order stays as queued. */
-    if (was_empty) (void)evbuffer_write(output, c->fd);
+    if (was_empty) conn_write_now(c);
     return EPD_OK;
 }
 

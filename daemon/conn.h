@@ -17,6 +17,7 @@
 #include "proto/frame.h"
 
 struct event_base;
+struct epd_bulk;
 
 typedef struct epd_conn epd_conn_t;
 
@@ -27,6 +28,8 @@ typedef struct epd_conn_ctx {
     const epd_submit_limits_t *limits; /* what a SUBMIT is validated against */
     struct event_base *base;
     epd_engine_t *engine;              /* set before the first connection is accepted */
+    struct epd_bulk *bulk;             /* socket copies of large payloads off the loop thread
+                                        * (socket.io_threads); NULL: all on the loop thread */
     epd_server_stats_t *stats;         /* the counters connections move: frames and bytes in,
                                         * bytes out, errors by code, replies, results */
     void *arg;                         /* the first argument of the callbacks below */
@@ -76,7 +79,9 @@ epd_status_t epd_conn_send_text(epd_conn_t *conn, epd_frame_type_t type, const c
 /* The daemon is stopping: stop reading, flush what is queued, then close. May free conn. */
 void epd_conn_shutdown(epd_conn_t *conn);
 
-/* Closes at once, dropping unsent output (the drain's time limit ran out). Frees conn. */
+/* Closes at once, dropping unsent output (the drain's time limit ran out). Frees conn, or (a
+ * socket copy of it still running on ctx->bulk) takes it out of the server at once and frees it
+ * when the copy is back. */
 void epd_conn_abort(epd_conn_t *conn);
 
 #endif

@@ -5,7 +5,7 @@ DAEMON_SRCS := daemon/main.c daemon/daemon.c daemon/server.c daemon/listener.c d
                daemon/conn_table.c daemon/control.c daemon/stats.c daemon/quant_stats.c \
                daemon/log.c daemon/notify.c daemon/engine.c daemon/bench.c daemon/bench_ffn.c \
                daemon/accuracy.c daemon/experts.c daemon/region.c daemon/http.c daemon/watchdog.c \
-               daemon/trim.c daemon/trace.c daemon/pinned.c daemon/accuracy_side.c
+               daemon/trim.c daemon/trace.c daemon/pinned.c daemon/accuracy_side.c daemon/bulk.c
 DAEMON_SRCS += daemon/external.c
 
 # Other folders' module.mk files are read after this one: their source lists are expanded in the
@@ -42,8 +42,10 @@ test_stats_SRCS = daemon/stats.c daemon/quant_stats.c comm/phase.c $(COMMON_SRCS
 
 # One connection on a socketpair with a stub engine (tests/unit/test_conn.c).
 UNIT_TESTS += conn
-test_conn_SRCS = daemon/conn.c daemon/pinned.c daemon/region.c daemon/log.c $(PROTO_SRCS) common/status.c common/parse.c
+test_conn_SRCS = daemon/conn.c daemon/bulk.c daemon/pinned.c daemon/region.c daemon/log.c $(PROTO_SRCS) common/status.c common/parse.c
 UNIT_TESTS += trim
 test_trim_SRCS = daemon/trim.c daemon/log.c
 UNIT_TESTS += pinned
+UNIT_TESTS += bulk
+test_bulk_SRCS = daemon/bulk.c daemon/log.c common/status.c common/parse.c
 test_pinned_SRCS = daemon/pinned.c

@@ -22,6 +22,7 @@
 #include "daemon/http.h"
 #include "daemon/listener.h"
 #include "daemon/log.h"
+#include "daemon/bulk.h"
 #include "daemon/notify.h"
 #include "daemon/stats.h"
 #include "daemon/trace.h"
@@ -33,6 +34,9 @@
 
 #define SERVER_DRAIN_TIMEOUT_S 5      /* how long clients get to read their last answers */
 #define SERVER_HOUSEKEEPING_MS 250    /* notices a shutdown agreed on another rank */
+/* How long a socket copy waits for its client to send (read) the next bytes of a payload before
+ * it hands the rest back to the loop thread: a client streaming x has them microseconds away. */
+#define SERVER_BULK_WAIT_US 500
 
 static const int server_signals[] = {SIGTERM, SIGINT, SIGUSR1};
 
@@ -51,6 +55,7 @@ struct epd_server {
     epd_watchdog_t *watchdog;     /* stalls of the engine's agreements and steps */
     epd_trim_t trim;              /* memory back to the system after a burst */
     epd_http_t *http;             /* metrics.listen; NULL when off */
+    epd_bulk_t *bulk;             /* socket.io_threads; NULL when 0 */
     epd_conn_ctx_t conn_ctx;      /* shared by every connection */
     uint64_t next_conn_id;
     uint64_t in_flight;           /* requests on the engine, all connections */
@@ -352,6 +357,13 @@ epd_status_t epd_server_create(const epd_config_t *cfg, struct event_base *base,
     if (server->stats.metrics == NULL) goto out_free;
     server->conns = epd_conn_table_create(&server->stats);
     if (server->conns == NULL) goto out_free;
+    if (cfg->socket.io_threads > 0) {
+        status = epd_bulk_create(base, cfg->socket.io_threads, SERVER_BULK_WAIT_US, &server->bulk,
+                                 err);
+        if (status != EPD_OK) goto out_free;
+        server->conn_ctx.bulk = server->bulk;
+        status = EPD_ERR_NO_MEMORY; /* what the failures below are */
+    }
     CHECK_GOTO(epd_control_create(cfg, rank, world, &server->stats, &server->control, err),
                out_free);
     server->wake_ev = event_new(base, -1, 0, wake_cb, server);
@@ -453,6 +465,7 @@ void epd_server_free(epd_server_t *server)
     if (server == NULL) return;
     server->stopping = false; /* no loopbreak from here */
     if (server->conns != NULL) epd_conn_table_each(server->conns, epd_conn_abort);
+    epd_bulk_free(server->bulk); /* after the aborts: frees the connections whose copies ran */
     epd_listener_free(server->listener);
     epd_watchdog_free(server->watchdog);
     for (size_t i = 0; i < EPD_ARRAY_SIZE(server_signals); i++)

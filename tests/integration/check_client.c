@@ -4,6 +4,7 @@
  *   check_client --socket PATH [--socket PATH]... [--seed S] [--clients C] [--requests R]
  *                [--max-tokens N] [--window W] [--empty-slots] [--hold-ms MS]
  *                [--expect-clients N] [--retry-busy] [--until-closed] [--quiet] [--layers LIST]
+ *                [--tolerance REL] [--trickle-us US]
  * --layers LIST: each request names one of these layers (chosen at random, so one connection
  * interleaves them), e.g. "1,2,3"; with ffn experts the reference loads every expert of the
  * daemon's experts.weights itself. --tolerance REL: instead of bit for bit, each token's relative
@@ -13,7 +14,8 @@
  * long after its last request before closing (keeps them concurrent). --retry-busy: a request
  * answered `busy` is sent again. --until-closed: the daemon is being stopped; requests answered
  * `shutting_down` are fine, and so is the daemon closing the connection (every answer that did
- * come must still be right). */
+ * come must still be right). --trickle-us US: a slow client both ways (sends in 64 KiB pieces
+ * this far apart, sleeps this long before every recv). */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -117,11 +119,18 @@ static int connect_to(const char *path)
     return fd;
 }
 
+/* --trickle-us: sends go out in pieces of TRICKLE_BYTES with this long a sleep between them,
+ * and every recv waits as long first (a slow client, both ways). 0: at full speed. */
+#define TRICKLE_BYTES 65536
+static uint32_t trickle_us;
+
 static bool send_all(int fd, const void *buf, size_t len)
 {
     const uint8_t *p = buf;
     while (len > 0) {
-        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        size_t piece = trickle_us > 0 && len > TRICKLE_BYTES ? TRICKLE_BYTES : len;
+        if (trickle_us > 0 && p != buf) usleep(trickle_us);
+        ssize_t n = send(fd, p, piece, MSG_NOSIGNAL);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) return false;
         p += n;
@@ -151,6 +160,7 @@ static bool recv_frame(client_io_t *io, epd_frame_t *frame, char err[EPD_ERR_LEN
             if (st == EPD_OK) return true;
             if (st != EPD_ERR_AGAIN) return false;
         }
+        if (trickle_us > 0) usleep(trickle_us);
         ssize_t n = recv(io->fd, io->buf, sizeof(io->buf), 0);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) {
@@ -574,7 +584,7 @@ static void usage(void)
                     "[--requests R] [--max-tokens N] [--window W] [--empty-slots] [--hold-ms MS] "
                     "[--expect-clients N] [--retry-busy] [--until-closed] [--quiet] "
                     "[--layers LIST] "
-                    "[--tolerance REL]\n");
+                    "[--tolerance REL] [--trickle-us US]\n");
     exit(2);
 }
 
@@ -601,6 +611,7 @@ int main(int argc, char **argv)
         {"retry-busy", no_argument, NULL, 'B'},     {"until-closed", no_argument, NULL, 'U'},
         {"layers", required_argument, NULL, 'L'},
         {"tolerance", required_argument, NULL, 'T'},
+        {"trickle-us", required_argument, NULL, 't'},
         {NULL, 0, NULL, 0},
     };
     int c;
@@ -627,6 +638,7 @@ int main(int argc, char **argv)
         case 'q': opt.quiet = true; break;
         case 'B': opt.retry_busy = true; break;
         case 'U': opt.until_closed = true; break;
+        case 't': trickle_us = parse_u32_arg(optarg, "--trickle-us", 0, 1000000); break;
         case 'T':
             if (epd_parse_double(optarg, 1e-9, 1.0, &opt.tolerance, err) != EPD_OK) {
                 fprintf(stderr, "check_client: --tolerance: %s\n", err);

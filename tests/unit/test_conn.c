@@ -21,6 +21,7 @@
 #include <event2/event.h>
 
 #include "common/clock.h"
+#include "daemon/bulk.h"
 #include "daemon/conn.h"
 #include "daemon/log.h"
 #include "daemon/pinned.h"
@@ -100,6 +101,10 @@ typedef struct {
     int closed;
 } fixture_t;
 
+/* Every test runs twice: all I/O on the loop thread, then every payload (socket.io_offload_bytes
+ * 1) and every RESULT copied by this many socket copy threads (daemon/bulk.h). */
+static unsigned fx_io_threads;
+
 static epd_status_t fx_control(void *arg, const char *op, char **meta_p, char **payload_p,
                                size_t *payload_len_p, char err[EPD_ERR_LEN])
 {
@@ -143,11 +148,19 @@ static fixture_t *fx_new(void)
     stub_submit_status = EPD_ERR_SHUTTING_DOWN;
     stub_keep = false;
     stub_n_kept = 0;
+    if (fx_io_threads > 0) {
+        char err[EPD_ERR_LEN];
+        fx->cfg.socket.io_threads = fx_io_threads;
+        fx->cfg.socket.io_offload_bytes = 1;
+        assert_int_equal(epd_bulk_create(fx->base, fx_io_threads, 500, &fx->ctx.bulk, err),
+                         EPD_OK);
+    }
     return fx;
 }
 
 static void fx_free(fixture_t *fx)
 {
+    epd_bulk_free(fx->ctx.bulk);
     event_base_free(fx->base);
     free(fx);
 }
@@ -720,5 +733,8 @@ int main(void)
         cmocka_unit_test(test_conn__peer_closes_in_a_payload__closed_and_budget_released),
     };
     epd_log_init(-1, EPD_LOG_WARN);
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int failed = cmocka_run_group_tests_name("loop thread I/O", tests, NULL, NULL);
+    fx_io_threads = 2;
+    failed += cmocka_run_group_tests_name("socket copy threads", tests, NULL, NULL);
+    return failed;
 }
