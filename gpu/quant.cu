@@ -446,45 +446,59 @@ __device__ __forceinline__ void part_store(uint4 *p, uint4 v, bool cs)
         *p = v;
 }
 
-/* Where a block is in its work: item `item` (tile item / split, part item % split: rows
- * part x rows_per_part .. of the tile), its vectors first .. first + n_vec, the pass at f0. */
+/* The items of a part-kernel launch: tiles are in the table in order of their parts, most first,
+ * and items start[p] .. start[p + 1] - 1 are part p (rows p x rows_per_part ..) of tiles 0 ..
+ * start[p + 1] - start[p] - 1: every item has rows, whatever the counts (a short tile has fewer
+ * parts, and no block is given an empty one). */
+struct requant_parts {
+    uint32_t start[EPD_REQUANT_MAX_PARTS + 1];
+};
+
+/* Where a block is in its work: item `item` (of part `part`), its vectors first .. first + n_vec,
+ * the pass at f0. */
 struct part_cursor {
-    uint32_t item, f0, n_vec;
+    uint32_t item, part, f0, n_vec;
     uint64_t first;
     const float *sc; /* the scales of the part's first row */
 };
 
-/* The part kernel: block b does items b, b + gridDim.x, ... (n_items = tiles x split), pass
- * after pass of blockDim.x x VPT vectors; a part is whole rows, so vector f of it has the scale
+/* The part kernel: block b does items b, b + gridDim.x, ... (requant_parts), pass after pass
+ * of blockDim.x x VPT vectors; a part is whole rows, so vector f of it has the scale
  * f / 8 (group-128) or f / nvr of its first row, as in requant_live_kernel. PIPE: the loads of
  * the block's next pass (of this part or its next one) leave before this pass's math and stores,
  * so a thread keeps 2 x VPT loads in flight while it works. STEP as requant_live_kernel. */
 template <int VPT, int TABLE, bool STEP, bool PIPE>
 __global__ void requant_part_kernel(const uint4 *q, const float *__restrict__ scales,
-                                    uint32_t n_items, uint32_t split, epd_fast_div tile_of,
-                                    uint32_t rows_per_part, uint32_t nvr, epd_fast_div row_of,
-                                    uint32_t ns, int per_token, uint32_t rbits, float given_inv,
-                                    const float *s_dev, uint4 *q_out, uint32_t flags,
+                                    uint32_t n_items, uint32_t n_parts, uint32_t rows_per_part,
+                                    uint32_t nvr, epd_fast_div row_of, uint32_t ns, int per_token,
+                                    uint32_t rbits, float given_inv, const float *s_dev,
+                                    uint4 *q_out, uint32_t flags,
+                                    const __grid_constant__ requant_parts parts,
                                     const __grid_constant__ requant_tiles<TABLE> tiles)
 {
     const uint32_t rmask = (1u << rbits) - 1u, pass = blockDim.x * VPT;
     const bool nc = (flags & EPD_QL_NC) != 0, cs = (flags & EPD_QL_CS) != 0;
-    /* the first non-empty part from item `it` on (false: none left) */
+    /* item `it` (false: past the last); its part p: the largest with start[p] <= it, searched
+     * from c.part on (a block's items only go up), the part after it tried first */
     auto find = [&](part_cursor &c, uint32_t it) -> bool {
-        for (; it < n_items; it += gridDim.x) {
-            const uint32_t t = split > 1 ? epd_fast_div_of(it, tile_of) : it;
-            const uint32_t word = tiles.tile[t], rows = (word & rmask) + 1u;
-            const uint32_t r0 = (it - t * split) * rows_per_part;
-            if (r0 >= rows) continue;
-            const uint32_t r1 = min(r0 + rows_per_part, rows), row = (word >> rbits) + r0;
-            c.item = it;
-            c.f0 = 0;
-            c.n_vec = (r1 - r0) * nvr;
-            c.first = (uint64_t)row * nvr;
-            c.sc = scales + (uint64_t)row * ns;
-            return true;
+        if (it >= n_items) return false;
+        uint32_t p = c.part, hi = n_parts - 1;
+        if (p < hi && parts.start[p + 1] > it) hi = p;
+        while (p < hi) {
+            const uint32_t mid = (p + hi + 1) / 2;
+            if (parts.start[mid] <= it) p = mid;
+            else hi = mid - 1;
         }
-        return false;
+        const uint32_t word = tiles.tile[it - parts.start[p]], rows = (word & rmask) + 1u;
+        const uint32_t r0 = p * rows_per_part, r1 = min(r0 + rows_per_part, rows);
+        const uint32_t row = (word >> rbits) + r0;
+        c.item = it;
+        c.part = p;
+        c.f0 = 0;
+        c.n_vec = (r1 - r0) * nvr;
+        c.first = (uint64_t)row * nvr;
+        c.sc = scales + (uint64_t)row * ns;
+        return true;
     };
     /* (one branch a pass on nc, not one a vector, so that the pass's loads leave together) */
     auto load = [&](const part_cursor &c, uint4 *in, float *sc) {
@@ -507,6 +521,7 @@ __global__ void requant_part_kernel(const uint4 *q, const float *__restrict__ sc
         }
     };
     part_cursor c;
+    c.part = 0;
     if (!find(c, blockIdx.x)) return;
     uint4 in[VPT], in2[VPT];
     float sc[VPT], sc2[VPT];
@@ -891,8 +906,8 @@ static void (*live_kernel(uint32_t vec, bool step))(const uint4 *, const float *
 /* The part kernel of a launch: vec x table size x step scale x pipelined. */
 template <int TABLE>
 static void (*part_kernel(uint32_t vec, bool step, bool pipe))(
-    const uint4 *, const float *, uint32_t, uint32_t, epd_fast_div, uint32_t, uint32_t,
-    epd_fast_div, uint32_t, int, uint32_t, float, const float *, uint4 *, uint32_t,
+    const uint4 *, const float *, uint32_t, uint32_t, uint32_t, uint32_t, epd_fast_div, uint32_t,
+    int, uint32_t, float, const float *, uint4 *, uint32_t, const requant_parts,
     const requant_tiles<TABLE>)
 {
 #define EPD_PART_KERNEL(S, P)                                                                  \
@@ -926,7 +941,38 @@ static epd_status_t live_queue(const requant_tile_list &all, uint32_t n_tiles, u
     requant_tiles<TABLE> tiles;
     const bool step = scale_dev != nullptr;
     const uint32_t ns = epd_quant_n_scales(hidden, kind), nvr = hidden / 16;
-    for (uint32_t i = 0; i < n_tiles; i++) tiles.tile[i] = all.first[i] << rbits | (all.rows[i] - 1u);
+    const bool part = l.split > 1 || l.flags != 0;
+    requant_parts parts = {};
+    uint32_t n_parts = 1, rows_per_part = rows_per_tile;
+    if (part) {
+        /* parts of ceil(l.rows / split) rows, as many a tile as its rows need (more rows a part
+         * when epd_requant_tiles_make made the tiles longer to fit the table) */
+        const uint32_t want = l.split > 1 ? l.split : 1;
+        rows_per_part = (l.rows + want - 1) / want;
+        n_parts = (rows_per_tile + rows_per_part - 1) / rows_per_part;
+        if (n_parts > EPD_REQUANT_MAX_PARTS) {
+            rows_per_part = (rows_per_tile + EPD_REQUANT_MAX_PARTS - 1) / EPD_REQUANT_MAX_PARTS;
+            n_parts = (rows_per_tile + rows_per_part - 1) / rows_per_part;
+        }
+        /* the tiles in order of their parts, most first (a counting sort), and where each
+         * part's items start */
+        uint32_t count[EPD_REQUANT_MAX_PARTS + 1] = {0}, at[EPD_REQUANT_MAX_PARTS + 1];
+        for (uint32_t i = 0; i < n_tiles; i++)
+            count[(all.rows[i] + rows_per_part - 1) / rows_per_part]++;
+        at[n_parts] = 0;
+        for (uint32_t k = n_parts; k > 1; k--) at[k - 1] = at[k] + count[k];
+        for (uint32_t i = 0; i < n_tiles; i++)
+            tiles.tile[at[(all.rows[i] + rows_per_part - 1) / rows_per_part]++] =
+                all.first[i] << rbits | (all.rows[i] - 1u);
+        uint32_t with = n_tiles; /* tiles with more than p parts */
+        for (uint32_t p = 0; p < n_parts; p++) {
+            parts.start[p + 1] = parts.start[p] + with;
+            with -= count[p + 1];
+        }
+    } else {
+        for (uint32_t i = 0; i < n_tiles; i++)
+            tiles.tile[i] = all.first[i] << rbits | (all.rows[i] - 1u);
+    }
     for (uint32_t i = n_tiles; i < (uint32_t)TABLE; i++) tiles.tile[i] = 0; /* never read */
     if (step) {
         uint32_t sms = 0;
@@ -942,22 +988,20 @@ static epd_status_t live_queue(const requant_tile_list &all, uint32_t n_tiles, u
                                                             tiles);
         CHECK_GOTO(launch_result("step scale", err), out);
     }
-    if (l.split > 1 || l.flags != 0) {
-        /* parts of ceil(l.rows / split) rows (the launch's item), as many a tile as its rows
-         * need (more when epd_requant_tiles_make made the tiles longer to fit the table) */
-        const uint32_t want = l.split > 1 ? l.split : 1;
-        const uint32_t rows_per_part = (l.rows + want - 1) / want;
-        const uint32_t split = (rows_per_tile + rows_per_part - 1) / rows_per_part;
-        const uint32_t n_items = n_tiles * split; /* <= 4096 x 65535 */
+    if (part) {
+        const uint32_t n_items = parts.start[n_parts]; /* <= 4096 x 32 */
         const uint32_t flags = q == q_out ? l.flags & ~EPD_QL_NC : l.flags;
         auto kernel = part_kernel<TABLE>(l.vec, step, (flags & EPD_QL_PIPE) != 0);
         uint32_t resident;
         CHECK_GOTO(device_blocks((const void *)kernel, l.threads, 0, l.blocks, &resident, err),
                    out);
         uint32_t grid = n_items < resident ? n_items : resident;
-        if (flags & EPD_QL_BALANCE) { /* every block the same number of items */
+        if (flags & EPD_QL_BALANCE) {
+            /* every block the same number of items, unless that leaves more than an eighth of
+             * the blocks that fit unused (few rounds: then the short last round costs less) */
             const uint32_t rounds = (n_items + grid - 1) / grid;
-            grid = (n_items + rounds - 1) / rounds;
+            const uint32_t even = (n_items + rounds - 1) / rounds;
+            if (even >= grid - grid / 8) grid = even;
         }
         cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute attr[1];
@@ -969,12 +1013,11 @@ static epd_status_t live_queue(const requant_tile_list &all, uint32_t n_tiles, u
         attr[0].val.programmaticStreamSerializationAllowed = 1;
         cfg.attrs = attr;
         cfg.numAttrs = step ? 1 : 0; /* behind the reduction's kernel */
-        const epd_fast_div tile_of = epd_fast_div_make(split > 1 ? split : 2); /* unused at 1 */
         (void)cudaLaunchKernelEx(&cfg, kernel, reinterpret_cast<const uint4 *>(q), scales, n_items,
-                                 split, tile_of, rows_per_part, nvr, epd_fast_div_make(nvr), ns,
+                                 n_parts, rows_per_part, nvr, epd_fast_div_make(nvr), ns,
                                  kind == EPD_SCALE_PER_TOKEN ? 1 : 0, rbits,
                                  step ? 0.0f : 1.0f / scale, (const float *)scale_dev,
-                                 reinterpret_cast<uint4 *>(q_out), flags, tiles);
+                                 reinterpret_cast<uint4 *>(q_out), flags, parts, tiles);
     } else {
         auto kernel = live_kernel<TABLE>(l.vec, step);
         uint32_t resident;

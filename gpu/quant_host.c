@@ -548,9 +548,11 @@ epd_status_t epd_quant_launch_check(epd_quant_kernel_t kernel, uint32_t hidden,
             snprintf(err, EPD_ERR_LEN, "%s: %u rows per block (allowed: 1..65535)", name, l->rows);
             return EPD_ERR_INVALID_ARG;
         }
-        if (kernel == EPD_QK_REQUANT_LIVE && (l->split > 65535 || (l->flags & ~EPD_QL_ALL) != 0)) {
-            snprintf(err, EPD_ERR_LEN, "%s: %u parts a tile, flags 0x%x (allowed: 0..65535 parts, "
-                     "flags within 0x%x)", name, l->split, l->flags, EPD_QL_ALL);
+        if (kernel == EPD_QK_REQUANT_LIVE &&
+            (l->split > EPD_REQUANT_MAX_PARTS || (l->flags & ~EPD_QL_ALL) != 0)) {
+            snprintf(err, EPD_ERR_LEN, "%s: %u parts a tile, flags 0x%x (allowed: 0..%d parts, "
+                     "flags within 0x%x)", name, l->split, l->flags, EPD_REQUANT_MAX_PARTS,
+                     EPD_QL_ALL);
             return EPD_ERR_INVALID_ARG;
         }
         if (kernel == EPD_QK_REQUANT && l->blocks > 32) {

@@ -10,6 +10,8 @@
  * rows (rows: the live rows of a requant layout, M of a quantize shape).
  *   kbench [--runs N] [--mode event|graph|both] [--parts quant,requant,long,host]
  *          [--quant-geom K:T:V:R,...] [--requant-geom T:V:R:B[:S[:F]],...] [--sweep]
+ * The requant layouts time the pick and every --requant-geom with S given and with the step
+ * scale of the count exchange, and the pick also with the step scale reduced on the device.
  * --quant-geom adds launch geometries for the quantize kernels (K = group or token, T threads,
  * V vec, R rows: see epd_quant_launch_t), --requant-geom for the layout-aware requant (T threads,
  * V vectors a pass, R rows a tile, B blocks an SM at most, 0 = as many as fit, S parts a tile, F
@@ -335,11 +337,13 @@ int main(int argc, char **argv)
                     }, graph);
                     row(section, "old_stepdev_group", lname, graph, "pick=" + epd_geom_str(l), t, ck, mc, live_rows);
                 }
-                std::vector<epd_quant_launch_t> ls = {epd_quant_launch_pick(EPD_QK_REQUANT_LIVE, H, (uint32_t)live_rows, sms)};
-                if (kind == 0)
-                    for (auto &g : rgeoms)
-                        if (epd_quant_launch_check(EPD_QK_REQUANT_LIVE, H, &g.second, err) == EPD_OK)
-                            ls.push_back(g.second);
+                /* the pick, then the sweep's geometries (S given and the exchange's step scale;
+                 * the device reduction, for callers without the exchange, with the pick only) */
+                std::vector<epd_quant_launch_t> ls = {
+                    epd_quant_launch_pick(EPD_QK_REQUANT_LIVE, H, (uint32_t)live_rows, sms)};
+                for (auto &g : rgeoms)
+                    if (epd_quant_launch_check(EPD_QK_REQUANT_LIVE, H, &g.second, err) == EPD_OK)
+                        ls.push_back(g.second);
                 for (size_t i = 0; i < ls.size(); i++) {
                     epd_quant_launch_t l = ls[i];
                     std::string gs = (i == 0 ? "pick=" : "") + epd_geom_str(l);
@@ -359,6 +363,7 @@ int main(int argc, char **argv)
                         check(epd_requant_given_cuda(q, s, c.data(), lay.E, lay.cap, H, k, big, q2, &l, stream, err), err);
                     }, graph);
                     row(section, kname.c_str(), lname, graph, gs, t, ck, mc, live_rows);
+                    if (i > 0) continue;
                     /* the step scale reduced on the device (no count exchange) */
                     kname = std::string("stepdev_") + kn;
                     t = time_ms([&] {

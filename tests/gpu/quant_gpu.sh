@@ -14,6 +14,10 @@
 #        >= 32 live rows: S given >= 0.90 of copy, step scale >= 0.88 (of the copy kernel and of
 #          cudaMemcpy, both shown)
 #        quantize at M=128: within 1 us of the copy kernel of the same (input) bytes, graph mode
+#      then, for choosing the layout-aware requant's launch (kbench times every geometry of
+#      tests/gpu/quant_sweep.h with S given and the exchange's step scale, both kinds): the best
+#      geometry of each variant class per layout, and "suggested requant_live_picks": rows to
+#      paste over gpu/quant_host.c's table, with the criteria read with them
 # Usage: tests/gpu/quant_gpu.sh [kbench options...]   (default: --sweep; logs in $OUT or
 # build/quant_gpu; QUANT_GPU_STAGES="test step kbench" picks stages, e.g. to split them over two
 # calls). Exit 0 when the tests pass and every criterion is met by the picked geometries.
@@ -126,7 +130,7 @@ for sec, lay, mode in layouts:
             if which == 'pick' and not ok:
                 failed = True
             verdicts.append(verdict(ok))
-        dv = 'stepdev %s' % ('ok' if d_b['t'] - g_b['t'] <= 0.5 else '+%.2f' % (d_b['t'] - g_b['t']))
+        dv = 'stepdev %s' % ('ok' if d_pk['t'] - g_pk['t'] <= 0.5 else '+%.2f' % (d_pk['t'] - g_pk['t']))
         print(hdr % (sec, lay, mode, kind, '%.2f' % ck, '%.2f' % mc, '%.2f' % g_pk['t'],
                      '%+.2f' % (g_pk['t'] - ck), '%.3f' % (ck / g_pk['t']), '%.3f' % (mc / g_pk['t']),
                      '%.2f' % g_b['t'], g_b['geom'], '%.2f' % x_pk['t'], '%+.2f' % (x_pk['t'] - g_pk['t']),
@@ -196,8 +200,7 @@ for sec, lay, mode in layouts:
 # layouts, the geometry whose worst time over those layouts and both modes (S given, group128)
 # is closest to the best geometry of each (the smallest worst ratio time / best time); counts in
 # a row with the same geometry merge into one row of the table. The criteria are then read with
-# those geometries (S given and the exchange's step scale, group128; per-token layouts were timed
-# with the picked geometry only).
+# those geometries (S given and the exchange's step scale, both kinds).
 by_live = defaultdict(list)
 for (sec, kern, lay, mode), rs in by.items():
     if kern == 'given_group' and rs and rs[0]['live'] > 0:
@@ -222,7 +225,7 @@ for live, keys in sorted(by_live.items()):
 if choice:
     print()
     print('suggested requant_live_picks (gpu/quant_host.c, H 7168; from this run, S given, '
-          'group128, both modes):')
+          'group128, both modes; paste over the table):')
     lives = sorted(choice)
     i = 0
     while i < len(lives):
@@ -237,13 +240,17 @@ if choice:
               'best */' % (top, f[0], f[1], f[2], f[3], f[4], f[5], lives[i], lives[j], worst))
         i = j + 1
     sfail = []
-    for sec, lay, mode in layouts:
-        rs = by.get((sec, 'given_group', lay, mode), [])
+    for sec, lay, mode, kind in [(a, b, c, k) for a, b, c in layouts for k in ('group', 'token')]:
+        rs = by.get((sec, 'given_' + kind, lay, mode), [])
         if not rs or rs[0]['live'] not in choice:
             continue
         g = choice[rs[0]['live']][0]
-        gt = min(r['t'] for r in rs if r['geom'] == g)
-        xs = [r['t'] for r in by.get((sec, 'stepexch_group', lay, mode), []) if r['geom'] == g]
+        gs = [r['t'] for r in rs if r['geom'] == g]
+        if not gs:
+            sfail.append('%s %s %s: %s not timed' % (lay, kind, mode, g))
+            continue
+        gt = min(gs)
+        xs = [r['t'] for r in by.get((sec, 'stepexch_' + kind, lay, mode), []) if r['geom'] == g]
         xt = min(xs) if xs else None
         ck, mc = rs[0]['ck'], rs[0]['mc']
         v = []
@@ -257,9 +264,9 @@ if choice:
                 v.append(('step scale >= 0.88', ck / xt >= 0.88 and mc / xt >= 0.88))
         bad = [n for n, ok in v if not ok]
         if bad:
-            sfail.append('%s %s (%s: %.2f us, %.3f / %.3f): %s' % (lay, mode, g, gt, ck / gt,
-                                                                    mc / gt, '; '.join(bad)))
-    print('criteria with the suggested picks (group128): %s' % ('PASS' if not sfail else 'FAIL'))
+            sfail.append('%s %s %s (%s: %.2f us, %.3f / %.3f): %s' % (
+                lay, kind, mode, g, gt, ck / gt, mc / gt, '; '.join(bad)))
+    print('criteria with the suggested picks: %s' % ('PASS' if not sfail else 'FAIL'))
     for line in sfail:
         print('  FAIL ' + line)
 # The table for docs/results.md: the picked geometry only, one line per layout, kind and mode.

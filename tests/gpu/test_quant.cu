@@ -432,7 +432,7 @@ static void case_requant_live_args(void)
     CUDA_OK(cudaMalloc(&ds, 4096));
     int32_t one[2] = {1, 0}, none[2] = {0, 0}, bad[2] = {3, 0};
     epd_quant_launch_t badl = {224, 3, 1, 0}, badf = {224, 2, 1, 0, 0, 16},
-                       bads = {224, 2, 1, 0, 70000, 0};
+                       bads = {224, 2, 1, 0, EPD_REQUANT_MAX_PARTS + 1, 0};
     bool ok = epd_requant_given_cuda(dq, ds, one, 2, 2, 128, EPD_SCALE_GROUP128, 0.0f, dq, NULL,
                                      NULL, err) == EPD_ERR_INVALID_ARG &&
               epd_requant_given_cuda(dq, ds, none, 2, 2, 128, EPD_SCALE_GROUP128, 0.0f, dq, NULL,
@@ -761,7 +761,7 @@ int main(void)
         const epd_quant_launch_t edges[] = {{32, 1, 3, 1},         {1024, 4, 1, 2},
                                             {224, 2, 1, 8},        {128, 4, 1, 0},
                                             {96, 4, 5, 0, 2, 15},  {224, 2, 3, 4, 7, 9},
-                                            {1024, 1, 64, 1, 64, 1}, {32, 4, 16, 2, 3, 9},
+                                            {1024, 1, 64, 1, 32, 1}, {32, 4, 16, 2, 3, 9},
                                             {448, 1, 8, 4, 8, 2},  {224, 4, 32, 4, 16, 6}};
         for (const epd_quant_launch_t &l : edges) sweep.push_back({0, l});
         int g = 0;

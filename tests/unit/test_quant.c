@@ -700,7 +700,7 @@ static void test_quant__launch_check__bad_parameters_rejected(void **state)
     assert_int_equal(epd_quant_launch_check(EPD_QK_REQUANT_LIVE, 7168, &l, err), EPD_ERR_INVALID_ARG);
     assert_non_null(strstr(err, "flags"));
     l.flags = 0;
-    l.split = 65536;
+    l.split = EPD_REQUANT_MAX_PARTS + 1;
     assert_int_equal(epd_quant_launch_check(EPD_QK_REQUANT_LIVE, 7168, &l, err), EPD_ERR_INVALID_ARG);
     l = (epd_quant_launch_t){.threads = 224, .vec = 2, .rows = 4, .blocks = 4, .flags = EPD_QL_PIPE};
     assert_int_equal(epd_quant_launch_check(EPD_QK_REQUANT, 7168, &l, err), EPD_ERR_INVALID_ARG);
