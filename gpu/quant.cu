@@ -631,8 +631,13 @@ static epd_status_t device_blocks(const void *kernel, uint32_t threads, size_t s
         snprintf(err, EPD_ERR_LEN, "querying the device: %s", cudaGetErrorString(rc));
         return EPD_ERR_CUDA;
     }
+    if (per_sm == 0) {
+        snprintf(err, EPD_ERR_LEN, "%u threads a block do not fit an SM with this kernel's "
+                 "registers (fewer threads, or fewer vectors a thread)", threads);
+        return EPD_ERR_INVALID_ARG;
+    }
     if (max_per_sm != 0 && (uint32_t)per_sm > max_per_sm) per_sm = (int)max_per_sm;
-    *blocks_p = sms * (uint32_t)(per_sm > 0 ? per_sm : 1);
+    *blocks_p = sms * (uint32_t)per_sm;
     return EPD_OK;
 }
 
