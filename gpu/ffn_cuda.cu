@@ -1069,6 +1069,19 @@ static epd_status_t probe_strided(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
     return status;
 }
 
+/* kernel: the tuning's prefetch and split-K into a, for total padded rows (the split's
+ * workspace: the first stream's cuBLASLt workspace, used in stream order) */
+static void kernel_args_tuning(const epd_ffn_cuda_t *f, uint32_t total, epd_ffn_gemm_args_t *a)
+{
+    a->prefetch = f->tuning.kernel_prefetch == 0                   ? EPD_FFN_GEMM_PREFETCH
+                  : f->tuning.kernel_prefetch == EPD_FFN_NO_PREFETCH ? 0
+                                                                    : f->tuning.kernel_prefetch;
+    a->split_k = f->tuning.kernel_split;
+    a->total_rows = total;
+    a->split_ws = f->workspace[0];
+    a->split_ws_bytes = WORKSPACE_BYTES;
+}
+
 /* kernel: the GEMM kernel of our own against cuBLASLt's single GEMMs, once when the tuning is
  * set: each projection over the first (up to) 3 experts of layer 0 with 1, 9 and 70 rows (one n8
  * tile; two; two row tiles) of random activations (FP8: random e4m3 and scales), on f->stream,
@@ -1148,7 +1161,7 @@ static epd_status_t probe_kernel(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
             a.tile_base = meta_dev + 7;
             a.n_tiles = tile_base[n_exp];
             a.d = d1;
-            a.prefetch = EPD_FFN_GEMM_PREFETCH;
+            kernel_args_tuning(f, total, &a);
             status = epd_ffn_gemm_launch(&a, f->stream, err);
         }
         for (uint32_t e = 0; e < n_exp && status == EPD_OK; e++) {
@@ -1301,6 +1314,7 @@ extern "C" void epd_ffn_cuda_default_tuning(epd_ffn_cuda_tuning_t *t)
     t->kernel = false;
     t->kernel_max_rows = 0;
     t->kernel_prefetch = 0;
+    t->kernel_split = 0;
 }
 
 extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn_cuda_tuning_t *t,
@@ -1947,9 +1961,7 @@ static epd_status_t run_kernel(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_t
     a.counts = f->counts_dev;
     a.tile_base = f->tile_base_dev;
     a.n_tiles = n_tiles;
-    a.prefetch = f->tuning.kernel_prefetch == 0                   ? EPD_FFN_GEMM_PREFETCH
-                 : f->tuning.kernel_prefetch == EPD_FFN_NO_PREFETCH ? 0
-                                                                   : f->tuning.kernel_prefetch;
+    kernel_args_tuning(f, total, &a);
 
     proj_dims(f, PROJ_GATE_UP, &a.n, &a.k);
     a.out_bf16 = f->d_bf16[PROJ_GATE_UP];

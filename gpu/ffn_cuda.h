@@ -70,6 +70,11 @@ typedef struct epd_ffn_cuda_tuning {
     uint32_t kernel_prefetch; /* kernel: the weights' L2 prefetch distance in 128-byte stages of
                                * K (0: EPD_FFN_GEMM_PREFETCH of gpu/ffn_gemm.h;
                                * EPD_FFN_NO_PREFETCH: none) */
+    uint32_t kernel_split;    /* kernel: K ranges of a launch (0: the kernel picks by its grid's
+                               * waves, splitting short grids only; 1: none; n: at most n), their
+                               * sums added in order by a second launch (deterministic) in the
+                               * first stream's cuBLASLt workspace (fewer ranges where it is
+                               * short) */
 } epd_ffn_cuda_tuning_t;
 
 /* strided: an expert's GEMMs cost at least about as much as computing this many of its rows
