@@ -67,8 +67,9 @@ typedef struct epd_ffn_cuda_tuning {
                        * for the calls it takes (kernel_max_rows); the others serve the rest */
     uint32_t kernel_max_rows; /* kernel: only calls whose mean rows per expert with rows is at
                                * most this (0: every call) */
-    uint32_t kernel_prefetch; /* kernel: the weights' L2 prefetch distance in 128-byte stages of
-                               * K (0: EPD_FFN_GEMM_PREFETCH of gpu/ffn_gemm.h;
+    uint32_t kernel_prefetch; /* kernel: the weights' L2 prefetch run in 128-byte stages of K
+                               * (each row's next run that many stages beyond the kernel's
+                               * copies; 0: EPD_FFN_GEMM_PREFETCH of gpu/ffn_gemm.h;
                                * EPD_FFN_NO_PREFETCH: none) */
     uint32_t kernel_split;    /* kernel: K ranges of a launch (0: the kernel picks by its grid's
                                * waves, splitting short grids only; 1: none; n: at most n), their

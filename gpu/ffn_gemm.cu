@@ -1,7 +1,8 @@
 /* The ffn experts' GEMM kernel (gpu/ffn_gemm.h): one launch per projection over every local
  * expert with rows, for BF16 weights (mma.sync m16n8k16, fp32 accumulation) and FP8 block weights
- * (mma.sync m16n8k32 e4m3; each 128-wide K block summed in a fresh fp32 fragment, then folded in
- * as acc += part * w_scale[n block][k block] * x_scale[row][k block], DeepGEMM's promotion).
+ * (mma.sync m16n8k32 e4m3; each 64-wide half of a 128-wide K block summed in a fresh fp32
+ * fragment, then folded in as acc += part * w_scale[n block][k block] * x_scale[row][k block],
+ * DeepGEMM's promotion, twice a block).
  *
  * Decode sizes are weight-read bound, so the operands are swapped: the mma's M is the weights' N
  * (16 output features per mma), its N the expert's token rows (8 per mma). A CTA of 8 warps owns
@@ -15,7 +16,8 @@
  * K goes in stages of 128 bytes (64 BF16 or 128 e4m3 elements). Both operands of a stage go
  * through shared memory in an EPD_FFN_GEMM_STAGES-deep cp.async ring (the weights' 16 KB a stage,
  * so three stages, 48 KB a CTA and two CTAs an SM, are in flight while one is computed: reading
- * the weights at the memory's rate needs that many bytes in flight, not more threads). A dot
+ * the weights at the memory's rate needs that many bytes in flight, not more threads); an
+ * optional L2 prefetch (args.prefetch) asks for longer runs of each weight row ahead. A dot
  * product's K order is free, so within a stage the k positions are permuted the same way for
  * both operands such that each lane reads 16 contiguous bytes: lane (g = lane / 4, t = lane % 4)
  * reads bytes [c * 64 + 16 t, + 16) of its rows for the stage's two 64-byte chunks c, and uses
@@ -99,14 +101,14 @@ template <int N> __device__ static __forceinline__ void cp_async_wait()
 #endif
 }
 
-/* 128 bytes from p (16-byte aligned) towards L2, not waited for */
-__device__ static __forceinline__ void prefetch_l2_128(const void *p)
+/* bytes (a multiple of 128) from p (128-byte aligned) towards L2 as one request, not waited for */
+__device__ static __forceinline__ void prefetch_l2(const uint8_t *p, uint32_t bytes)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     size_t g = __cvta_generic_to_global(p);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], 128;\n" ::"l"(g));
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(g), "r"(bytes));
 #elif defined(__CUDA_ARCH__)
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+    for (uint32_t i = 0; i < bytes; i += 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p + i));
 #endif
 }
 
@@ -218,39 +220,37 @@ __global__ void __launch_bounds__(THREADS, 2) ffn_gemm_kernel(gemm_params p)
         if (nt_w == 0) return;
         const uint8_t *wsl = w_s + slot * W_STAGE, *xsl = x_s + slot * X_STAGE;
         const float ws = FP8 ? __ldg(wsg + s) : 1.0f;
-        /* a[mt][h][c]: rows g (h 0) and g + 8 (h 1) of m16 tile mt, chunk c's 16 bytes */
-        uint4 a[MT][2][2];
+        /* chunk by chunk (half the registers for the weights' fragments; FP8: each chunk's sums
+         * promoted on their own, half a scale block each) */
 #pragma unroll
-        for (uint32_t mt = 0; mt < MT; mt++)
+        for (uint32_t c = 0; c < 2; c++) {
+            /* a[mt][h]: rows g (h 0) and g + 8 (h 1) of m16 tile mt, chunk c's 16 bytes */
+            uint4 a[MT][2];
 #pragma unroll
-            for (uint32_t h = 0; h < 2; h++)
+            for (uint32_t mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (uint32_t c = 0; c < 2; c++)
-                    a[mt][h][c] = *(const uint4 *)(wsl + epd_ffn_gemm_tile_off(
-                                                             epd_ffn_gemm_a_row(fg, mt, h, g),
-                                                             c * 4 + t));
+                for (uint32_t h = 0; h < 2; h++)
+                    a[mt][h] = *(const uint4 *)(wsl + epd_ffn_gemm_tile_off(
+                                                          epd_ffn_gemm_a_row(fg, mt, h, g),
+                                                          c * 4 + t));
 #pragma unroll
-        for (uint32_t j = 0; j < NT_W; j++) {
-            if (j < nt_w) {
+            for (uint32_t j = 0; j < NT_W; j++) {
+                if (j >= nt_w) continue;
                 float part[MT][4];
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                     for (int i = 0; i < 4; i++) part[mt][i] = 0.0f;
-                const uint32_t br = epd_ffn_gemm_b_row(rh, j, g);
+                const uint4 b = *(const uint4 *)(xsl + epd_ffn_gemm_tile_off(
+                                                           epd_ffn_gemm_b_row(rh, j, g), c * 4 + t));
 #pragma unroll
-                for (uint32_t c = 0; c < 2; c++) {
-                    const uint4 b = *(const uint4 *)(xsl + epd_ffn_gemm_tile_off(br, c * 4 + t));
+                for (int sub = 0; sub < 2; sub++) {
+                    const uint32_t b0 = sub ? b.z : b.x, b1 = sub ? b.w : b.y;
 #pragma unroll
-                    for (int sub = 0; sub < 2; sub++) {
-                        const uint32_t b0 = sub ? b.z : b.x, b1 = sub ? b.w : b.y;
-#pragma unroll
-                        for (int mt = 0; mt < MT; mt++) {
-                            const uint4 lo = a[mt][0][c], hi = a[mt][1][c];
-                            mma<FP8>(FP8 ? part[mt] : acc[mt][j], sub ? lo.z : lo.x,
-                                     sub ? hi.z : hi.x, sub ? lo.w : lo.y, sub ? hi.w : hi.y, b0,
-                                     b1);
-                        }
+                    for (int mt = 0; mt < MT; mt++) {
+                        const uint4 lo = a[mt][0], hi = a[mt][1];
+                        mma<FP8>(FP8 ? part[mt] : acc[mt][j], sub ? lo.z : lo.x, sub ? hi.z : hi.x,
+                                 sub ? lo.w : lo.y, sub ? hi.w : hi.y, b0, b1);
                     }
                 }
                 if (FP8) {
@@ -283,8 +283,15 @@ __global__ void __launch_bounds__(THREADS, 2) ffn_gemm_kernel(gemm_params p)
         const uint32_t ns = s + STAGES - 1;
         if (ns < n_kb) load(ns, ns % STAGES);
         cp_async_commit();
-        if (p.prefetch > 0 && tid < EPD_FFN_GEMM_BN && s + p.prefetch < n_kb)
-            prefetch_l2_128(wg + (size_t)tid * kbytes + (size_t)(s + p.prefetch) * STAGE_BYTES);
+        /* the L2 prefetch: every prefetch stages, one request per weight row for the next
+         * prefetch stages from prefetch stages beyond the copies' front (longer runs of a row
+         * for the memory than the copies' 128 bytes) */
+        if (p.prefetch > 0 && tid < EPD_FFN_GEMM_BN && s % p.prefetch == 0) {
+            const uint32_t from = s + STAGES - 1 + p.prefetch;
+            if (from < n_kb)
+                prefetch_l2(wg + (size_t)tid * kbytes + (size_t)from * STAGE_BYTES,
+                            min(p.prefetch, n_kb - from) * STAGE_BYTES);
+        }
         compute(s, s % STAGES);
     }
     if (nt_w == 0) return;
@@ -494,6 +501,8 @@ extern "C" epd_status_t epd_ffn_gemm_launch(const epd_ffn_gemm_args_t *a, void *
     p.w_scale_ld = a->w_scale_ld;
     p.prefetch = a->prefetch;
     gemm_kernel_t k = gemm_kernel(a->fp8, a->out_bf16);
+    /* before the occupancy the auto split asks for: it counts the shared memory allowed */
+    cudaError_t rc = gemm_configure(k);
     const uint32_t n_kb = p.kbytes / STAGE_BYTES;
     const size_t ws_range = (size_t)a->total_rows * a->n * sizeof(float);
     const uint32_t splits =
@@ -504,7 +513,6 @@ extern "C" epd_status_t epd_ffn_gemm_launch(const epd_ffn_gemm_args_t *a, void *
     }
     dim3 grid(a->n_tiles, a->n / EPD_FFN_GEMM_BN, splits);
     cudaStream_t s = (cudaStream_t)stream;
-    cudaError_t rc = gemm_configure(k);
     if (rc == cudaSuccess) {
         k<<<grid, THREADS, SMEM_BYTES, s>>>(p);
         rc = cudaGetLastError();

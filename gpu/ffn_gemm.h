@@ -20,9 +20,9 @@ extern "C" {
 #define EPD_FFN_GEMM_ROW_TILE 64u
 /* output features of one CTA: one FP8 weight scale block */
 #define EPD_FFN_GEMM_BN 128u
-/* the weights' L2 prefetch distance the daemon uses, in stages of 128 bytes of K ahead of the
- * stage being computed (one thread per weight row prefetches its 128 bytes of that stage); 0:
- * none, the cp.async pipeline (EPD_FFN_GEMM_STAGES deep) keeps the bytes in flight */
+/* the weights' L2 prefetch the daemon uses (args.prefetch P: every P stages, one request per
+ * weight row for P stages of 128 bytes, P stages beyond the cp.async pipeline's front); 0: none,
+ * the pipeline (EPD_FFN_GEMM_STAGES deep) keeps the bytes in flight */
 #define EPD_FFN_GEMM_PREFETCH 0u
 /* the shared-memory pipeline's depth in stages of 128 bytes of K (weights and activations) */
 #define EPD_FFN_GEMM_STAGES 4u
@@ -49,7 +49,7 @@ typedef struct epd_ffn_gemm_args {
     const uint32_t *tile_base; /* [n_experts + 1]: prefix sums of ceil(counts / ROW_TILE) */
     uint32_t n_tiles;          /* tile_base[n_experts] (host) */
     void *d;           /* [row_base[n_experts]][n]: the rows of each tile written, others not */
-    uint32_t prefetch; /* the weights' L2 prefetch distance in stages (0: none) */
+    uint32_t prefetch; /* the weights' L2 prefetch run in stages (EPD_FFN_GEMM_PREFETCH; 0: none) */
     uint32_t split_k;  /* K ranges over the grid's z (EPD_FFN_GEMM_SPLIT_AUTO: the kernel picks
                         * by the grid's waves; 1: none; more: at most that many, fewer when K's
                         * stages or the workspace are short): each range's fp32 sums go to

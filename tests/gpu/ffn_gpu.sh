@@ -8,14 +8,16 @@
 # Build first: scripts/gpu-node-build.sh all; source /tmp/epd-env.sh
 # Usage: tests/gpu/ffn_gpu.sh [--skip-tests] [--tokens LIST] [--iters N]
 #   logs in $OUT (or build/ffn-gpu): test_ffn_cuda.log, daemon_ffn_gpu.log, bench.log
-# The GEMM kernel of our own (tuning `kernel`, gpu/ffn_gemm.cu), first run:
+# The GEMM kernel of our own (tuning `kernel`, gpu/ffn_gemm.cu: cp.async pipeline, split-K):
 #   build/tests/gpu/test_ffn_cuda      its layout and kernel checks first ("PASS  mma layout
-#                                      check ...", "PASS  GEMM kernel ...: 0 of N outputs
-#                                      wrong"), then every case with every tuning; ends
-#                                      "N passed, 0 failed"
-#   bash tests/gpu/ffn_gpu.sh --skip-tests   the sweep with the kernel tunings beside the
-#                                      default; the summary's "kernel tuning" table says where
-#                                      it wins (then epd_ffn_cuda_default_tuning's kernel lines)
+#                                      check ...", "PASS  GEMM kernel ..., split none|fixed|auto
+#                                      (N K ranges used): 0 of N outputs wrong"), then every
+#                                      case with every tuning; ends "N passed, 0 failed"
+#   bash tests/gpu/ffn_gpu.sh --skip-tests   the sweep with the kernel tunings (kernel,
+#                                      kernel,split=1|2|4, kernel,prefetch=4|8, kernel,upto=..)
+#                                      beside the default; the summary's kernel table says where
+#                                      `kernel` wins (then epd_ffn_cuda_default_tuning's kernel
+#                                      lines)
 set -uo pipefail
 cd "$(dirname "$(readlink -f "$0")")/../.."
 out=${OUT:-build/ffn-gpu}
