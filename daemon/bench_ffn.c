@@ -93,6 +93,10 @@ static ffn_sweep_t sweeps[] = {
     {.name = "kernel,upto=64,strided",
      .tuning = {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
                 .kernel_max_rows = 64}},
+    /* FP8 block weights have no strided batches: the kernel up to 64 rows, then the streams */
+    {.name = "kernel,upto=64,streams=4",
+     .tuning = {.streams = 4, .kernel = true, .kernel_max_rows = 64},
+     .fp8_only = true},
 };
 #else
 static ffn_sweep_t sweeps[] = {{.name = "default"}};

@@ -1310,9 +1310,11 @@ extern "C" void epd_ffn_cuda_default_tuning(epd_ffn_cuda_tuning_t *t)
     t->grouped = false;
     /* the GEMM kernel of our own (gpu/ffn_gemm.cu): off until tests/gpu/ffn_gpu.sh has shown it
      * correct and faster on the GPU; then kernel = true, with kernel_max_rows the largest rows
-     * per expert where it beats strided (0: every call) */
+     * per expert where it beats strided (0: every call) and kernel_fp8_max_rows where it beats
+     * the streams with FP8 block weights (UINT32_MAX: every call) */
     t->kernel = false;
     t->kernel_max_rows = 0;
+    t->kernel_fp8_max_rows = 0;
     t->kernel_prefetch = 0;
     t->kernel_split = 0;
 }
@@ -1932,17 +1934,21 @@ static epd_status_t run_grouped(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_
 }
 
 /* kernel: whether the call with these rows per expert goes to the GEMM kernel (the tuning's
- * kernel_max_rows against the mean rows of the experts with rows) */
+ * kernel_max_rows, or kernel_fp8_max_rows for FP8 block weights, against the mean rows of the
+ * experts with rows) */
 static bool use_kernel(const epd_ffn_cuda_t *f, const uint32_t *counts)
 {
     uint64_t rows = 0, used = 0;
+    uint32_t max_rows = f->tuning.kernel_max_rows;
     if (!f->tuning.kernel) return false;
-    if (f->tuning.kernel_max_rows == 0) return true;
+    if (f->format == EPD_FFN_FP8_BLOCK && f->tuning.kernel_fp8_max_rows != 0)
+        max_rows = f->tuning.kernel_fp8_max_rows == UINT32_MAX ? 0 : f->tuning.kernel_fp8_max_rows;
+    if (max_rows == 0) return true;
     for (uint32_t e = 0; e < f->n_local; e++) {
         rows += counts[e];
         used += counts[e] > 0;
     }
-    return used == 0 || rows <= (uint64_t)f->tuning.kernel_max_rows * used;
+    return used == 0 || rows <= (uint64_t)max_rows * used;
 }
 
 /* kernel: each projection one launch of the GEMM kernel over the experts' row tiles

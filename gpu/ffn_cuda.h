@@ -67,6 +67,8 @@ typedef struct epd_ffn_cuda_tuning {
                        * for the calls it takes (kernel_max_rows); the others serve the rest */
     uint32_t kernel_max_rows; /* kernel: only calls whose mean rows per expert with rows is at
                                * most this (0: every call) */
+    uint32_t kernel_fp8_max_rows; /* kernel, FP8 block weights: their own kernel_max_rows (0:
+                                   * kernel_max_rows; UINT32_MAX: every call) */
     uint32_t kernel_prefetch; /* kernel: the weights' L2 prefetch run in 128-byte stages of K
                                * (each row's next run that many stages beyond the kernel's
                                * copies; 0: EPD_FFN_GEMM_PREFETCH of gpu/ffn_gemm.h;

@@ -69,7 +69,8 @@ static const epd_ffn_cuda_tuning_t tunings[] = {
     {.streams = 1, .kernel = true},
     {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
      .kernel_max_rows = 16},
-    {.streams = 4, .kernel = true, .kernel_max_rows = 16, .kernel_prefetch = 2},
+    {.streams = 4, .kernel = true, .kernel_max_rows = 16, .kernel_fp8_max_rows = 64,
+     .kernel_prefetch = 2},
     {.streams = 1, .kernel = true, .kernel_split = 1},
     {.streams = 1, .kernel = true, .kernel_split = 3},
 };
@@ -78,7 +79,7 @@ static const char *const tuning_names[] = {"streams=1", "streams=4", "streams=4,
                                            "streams=4,autotune,fast_accum", "strided",
                                            "strided,cost=0", "strided,one", "grouped",
                                            "kernel", "kernel,upto=16,strided",
-                                           "kernel,upto=16,streams=4,prefetch=2",
+                                           "kernel,upto=16,fp8_upto=64,streams=4,prefetch=2",
                                            "kernel,split=1", "kernel,split=3"};
 static_assert(sizeof tunings / sizeof tunings[0] == sizeof tuning_names / sizeof tuning_names[0],
               "a name per tuning");
