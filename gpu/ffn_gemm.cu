@@ -390,14 +390,39 @@ static gemm_kernel_t gemm_kernel(bool fp8, bool out_bf16)
     return out_bf16 ? ffn_gemm_kernel<false, true> : ffn_gemm_kernel<false, false>;
 }
 
-static cudaError_t gemm_configure(gemm_kernel_t k)
+/* The kernel configured for the current device (once a device and kernel: the attributes, then
+ * the CTAs the device runs at a time, SMs times CTAs per SM, in *slots_p; 0 where unknown). */
+#define CONFIG_DEVICES 64
+static uint64_t configured_slots[4][CONFIG_DEVICES];
+
+static cudaError_t gemm_configure(bool fp8, bool out_bf16, uint64_t *slots_p)
 {
-    cudaError_t rc = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          (int)SMEM_BYTES);
+    gemm_kernel_t k = gemm_kernel(fp8, out_bf16);
+    uint64_t *cache = NULL;
+    int dev = 0, sms = 0, per_sm = 0;
+    cudaError_t rc = cudaGetDevice(&dev);
+    *slots_p = 0;
+    if (rc != cudaSuccess) return rc;
+    if (dev >= 0 && dev < CONFIG_DEVICES) cache = &configured_slots[fp8 * 2 + out_bf16][dev];
+    if (cache != NULL && *cache != 0) {
+        *slots_p = *cache;
+        return cudaSuccess;
+    }
+    rc = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_BYTES);
     if (rc == cudaSuccess)
         rc = cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
                                   (int)cudaSharedmemCarveoutMaxShared);
-    return rc;
+    if (rc != cudaSuccess) return rc;
+    /* the occupancy after the attributes: it counts the shared memory allowed */
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, THREADS, SMEM_BYTES) !=
+            cudaSuccess) {
+        cudaGetLastError();
+        return cudaSuccess; /* no auto split, the kernel still runs */
+    }
+    *slots_p = (uint64_t)(sms > 0 ? sms : 0) * (uint64_t)(per_sm > 0 ? per_sm : 0);
+    if (cache != NULL) *cache = *slots_p;
+    return cudaSuccess;
 }
 
 extern "C" epd_status_t epd_ffn_gemm_supported(bool fp8, char err[EPD_ERR_LEN])
@@ -445,25 +470,17 @@ extern "C" epd_status_t epd_ffn_gemm_supported(bool fp8, char err[EPD_ERR_LEN])
 }
 
 /* The K ranges of a launch of ctas CTAs over n_kb stages: the request (auto: by the waves on
- * this device), at most n_kb, and as many as the workspace holds (ws_row bytes a range). */
-static uint32_t pick_split(const epd_ffn_gemm_args_t *a, gemm_kernel_t k, uint64_t ctas,
+ * slots CTAs at a time), at most n_kb, and as many as the workspace holds (ws_range bytes a
+ * range). */
+static uint32_t pick_split(const epd_ffn_gemm_args_t *a, uint64_t slots, uint64_t ctas,
                            uint32_t n_kb, size_t ws_range)
 {
     uint64_t by_ws = a->split_ws == NULL || ws_range == 0 ? 1 : a->split_ws_bytes / ws_range;
     uint32_t max_by_ws = by_ws > EPD_FFN_GEMM_MAX_SPLIT ? EPD_FFN_GEMM_MAX_SPLIT : (uint32_t)by_ws;
     uint32_t splits = a->split_k;
     if (max_by_ws < 2 || splits == 1) return 1;
-    if (splits == EPD_FFN_GEMM_SPLIT_AUTO) {
-        int dev = 0, sms = 0, per_sm = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, THREADS, SMEM_BYTES) !=
-                cudaSuccess) {
-            cudaGetLastError();
-            return 1;
-        }
-        return epd_ffn_gemm_auto_split(ctas, n_kb, (uint64_t)sms * (uint64_t)per_sm, max_by_ws);
-    }
+    if (splits == EPD_FFN_GEMM_SPLIT_AUTO)
+        return epd_ffn_gemm_auto_split(ctas, n_kb, slots, max_by_ws);
     if (splits > max_by_ws) splits = max_by_ws;
     if (splits > n_kb) splits = n_kb;
     return splits < 1 ? 1 : splits;
@@ -501,12 +518,12 @@ extern "C" epd_status_t epd_ffn_gemm_launch(const epd_ffn_gemm_args_t *a, void *
     p.w_scale_ld = a->w_scale_ld;
     p.prefetch = a->prefetch;
     gemm_kernel_t k = gemm_kernel(a->fp8, a->out_bf16);
-    /* before the occupancy the auto split asks for: it counts the shared memory allowed */
-    cudaError_t rc = gemm_configure(k);
+    uint64_t slots = 0;
+    cudaError_t rc = gemm_configure(a->fp8, a->out_bf16, &slots);
     const uint32_t n_kb = p.kbytes / STAGE_BYTES;
     const size_t ws_range = (size_t)a->total_rows * a->n * sizeof(float);
     const uint32_t splits =
-        pick_split(a, k, (uint64_t)a->n_tiles * (a->n / EPD_FFN_GEMM_BN), n_kb, ws_range);
+        pick_split(a, slots, (uint64_t)a->n_tiles * (a->n / EPD_FFN_GEMM_BN), n_kb, ws_range);
     if (splits > 1) {
         p.part = (float *)a->split_ws;
         p.part_stride = (size_t)a->total_rows * a->n;

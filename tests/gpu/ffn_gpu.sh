@@ -178,6 +178,43 @@ END {
     }
 }' "$out/bench.log"
     echo
+    echo "Every kernel tuning per rows/expert (experts us), the fastest against the default, and where each beats the default at every row count up to there (the kernel_max_rows / kernel_fp8_max_rows a switch would set):"
+    echo
+    awk '
+function kv(line, key) { if (match(line, key "=[^ ]+")) return substr(line, RSTART + length(key) + 1, RLENGTH - length(key) - 1); return "" }
+/^ffn-result / {
+    w = kv($0, "weights"); t = kv($0, "tuning"); r = kv($0, "rows_per_expert") + 0
+    if (t != "default" && t !~ /^kernel/) next
+    if (t != "default" && !(t in kseen)) { kseen[t] = 1; kt[++nk] = t }
+    if (!(r in rseen)) { rseen[r] = 1; ro[++nr] = r }
+    us[w, t, r] = kv($0, "experts_us") + 0
+}
+END {
+    nw = split("bf16 fp8-block", ws)
+    for (x = 1; x <= nw; x++) {
+        w = ws[x]
+        hdr = "| " w " rows/expert | default"; sep = "|---:|---:"
+        for (i = 1; i <= nk; i++) { hdr = hdr " | " kt[i]; sep = sep "|---:" }
+        print hdr " | fastest kernel / default |"; print sep "|---|"
+        for (j = 1; j <= nr; j++) {
+            r = ro[j]; line = "| " r " | " (((w SUBSEP "default" SUBSEP r) in us) ? sprintf("%.1f", us[w, "default", r]) : "-")
+            best = ""; for (i = 1; i <= nk; i++) {
+                t = kt[i]
+                if ((w SUBSEP t SUBSEP r) in us) { line = line sprintf(" | %.1f", us[w, t, r]); if (best == "" || us[w, t, r] < us[w, best, r]) best = t } else line = line " | -"
+            }
+            d = us[w, "default", r]
+            print line " | " ((best != "" && d > 0) ? sprintf("%.2f [%s]", us[w, best, r] / d, best) : "-") " |"
+        }
+        print ""
+        for (i = 1; i <= nk; i++) {
+            t = kt[i]; upto = 0
+            for (j = 1; j <= nr; j++) { r = ro[j]; if (!((w SUBSEP t SUBSEP r) in us) || !((w SUBSEP "default" SUBSEP r) in us) || us[w, t, r] >= us[w, "default", r]) break; upto = r }
+            printf "- %s %s: faster than the default at every rows/expert up to %s\n", w, t, upto ? upto : "none"
+        }
+        print ""
+    }
+}' "$out/bench.log"
+    echo
     echo "The default tuning's GEMM plans up to 128 rows (autotune: the heuristic's first against the chosen, alone on the stream; GB/s of weights read):"
     echo
     awk '
