@@ -15,7 +15,8 @@
  *           projection (strided: BF16, and FP8 where cuBLASLt's batched block scales check out);
  *           or each projection as one launch of our own GEMM kernel over every expert with rows
  *           (kernel: gpu/ffn_gemm.cu, BF16 and FP8 block weights; its grid from the row counts
- *           on the host, one row tile list per call);
+ *           on the host, one row tile list per call; split-K for short grids in the first
+ *           stream's cuBLASLt workspace, added in order by a second launch);
  *   combine the weighted sum over ascending k (section 2 step 6, multiply then add) into the
  *           partials: BF16, or FP8 group128 with fp32 scales (combine.dtype fp8, the bytes of
  *           epd_partial_store_host, gpu/partial_dev.cuh).
