@@ -196,14 +196,19 @@ __global__ void __launch_bounds__(THREADS, 2) ffn_gemm_kernel(gemm_params p)
 
     /* stage s of the range (its 128 weight rows, nt * 8 activation rows; FP8: their scales) into
      * slot */
+    /* the thread's weight copies: chunk tid % 8 of rows tid / 8 + k THREADS / 8 (k in
+     * [0, W_STAGE / 16 / THREADS)); rows THREADS / 8 apart keep the row's parity, so one
+     * swizzled offset plus a multiple of THREADS / 8 rows */
+    const uint8_t *w_thread = wg + (size_t)(tid >> 3) * kbytes + (tid & 7) * 16;
+    const size_t w_step = (size_t)(THREADS / 8) * kbytes;
+    const uint32_t w_off = epd_ffn_gemm_tile_off(tid >> 3, tid & 7);
+    static_assert((THREADS / 8) % 2 == 0, "the copies' rows keep their parity");
     auto load = [&](uint32_t s, uint32_t slot) {
-        const uint8_t *wsrc = wg + (size_t)s * STAGE_BYTES;
-        uint8_t *wdst = w_s + slot * W_STAGE;
+        const uint8_t *wsrc = w_thread + (size_t)s * STAGE_BYTES;
+        uint8_t *wdst = w_s + slot * W_STAGE + w_off;
 #pragma unroll
-        for (uint32_t k = 0; k < W_STAGE / 16 / THREADS; k++) {
-            const uint32_t i = tid + k * THREADS, r = i >> 3, q = i & 7;
-            cp_async16(wdst + epd_ffn_gemm_tile_off(r, q), wsrc + (size_t)r * kbytes + q * 16);
-        }
+        for (uint32_t k = 0; k < W_STAGE / 16 / THREADS; k++)
+            cp_async16(wdst + k * (THREADS / 8) * STAGE_BYTES, wsrc + k * w_step);
         const uint8_t *xsrc = xg + (size_t)s * STAGE_BYTES;
         uint8_t *xdst = x_s + slot * X_STAGE;
         for (uint32_t i = tid; i < nt * 64; i += THREADS) {
@@ -215,11 +220,11 @@ __global__ void __launch_bounds__(THREADS, 2) ffn_gemm_kernel(gemm_params p)
                 cp_async16(&xsc_s[slot * EPD_FFN_GEMM_ROW_TILE + i * 4],
                            xsg + (size_t)s * mpad + i * 4);
     };
-    /* stage s's products from slot: the warp's two m16 tiles by its nt_w n8 tiles */
-    auto compute = [&](uint32_t s, uint32_t slot) {
+    /* a stage's products from slot (FP8: ws its weights' scale): the warp's two m16 tiles by its
+     * nt_w n8 tiles */
+    auto compute = [&](uint32_t slot, float ws) {
         if (nt_w == 0) return;
         const uint8_t *wsl = w_s + slot * W_STAGE, *xsl = x_s + slot * X_STAGE;
-        const float ws = FP8 ? __ldg(wsg + s) : 1.0f;
         /* chunk by chunk (half the registers for the weights' fragments; FP8: each chunk's sums
          * promoted on their own, half a scale block each) */
 #pragma unroll
@@ -275,7 +280,11 @@ __global__ void __launch_bounds__(THREADS, 2) ffn_gemm_kernel(gemm_params p)
         if (s < n_kb) load(s, s);
         cp_async_commit();
     }
+    /* FP8: the weights' scale of the stage, read a stage ahead (off the mmas' path) */
+    float ws_next = FP8 && nt_w > 0 ? __ldg(wsg) : 1.0f;
     for (uint32_t s = 0; s < n_kb; s++) {
+        const float ws = ws_next;
+        if (FP8 && nt_w > 0 && s + 1 < n_kb) ws_next = __ldg(wsg + s + 1);
         /* stage s landed (this thread's copies, then everybody's), and the slot the load below
          * refills was computed by every warp in the previous iteration */
         cp_async_wait<STAGES - 2>();
@@ -292,7 +301,7 @@ __global__ void __launch_bounds__(THREADS, 2) ffn_gemm_kernel(gemm_params p)
                 prefetch_l2(wg + (size_t)tid * kbytes + (size_t)from * STAGE_BYTES,
                             min(p.prefetch, n_kb - from) * STAGE_BYTES);
         }
-        compute(s, s % STAGES);
+        compute(s % STAGES, ws);
     }
     if (nt_w == 0) return;
 

@@ -115,8 +115,12 @@ static void emulate_stage(uint32_t nt)
      * stage's k bytes [16 q, 16 q + 16) */
     for (uint32_t tid = 0; tid < THREADS; tid++) {
         for (uint32_t k = 0; k < BN * SB / 16 / THREADS; k++) {
-            uint32_t i = tid + k * THREADS, r = i >> 3, q = i & 7;
-            uint32_t off = epd_ffn_gemm_tile_off(r, q);
+            /* the kernel's form: one swizzled offset of (tid / 8, tid % 8) plus k THREADS / 8
+             * rows, from row tid / 8 + k THREADS / 8 of the source */
+            uint32_t r = (tid >> 3) + k * (THREADS / 8), q = tid & 7;
+            uint32_t off = epd_ffn_gemm_tile_off(tid >> 3, tid & 7) + k * (THREADS / 8) * SB;
+            uint32_t i = tid + k * THREADS;
+            assert_int_equal(off, epd_ffn_gemm_tile_off(i >> 3, i & 7));
             for (uint32_t b = 0; b < 16; b++) {
                 assert_int_equal(w_s[off + b], NONE);
                 w_s[off + b] = tag(r, q * 16 + b);
