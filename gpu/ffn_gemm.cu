@@ -152,6 +152,22 @@ __device__ static __forceinline__ uint32_t find_base(const uint32_t *base, uint3
     return lo;
 }
 
+/* find_base by a whole warp (every lane calling, converged): the count of i in [1, n] with
+ * base[i] <= x, 32 of them a load (one dependent load for 32 experts, not a binary search's
+ * five) */
+__device__ static __forceinline__ uint32_t find_base_warp(const uint32_t *base, uint32_t n,
+                                                          uint32_t x, uint32_t lane)
+{
+    uint32_t found = 0;
+    for (uint32_t first = 1; first <= n; first += 32) {
+        const uint32_t i = first + lane;
+        const uint32_t m = __ballot_sync(0xffffffffu, i <= n && __ldg(base + i) <= x);
+        found += __popc(m);
+        if (m != 0xffffffffu) break; /* ascending: the rest are above x */
+    }
+    return found;
+}
+
 /* ---- the kernels ------------------------------------------------------------------------- */
 
 template <bool FP8, bool OUT_BF16>
@@ -163,7 +179,7 @@ __global__ void __launch_bounds__(THREADS, 2) ffn_gemm_kernel(gemm_params p)
     float *const xsc_s = (float *)(x_s + STAGES * X_STAGE);     /* [STAGES][ROW_TILE] */
     const uint32_t tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const uint32_t fg = warp % EPD_FFN_GEMM_FEATURE_GROUPS, rh = warp / EPD_FFN_GEMM_FEATURE_GROUPS;
-    const uint32_t e = find_base(p.tile_base, p.n_experts, blockIdx.x);
+    const uint32_t e = find_base_warp(p.tile_base, p.n_experts, blockIdx.x, lane);
     const uint32_t rt = blockIdx.x - p.tile_base[e];
     const uint32_t rb = p.row_base[e], mpad = p.row_base[e + 1] - rb;
     const uint32_t count = min(p.counts[e], mpad);
