@@ -420,6 +420,153 @@ __global__ void requant_live_kernel(const uint4 *q, const float *__restrict__ sc
     }
 }
 
+/* ---- layout-aware requantization, the part kernel (split tiles, variants) ---- */
+
+/* q loads and q_out stores of the part kernel: plain, or (nc) through the read-only path without
+ * L1 allocation (never in place: the launcher clears the bit when q_out == q), (cs) streaming. */
+__device__ __forceinline__ uint4 part_load(const uint4 *p, bool nc)
+{
+    uint4 v;
+    if (nc)
+        asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p));
+    else
+        v = *p;
+    return v;
+}
+
+__device__ __forceinline__ void part_store(uint4 *p, uint4 v, bool cs)
+{
+    if (cs)
+        asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
+                     "r"(v.z), "r"(v.w)
+                     : "memory");
+    else
+        *p = v;
+}
+
+/* The items of a part-kernel launch: tiles are in the table in order of their parts, most first,
+ * and items start[p] .. start[p + 1] - 1 are part p (rows p x rows_per_part ..) of tiles 0 ..
+ * start[p + 1] - start[p] - 1: every item has rows, whatever the counts (a short tile has fewer
+ * parts, and no block is given an empty one). */
+struct requant_parts {
+    uint32_t start[EPD_REQUANT_MAX_PARTS + 1];
+};
+
+/* Where a block is in its work: item `item` (of part `part`), its vectors first .. first + n_vec,
+ * the pass at f0. */
+struct part_cursor {
+    uint32_t item, part, f0, n_vec;
+    uint64_t first;
+    const float *sc; /* the scales of the part's first row */
+};
+
+/* The part kernel: block b does items b, b + gridDim.x, ... (requant_parts), pass after pass
+ * of blockDim.x x VPT vectors; a part is whole rows, so vector f of it has the scale
+ * f / 8 (group-128) or f / nvr of its first row, as in requant_live_kernel. PIPE: the loads of
+ * the block's next pass (of this part or its next one) leave before this pass's math and stores,
+ * so a thread keeps 2 x VPT loads in flight while it works. STEP as requant_live_kernel. */
+template <int VPT, int TABLE, bool STEP, bool PIPE>
+__global__ void requant_part_kernel(const uint4 *q, const float *__restrict__ scales,
+                                    uint32_t n_items, uint32_t n_parts, uint32_t rows_per_part,
+                                    uint32_t nvr, epd_fast_div row_of, uint32_t ns, int per_token,
+                                    uint32_t rbits, float given_inv, const float *s_dev,
+                                    uint4 *q_out, uint32_t flags,
+                                    const __grid_constant__ requant_parts parts,
+                                    const __grid_constant__ requant_tiles<TABLE> tiles)
+{
+    const uint32_t rmask = (1u << rbits) - 1u, pass = blockDim.x * VPT;
+    const bool nc = (flags & EPD_QL_NC) != 0, cs = (flags & EPD_QL_CS) != 0;
+    /* item `it` (false: past the last); its part p: the largest with start[p] <= it, searched
+     * from c.part on (a block's items only go up), the part after it tried first */
+    auto find = [&](part_cursor &c, uint32_t it) -> bool {
+        if (it >= n_items) return false;
+        uint32_t p = c.part, hi = n_parts - 1;
+        if (p < hi && parts.start[p + 1] > it) hi = p;
+        while (p < hi) {
+            const uint32_t mid = (p + hi + 1) / 2;
+            if (parts.start[mid] <= it) p = mid;
+            else hi = mid - 1;
+        }
+        const uint32_t word = tiles.tile[it - parts.start[p]], rows = (word & rmask) + 1u;
+        const uint32_t r0 = p * rows_per_part, r1 = min(r0 + rows_per_part, rows);
+        const uint32_t row = (word >> rbits) + r0;
+        c.item = it;
+        c.part = p;
+        c.f0 = 0;
+        c.n_vec = (r1 - r0) * nvr;
+        c.first = (uint64_t)row * nvr;
+        c.sc = scales + (uint64_t)row * ns;
+        return true;
+    };
+    /* (one branch a pass on nc, not one a vector, so that the pass's loads leave together) */
+    auto load = [&](const part_cursor &c, uint4 *in, float *sc) {
+        const uint32_t f0 = c.f0 + threadIdx.x;
+        if (nc) {
+#pragma unroll
+            for (int j = 0; j < VPT; j++)
+                if (f0 + (uint32_t)j * blockDim.x < c.n_vec)
+                    in[j] = part_load(q + c.first + f0 + (uint32_t)j * blockDim.x, true);
+        } else {
+#pragma unroll
+            for (int j = 0; j < VPT; j++)
+                if (f0 + (uint32_t)j * blockDim.x < c.n_vec)
+                    in[j] = part_load(q + c.first + f0 + (uint32_t)j * blockDim.x, false);
+        }
+#pragma unroll
+        for (int j = 0; j < VPT; j++) {
+            const uint32_t f = f0 + (uint32_t)j * blockDim.x;
+            if (f < c.n_vec) sc[j] = __ldg(c.sc + (per_token ? epd_fast_div_of(f, row_of) : f / 8));
+        }
+    };
+    part_cursor c;
+    c.part = 0;
+    if (!find(c, blockIdx.x)) return;
+    uint4 in[VPT], in2[VPT];
+    float sc[VPT], sc2[VPT];
+    float inv = given_inv;
+    load(c, in, sc);
+    if (STEP) {
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        const float big_s = *s_dev;
+        inv = big_s > 0.0f ? __fdiv_rn(1.0f, big_s) : 0.0f; /* as the host's */
+    }
+    for (;;) {
+        part_cursor d = c;
+        d.f0 += pass;
+        const bool more = d.f0 < d.n_vec || find(d, d.item + gridDim.x);
+        if (PIPE && more) load(d, in2, sc2);
+        const uint32_t f0 = c.f0 + threadIdx.x;
+#pragma unroll
+        for (int j = 0; j < VPT; j++)
+            if (f0 + (uint32_t)j * blockDim.x < c.n_vec)
+                in[j] = epd_dev_requant16(in[j], sc[j], inv);
+        if (cs) {
+#pragma unroll
+            for (int j = 0; j < VPT; j++)
+                if (f0 + (uint32_t)j * blockDim.x < c.n_vec)
+                    part_store(q_out + c.first + f0 + (uint32_t)j * blockDim.x, in[j], true);
+        } else {
+#pragma unroll
+            for (int j = 0; j < VPT; j++)
+                if (f0 + (uint32_t)j * blockDim.x < c.n_vec)
+                    part_store(q_out + c.first + f0 + (uint32_t)j * blockDim.x, in[j], false);
+        }
+        if (!more) break;
+        if (PIPE) {
+#pragma unroll
+            for (int j = 0; j < VPT; j++) {
+                in[j] = in2[j];
+                sc[j] = sc2[j];
+            }
+        } else {
+            load(d, in, sc);
+        }
+        c = d;
+    }
+}
+
 /* ---- launchers ---- */
 
 static epd_status_t launch_result(const char *what, char err[EPD_ERR_LEN])
@@ -484,8 +631,13 @@ static epd_status_t device_blocks(const void *kernel, uint32_t threads, size_t s
         snprintf(err, EPD_ERR_LEN, "querying the device: %s", cudaGetErrorString(rc));
         return EPD_ERR_CUDA;
     }
+    if (per_sm == 0) {
+        snprintf(err, EPD_ERR_LEN, "%u threads a block do not fit an SM with this kernel's "
+                 "registers (fewer threads, or fewer vectors a thread)", threads);
+        return EPD_ERR_INVALID_ARG;
+    }
     if (max_per_sm != 0 && (uint32_t)per_sm > max_per_sm) per_sm = (int)max_per_sm;
-    *blocks_p = sms * (uint32_t)(per_sm > 0 ? per_sm : 1);
+    *blocks_p = sms * (uint32_t)per_sm;
     return EPD_OK;
 }
 
@@ -756,6 +908,24 @@ static void (*live_kernel(uint32_t vec, bool step))(const uint4 *, const float *
                     : requant_live_kernel<4, TABLE, false>;
 }
 
+/* The part kernel of a launch: vec x table size x step scale x pipelined. */
+template <int TABLE>
+static void (*part_kernel(uint32_t vec, bool step, bool pipe))(
+    const uint4 *, const float *, uint32_t, uint32_t, uint32_t, uint32_t, epd_fast_div, uint32_t,
+    int, uint32_t, float, const float *, uint4 *, uint32_t, const requant_parts,
+    const requant_tiles<TABLE>)
+{
+#define EPD_PART_KERNEL(S, P)                                                                  \
+    return vec == 1 ? requant_part_kernel<1, TABLE, S, P>                                       \
+         : vec == 2 ? requant_part_kernel<2, TABLE, S, P>                                       \
+                    : requant_part_kernel<4, TABLE, S, P>
+    if (step && pipe) EPD_PART_KERNEL(true, true);
+    if (step) EPD_PART_KERNEL(true, false);
+    if (pipe) EPD_PART_KERNEL(false, true);
+    EPD_PART_KERNEL(false, false);
+#undef EPD_PART_KERNEL
+}
+
 /* The tiles of a layout as made by epd_requant_tiles_make, before they are packed. */
 struct requant_tile_list {
     uint32_t first[EPD_REQUANT_LIVE_TILES];
@@ -763,19 +933,51 @@ struct requant_tile_list {
 };
 
 /* Queues the reduction (step) and the requant of the n_tiles tiles of all (TABLE >= n_tiles),
- * packed with rbits bits for rows - 1. */
+ * packed with rbits bits for rows - 1, tiles of up to rows_per_tile rows. The part kernel when
+ * l asks for parts or a variant (l.split > 1 or l.flags), else requant_live_kernel. */
 template <int TABLE>
 static epd_status_t live_queue(const requant_tile_list &all, uint32_t n_tiles, uint32_t rbits,
-                               const uint8_t *q, const float *scales, uint32_t hidden,
-                               epd_scale_kind_t kind, float scale, uint8_t *q_out,
-                               float *scale_dev, const epd_quant_launch_t &l, cudaStream_t st,
-                               char err[EPD_ERR_LEN])
+                               uint32_t rows_per_tile, const uint8_t *q, const float *scales,
+                               uint32_t hidden, epd_scale_kind_t kind, float scale,
+                               uint8_t *q_out, float *scale_dev, const epd_quant_launch_t &l,
+                               cudaStream_t st, char err[EPD_ERR_LEN])
 {
     epd_status_t status;
     requant_tiles<TABLE> tiles;
     const bool step = scale_dev != nullptr;
     const uint32_t ns = epd_quant_n_scales(hidden, kind), nvr = hidden / 16;
-    for (uint32_t i = 0; i < n_tiles; i++) tiles.tile[i] = all.first[i] << rbits | (all.rows[i] - 1u);
+    const bool part = l.split > 1 || l.flags != 0;
+    requant_parts parts = {};
+    uint32_t n_parts = 1, rows_per_part = rows_per_tile;
+    if (part) {
+        /* parts of ceil(l.rows / split) rows, as many a tile as its rows need (more rows a part
+         * when epd_requant_tiles_make made the tiles longer to fit the table) */
+        const uint32_t want = l.split > 1 ? l.split : 1;
+        rows_per_part = (l.rows + want - 1) / want;
+        n_parts = (rows_per_tile + rows_per_part - 1) / rows_per_part;
+        if (n_parts > EPD_REQUANT_MAX_PARTS) {
+            rows_per_part = (rows_per_tile + EPD_REQUANT_MAX_PARTS - 1) / EPD_REQUANT_MAX_PARTS;
+            n_parts = (rows_per_tile + rows_per_part - 1) / rows_per_part;
+        }
+        /* the tiles in order of their parts, most first (a counting sort), and where each
+         * part's items start */
+        uint32_t count[EPD_REQUANT_MAX_PARTS + 1] = {0}, at[EPD_REQUANT_MAX_PARTS + 1];
+        for (uint32_t i = 0; i < n_tiles; i++)
+            count[(all.rows[i] + rows_per_part - 1) / rows_per_part]++;
+        at[n_parts] = 0;
+        for (uint32_t k = n_parts; k > 1; k--) at[k - 1] = at[k] + count[k];
+        for (uint32_t i = 0; i < n_tiles; i++)
+            tiles.tile[at[(all.rows[i] + rows_per_part - 1) / rows_per_part]++] =
+                all.first[i] << rbits | (all.rows[i] - 1u);
+        uint32_t with = n_tiles; /* tiles with more than p parts */
+        for (uint32_t p = 0; p < n_parts; p++) {
+            parts.start[p + 1] = parts.start[p] + with;
+            with -= count[p + 1];
+        }
+    } else {
+        for (uint32_t i = 0; i < n_tiles; i++)
+            tiles.tile[i] = all.first[i] << rbits | (all.rows[i] - 1u);
+    }
     for (uint32_t i = n_tiles; i < (uint32_t)TABLE; i++) tiles.tile[i] = 0; /* never read */
     if (step) {
         uint32_t sms = 0;
@@ -791,7 +993,37 @@ static epd_status_t live_queue(const requant_tile_list &all, uint32_t n_tiles, u
                                                             tiles);
         CHECK_GOTO(launch_result("step scale", err), out);
     }
-    {
+    if (part) {
+        const uint32_t n_items = parts.start[n_parts]; /* <= 4096 x 32 */
+        const uint32_t flags = q == q_out ? l.flags & ~EPD_QL_NC : l.flags;
+        auto kernel = part_kernel<TABLE>(l.vec, step, (flags & EPD_QL_PIPE) != 0);
+        uint32_t resident;
+        CHECK_GOTO(device_blocks((const void *)kernel, l.threads, 0, l.blocks, &resident, err),
+                   out);
+        uint32_t grid = n_items < resident ? n_items : resident;
+        if (flags & EPD_QL_BALANCE) {
+            /* every block the same number of items, unless that leaves more than an eighth of
+             * the blocks that fit unused (few rounds: then the short last round costs less) */
+            const uint32_t rounds = (n_items + grid - 1) / grid;
+            const uint32_t even = (n_items + rounds - 1) / rounds;
+            if (even >= grid - grid / 8) grid = even;
+        }
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr[1];
+        cfg.gridDim = dim3(grid);
+        cfg.blockDim = dim3(l.threads);
+        cfg.dynamicSmemBytes = 0;
+        cfg.stream = st;
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = step ? 1 : 0; /* behind the reduction's kernel */
+        (void)cudaLaunchKernelEx(&cfg, kernel, reinterpret_cast<const uint4 *>(q), scales, n_items,
+                                 n_parts, rows_per_part, nvr, epd_fast_div_make(nvr), ns,
+                                 kind == EPD_SCALE_PER_TOKEN ? 1 : 0, rbits,
+                                 step ? 0.0f : 1.0f / scale, (const float *)scale_dev,
+                                 reinterpret_cast<uint4 *>(q_out), flags, parts, tiles);
+    } else {
         auto kernel = live_kernel<TABLE>(l.vec, step);
         uint32_t resident;
         CHECK_GOTO(device_blocks((const void *)kernel, l.threads, 0, l.blocks, &resident, err), out);
@@ -844,7 +1076,8 @@ static epd_status_t requant_live(const uint8_t *q, const float *scales, const in
     CHECK_GOTO(epd_requant_tiles_make(counts_host, n_experts, capacity, l.rows,
                                       EPD_REQUANT_LIVE_TILES, all.first, all.rows, &n_tiles,
                                       &rows_per_tile, &live, err), out);
-    if ((uint64_t)rows_per_tile * (hidden / 16) > 0xffffffffull)
+    /* (a pass past a tile's last vector must not wrap the kernels' 32-bit vector index) */
+    if ((uint64_t)rows_per_tile * (hidden / 16) + (uint64_t)l.threads * l.vec > 0xffffffffull)
         return bad_arg(err, "requantize: rows per tile x hidden too large for one tile");
     while (rbits < 16 && (1u << rbits) < rows_per_tile) rbits++;
     if (n_experts > 0 && ((uint64_t)n_experts * capacity - 1) >> (32 - rbits) != 0) {
@@ -867,16 +1100,17 @@ static epd_status_t requant_live(const uint8_t *q, const float *scales, const in
     }
 #define EPD_LIVE_QUEUE(T)                                                                       \
     if (n_tiles <= (T))                                                                         \
-        return live_queue<(T)>(all, n_tiles, rbits, q, scales, hidden, kind, scale, q_out,      \
-                               scale_dev, l, st, err)
+        return live_queue<(T)>(all, n_tiles, rbits, rows_per_tile, q, scales, hidden, kind,     \
+                               scale, q_out, scale_dev, l, st, err)
     EPD_LIVE_QUEUE(64);
+    EPD_LIVE_QUEUE(128);
     EPD_LIVE_QUEUE(256);
     EPD_LIVE_QUEUE(512);
     EPD_LIVE_QUEUE(1024);
     EPD_LIVE_QUEUE(2048);
 #undef EPD_LIVE_QUEUE
-    return live_queue<EPD_REQUANT_LIVE_TILES>(all, n_tiles, rbits, q, scales, hidden, kind, scale,
-                                              q_out, scale_dev, l, st, err);
+    return live_queue<EPD_REQUANT_LIVE_TILES>(all, n_tiles, rbits, rows_per_tile, q, scales,
+                                              hidden, kind, scale, q_out, scale_dev, l, st, err);
 out:
     return status;
 }

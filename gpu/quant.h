@@ -130,7 +130,25 @@ typedef struct epd_quant_launch {
     uint32_t blocks;  /* requant, requant_live: at most this many blocks per SM (0: as many as
                          fit); requant_live's grid is the tiles, or fewer (then blocks stride over
                          them); unused by the others */
+    uint32_t split;   /* requant_live: parts a tile is cut into, one block's item each (0 or 1: a
+                         tile is an item; at most EPD_REQUANT_MAX_PARTS): the launch carries
+                         rows-row tiles (fewer words) while blocks work on ceil(rows / split) rows
+                         at a time, the parts of short tiles left out; unused by the others */
+    uint32_t flags;   /* requant_live: EPD_QL_* bits (0: none); unused by the others */
 } epd_quant_launch_t;
+
+/* The most parts a tile of the layout-aware requant is cut into. */
+#define EPD_REQUANT_MAX_PARTS 32
+
+/* requant_live variants (epd_quant_launch_t.flags); any bit set (or split > 1) selects the
+ * part kernel, which gives the same bytes. */
+#define EPD_QL_PIPE 1u    /* the next pass's loads are issued before this pass's math and stores */
+#define EPD_QL_NC 2u      /* q read through the read-only path without L1 allocation (ignored in
+                             place, q_out == q) */
+#define EPD_QL_CS 4u      /* q_out written with streaming stores (st.global.cs) */
+#define EPD_QL_BALANCE 8u /* grid cut to an equal number of items a block (no short last round),
+                             when that keeps 7/8 of the blocks that fit */
+#define EPD_QL_ALL 15u
 
 /* Name of a kernel kind ("quant_token", ...). */
 const char *epd_quant_kernel_name(epd_quant_kernel_t kernel);

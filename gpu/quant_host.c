@@ -342,6 +342,24 @@ static uint32_t token_lanes(uint32_t want)
     return t;
 }
 
+/* The layout-aware requant's launch by live rows (all experts together) at H 7168: the first row
+ * whose max_rows holds them. From kbench --sweep on one H200 (docs/notes/kernels.md):
+ *   up to 128 rows: a row a pass of one vector a thread (448 threads), a row a tile;
+ *   up to 2048 (decode): four vectors a thread (224 threads: two rows a pass), a pass a tile:
+ *     twice the loads in flight of two vectors, every block's work one pass;
+ *   more: two vectors a thread, 8-row tiles, so that the launch carries few tiles.
+ * At most 4 blocks an SM. tests/gpu/quant_gpu.sh prints, from a sweep, the best launch of each
+ * class of live rows as rows of this table ("suggested requant_live_picks"). */
+#define REQUANT_LIVE_PICK_HIDDEN 7168u
+static const struct requant_live_pick {
+    uint32_t max_rows;    /* live rows, at most */
+    epd_quant_launch_t l; /* threads, vec, rows (a tile), blocks (an SM), split, flags */
+} requant_live_picks[] = {
+    {128, {448, 1, 1, 4, 0, 0}},
+    {2048, {224, 4, 2, 4, 0, 0}},
+    {UINT32_MAX, {224, 2, 8, 4, 0, 0}}, /* the last row takes every count */
+};
+
 epd_quant_launch_t epd_quant_launch_pick(epd_quant_kernel_t kernel, uint32_t hidden, uint32_t rows,
                                          uint32_t sm_count)
 {
@@ -424,19 +442,20 @@ epd_quant_launch_t epd_quant_launch_pick(epd_quant_kernel_t kernel, uint32_t hid
         l.vec = 8; /* independent loads in flight a thread */
         break;
     case EPD_QK_REQUANT_LIVE: {
-        /* rows = the live rows. From kbench --sweep on one H200 at H 7168 (docs/notes/kernels.md),
-         * by how many rows are live in all:
-         *   up to 128: a row a pass of one vector a thread (448 threads), a row a tile;
-         *   up to 2048 (decode): four vectors a thread (224 threads: two rows a pass), a pass a
-         *     tile: twice the loads in flight of two vectors, every block's work one pass;
-         *   more: two vectors a thread, 8-row tiles, so that the launch carries few tiles.
-         * At most 4 blocks an SM. Other hidden sizes: the same vectors a thread with the threads
-         * that make a row a whole number of passes, or 256/128 threads. */
+        /* rows = the live rows: the first row of requant_live_picks that holds them. At H 7168
+         * its launch as it stands; other hidden sizes keep its vectors a thread, rows a tile,
+         * parts, blocks and variant bits, with the threads that make a row a whole number of
+         * passes, or 256/128 threads. */
+        const struct requant_live_pick *p = requant_live_picks;
+        while (rows > p->max_rows) p++;
+        if (hidden == REQUANT_LIVE_PICK_HIDDEN) {
+            l = p->l;
+            break;
+        }
         const uint32_t nvr = hidden / 16;
-        const uint32_t vec = rows <= 128 ? 1 : rows <= 2048 ? 4 : 2;
-        l.blocks = 4;
+        const uint32_t vec = p->l.vec;
+        l = p->l;
         l.threads = 0;
-        l.vec = vec;
         for (uint32_t t = 512; t >= 128 && l.threads == 0; t -= 32)
             if (nvr && nvr % (t * vec) == 0 && (vec != 1 || t >= 256)) l.threads = t;
         if (vec == 4 && l.threads == 0) /* two rows a pass (H 7168: 224 threads) */
@@ -446,11 +465,10 @@ epd_quant_launch_t epd_quant_launch_pick(epd_quant_kernel_t kernel, uint32_t hid
             l.threads = nvr >= 256 ? 256 : 128;
             l.vec = nvr >= 512 ? 2 : 1;
         }
-        if (vec == 4 && l.vec == 4) {
+        if (vec == 4 && l.vec == 4) { /* at least the rows of a pass a tile */
             const uint32_t pass = l.threads * l.vec; /* vectors a pass */
-            l.rows = pass >= nvr ? pass / nvr : 1;
-        } else {
-            l.rows = rows <= 2048 ? 1 : 8;
+            const uint32_t pass_rows = pass >= nvr ? pass / nvr : 1;
+            if (l.rows < pass_rows) l.rows = pass_rows;
         }
         break;
     }
@@ -474,6 +492,12 @@ epd_status_t epd_quant_launch_check(epd_quant_kernel_t kernel, uint32_t hidden,
         return EPD_ERR_INVALID_ARG;
     }
     uint32_t v = l->vec;
+    if (kernel != EPD_QK_REQUANT_LIVE && (l->split != 0 || l->flags != 0)) {
+        snprintf(err, EPD_ERR_LEN,
+                 "%s: parts %u and flags 0x%x are for requant_live only (allowed: 0)", name,
+                 l->split, l->flags);
+        return EPD_ERR_INVALID_ARG;
+    }
     switch (kernel) {
     case EPD_QK_QUANT_TOKEN: {
         if (v != 0 && v != 1 && v != 2 && v != 4 && v != 8 && v != 16 && v != 32) {
@@ -522,6 +546,13 @@ epd_status_t epd_quant_launch_check(epd_quant_kernel_t kernel, uint32_t hidden,
         }
         if (kernel == EPD_QK_REQUANT && (l->rows < 1 || l->rows > 65535)) {
             snprintf(err, EPD_ERR_LEN, "%s: %u rows per block (allowed: 1..65535)", name, l->rows);
+            return EPD_ERR_INVALID_ARG;
+        }
+        if (kernel == EPD_QK_REQUANT_LIVE &&
+            (l->split > EPD_REQUANT_MAX_PARTS || (l->flags & ~EPD_QL_ALL) != 0)) {
+            snprintf(err, EPD_ERR_LEN, "%s: %u parts a tile, flags 0x%x (allowed: 0..%d parts, "
+                     "flags within 0x%x)", name, l->split, l->flags, EPD_REQUANT_MAX_PARTS,
+                     EPD_QL_ALL);
             return EPD_ERR_INVALID_ARG;
         }
         if (kernel == EPD_QK_REQUANT && l->blocks > 32) {

@@ -133,6 +133,14 @@ size_t epd_utf8_check(const uint8_t *s, size_t len)
 {
     size_t i = 0;
     while (i < len) {
+        /* ASCII eight bytes at a time (meta is nearly all ASCII) */
+        while (len - i >= 8) {
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            if (w & UINT64_C(0x8080808080808080)) break;
+            i += 8;
+        }
+        if (i >= len) break;
         uint8_t c = s[i];
         size_t n;
         uint32_t cp, min;
@@ -229,7 +237,24 @@ static size_t skip_value(const char *s, size_t len, size_t i)
     return i;
 }
 
-/* Classifies the value of the first top-level "id" member of a valid JSON object text. */
+/* Classifies the text v[0..n) of an "id" member's value: null, an integer in [0, 2^64), or not. */
+static epd_frame_id_kind_t id_classify(const char *v, size_t n, uint64_t *id_p)
+{
+    char lit[32];
+    char perr[EPD_ERR_LEN];
+    if (n == 4 && memcmp(v, "null", 4) == 0) return EPD_FRAME_ID_NULL;
+    if (n == 0 || n >= sizeof(lit)) return EPD_FRAME_ID_INVALID;
+    for (size_t k = 0; k < n; k++) {
+        if (v[k] < '0' || v[k] > '9') return EPD_FRAME_ID_INVALID;
+    }
+    memcpy(lit, v, n);
+    lit[n] = '\0';
+    if (epd_parse_u64(lit, 10, 0, UINT64_MAX, id_p, perr) != EPD_OK) return EPD_FRAME_ID_INVALID;
+    return EPD_FRAME_ID_VALID;
+}
+
+/* Classifies the value of the first top-level "id" member of a valid JSON object text, decoding
+ * the keys' escapes (what epd_json_strict_check_id leaves to it). */
 static epd_frame_id_kind_t meta_read_id(const char *s, size_t len, uint64_t *id_p)
 {
     size_t i = skip_ws(s, len, 0);
@@ -245,22 +270,7 @@ static epd_frame_id_kind_t meta_read_id(const char *s, size_t len, uint64_t *id_
         i = skip_ws(s, len, i + 1);
         size_t start = i;
         i = skip_value(s, len, i);
-        if (is_id) {
-            size_t n = i - start;
-            char lit[32];
-            char perr[EPD_ERR_LEN];
-            if (n == 4 && memcmp(s + start, "null", 4) == 0) return EPD_FRAME_ID_NULL;
-            if (n == 0 || n >= sizeof(lit)) return EPD_FRAME_ID_INVALID;
-            for (size_t k = 0; k < n; k++) {
-                if (s[start + k] < '0' || s[start + k] > '9') return EPD_FRAME_ID_INVALID;
-            }
-            memcpy(lit, s + start, n);
-            lit[n] = '\0';
-            if (epd_parse_u64(lit, 10, 0, UINT64_MAX, id_p, perr) != EPD_OK) {
-                return EPD_FRAME_ID_INVALID;
-            }
-            return EPD_FRAME_ID_VALID;
-        }
+        if (is_id) return id_classify(s + start, i - start, id_p);
         i = skip_ws(s, len, i);
         if (i >= len || s[i] != ',') return EPD_FRAME_ID_ABSENT;
         i++;
@@ -344,8 +354,14 @@ static epd_status_t decoder_parse_meta(epd_decoder_t *dec, char err[EPD_ERR_LEN]
                  (uint8_t)text[bad], bad);
         return EPD_ERR_BAD_JSON;
     }
-    /* cJSON is lenient (BOM, leading zeros, escaped NULs): the strict grammar decides. */
-    if (epd_json_strict_check(text, len, err) != EPD_OK) return EPD_ERR_BAD_JSON;
+    /* cJSON is lenient (BOM, leading zeros, escaped NULs): the strict grammar decides; the same
+     * pass finds the top-level "id" */
+    epd_json_id_span_t id;
+    if (epd_json_strict_check_id(text, len, &id, err) != EPD_OK) return EPD_ERR_BAD_JSON;
+    epd_frame_id_kind_t id_kind =
+        id.kind == EPD_JSON_ID_FOUND    ? id_classify(text + id.start, id.len, &dec->frame.id)
+        : id.kind == EPD_JSON_ID_ESCAPED ? meta_read_id(text, len, &dec->frame.id)
+                                         : EPD_FRAME_ID_ABSENT;
     if (dec->text_types & (1u << dec->header.type)) {
         size_t at = 0;
         while (at < len && (text[at] == ' ' || text[at] == '\t' || text[at] == '\n' ||
@@ -356,7 +372,7 @@ static epd_status_t decoder_parse_meta(epd_decoder_t *dec, char err[EPD_ERR_LEN]
             return EPD_ERR_BAD_JSON;
         }
         dec->frame.meta_text = dec->meta_text; /* NUL-terminated: meta_len + 1 bytes */
-        dec->frame.id_kind = meta_read_id(text, len, &dec->frame.id);
+        dec->frame.id_kind = id_kind;
         dec->meta_text = NULL;
         return EPD_OK;
     }
@@ -372,7 +388,7 @@ static epd_status_t decoder_parse_meta(epd_decoder_t *dec, char err[EPD_ERR_LEN]
         return EPD_ERR_BAD_JSON;
     }
     dec->frame.meta = meta;
-    dec->frame.id_kind = meta_read_id(text, len, &dec->frame.id);
+    dec->frame.id_kind = id_kind;
     free(dec->meta_text);
     dec->meta_text = NULL;
     return EPD_OK;

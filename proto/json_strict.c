@@ -10,6 +10,7 @@ typedef struct {
     size_t len;
     size_t at;
     char *err;
+    epd_json_id_span_t *id; /* NULL: not wanted, or found already */
 } json_reader_t;
 
 static epd_status_t json_fail(json_reader_t *r, const char *what)
@@ -141,14 +142,37 @@ static epd_status_t json_container(json_reader_t *r, unsigned depth, bool object
         return EPD_OK;
     }
     for (;;) {
+        bool is_id = false;
         if (object) {
             if (r->at >= r->len || r->s[r->at] != '"') return json_fail(r, "a member needs a key");
+            size_t key = r->at + 1;
             if ((status = json_string(r)) != EPD_OK) return status;
+            if (depth == 0 && r->id != NULL) {
+                /* the key's raw bytes, quotes excluded: "id" itself, or escapes to decode */
+                size_t n = r->at - 1 - key;
+                is_id = n == 2 && r->s[key] == 'i' && r->s[key + 1] == 'd';
+                for (size_t i = key; !is_id && i < key + n; i++) {
+                    if (r->s[i] == '\\') {
+                        r->id->kind = EPD_JSON_ID_ESCAPED;
+                        r->id = NULL;
+                        break;
+                    }
+                }
+            }
             json_ws(r);
             if (r->at >= r->len || r->s[r->at] != ':') return json_fail(r, "':' expected");
             r->at++;
         }
-        if ((status = json_value(r, depth + 1)) != EPD_OK) return status;
+        if (is_id) {
+            json_ws(r);
+            size_t start = r->at;
+            if ((status = json_value(r, depth + 1)) != EPD_OK) return status;
+            *r->id = (epd_json_id_span_t){.kind = EPD_JSON_ID_FOUND, .start = start,
+                                          .len = r->at - start};
+            r->id = NULL;
+        } else if ((status = json_value(r, depth + 1)) != EPD_OK) {
+            return status;
+        }
         json_ws(r);
         if (r->at >= r->len) return json_fail(r, "an unterminated container");
         if (r->s[r->at] == close) {
@@ -191,7 +215,15 @@ static epd_status_t json_value(json_reader_t *r, unsigned depth)
 
 epd_status_t epd_json_strict_check(const char *text, size_t len, char err[EPD_ERR_LEN])
 {
-    json_reader_t r = {.s = (const unsigned char *)text, .len = len, .at = 0, .err = err};
+    return epd_json_strict_check_id(text, len, NULL, err);
+}
+
+epd_status_t epd_json_strict_check_id(const char *text, size_t len, epd_json_id_span_t *id_p,
+                                      char err[EPD_ERR_LEN])
+{
+    json_reader_t r = {.s = (const unsigned char *)text, .len = len, .at = 0, .err = err,
+                       .id = id_p};
+    if (id_p != NULL) *id_p = (epd_json_id_span_t){.kind = EPD_JSON_ID_NONE};
     epd_status_t status = json_value(&r, 0);
 
     if (status != EPD_OK) return status;

@@ -18,4 +18,19 @@
  * EPD_ERR_BAD_JSON with err saying what is wrong and at which byte offset. */
 epd_status_t epd_json_strict_check(const char *text, size_t len, char err[EPD_ERR_LEN]);
 
+/* Where the value of the first member of a top-level object whose key is exactly "id" is
+ * (bytes [start, start + len) of the text), found in the same pass. */
+typedef struct epd_json_id_span {
+    enum {
+        EPD_JSON_ID_NONE = 0, /* no such member (or the text is not an object) */
+        EPD_JSON_ID_FOUND,    /* start, len */
+        EPD_JSON_ID_ESCAPED,  /* a top-level key before it has escapes: look again by decoding */
+    } kind;
+    size_t start, len;
+} epd_json_id_span_t;
+
+/* epd_json_strict_check, also filling *id_p (when the text passes). */
+epd_status_t epd_json_strict_check_id(const char *text, size_t len, epd_json_id_span_t *id_p,
+                                      char err[EPD_ERR_LEN]);
+
 #endif

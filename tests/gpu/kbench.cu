@@ -6,15 +6,19 @@
  *   graph  20 calls captured in one CUDA graph, the graph timed the same way, divided by 20: no
  *          per-call event cost, so microsecond kernels are timed as they run back to back
  * Every measured line is printed twice: in a table for people, and as one `R` line for scripts
- * (tests/gpu/quant_gpu.sh): R section kernel layout mode geometry time_us copyk_us memcpy_us.
+ * (tests/gpu/quant_gpu.sh): R section kernel layout mode geometry time_us copyk_us memcpy_us
+ * rows (rows: the live rows of a requant layout, M of a quantize shape).
  *   kbench [--runs N] [--mode event|graph|both] [--parts quant,requant,long,host]
- *          [--quant-geom K:T:V:R,...] [--requant-geom T:V:R:B,...] [--sweep]
+ *          [--quant-geom K:T:V:R,...] [--requant-geom T:V:R:B[:S[:F]],...] [--sweep]
+ * The requant layouts time the pick and every --requant-geom with S given and with the step
+ * scale of the count exchange, and the pick also with the step scale reduced on the device.
  * --quant-geom adds launch geometries for the quantize kernels (K = group or token, T threads,
  * V vec, R rows: see epd_quant_launch_t), --requant-geom for the layout-aware requant (T threads,
- * V vectors a pass, R rows a tile, B blocks an SM at most, 0 = as many as fit); the picked
- * geometry is always measured. --sweep adds a built-in list of both. Parts: quant (decode sizes
- * and M=4096), requant (the decode layouts), long (the long requant layouts), host (submission
- * cost and where cudaMemcpy runs). */
+ * V vectors a pass, R rows a tile, B blocks an SM at most, 0 = as many as fit, S parts a tile, F
+ * variant bits: tests/gpu/quant_sweep.h); the picked geometry is always measured. --sweep adds a
+ * built-in list of both (the requant's is EPD_REQUANT_SWEEP, which test_quant checks). Parts:
+ * quant (decode sizes and M=4096), requant (the decode layouts), long (the long requant layouts),
+ * host (submission cost and where cudaMemcpy runs). */
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -28,6 +32,7 @@
 
 #include "gpu/quant.h"
 #include "tests/gpu/cuda_check.cuh"
+#include "tests/gpu/quant_sweep.h"
 
 static int runs = 30;
 static bool mode_event = true, mode_graph = true;
@@ -148,12 +153,6 @@ static void baselines(size_t bytes, bool graph, double *copyk_p, double *memcpy_
 
 static const char *mode_name(bool graph) { return graph ? "graph" : "event"; }
 
-static std::string geom_str(const epd_quant_launch_t &l)
-{
-    char b[64];
-    snprintf(b, sizeof b, "%u:%u:%u:%u", l.threads, l.vec, l.rows, l.blocks);
-    return b;
-}
 
 static void header(void)
 {
@@ -163,41 +162,14 @@ static void header(void)
 
 /* One measurement: a table line and an R line. */
 static void row(const char *section, const char *kernel, const char *layout, bool graph,
-                const std::string &geom, double ms, double copyk, double mc)
+                const std::string &geom, double ms, double copyk, double mc, uint64_t rows)
 {
     double us = ms * 1e3, cu = copyk * 1e3, mu = mc * 1e3;
     printf("%-8s %-20s %-22s %-5s %-13s %9.2f %9.2f %7.2f %7.3f %7.3f\n", section, kernel, layout,
            mode_name(graph), geom.c_str(), us, cu, us - cu, cu / us, mu / us);
-    printf("R %s %s %s %s %s %.3f %.3f %.3f\n", section, kernel, layout, mode_name(graph),
-           geom.c_str(), us, cu, mu);
+    printf("R %s %s %s %s %s %.3f %.3f %.3f %llu\n", section, kernel, layout, mode_name(graph),
+           geom.c_str(), us, cu, mu, (unsigned long long)rows);
     fflush(stdout);
-}
-
-/* "a:b:c[:d],..." into launch parameters (kind prefix for quant: group or token). */
-static bool parse_geoms(const char *s, bool with_kind, std::vector<std::pair<int, epd_quant_launch_t>> *out)
-{
-    std::string all(s);
-    size_t pos = 0;
-    while (pos <= all.size()) {
-        size_t end = all.find(',', pos);
-        if (end == std::string::npos) end = all.size();
-        std::string item = all.substr(pos, end - pos);
-        pos = end + 1;
-        if (item.empty()) continue;
-        int kind = 0;
-        if (with_kind) {
-            if (item.rfind("group:", 0) == 0) kind = 0;
-            else if (item.rfind("token:", 0) == 0) kind = 1;
-            else return false;
-            item = item.substr(6);
-        }
-        unsigned v[4] = {0, 0, 0, 0};
-        int n = sscanf(item.c_str(), "%u:%u:%u:%u", &v[0], &v[1], &v[2], &v[3]);
-        if (n < 3) return false;
-        epd_quant_launch_t l = {v[0], v[1], v[2], v[3]};
-        out->push_back({kind, l});
-    }
-    return true;
 }
 
 struct layout_t {
@@ -229,25 +201,22 @@ int main(int argc, char **argv)
             p_long = p.find(",long,") != std::string::npos;
             p_host = p.find(",host,") != std::string::npos;
         } else if (!strcmp(argv[i], "--quant-geom") && i + 1 < argc) {
-            if (!parse_geoms(argv[++i], true, &qgeoms)) goto usage;
+            if (!epd_parse_geoms(argv[++i], true, &qgeoms)) goto usage;
         } else if (!strcmp(argv[i], "--requant-geom") && i + 1 < argc) {
-            if (!parse_geoms(argv[++i], false, &rgeoms)) goto usage;
+            if (!epd_parse_geoms(argv[++i], false, &rgeoms)) goto usage;
         } else
             goto usage;
     }
     if (sweep) {
         /* group: 448 x 2, 896 x 1 and 224 x 4 are a row of H 7168 a block (M blocks, one wave
          * at decode sizes); token: 32 lanes a row is a row a warp */
-        parse_geoms("group:448:2:1,group:896:1:1,group:224:4:1,group:128:2:1,group:512:2:1,"
+        epd_parse_geoms("group:448:2:1,group:896:1:1,group:224:4:1,group:128:2:1,group:512:2:1,"
                     "group:256:2:2,group:128:2:2,group:256:4:1,group:128:4:1,group:256:1:1,"
                     "group:128:4:2,group:64:2:1,group:256:2:4,"
                     "token:32:32:1,token:64:32:2,token:128:32:4,token:64:16:1,token:128:16:2,"
                     "token:128:8:1,token:256:4:1,token:448:2:1,token:896:1:1",
                     true, &qgeoms);
-        parse_geoms("224:2:1:4,224:2:1:8,224:2:1:0,224:2:2:4,224:2:4:4,224:2:8:4,448:1:1:4,"
-                    "448:1:2:4,128:4:1:0,96:4:1:0,224:1:2:0,224:4:2:4,224:4:4:4,224:4:8:4,"
-                    "448:2:2:4,224:4:2:8,448:4:4:4,224:2:16:4",
-                    false, &rgeoms);
+        epd_parse_geoms(EPD_REQUANT_SWEEP, false, &rgeoms);
     }
     {
         int n_dev = 0;
@@ -311,7 +280,7 @@ int main(int argc, char **argv)
                         for (size_t i = 0; i < ls.size(); i++) {
                             epd_quant_launch_t l = ls[i];
                             double t = time_ms([&] { check(epd_quant_cuda(x, M, H, 0, k, fm, q, 0, s, 0, &l, stream, err), err); }, graph);
-                            row("quant", name, shape, graph, (i == 0 ? "pick=" : "") + geom_str(l), t, ck, mc);
+                            row("quant", name, shape, graph, (i == 0 ? "pick=" : "") + epd_geom_str(l), t, ck, mc, M);
                         }
                     }
                 }
@@ -362,26 +331,42 @@ int main(int argc, char **argv)
                     double t = time_ms([&] {
                         check(epd_requant_cuda(q, s, counts, lay.E, lay.cap, H, k, 0.01f, q2, big_s, &l, stream, err), err);
                     }, graph);
-                    row(section, "old_static_group", lname, graph, "pick=" + geom_str(l), t, ck, mc);
+                    row(section, "old_static_group", lname, graph, "pick=" + epd_geom_str(l), t, ck, mc, live_rows);
                     t = time_ms([&] {
                         check(epd_requant_cuda(q, s, counts, lay.E, lay.cap, H, k, 0.0f, q2, big_s, &l, stream, err), err);
                     }, graph);
-                    row(section, "old_stepdev_group", lname, graph, "pick=" + geom_str(l), t, ck, mc);
+                    row(section, "old_stepdev_group", lname, graph, "pick=" + epd_geom_str(l), t, ck, mc, live_rows);
                 }
-                std::vector<epd_quant_launch_t> ls = {epd_quant_launch_pick(EPD_QK_REQUANT_LIVE, H, (uint32_t)live_rows, sms)};
-                if (kind == 0)
-                    for (auto &g : rgeoms)
-                        if (epd_quant_launch_check(EPD_QK_REQUANT_LIVE, H, &g.second, err) == EPD_OK)
-                            ls.push_back(g.second);
+                /* the pick, then the sweep's geometries (S given and the exchange's step scale;
+                 * the device reduction, for callers without the exchange, with the pick only) */
+                std::vector<epd_quant_launch_t> ls = {
+                    epd_quant_launch_pick(EPD_QK_REQUANT_LIVE, H, (uint32_t)live_rows, sms)};
+                for (auto &g : rgeoms)
+                    if (epd_quant_launch_check(EPD_QK_REQUANT_LIVE, H, &g.second, err) == EPD_OK)
+                        ls.push_back(g.second);
                 for (size_t i = 0; i < ls.size(); i++) {
                     epd_quant_launch_t l = ls[i];
-                    std::string gs = (i == 0 ? "pick=" : "") + geom_str(l);
+                    std::string gs = (i == 0 ? "pick=" : "") + epd_geom_str(l);
+                    /* a geometry the device refuses (registers) is reported and left out, so
+                     * that one does not end the sweep */
+                    {
+                        const epd_status_t st = epd_requant_given_cuda(
+                            q, s, c.data(), lay.E, lay.cap, H, k, 0.01f, q2, &l, stream, err);
+                        const cudaError_t rc = st == EPD_OK ? cudaStreamSynchronize(stream)
+                                                            : cudaSuccess;
+                        if (st != EPD_OK || rc != cudaSuccess) {
+                            printf("kbench: %s %s %s left out: %s\n", lname, kn, gs.c_str(),
+                                   st != EPD_OK ? err : cudaGetErrorString(rc));
+                            (void)cudaGetLastError();
+                            continue;
+                        }
+                    }
                     /* S given: a static scale */
                     kname = std::string("given_") + kn;
                     double t = time_ms([&] {
                         check(epd_requant_given_cuda(q, s, c.data(), lay.E, lay.cap, H, k, 0.01f, q2, &l, stream, err), err);
                     }, graph);
-                    row(section, kname.c_str(), lname, graph, gs, t, ck, mc);
+                    row(section, kname.c_str(), lname, graph, gs, t, ck, mc, live_rows);
                     /* the step scale from the count exchange: S = max of 8 senders' maxima on
                      * the host (what epd_step_scale does), then the same launch */
                     kname = std::string("stepexch_") + kn;
@@ -391,13 +376,14 @@ int main(int argc, char **argv)
                         for (float v : senders) big = v > big ? v : big;
                         check(epd_requant_given_cuda(q, s, c.data(), lay.E, lay.cap, H, k, big, q2, &l, stream, err), err);
                     }, graph);
-                    row(section, kname.c_str(), lname, graph, gs, t, ck, mc);
+                    row(section, kname.c_str(), lname, graph, gs, t, ck, mc, live_rows);
+                    if (i > 0) continue;
                     /* the step scale reduced on the device (no count exchange) */
                     kname = std::string("stepdev_") + kn;
                     t = time_ms([&] {
                         check(epd_requant_step_cuda(q, s, c.data(), lay.E, lay.cap, H, k, q2, big_s, &l, stream, err), err);
                     }, graph);
-                    row(section, kname.c_str(), lname, graph, gs, t, ck, mc);
+                    row(section, kname.c_str(), lname, graph, gs, t, ck, mc, live_rows);
                 }
             }
         }
@@ -482,6 +468,6 @@ int main(int argc, char **argv)
 usage:
     fprintf(stderr, "usage: kbench [--runs N (>= 20)] [--mode event|graph|both] "
                     "[--parts quant,requant,long,host] [--quant-geom group|token:T:V:R,...] "
-                    "[--requant-geom T:V:R:B,...] [--sweep]\n");
+                    "[--requant-geom T:V:R:B[:S[:F]],...] [--sweep]\n");
     return 2;
 }

@@ -18,6 +18,7 @@
 #include "gpu/quant.h"
 #include "gpu/quant_dev.cuh"
 #include "tests/gpu/cuda_check.cuh"
+#include "tests/gpu/quant_sweep.h"
 
 static int n_pass, n_fail;
 static uint32_t sm_count; /* of device 0, for the launch picker */
@@ -410,10 +411,9 @@ static void case_requant_live(uint32_t E, uint32_t cap, uint32_t hidden, epd_sca
     epd_quant_launch_t used = l ? *l : epd_quant_launch_pick(EPD_QK_REQUANT_LIVE, hidden,
                                                              (uint32_t)live_rows, sm_count);
     static const char *const mode_names[] = {"given-step", "given-small", "given-large", "step-device"};
-    report(ok, "requant_live %-9s E=%-3u cap=%-4u H=%-5u live=%-6llu S=%s%s (%s %u:%u:%u:%u) %s",
+    report(ok, "requant_live %-9s E=%-3u cap=%-4u H=%-5u live=%-6llu S=%s%s (%s %s) %s",
            kind_name(kind), E, cap, hidden, (unsigned long long)live_rows, mode_names[s_mode],
-           in_place ? " in-place" : "", l ? "given" : "picked", used.threads, used.vec, used.rows,
-           used.blocks, msg);
+           in_place ? " in-place" : "", l ? "given" : "picked", epd_geom_str(used).c_str(), msg);
     free(q);
     free(ref);
     free(got);
@@ -431,7 +431,8 @@ static void case_requant_live_args(void)
     CUDA_OK(cudaMalloc(&dq, 4096));
     CUDA_OK(cudaMalloc(&ds, 4096));
     int32_t one[2] = {1, 0}, none[2] = {0, 0}, bad[2] = {3, 0};
-    epd_quant_launch_t badl = {224, 3, 1, 0};
+    epd_quant_launch_t badl = {224, 3, 1, 0}, badf = {224, 2, 1, 0, 0, 16},
+                       bads = {224, 2, 1, 0, EPD_REQUANT_MAX_PARTS + 1, 0};
     bool ok = epd_requant_given_cuda(dq, ds, one, 2, 2, 128, EPD_SCALE_GROUP128, 0.0f, dq, NULL,
                                      NULL, err) == EPD_ERR_INVALID_ARG &&
               epd_requant_given_cuda(dq, ds, none, 2, 2, 128, EPD_SCALE_GROUP128, 0.0f, dq, NULL,
@@ -449,6 +450,10 @@ static void case_requant_live_args(void)
               epd_requant_given_cuda(dq, ds, one, 2, 2, 100, EPD_SCALE_GROUP128, 1.0f, dq, NULL,
                                      NULL, err) == EPD_ERR_INVALID_ARG &&
               epd_requant_given_cuda(dq, ds, one, 2, 2, 128, EPD_SCALE_GROUP128, 1.0f, dq, &badl,
+                                     NULL, err) == EPD_ERR_INVALID_ARG &&
+              epd_requant_given_cuda(dq, ds, one, 2, 2, 128, EPD_SCALE_GROUP128, 1.0f, dq, &badf,
+                                     NULL, err) == EPD_ERR_INVALID_ARG &&
+              epd_requant_given_cuda(dq, ds, one, 2, 2, 128, EPD_SCALE_GROUP128, 1.0f, dq, &bads,
                                      NULL, err) == EPD_ERR_INVALID_ARG &&
               epd_requant_step_cuda(dq, ds, one, 2, 2, 128, EPD_SCALE_GROUP128, dq, NULL, NULL,
                                     NULL, err) == EPD_ERR_INVALID_ARG;
@@ -469,7 +474,7 @@ static void case_requant_live_args(void)
     CUDA_OK(cudaMemcpy(&got, ds, 4, cudaMemcpyDeviceToHost));
     ok = ok && got == 0.0f;
     report(ok, "layout-aware requant rejects S <= 0 with live rows, non-finite S, bad counts, "
-               "alignment, NULL counts, bad H and launch, a layout too large for a tile word; S = 0 "
+               "alignment, NULL counts, bad H, launch, variant bits and parts, a layout too large for a tile word; S = 0 "
                "with no live row (last: %s)", err);
     CUDA_OK(cudaFree(dq));
     CUDA_OK(cudaFree(ds));
@@ -746,21 +751,40 @@ int main(void)
                                       (mode + 3) % 4, false, NULL);
             }
         }
-        /* kbench's --sweep geometries on a random decode layout and on a long one (rows a tile
-         * doubled when 1-row tiles would be more than a launch holds: E=256 x 32 rows) */
-        const epd_quant_launch_t geoms[] = {{224, 2, 1, 4}, {224, 2, 1, 8}, {224, 2, 1, 0},
-                                            {224, 2, 2, 4}, {224, 2, 4, 4}, {224, 2, 8, 4},
-                                            {448, 1, 1, 4}, {448, 1, 2, 4}, {128, 4, 1, 0},
-                                            {96, 4, 1, 0},  {224, 1, 2, 0}, {224, 4, 2, 4},
-                                            {224, 4, 4, 4}, {224, 4, 8, 4}, {448, 2, 2, 4},
-                                            {224, 4, 2, 8}, {448, 4, 4, 4}, {224, 2, 16, 4},
-                                            {32, 1, 3, 1},  {1024, 4, 1, 2}};
+        /* every geometry kbench --sweep times (tests/gpu/quant_sweep.h), each on a random layout
+         * at H 7168 and at H 896, S modes, kinds and in place in turn; then the edges of the
+         * part kernel: parts that are not whole passes, more parts asked than rows, idle lanes,
+         * one warp a block, the read-only loads asked for in place (the launcher drops them). */
+        std::vector<std::pair<int, epd_quant_launch_t>> sweep;
+        if (!epd_parse_geoms(EPD_REQUANT_SWEEP, false, &sweep))
+            report(false, "EPD_REQUANT_SWEEP parses");
+        const epd_quant_launch_t edges[] = {{32, 1, 3, 1},         {1024, 4, 1, 2},
+                                            {224, 2, 1, 8},        {128, 4, 1, 0},
+                                            {96, 4, 5, 0, 2, 15},  {224, 2, 3, 4, 7, 9},
+                                            {1024, 1, 64, 1, 32, 1}, {32, 4, 16, 2, 3, 9},
+                                            {448, 1, 8, 4, 8, 2},  {224, 4, 32, 4, 16, 6}};
+        for (const epd_quant_launch_t &l : edges) sweep.push_back({0, l});
         int g = 0;
-        for (const epd_quant_launch_t &l : geoms) {
-            case_requant_live(64, 40, 7168, (epd_scale_kind_t)(g % 2), -20, g % 4, g % 5 == 1, &l);
-            case_requant_live(9, 33, 896, (epd_scale_kind_t)((g + 1) % 2), -33, (g + 2) % 4, false, &l);
+        for (const auto &item : sweep) {
+            const epd_quant_launch_t &l = item.second;
+            case_requant_live(16, 40, 7168, (epd_scale_kind_t)(g % 2), -20, g % 4,
+                              g % 5 == 1 || (l.flags & EPD_QL_NC) != 0, &l);
+            case_requant_live(9, 33, 896, (epd_scale_kind_t)((g + 1) % 2), -33, (g + 2) % 4,
+                              g % 3 == 2, &l);
             g++;
         }
+        /* the part kernel on kbench's uniform layouts, and with tiles made longer to fit the
+         * table (4096 experts x 2 rows) */
+        const epd_quant_launch_t parts[] = {{224, 4, 32, 4, 16, 9}, {224, 2, 32, 4, 16, 15},
+                                            {448, 1, 8, 4, 8, 8}};
+        for (int k = 0; k < 3; k++) {
+            case_requant_live(64, 128, 7168, (epd_scale_kind_t)(k % 2), 32, k, false, &parts[k]);
+            case_requant_live(256, 128, 7168, EPD_SCALE_GROUP128, 8, (k + 1) % 4, k == 1,
+                              &parts[k]);
+        }
+        const epd_quant_launch_t doubled = {128, 1, 1, 0, 0, 9};
+        case_requant_live(4096, 2, 256, EPD_SCALE_GROUP128, -2, 3, false, &doubled);
+        case_requant_live(4096, 2, 256, EPD_SCALE_PER_TOKEN, -2, 0, true, &doubled);
         epd_quant_launch_t one = {224, 2, 1, 4};
         case_requant_live(256, 128, 7168, EPD_SCALE_GROUP128, 32, 3, false, &one);
         case_requant_live(300, 5, 128, EPD_SCALE_PER_TOKEN, -5, 0, false, NULL);

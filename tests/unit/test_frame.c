@@ -557,6 +557,58 @@ static void test_frame__keep_text__gives_checked_meta_text_for_those_types_only(
     }
 }
 
+/* The top-level "id" is found by the strict checker's own pass (the first member whose key is
+ * "id"; a key with escapes before it makes the decoder decode them), the same for metas kept as
+ * text and for those given as a tree: raw UTF-8 and escapes elsewhere, nested "id"s, keys that
+ * only start with "id", and values that are not ids. */
+static void test_frame__top_level_id__found_in_the_checkers_pass(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *meta;
+        epd_frame_id_kind_t kind;
+        uint64_t id;
+    } cases[] = {
+        {"{\"id\":5}", EPD_FRAME_ID_VALID, 5},
+        {"{\"s\":\"\\u00e9\xc3\xa9\",\"id\":5}", EPD_FRAME_ID_VALID, 5},
+        {"{\"\xc3\xa9\":1, \"id\" : 7 }", EPD_FRAME_ID_VALID, 7},
+        {"{\"x\":[{\"id\":1}],\"id\":null}", EPD_FRAME_ID_NULL, 0},
+        {"{\"x\":{\"id\":1}}", EPD_FRAME_ID_ABSENT, 0},
+        {"{\"i\\u0064\":3}", EPD_FRAME_ID_VALID, 3},
+        {"{\"a\\\\\":1,\"id\":4}", EPD_FRAME_ID_VALID, 4},
+        {"{\"\\u0069d\":\"3\"}", EPD_FRAME_ID_INVALID, 0},
+        {"{\"ids\":1,\"idx\":2,\"id\":18446744073709551615}", EPD_FRAME_ID_VALID,
+         UINT64_MAX},
+        {"{\"idx\":1}", EPD_FRAME_ID_ABSENT, 0},
+        {"{\"id\":-1}", EPD_FRAME_ID_INVALID, 0},
+        {"{\"id\":1.5}", EPD_FRAME_ID_INVALID, 0},
+        {"{\"id\":18446744073709551616}", EPD_FRAME_ID_INVALID, 0},
+        {"{\"id\":2,\"id\":3}", EPD_FRAME_ID_VALID, 2},
+    };
+    for (size_t i = 0; i < EPD_ARRAY_SIZE(cases); i++) {
+        for (int kept = 0; kept < 2; kept++) {
+            epd_frame_t frame = {0};
+            char err[EPD_ERR_LEN] = "";
+            bytes_t b = simple_frame(kept ? EPD_FRAME_EXPERTS : EPD_FRAME_REPLY, cases[i].meta);
+            epd_status_t status = kept ? decode_keeping_text(b, &frame, err)
+                                       : decode_bytes(b, &frame, err);
+            if (status != EPD_OK) fail_msg("case %zu: %s", i, err);
+            if (frame.id_kind != cases[i].kind || (cases[i].kind == EPD_FRAME_ID_VALID &&
+                                                   frame.id != cases[i].id))
+                fail_msg("case %zu (%s): id kind %d id %llu", i, kept ? "text" : "tree",
+                         (int)frame.id_kind, (unsigned long long)frame.id);
+            epd_frame_free(&frame);
+        }
+    }
+    /* the UTF-8 check's error offset after its eight-byte ASCII steps */
+    static const char bad[] = "{\"op\":\"abcdefghijklmnopq\xff\"}";
+    epd_frame_t frame = {0};
+    char err[EPD_ERR_LEN] = "";
+    assert_int_equal(decode_bytes(raw_frame(NULL, 1, EPD_FRAME_CONTROL, 0, bad, sizeof bad - 1,
+                                            NULL, 0), &frame, err), EPD_ERR_BAD_JSON);
+    assert_non_null(strstr(err, "byte 0xff at offset 24"));
+}
+
 static void test_frame__meta_not_strict_json__is_bad_json(void **state)
 {
     (void)state;
@@ -1749,6 +1801,7 @@ int main(void)
         cmocka_unit_test(test_frame__bad_meta_json__is_bad_json),
         cmocka_unit_test(test_frame__meta_not_strict_json__is_bad_json),
         cmocka_unit_test(test_frame__keep_text__gives_checked_meta_text_for_those_types_only),
+        cmocka_unit_test(test_frame__top_level_id__found_in_the_checkers_pass),
         cmocka_unit_test(test_frame__truncated_stream__is_reported),
         cmocka_unit_test(test_frame__submit_id__missing_or_invalid_is_bad_json),
         cmocka_unit_test(test_frame__submit_tensors__missing_is_bad_json),

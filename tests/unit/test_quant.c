@@ -539,23 +539,17 @@ static void test_quant__requant_tiles__one_expert_each_and_doubled_when_too_many
     assert_int_equal(live, 0);
 }
 
-/* The layout-aware requant's pick at H 7168 (kbench's best per class of live rows): a row a
- * pass of one vector a thread up to 128 rows, a pass of four (two rows) a tile up to 2048, then
- * 8-row tiles of two vectors a thread. */
+/* The layout-aware requant's pick (gpu/quant_host.c's requant_live_picks, set from a kbench
+ * --sweep): at H 7168 every class of live rows gets passes of whole rows (no lane idle in a
+ * row's last pass); every pick at every hidden size is a valid launch. */
 static void test_quant__launch_pick__requant_live_by_live_rows(void **state)
 {
     (void)state;
-    epd_quant_launch_t few = epd_quant_launch_pick(EPD_QK_REQUANT_LIVE, 7168, 128, 132);
-    epd_quant_launch_t decode = epd_quant_launch_pick(EPD_QK_REQUANT_LIVE, 7168, 2048, 132);
-    epd_quant_launch_t big = epd_quant_launch_pick(EPD_QK_REQUANT_LIVE, 7168, 32768, 132);
-    assert_int_equal(few.threads * few.vec, 448); /* a 7168-byte row: one pass */
-    assert_int_equal(few.vec, 1);
-    assert_int_equal(few.rows, 1);
-    assert_int_equal(decode.vec, 4);
-    assert_int_equal(decode.threads * decode.vec, 2 * 448); /* two rows a pass */
-    assert_int_equal(decode.rows, 2);
-    assert_int_equal(big.vec, 2);
-    assert_int_equal(big.rows, 8);
+    const uint32_t classes[] = {1, 16, 128, 129, 512, 2048, 2049, 4096, 8192, 32768, 0xffffffffu};
+    for (size_t k = 0; k < sizeof classes / sizeof classes[0]; k++) {
+        epd_quant_launch_t l = epd_quant_launch_pick(EPD_QK_REQUANT_LIVE, 7168, classes[k], 132);
+        assert_int_equal(l.threads * l.vec % 448, 0); /* a 7168-byte row is 448 vectors */
+    }
     char err[EPD_ERR_LEN] = "";
     const uint32_t hs[] = {128, 256, 896, 2048, 4096, 5120, 7168};
     const uint32_t rows[] = {1, 128, 129, 2048, 2049, 32768};
@@ -692,6 +686,21 @@ static void test_quant__launch_check__bad_parameters_rejected(void **state)
     assert_non_null(strstr(err, "blocks per SM"));
     l = (epd_quant_launch_t){.threads = 256, .vec = 4, .rows = 4};
     assert_int_equal(epd_quant_launch_check(EPD_QK_MAX, 7168, &l, err), EPD_ERR_INVALID_ARG);
+    /* parts and variant bits: requant_live only, within their ranges */
+    l = (epd_quant_launch_t){.threads = 224, .vec = 4, .rows = 32, .blocks = 4, .split = 16,
+                             .flags = EPD_QL_ALL};
+    assert_int_equal(epd_quant_launch_check(EPD_QK_REQUANT_LIVE, 7168, &l, err), EPD_OK);
+    l.flags = EPD_QL_ALL + 1;
+    assert_int_equal(epd_quant_launch_check(EPD_QK_REQUANT_LIVE, 7168, &l, err), EPD_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "flags"));
+    l.flags = 0;
+    l.split = EPD_REQUANT_MAX_PARTS + 1;
+    assert_int_equal(epd_quant_launch_check(EPD_QK_REQUANT_LIVE, 7168, &l, err), EPD_ERR_INVALID_ARG);
+    l = (epd_quant_launch_t){.threads = 224, .vec = 2, .rows = 4, .blocks = 4, .flags = EPD_QL_PIPE};
+    assert_int_equal(epd_quant_launch_check(EPD_QK_REQUANT, 7168, &l, err), EPD_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "requant_live only"));
+    l = (epd_quant_launch_t){.threads = 256, .vec = 2, .rows = 1, .split = 2};
+    assert_int_equal(epd_quant_launch_check(EPD_QK_QUANT_GROUP, 7168, &l, err), EPD_ERR_INVALID_ARG);
 }
 
 int main(void)
