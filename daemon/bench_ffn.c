@@ -77,12 +77,15 @@ static ffn_sweep_t sweeps[] = {
     {.name = "strided,cost=64", .tuning = {.streams = 4, .strided = true, .run_cost = 64}},
     {.name = "strided,one", .tuning = {.streams = 1, .strided = true, .run_cost = UINT32_MAX}},
     {.name = "grouped", .tuning = {.streams = 1, .grouped = true}, .bf16_only = true},
-    /* the GEMM kernel of our own (gpu/ffn_gemm.h), alone, and up to a mean of 32 or 64 rows per
-     * expert with the default's strided batches above */
+    /* the GEMM kernel of our own (gpu/ffn_gemm.h), alone (split-K where its grid is short),
+     * without split-K and with 2 or 4 K ranges always, with L2 prefetches of runs of 4 or 8
+     * stages of each weight row (beyond its cp.async pipeline), and up to a mean of 32 or 64 rows
+     * per expert with the default's strided batches above */
     {.name = "kernel", .tuning = {.streams = 1, .kernel = true}},
-    /* its weights' L2 prefetch (gpu/ffn_gemm.h): none, and further ahead than the default */
-    {.name = "kernel,prefetch=none",
-     .tuning = {.streams = 1, .kernel = true, .kernel_prefetch = EPD_FFN_NO_PREFETCH}},
+    {.name = "kernel,split=1", .tuning = {.streams = 1, .kernel = true, .kernel_split = 1}},
+    {.name = "kernel,split=2", .tuning = {.streams = 1, .kernel = true, .kernel_split = 2}},
+    {.name = "kernel,split=4", .tuning = {.streams = 1, .kernel = true, .kernel_split = 4}},
+    {.name = "kernel,prefetch=4", .tuning = {.streams = 1, .kernel = true, .kernel_prefetch = 4}},
     {.name = "kernel,prefetch=8", .tuning = {.streams = 1, .kernel = true, .kernel_prefetch = 8}},
     {.name = "kernel,upto=32,strided",
      .tuning = {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
@@ -90,6 +93,10 @@ static ffn_sweep_t sweeps[] = {
     {.name = "kernel,upto=64,strided",
      .tuning = {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
                 .kernel_max_rows = 64}},
+    /* FP8 block weights have no strided batches: the kernel up to 64 rows, then the streams */
+    {.name = "kernel,upto=64,streams=4",
+     .tuning = {.streams = 4, .kernel = true, .kernel_max_rows = 64},
+     .fp8_only = true},
 };
 #else
 static ffn_sweep_t sweeps[] = {{.name = "default"}};

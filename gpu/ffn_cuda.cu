@@ -15,7 +15,8 @@
  *           projection (strided: BF16, and FP8 where cuBLASLt's batched block scales check out);
  *           or each projection as one launch of our own GEMM kernel over every expert with rows
  *           (kernel: gpu/ffn_gemm.cu, BF16 and FP8 block weights; its grid from the row counts
- *           on the host, one row tile list per call);
+ *           on the host, one row tile list per call; split-K for short grids in the first
+ *           stream's cuBLASLt workspace, added in order by a second launch);
  *   combine the weighted sum over ascending k (section 2 step 6, multiply then add) into the
  *           partials: BF16, or FP8 group128 with fp32 scales (combine.dtype fp8, the bytes of
  *           epd_partial_store_host, gpu/partial_dev.cuh).
@@ -1069,6 +1070,19 @@ static epd_status_t probe_strided(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
     return status;
 }
 
+/* kernel: the tuning's prefetch and split-K into a, for total padded rows (the split's
+ * workspace: the first stream's cuBLASLt workspace, used in stream order) */
+static void kernel_args_tuning(const epd_ffn_cuda_t *f, uint32_t total, epd_ffn_gemm_args_t *a)
+{
+    a->prefetch = f->tuning.kernel_prefetch == 0                   ? EPD_FFN_GEMM_PREFETCH
+                  : f->tuning.kernel_prefetch == EPD_FFN_NO_PREFETCH ? 0
+                                                                    : f->tuning.kernel_prefetch;
+    a->split_k = f->tuning.kernel_split;
+    a->total_rows = total;
+    a->split_ws = f->workspace[0];
+    a->split_ws_bytes = WORKSPACE_BYTES;
+}
+
 /* kernel: the GEMM kernel of our own against cuBLASLt's single GEMMs, once when the tuning is
  * set: each projection over the first (up to) 3 experts of layer 0 with 1, 9 and 70 rows (one n8
  * tile; two; two row tiles) of random activations (FP8: random e4m3 and scales), on f->stream,
@@ -1148,7 +1162,7 @@ static epd_status_t probe_kernel(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
             a.tile_base = meta_dev + 7;
             a.n_tiles = tile_base[n_exp];
             a.d = d1;
-            a.prefetch = EPD_FFN_GEMM_PREFETCH;
+            kernel_args_tuning(f, total, &a);
             status = epd_ffn_gemm_launch(&a, f->stream, err);
         }
         for (uint32_t e = 0; e < n_exp && status == EPD_OK; e++) {
@@ -1297,10 +1311,13 @@ extern "C" void epd_ffn_cuda_default_tuning(epd_ffn_cuda_tuning_t *t)
     t->grouped = false;
     /* the GEMM kernel of our own (gpu/ffn_gemm.cu): off until tests/gpu/ffn_gpu.sh has shown it
      * correct and faster on the GPU; then kernel = true, with kernel_max_rows the largest rows
-     * per expert where it beats strided (0: every call) */
+     * per expert where it beats strided (0: every call) and kernel_fp8_max_rows where it beats
+     * the streams with FP8 block weights (UINT32_MAX: every call) */
     t->kernel = false;
     t->kernel_max_rows = 0;
+    t->kernel_fp8_max_rows = 0;
     t->kernel_prefetch = 0;
+    t->kernel_split = 0;
 }
 
 extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn_cuda_tuning_t *t,
@@ -1918,17 +1935,21 @@ static epd_status_t run_grouped(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_
 }
 
 /* kernel: whether the call with these rows per expert goes to the GEMM kernel (the tuning's
- * kernel_max_rows against the mean rows of the experts with rows) */
+ * kernel_max_rows, or kernel_fp8_max_rows for FP8 block weights, against the mean rows of the
+ * experts with rows) */
 static bool use_kernel(const epd_ffn_cuda_t *f, const uint32_t *counts)
 {
     uint64_t rows = 0, used = 0;
+    uint32_t max_rows = f->tuning.kernel_max_rows;
     if (!f->tuning.kernel) return false;
-    if (f->tuning.kernel_max_rows == 0) return true;
+    if (f->format == EPD_FFN_FP8_BLOCK && f->tuning.kernel_fp8_max_rows != 0)
+        max_rows = f->tuning.kernel_fp8_max_rows == UINT32_MAX ? 0 : f->tuning.kernel_fp8_max_rows;
+    if (max_rows == 0) return true;
     for (uint32_t e = 0; e < f->n_local; e++) {
         rows += counts[e];
         used += counts[e] > 0;
     }
-    return used == 0 || rows <= (uint64_t)f->tuning.kernel_max_rows * used;
+    return used == 0 || rows <= (uint64_t)max_rows * used;
 }
 
 /* kernel: each projection one launch of the GEMM kernel over the experts' row tiles
@@ -1947,9 +1968,7 @@ static epd_status_t run_kernel(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_t
     a.counts = f->counts_dev;
     a.tile_base = f->tile_base_dev;
     a.n_tiles = n_tiles;
-    a.prefetch = f->tuning.kernel_prefetch == 0                   ? EPD_FFN_GEMM_PREFETCH
-                 : f->tuning.kernel_prefetch == EPD_FFN_NO_PREFETCH ? 0
-                                                                   : f->tuning.kernel_prefetch;
+    kernel_args_tuning(f, total, &a);
 
     proj_dims(f, PROJ_GATE_UP, &a.n, &a.k);
     a.out_bf16 = f->d_bf16[PROJ_GATE_UP];

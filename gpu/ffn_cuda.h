@@ -67,9 +67,17 @@ typedef struct epd_ffn_cuda_tuning {
                        * for the calls it takes (kernel_max_rows); the others serve the rest */
     uint32_t kernel_max_rows; /* kernel: only calls whose mean rows per expert with rows is at
                                * most this (0: every call) */
-    uint32_t kernel_prefetch; /* kernel: the weights' L2 prefetch distance in 128-byte stages of
-                               * K (0: EPD_FFN_GEMM_PREFETCH of gpu/ffn_gemm.h;
+    uint32_t kernel_fp8_max_rows; /* kernel, FP8 block weights: their own kernel_max_rows (0:
+                                   * kernel_max_rows; UINT32_MAX: every call) */
+    uint32_t kernel_prefetch; /* kernel: the weights' L2 prefetch run in 128-byte stages of K
+                               * (each row's next run that many stages beyond the kernel's
+                               * copies; 0: EPD_FFN_GEMM_PREFETCH of gpu/ffn_gemm.h;
                                * EPD_FFN_NO_PREFETCH: none) */
+    uint32_t kernel_split;    /* kernel: K ranges of a launch (0: the kernel picks by its grid's
+                               * waves, splitting short grids only; 1: none; n: at most n), their
+                               * sums added in order by a second launch (deterministic) in the
+                               * first stream's cuBLASLt workspace (fewer ranges where it is
+                               * short) */
 } epd_ffn_cuda_tuning_t;
 
 /* strided: an expert's GEMMs cost at least about as much as computing this many of its rows

@@ -1,46 +1,64 @@
 /* The ffn experts' GEMM kernel (gpu/ffn_gemm.h): one launch per projection over every local
  * expert with rows, for BF16 weights (mma.sync m16n8k16, fp32 accumulation) and FP8 block weights
- * (mma.sync m16n8k32 e4m3; each 128-wide K block summed in a fresh fp32 fragment, then folded in
- * as acc += part * w_scale[n block][k block] * x_scale[row][k block], DeepGEMM's promotion).
+ * (mma.sync m16n8k32 e4m3; each 64-wide half of a 128-wide K block summed in a fresh fp32
+ * fragment, then folded in as acc += part * w_scale[n block][k block] * x_scale[row][k block],
+ * DeepGEMM's promotion, twice a block).
  *
  * Decode sizes are weight-read bound, so the operands are swapped: the mma's M is the weights' N
- * (16 output features per mma), its N the expert's token rows (8 per mma). A CTA of 4 warps owns
+ * (16 output features per mma), its N the expert's token rows (8 per mma). A CTA of 8 warps owns
  * 128 output features (one FP8 scale block) of one expert and up to EPD_FFN_GEMM_ROW_TILE of its
- * rows; each warp 32 features (two m16 tiles) and all the tile's rows (up to 8 n8 tiles, only as
- * many as the rows need). The grid is (row tiles of the experts with rows, N / 128): experts
- * without rows cost nothing, and the row tiles of one expert (reading the same weights) are
- * adjacent CTAs.
+ * rows: warp w features (w % 4) * 32 .. + 32 (two m16 tiles) and rows (w / 4) * 32 .. + 32 (up
+ * to four n8 tiles, only as many as the rows need: at 32 rows or fewer the second four warps only
+ * help with the copies). The grid is (row tiles of the experts with rows, N / 128, K ranges):
+ * experts without rows cost nothing, and the row tiles of one expert (reading the same weights)
+ * are adjacent CTAs.
  *
- * K goes in stages of 128 bytes (64 BF16 or 128 e4m3 elements). Weights go from global memory
- * straight into registers (each weight byte is read by one lane; no reuse across warps), one
- * stage ahead, and an L2 prefetch a few stages ahead (args.prefetch) keeps more bytes in flight;
- * the
- * activations of a stage go through shared memory (read by the 4 warps) in a STAGES-deep
- * cp.async ring. A dot product's K order is free, so within a stage the k positions are
- * permuted the same way for both operands such that each lane loads 16 contiguous bytes: lane
- * (g = lane / 4, t = lane % 4) loads bytes [c * 64 + 16 t, + 16) of its rows for the stage's two
- * 64-byte chunks c, and uses words 0, 1 of each 16 bytes as the mma's k bytes [4t, 4t + 4) and
- * [16 + 4t, 16 + 4t + 4) of one k step, words 2, 3 as those of the next (the PTX ISA's A
- * fragment holds rows g and g + 8 at those k bytes, B's holds column g at the same ones; the
- * same for both element types in bytes). The activations' shared tile swaps the two chunks of
- * odd rows, so that the 8 lanes of each quarter warp hit 8 distinct 16-byte bank groups. */
+ * K goes in stages of 128 bytes (64 BF16 or 128 e4m3 elements). Both operands of a stage go
+ * through shared memory in an EPD_FFN_GEMM_STAGES-deep cp.async ring (the weights' 16 KB a stage,
+ * so three stages, 48 KB a CTA and two CTAs an SM, are in flight while one is computed: reading
+ * the weights at the memory's rate needs that many bytes in flight, not more threads); an
+ * optional L2 prefetch (args.prefetch) asks for longer runs of each weight row ahead. A dot
+ * product's K order is free, so within a stage the k positions are permuted the same way for
+ * both operands such that each lane reads 16 contiguous bytes: lane (g = lane / 4, t = lane % 4)
+ * reads bytes [c * 64 + 16 t, + 16) of its rows for the stage's two 64-byte chunks c, and uses
+ * words 0, 1 of each 16 bytes as the mma's k bytes [4t, 4t + 4) and [16 + 4t, 16 + 4t + 4) of one
+ * k step, words 2, 3 as those of the next (the PTX ISA's A fragment holds rows g and g + 8 at
+ * those k bytes, B's holds column g at the same ones; the same for both element types in bytes).
+ * The shared tiles swap the two halves of odd rows (epd_ffn_gemm_tile_off of
+ * gpu/ffn_gemm_layout.h), so that the 8 lanes of each quarter warp hit 8 distinct 16-byte bank
+ * groups, reading and writing.
+ *
+ * Split-K (a short grid: few experts with rows): each K range writes its fp32 sums to a
+ * workspace, and a second kernel adds the ranges in order into D: no atomics, the same bits run
+ * to run. */
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "gpu/ffn_gemm.h"
+#include "gpu/ffn_gemm_layout.h"
 #include "gpu/fp8.h"
 
-#define THREADS 128
-#define WARP_N 32                              /* output features per warp */
+#define THREADS (EPD_FFN_GEMM_WARPS * 32)
 #define MT 2                                   /* m16 tiles per warp */
-#define NT_MAX (EPD_FFN_GEMM_ROW_TILE / 8)     /* n8 tiles per CTA */
-#define STAGE_BYTES 128                        /* K bytes per stage */
-#define STAGES 4                               /* the activations' cp.async ring */
+#define NT_W (EPD_FFN_GEMM_WARP_ROWS / 8)      /* n8 tiles per warp */
+#define STAGE_BYTES EPD_FFN_GEMM_STAGE_BYTES
+#define STAGES EPD_FFN_GEMM_STAGES
+#define W_STAGE (EPD_FFN_GEMM_BN * STAGE_BYTES)       /* a stage's weights */
+#define X_STAGE (EPD_FFN_GEMM_ROW_TILE * STAGE_BYTES) /* a stage's activations */
+#define XS_STAGE (EPD_FFN_GEMM_ROW_TILE * 4)          /* a stage's FP8 activation scales */
+#define SMEM_BYTES (STAGES * (W_STAGE + X_STAGE + XS_STAGE))
+#define REDUCE_THREADS 256
 
-static_assert(THREADS / 32 * WARP_N == EPD_FFN_GEMM_BN, "the warps cover the CTA's features");
-static_assert(MT * 16 == WARP_N, "the m16 tiles cover the warp's features");
+static_assert(EPD_FFN_GEMM_FEATURE_GROUPS * EPD_FFN_GEMM_WARP_FEATURES == EPD_FFN_GEMM_BN,
+              "the warps cover the CTA's features");
+static_assert(EPD_FFN_GEMM_FEATURE_GROUPS * (EPD_FFN_GEMM_ROW_TILE / EPD_FFN_GEMM_WARP_ROWS) ==
+                  EPD_FFN_GEMM_WARPS,
+              "the warps cover the CTA's rows");
+static_assert(MT * 16 == EPD_FFN_GEMM_WARP_FEATURES, "the m16 tiles cover the warp's features");
+static_assert(W_STAGE % (THREADS * 16) == 0, "the threads copy a stage's weights evenly");
+static_assert((STAGES & (STAGES - 1)) == 0 && STAGES >= 2, "a power-of-two ring");
 
 /* the kernel's parameters (epd_ffn_gemm_args_t as the device uses them) */
 struct gemm_params {
@@ -50,6 +68,8 @@ struct gemm_params {
     const float *x_scale;
     const uint32_t *row_base, *counts, *tile_base;
     void *d;
+    float *part;        /* split-K: [K range][total_rows][n] fp32; NULL: D directly */
+    size_t part_stride; /* elements of one K range's sums */
     uint32_t n, k, kbytes, n_experts, w_scale_ld, prefetch;
 };
 
@@ -81,14 +101,14 @@ template <int N> __device__ static __forceinline__ void cp_async_wait()
 #endif
 }
 
-/* 128 bytes from p (16-byte aligned) towards L2, not waited for */
-__device__ static __forceinline__ void prefetch_l2_128(const void *p)
+/* bytes (a multiple of 128) from p (128-byte aligned) towards L2 as one request, not waited for */
+__device__ static __forceinline__ void prefetch_l2(const uint8_t *p, uint32_t bytes)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     size_t g = __cvta_generic_to_global(p);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], 128;\n" ::"l"(g));
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(g), "r"(bytes));
 #elif defined(__CUDA_ARCH__)
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+    for (uint32_t i = 0; i < bytes; i += 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p + i));
 #endif
 }
 
@@ -118,14 +138,13 @@ __device__ static __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t 
     __trap(); /* the host refuses the kernel where this is reached (epd_ffn_gemm_supported) */
 }
 
-/* the expert whose row tiles hold tile: tile_base ascending, [n + 1] */
-__device__ static __forceinline__ uint32_t tile_expert(const uint32_t *tile_base, uint32_t n,
-                                                       uint32_t tile)
+/* the i with base[i] <= x < base[i + 1]: base ascending, [n + 1], base[0] <= x < base[n] */
+__device__ static __forceinline__ uint32_t find_base(const uint32_t *base, uint32_t n, uint32_t x)
 {
-    uint32_t lo = 0, hi = n; /* tile_base[lo] <= tile < tile_base[hi] */
+    uint32_t lo = 0, hi = n; /* base[lo] <= x < base[hi] */
     while (hi - lo > 1) {
         uint32_t mid = (lo + hi) / 2;
-        if (tile_base[mid] <= tile)
+        if (base[mid] <= x)
             lo = mid;
         else
             hi = mid;
@@ -133,97 +152,133 @@ __device__ static __forceinline__ uint32_t tile_expert(const uint32_t *tile_base
     return lo;
 }
 
-/* ---- the kernel -------------------------------------------------------------------------- */
+/* find_base by a whole warp (every lane calling, converged): the count of i in [1, n] with
+ * base[i] <= x, 32 of them a load (one dependent load for 32 experts, not a binary search's
+ * five) */
+__device__ static __forceinline__ uint32_t find_base_warp(const uint32_t *base, uint32_t n,
+                                                          uint32_t x, uint32_t lane)
+{
+    uint32_t found = 0;
+    for (uint32_t first = 1; first <= n; first += 32) {
+        const uint32_t i = first + lane;
+        const uint32_t m = __ballot_sync(0xffffffffu, i <= n && __ldg(base + i) <= x);
+        found += __popc(m);
+        if (m != 0xffffffffu) break; /* ascending: the rest are above x */
+    }
+    return found;
+}
+
+/* ---- the kernels ------------------------------------------------------------------------- */
 
 template <bool FP8, bool OUT_BF16>
 __global__ void __launch_bounds__(THREADS, 2) ffn_gemm_kernel(gemm_params p)
 {
-    __shared__ __align__(128) uint8_t xs[STAGES][EPD_FFN_GEMM_ROW_TILE * STAGE_BYTES];
-    __shared__ __align__(16) float xsc[STAGES][EPD_FFN_GEMM_ROW_TILE];
+    extern __shared__ __align__(128) uint8_t smem[];
+    uint8_t *const w_s = smem;                                  /* [STAGES][BN][128] */
+    uint8_t *const x_s = smem + STAGES * W_STAGE;               /* [STAGES][ROW_TILE][128] */
+    float *const xsc_s = (float *)(x_s + STAGES * X_STAGE);     /* [STAGES][ROW_TILE] */
     const uint32_t tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const uint32_t e = tile_expert(p.tile_base, p.n_experts, blockIdx.x);
+    const uint32_t fg = warp % EPD_FFN_GEMM_FEATURE_GROUPS, rh = warp / EPD_FFN_GEMM_FEATURE_GROUPS;
+    const uint32_t e = find_base_warp(p.tile_base, p.n_experts, blockIdx.x, lane);
     const uint32_t rt = blockIdx.x - p.tile_base[e];
     const uint32_t rb = p.row_base[e], mpad = p.row_base[e + 1] - rb;
     const uint32_t count = min(p.counts[e], mpad);
     if (rt * EPD_FFN_GEMM_ROW_TILE >= count) return; /* counts that disagree with tile_base */
     const uint32_t rows = min(count - rt * EPD_FFN_GEMM_ROW_TILE, EPD_FFN_GEMM_ROW_TILE);
     const uint32_t nt = min((rows + 7) / 8, (mpad - rt * EPD_FFN_GEMM_ROW_TILE) / 8);
-    const uint32_t kbytes = p.kbytes, n_kb = kbytes / STAGE_BYTES;
-    const uint32_t f0 = blockIdx.y * EPD_FFN_GEMM_BN + warp * WARP_N; /* the warp's features */
-    const size_t row16 = (size_t)16 * kbytes, row8 = (size_t)8 * kbytes;
-    /* the lane's weight bytes: rows f0 + mt * 16 + h * 8 + g, columns c * 64 + 16 t of a stage */
-    const uint8_t *wl = p.w + ((size_t)e * p.n + f0 + g) * kbytes + 16 * t;
-    /* the row the lane prefetches: f0 + lane */
-    const uint8_t *wp = p.w + ((size_t)e * p.n + f0 + lane) * kbytes;
-    const uint8_t *xg = p.x + (size_t)(rb + rt * EPD_FFN_GEMM_ROW_TILE) * kbytes;
-    const float *xsg = FP8 ? p.x_scale + (size_t)rb * (p.k / 128) + rt * EPD_FFN_GEMM_ROW_TILE
+    const uint32_t nt_w = epd_ffn_gemm_warp_nt(nt, rh); /* warp-uniform */
+    const uint32_t kbytes = p.kbytes;
+    uint32_t kb0, kb1;
+    epd_ffn_gemm_split_range(blockIdx.z, gridDim.z, kbytes / STAGE_BYTES, &kb0, &kb1);
+    const uint32_t n_kb = kb1 - kb0;
+    /* the CTA's 128 weight rows (contiguous), its row tile's activations, from stage kb0 */
+    const uint8_t *wg = p.w + ((size_t)e * p.n + (size_t)blockIdx.y * EPD_FFN_GEMM_BN) * kbytes +
+                        (size_t)kb0 * STAGE_BYTES;
+    const uint8_t *xg = p.x + (size_t)(rb + rt * EPD_FFN_GEMM_ROW_TILE) * kbytes +
+                        (size_t)kb0 * STAGE_BYTES;
+    const float *xsg = FP8 ? p.x_scale + (size_t)rb * (p.k / 128) + rt * EPD_FFN_GEMM_ROW_TILE +
+                                 (size_t)kb0 * mpad
                            : nullptr;
     const float *wsg =
-        FP8 ? p.w_scale + ((size_t)e * (p.n / 128) + blockIdx.y) * p.w_scale_ld : nullptr;
+        FP8 ? p.w_scale + ((size_t)e * (p.n / 128) + blockIdx.y) * p.w_scale_ld + kb0 : nullptr;
 
-    float acc[MT][NT_MAX][4];
+    float acc[MT][NT_W][4];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int j = 0; j < NT_MAX; j++)
+        for (int j = 0; j < NT_W; j++)
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[mt][j][i] = 0.0f;
 
-    /* the activations of stage kb (nt * 8 rows of 128 bytes; FP8: their scales) into slot */
-    auto load_x = [&](uint32_t kb, uint32_t slot) {
-        const uint8_t *src = xg + (size_t)kb * STAGE_BYTES;
+    /* stage s of the range (its 128 weight rows, nt * 8 activation rows; FP8: their scales) into
+     * slot */
+    /* the thread's weight copies: chunk tid % 8 of rows tid / 8 + k THREADS / 8 (k in
+     * [0, W_STAGE / 16 / THREADS)); rows THREADS / 8 apart keep the row's parity, so one
+     * swizzled offset plus a multiple of THREADS / 8 rows */
+    const uint8_t *w_thread = wg + (size_t)(tid >> 3) * kbytes + (tid & 7) * 16;
+    const size_t w_step = (size_t)(THREADS / 8) * kbytes;
+    const uint32_t w_off = epd_ffn_gemm_tile_off(tid >> 3, tid & 7);
+    static_assert((THREADS / 8) % 2 == 0, "the copies' rows keep their parity");
+    auto load = [&](uint32_t s, uint32_t slot) {
+        const uint8_t *wsrc = w_thread + (size_t)s * STAGE_BYTES;
+        uint8_t *wdst = w_s + slot * W_STAGE + w_off;
+#pragma unroll
+        for (uint32_t k = 0; k < W_STAGE / 16 / THREADS; k++)
+            cp_async16(wdst + k * (THREADS / 8) * STAGE_BYTES, wsrc + k * w_step);
+        const uint8_t *xsrc = xg + (size_t)s * STAGE_BYTES;
+        uint8_t *xdst = x_s + slot * X_STAGE;
         for (uint32_t i = tid; i < nt * 64; i += THREADS) {
-            uint32_t r = i >> 3, q = i & 7;
-            uint32_t off = r * STAGE_BYTES + ((((q >> 2) ^ (r & 1)) << 6) | ((q & 3) << 4));
-            cp_async16(&xs[slot][off], src + (size_t)r * kbytes + q * 16);
+            const uint32_t r = i >> 3, q = i & 7;
+            cp_async16(xdst + epd_ffn_gemm_tile_off(r, q), xsrc + (size_t)r * kbytes + q * 16);
         }
         if (FP8)
             for (uint32_t i = tid; i < nt * 2; i += THREADS)
-                cp_async16(&xsc[slot][i * 4], xsg + (size_t)kb * mpad + i * 4);
+                cp_async16(&xsc_s[slot * EPD_FFN_GEMM_ROW_TILE + i * 4],
+                           xsg + (size_t)s * mpad + i * 4);
     };
-    /* the lane's weights of stage kb: [m tile][row g, g + 8][chunk] */
-    auto load_w = [&](uint32_t kb, uint4 (&a)[MT][2][2]) {
-        const uint8_t *src = wl + (size_t)kb * STAGE_BYTES;
+    /* a stage's products from slot (FP8: ws its weights' scale): the warp's two m16 tiles by its
+     * nt_w n8 tiles */
+    auto compute = [&](uint32_t slot, float ws) {
+        if (nt_w == 0) return;
+        const uint8_t *wsl = w_s + slot * W_STAGE, *xsl = x_s + slot * X_STAGE;
+        /* chunk by chunk (half the registers for the weights' fragments; FP8: each chunk's sums
+         * promoted on their own, half a scale block each) */
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
+        for (uint32_t c = 0; c < 2; c++) {
+            /* a[mt][h]: rows g (h 0) and g + 8 (h 1) of m16 tile mt, chunk c's 16 bytes */
+            uint4 a[MT][2];
 #pragma unroll
-            for (int h = 0; h < 2; h++)
+            for (uint32_t mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int c = 0; c < 2; c++)
-                    a[mt][h][c] = __ldg((const uint4 *)(src + mt * row16 + h * row8 + c * 64));
-    };
-    /* stage kb's products from slot with the lane's weights a */
-    auto compute = [&](uint32_t kb, uint32_t slot, const uint4 (&a)[MT][2][2]) {
-        const uint8_t *xsl = xs[slot];
-        const float ws = FP8 ? __ldg(wsg + kb) : 1.0f;
+                for (uint32_t h = 0; h < 2; h++)
+                    a[mt][h] = *(const uint4 *)(wsl + epd_ffn_gemm_tile_off(
+                                                          epd_ffn_gemm_a_row(fg, mt, h, g),
+                                                          c * 4 + t));
 #pragma unroll
-        for (uint32_t j = 0; j < NT_MAX; j++) {
-            if (j < nt) {
+            for (uint32_t j = 0; j < NT_W; j++) {
+                if (j >= nt_w) continue;
                 float part[MT][4];
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                     for (int i = 0; i < 4; i++) part[mt][i] = 0.0f;
+                const uint4 b = *(const uint4 *)(xsl + epd_ffn_gemm_tile_off(
+                                                           epd_ffn_gemm_b_row(rh, j, g), c * 4 + t));
 #pragma unroll
-                for (uint32_t c = 0; c < 2; c++) {
-                    const uint4 b = *(const uint4 *)(xsl + (j * 8 + g) * STAGE_BYTES +
-                                                     ((c ^ (g & 1)) << 6) + 16 * t);
+                for (int sub = 0; sub < 2; sub++) {
+                    const uint32_t b0 = sub ? b.z : b.x, b1 = sub ? b.w : b.y;
 #pragma unroll
-                    for (int sub = 0; sub < 2; sub++) {
-                        const uint32_t b0 = sub ? b.z : b.x, b1 = sub ? b.w : b.y;
-#pragma unroll
-                        for (int mt = 0; mt < MT; mt++) {
-                            const uint4 lo = a[mt][0][c], hi = a[mt][1][c];
-                            mma<FP8>(FP8 ? part[mt] : acc[mt][j], sub ? lo.z : lo.x,
-                                     sub ? hi.z : hi.x, sub ? lo.w : lo.y, sub ? hi.w : hi.y, b0,
-                                     b1);
-                        }
+                    for (int mt = 0; mt < MT; mt++) {
+                        const uint4 lo = a[mt][0], hi = a[mt][1];
+                        mma<FP8>(FP8 ? part[mt] : acc[mt][j], sub ? lo.z : lo.x, sub ? hi.z : hi.x,
+                                 sub ? lo.w : lo.y, sub ? hi.w : hi.y, b0, b1);
                     }
                 }
                 if (FP8) {
                     /* c0, c2: row 2t of the n8 tile; c1, c3: row 2t + 1 */
-                    const float s0 = ws * xsc[slot][j * 8 + 2 * t];
-                    const float s1 = ws * xsc[slot][j * 8 + 2 * t + 1];
+                    const uint32_t r0 = rh * EPD_FFN_GEMM_WARP_ROWS + j * 8 + 2 * t;
+                    const float s0 = ws * xsc_s[slot * EPD_FFN_GEMM_ROW_TILE + r0];
+                    const float s1 = ws * xsc_s[slot * EPD_FFN_GEMM_ROW_TILE + r0 + 1];
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++) {
                         acc[mt][j][0] += part[mt][0] * s0;
@@ -235,44 +290,54 @@ __global__ void __launch_bounds__(THREADS, 2) ffn_gemm_kernel(gemm_params p)
             }
         }
     };
-    /* one stage: its activations landed (and the slot the next load refills is free), the next
-     * stage's weights and a later stage's activations and L2 prefetch issued, then the mmas */
-    auto step = [&](uint32_t kb, const uint4 (&cur)[MT][2][2], uint4 (&nxt)[MT][2][2]) {
-        cp_async_wait<STAGES - 2>();
-        __syncthreads();
-        const uint32_t nk = kb + STAGES - 1;
-        if (nk < n_kb) load_x(nk, nk % STAGES);
-        cp_async_commit();
-        if (kb + 1 < n_kb) load_w(kb + 1, nxt);
-        if (p.prefetch > 0 && kb + p.prefetch < n_kb)
-            prefetch_l2_128(wp + (size_t)(kb + p.prefetch) * STAGE_BYTES);
-        compute(kb, kb % STAGES, cur);
-    };
 
-    uint4 wa[MT][2][2], wb[MT][2][2];
 #pragma unroll
     for (uint32_t s = 0; s < STAGES - 1; s++) {
-        if (s < n_kb) load_x(s, s);
+        if (s < n_kb) load(s, s);
         cp_async_commit();
     }
-    for (uint32_t s = 1; s < p.prefetch && s < n_kb; s++)
-        prefetch_l2_128(wp + (size_t)s * STAGE_BYTES);
-    load_w(0, wa);
-    for (uint32_t kb = 0; kb < n_kb; kb += 2) {
-        step(kb, wa, wb);
-        if (kb + 1 < n_kb) step(kb + 1, wb, wa);
+    /* FP8: the weights' scale of the stage, read a stage ahead (off the mmas' path) */
+    float ws_next = FP8 && nt_w > 0 ? __ldg(wsg) : 1.0f;
+    for (uint32_t s = 0; s < n_kb; s++) {
+        const float ws = ws_next;
+        if (FP8 && nt_w > 0 && s + 1 < n_kb) ws_next = __ldg(wsg + s + 1);
+        /* stage s landed (this thread's copies, then everybody's), and the slot the load below
+         * refills was computed by every warp in the previous iteration */
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        const uint32_t ns = s + STAGES - 1;
+        if (ns < n_kb) load(ns, ns % STAGES);
+        cp_async_commit();
+        /* the L2 prefetch: every prefetch stages, one request per weight row for the next
+         * prefetch stages from prefetch stages beyond the copies' front (longer runs of a row
+         * for the memory than the copies' 128 bytes) */
+        if (p.prefetch > 0 && tid < EPD_FFN_GEMM_BN && s % p.prefetch == 0) {
+            const uint32_t from = s + STAGES - 1 + p.prefetch;
+            if (from < n_kb)
+                prefetch_l2(wg + (size_t)tid * kbytes + (size_t)from * STAGE_BYTES,
+                            min(p.prefetch, n_kb - from) * STAGE_BYTES);
+        }
+        compute(s % STAGES, ws);
     }
+    if (nt_w == 0) return;
 
     /* D[row][feature]: c0 (feature g, row 2t), c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1) */
-    const size_t row0 = (size_t)rb + rt * EPD_FFN_GEMM_ROW_TILE;
+    const size_t row0 = (size_t)rb + rt * EPD_FFN_GEMM_ROW_TILE + rh * EPD_FFN_GEMM_WARP_ROWS;
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
+    for (uint32_t mt = 0; mt < MT; mt++) {
 #pragma unroll
-        for (uint32_t j = 0; j < NT_MAX; j++) {
-            if (j >= nt) continue;
-            const size_t f = f0 + mt * 16 + g, r = row0 + j * 8 + 2 * t;
+        for (uint32_t j = 0; j < NT_W; j++) {
+            if (j >= nt_w) continue;
+            const size_t f = (size_t)blockIdx.y * EPD_FFN_GEMM_BN + epd_ffn_gemm_a_row(fg, mt, 0, g);
+            const size_t r = row0 + j * 8 + 2 * t;
             const size_t i0 = r * p.n + f, i1 = (r + 1) * p.n + f;
-            if (OUT_BF16) {
+            if (p.part != nullptr) {
+                float *d = p.part + (size_t)blockIdx.z * p.part_stride;
+                d[i0] = acc[mt][j][0];
+                d[i1] = acc[mt][j][1];
+                d[i0 + 8] = acc[mt][j][2];
+                d[i1 + 8] = acc[mt][j][3];
+            } else if (OUT_BF16) {
                 uint16_t *d = (uint16_t *)p.d;
                 d[i0] = epd_f32_to_bf16(acc[mt][j][0]);
                 d[i1] = epd_f32_to_bf16(acc[mt][j][1]);
@@ -286,6 +351,39 @@ __global__ void __launch_bounds__(THREADS, 2) ffn_gemm_kernel(gemm_params p)
                 d[i1 + 8] = acc[mt][j][3];
             }
         }
+    }
+}
+
+/* split-K's second pass: D[row][4 features] = the K ranges' sums added in range order, for the
+ * rows the GEMM writes (epd_ffn_gemm_written_rows); grid (rows, N / (4 REDUCE_THREADS) up) */
+template <bool OUT_BF16>
+__global__ void __launch_bounds__(REDUCE_THREADS) split_reduce_kernel(gemm_params p,
+                                                                      uint32_t splits)
+{
+    const uint32_t row = blockIdx.x, col = (blockIdx.y * REDUCE_THREADS + threadIdx.x) * 4;
+    if (col >= p.n) return;
+    const uint32_t e = find_base(p.row_base, p.n_experts, row);
+    const uint32_t rb = p.row_base[e], mpad = p.row_base[e + 1] - rb;
+    const uint32_t tiles = p.tile_base[e + 1] - p.tile_base[e];
+    if (row - rb >= epd_ffn_gemm_written_rows(p.counts[e], mpad, tiles, EPD_FFN_GEMM_ROW_TILE))
+        return;
+    const size_t i = (size_t)row * p.n + col;
+    float4 sum = *(const float4 *)(p.part + i);
+    for (uint32_t s = 1; s < splits; s++) {
+        const float4 v = *(const float4 *)(p.part + (size_t)s * p.part_stride + i);
+        sum.x += v.x;
+        sum.y += v.y;
+        sum.z += v.z;
+        sum.w += v.w;
+    }
+    if (OUT_BF16) {
+        uint16_t *d = (uint16_t *)p.d + i;
+        d[0] = epd_f32_to_bf16(sum.x);
+        d[1] = epd_f32_to_bf16(sum.y);
+        d[2] = epd_f32_to_bf16(sum.z);
+        d[3] = epd_f32_to_bf16(sum.w);
+    } else {
+        *(float4 *)((float *)p.d + i) = sum;
     }
 }
 
@@ -307,14 +405,61 @@ template <bool FP8> __global__ void mma_check_kernel(const uint32_t *a, const ui
 
 /* ---- host -------------------------------------------------------------------------------- */
 
+/* the GEMM kernel of a format, and its shared memory allowed (more than the default 48 KB, and
+ * the carveout preferring shared memory so that two CTAs fit an SM) */
+typedef void (*gemm_kernel_t)(gemm_params);
+
+static gemm_kernel_t gemm_kernel(bool fp8, bool out_bf16)
+{
+    if (fp8) return out_bf16 ? ffn_gemm_kernel<true, true> : ffn_gemm_kernel<true, false>;
+    return out_bf16 ? ffn_gemm_kernel<false, true> : ffn_gemm_kernel<false, false>;
+}
+
+/* The kernel configured for the current device (once a device and kernel: the attributes, then
+ * the CTAs the device runs at a time, SMs times CTAs per SM, in *slots_p; 0 where unknown). */
+#define CONFIG_DEVICES 64
+static uint64_t configured_slots[4][CONFIG_DEVICES];
+
+static cudaError_t gemm_configure(bool fp8, bool out_bf16, uint64_t *slots_p)
+{
+    gemm_kernel_t k = gemm_kernel(fp8, out_bf16);
+    uint64_t *cache = NULL;
+    int dev = 0, sms = 0, per_sm = 0;
+    cudaError_t rc = cudaGetDevice(&dev);
+    *slots_p = 0;
+    if (rc != cudaSuccess) return rc;
+    if (dev >= 0 && dev < CONFIG_DEVICES) cache = &configured_slots[fp8 * 2 + out_bf16][dev];
+    if (cache != NULL && *cache != 0) {
+        *slots_p = *cache;
+        return cudaSuccess;
+    }
+    rc = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM_BYTES);
+    if (rc == cudaSuccess)
+        rc = cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  (int)cudaSharedmemCarveoutMaxShared);
+    if (rc != cudaSuccess) return rc;
+    /* the occupancy after the attributes: it counts the shared memory allowed */
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, THREADS, SMEM_BYTES) !=
+            cudaSuccess) {
+        cudaGetLastError();
+        return cudaSuccess; /* no auto split, the kernel still runs */
+    }
+    *slots_p = (uint64_t)(sms > 0 ? sms : 0) * (uint64_t)(per_sm > 0 ? per_sm : 0);
+    if (cache != NULL) *cache = *slots_p;
+    return cudaSuccess;
+}
+
 extern "C" epd_status_t epd_ffn_gemm_supported(bool fp8, char err[EPD_ERR_LEN])
 {
-    int dev = 0, major = 0, minor = 0;
+    int dev = 0, major = 0, minor = 0, optin = 0;
     cudaFuncAttributes fa;
     const int need = fp8 ? 89 : 80;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+            cudaSuccess) {
         cudaGetLastError();
         snprintf(err, EPD_ERR_LEN, "ffn GEMM kernel: cannot read the device's compute capability");
         return EPD_ERR_UNSUPPORTED;
@@ -326,8 +471,14 @@ extern "C" epd_status_t epd_ffn_gemm_supported(bool fp8, char err[EPD_ERR_LEN])
                  need % 10, major, minor);
         return EPD_ERR_UNSUPPORTED;
     }
-    cudaError_t rc = fp8 ? cudaFuncGetAttributes(&fa, ffn_gemm_kernel<true, false>)
-                         : cudaFuncGetAttributes(&fa, ffn_gemm_kernel<false, false>);
+    if (optin < (int)SMEM_BYTES) {
+        snprintf(err, EPD_ERR_LEN,
+                 "ffn GEMM kernel: its pipeline needs %u bytes of shared memory a CTA, the device "
+                 "allows %d",
+                 (unsigned)SMEM_BYTES, optin);
+        return EPD_ERR_UNSUPPORTED;
+    }
+    cudaError_t rc = cudaFuncGetAttributes(&fa, gemm_kernel(fp8, false));
     if (rc != cudaSuccess) {
         cudaGetLastError();
         snprintf(err, EPD_ERR_LEN, "ffn GEMM kernel: no code for this device: %s",
@@ -343,10 +494,28 @@ extern "C" epd_status_t epd_ffn_gemm_supported(bool fp8, char err[EPD_ERR_LEN])
     return EPD_OK;
 }
 
+/* The K ranges of a launch of ctas CTAs over n_kb stages: the request (auto: by the waves on
+ * slots CTAs at a time), at most n_kb, and as many as the workspace holds (ws_range bytes a
+ * range). */
+static uint32_t pick_split(const epd_ffn_gemm_args_t *a, uint64_t slots, uint64_t ctas,
+                           uint32_t n_kb, size_t ws_range)
+{
+    uint64_t by_ws = a->split_ws == NULL || ws_range == 0 ? 1 : a->split_ws_bytes / ws_range;
+    uint32_t max_by_ws = by_ws > EPD_FFN_GEMM_MAX_SPLIT ? EPD_FFN_GEMM_MAX_SPLIT : (uint32_t)by_ws;
+    uint32_t splits = a->split_k;
+    if (max_by_ws < 2 || splits == 1) return 1;
+    if (splits == EPD_FFN_GEMM_SPLIT_AUTO)
+        return epd_ffn_gemm_auto_split(ctas, n_kb, slots, max_by_ws);
+    if (splits > max_by_ws) splits = max_by_ws;
+    if (splits > n_kb) splits = n_kb;
+    return splits < 1 ? 1 : splits;
+}
+
 extern "C" epd_status_t epd_ffn_gemm_launch(const epd_ffn_gemm_args_t *a, void *stream,
                                             char err[EPD_ERR_LEN])
 {
     gemm_params p;
+    if (a->split_used_p != NULL) *a->split_used_p = 1;
     if (a->n_tiles == 0) return EPD_OK;
     if (a->n == 0 || a->k == 0 || a->n % 128 != 0 || a->k % 128 != 0 ||
         a->n / EPD_FFN_GEMM_BN > 65535 || a->n_experts == 0 || a->w == NULL || a->x == NULL ||
@@ -358,6 +527,7 @@ extern "C" epd_status_t epd_ffn_gemm_launch(const epd_ffn_gemm_args_t *a, void *
                  a->n, a->k, a->n_experts);
         return EPD_ERR_INVALID_ARG;
     }
+    memset(&p, 0, sizeof p);
     p.w = (const uint8_t *)a->w;
     p.w_scale = a->w_scale;
     p.x = (const uint8_t *)a->x;
@@ -372,22 +542,37 @@ extern "C" epd_status_t epd_ffn_gemm_launch(const epd_ffn_gemm_args_t *a, void *
     p.n_experts = a->n_experts;
     p.w_scale_ld = a->w_scale_ld;
     p.prefetch = a->prefetch;
-    dim3 grid(a->n_tiles, a->n / EPD_FFN_GEMM_BN);
+    gemm_kernel_t k = gemm_kernel(a->fp8, a->out_bf16);
+    uint64_t slots = 0;
+    cudaError_t rc = gemm_configure(a->fp8, a->out_bf16, &slots);
+    const uint32_t n_kb = p.kbytes / STAGE_BYTES;
+    const size_t ws_range = (size_t)a->total_rows * a->n * sizeof(float);
+    const uint32_t splits =
+        pick_split(a, slots, (uint64_t)a->n_tiles * (a->n / EPD_FFN_GEMM_BN), n_kb, ws_range);
+    if (splits > 1) {
+        p.part = (float *)a->split_ws;
+        p.part_stride = (size_t)a->total_rows * a->n;
+    }
+    dim3 grid(a->n_tiles, a->n / EPD_FFN_GEMM_BN, splits);
     cudaStream_t s = (cudaStream_t)stream;
-    if (a->fp8 && a->out_bf16)
-        ffn_gemm_kernel<true, true><<<grid, THREADS, 0, s>>>(p);
-    else if (a->fp8)
-        ffn_gemm_kernel<true, false><<<grid, THREADS, 0, s>>>(p);
-    else if (a->out_bf16)
-        ffn_gemm_kernel<false, true><<<grid, THREADS, 0, s>>>(p);
-    else
-        ffn_gemm_kernel<false, false><<<grid, THREADS, 0, s>>>(p);
-    cudaError_t rc = cudaGetLastError();
+    if (rc == cudaSuccess) {
+        k<<<grid, THREADS, SMEM_BYTES, s>>>(p);
+        rc = cudaGetLastError();
+    }
+    if (rc == cudaSuccess && splits > 1) {
+        dim3 rgrid(a->total_rows, (a->n / 4 + REDUCE_THREADS - 1) / REDUCE_THREADS);
+        if (a->out_bf16)
+            split_reduce_kernel<true><<<rgrid, REDUCE_THREADS, 0, s>>>(p, splits);
+        else
+            split_reduce_kernel<false><<<rgrid, REDUCE_THREADS, 0, s>>>(p, splits);
+        rc = cudaGetLastError();
+    }
     if (rc != cudaSuccess) {
-        snprintf(err, EPD_ERR_LEN, "ffn GEMM kernel: launch (%u x %u CTAs): %s", a->n_tiles,
-                 a->n / EPD_FFN_GEMM_BN, cudaGetErrorString(rc));
+        snprintf(err, EPD_ERR_LEN, "ffn GEMM kernel: launch (%u x %u x %u CTAs): %s", a->n_tiles,
+                 a->n / EPD_FFN_GEMM_BN, splits, cudaGetErrorString(rc));
         return EPD_ERR_CUDA;
     }
+    if (a->split_used_p != NULL) *a->split_used_p = splits;
     return EPD_OK;
 }
 

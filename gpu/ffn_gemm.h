@@ -20,9 +20,14 @@ extern "C" {
 #define EPD_FFN_GEMM_ROW_TILE 64u
 /* output features of one CTA: one FP8 weight scale block */
 #define EPD_FFN_GEMM_BN 128u
-/* the weights' L2 prefetch distance the daemon uses, in stages of 128 bytes of K ahead of the
- * stage being computed (each lane prefetches its weight row's 128 bytes of that stage) */
-#define EPD_FFN_GEMM_PREFETCH 3u
+/* the weights' L2 prefetch the daemon uses (args.prefetch P: every P stages, one request per
+ * weight row for P stages of 128 bytes, P stages beyond the cp.async pipeline's front); 0: none,
+ * the pipeline (EPD_FFN_GEMM_STAGES deep) keeps the bytes in flight */
+#define EPD_FFN_GEMM_PREFETCH 0u
+/* the shared-memory pipeline's depth in stages of 128 bytes of K (weights and activations) */
+#define EPD_FFN_GEMM_STAGES 4u
+/* split_k: the kernel picks (epd_ffn_gemm_auto_split of gpu/ffn_gemm_layout.h) */
+#define EPD_FFN_GEMM_SPLIT_AUTO 0u
 
 /* One projection over the experts [0, n_experts) (device pointers unless said otherwise). */
 typedef struct epd_ffn_gemm_args {
@@ -44,11 +49,21 @@ typedef struct epd_ffn_gemm_args {
     const uint32_t *tile_base; /* [n_experts + 1]: prefix sums of ceil(counts / ROW_TILE) */
     uint32_t n_tiles;          /* tile_base[n_experts] (host) */
     void *d;           /* [row_base[n_experts]][n]: the rows of each tile written, others not */
-    uint32_t prefetch; /* the weights' L2 prefetch distance in stages (0: none) */
+    uint32_t prefetch; /* the weights' L2 prefetch run in stages (EPD_FFN_GEMM_PREFETCH; 0: none) */
+    uint32_t split_k;  /* K ranges over the grid's z (EPD_FFN_GEMM_SPLIT_AUTO: the kernel picks
+                        * by the grid's waves; 1: none; more: at most that many, fewer when K's
+                        * stages or the workspace are short): each range's fp32 sums go to
+                        * split_ws, then one more launch adds them in range order into d (the
+                        * same bits run to run) */
+    uint32_t total_rows; /* row_base[n_experts] (host): the workspace's rows */
+    void *split_ws;      /* device scratch for split-K, split_ws_bytes of it (NULL: no split) */
+    size_t split_ws_bytes;
+    uint32_t *split_used_p; /* host, optional: the K ranges the launch used */
 } epd_ffn_gemm_args_t;
 
 /* EPD_OK when the kernel can run on the current device for the format (BF16: compute capability
- * 8.0 and code built for it; FP8: 8.9); EPD_ERR_UNSUPPORTED with err saying why. */
+ * 8.0 and code built for it; FP8: 8.9; the pipeline's shared memory); EPD_ERR_UNSUPPORTED with
+ * err saying why. */
 epd_status_t epd_ffn_gemm_supported(bool fp8, char err[EPD_ERR_LEN]);
 
 /* Queues the GEMM on stream (a cudaStream_t). EPD_ERR_INVALID_ARG for shapes the kernel does not

@@ -38,6 +38,9 @@ endif
 GPU_CU_SRCS += gpu/ops_cuda.cu gpu/ffn_cuda.cu
 # the ffn experts' GEMM kernel of our own (gpu/ffn_gemm.h; the ffn_cuda tuning `kernel`)
 GPU_CU_SRCS += gpu/ffn_gemm.cu
+# its index arithmetic (gpu/ffn_gemm_layout.h: swizzle, warp roles, split-K) checked on the CPU
+UNIT_TESTS += ffn_gemm_layout
+test_ffn_gemm_layout_SRCS :=
 GPU_SRCS += gpu/select.c
 $(BUILD)/obj/gpu/select.o: CFLAGS += -I$(CUDA_HOME)/include
 UNIT_TESTS += gpu_select

@@ -8,14 +8,16 @@
 # Build first: scripts/gpu-node-build.sh all; source /tmp/epd-env.sh
 # Usage: tests/gpu/ffn_gpu.sh [--skip-tests] [--tokens LIST] [--iters N]
 #   logs in $OUT (or build/ffn-gpu): test_ffn_cuda.log, daemon_ffn_gpu.log, bench.log
-# The GEMM kernel of our own (tuning `kernel`, gpu/ffn_gemm.cu), first run:
+# The GEMM kernel of our own (tuning `kernel`, gpu/ffn_gemm.cu: cp.async pipeline, split-K):
 #   build/tests/gpu/test_ffn_cuda      its layout and kernel checks first ("PASS  mma layout
-#                                      check ...", "PASS  GEMM kernel ...: 0 of N outputs
-#                                      wrong"), then every case with every tuning; ends
-#                                      "N passed, 0 failed"
-#   bash tests/gpu/ffn_gpu.sh --skip-tests   the sweep with the kernel tunings beside the
-#                                      default; the summary's "kernel tuning" table says where
-#                                      it wins (then epd_ffn_cuda_default_tuning's kernel lines)
+#                                      check ...", "PASS  GEMM kernel ..., split none|fixed|auto
+#                                      (N K ranges used): 0 of N outputs wrong"), then every
+#                                      case with every tuning; ends "N passed, 0 failed"
+#   bash tests/gpu/ffn_gpu.sh --skip-tests   the sweep with the kernel tunings (kernel,
+#                                      kernel,split=1|2|4, kernel,prefetch=4|8, kernel,upto=..)
+#                                      beside the default; the summary's kernel table says where
+#                                      `kernel` wins (then epd_ffn_cuda_default_tuning's kernel
+#                                      lines)
 set -uo pipefail
 cd "$(dirname "$(readlink -f "$0")")/../.."
 out=${OUT:-build/ffn-gpu}
@@ -173,6 +175,43 @@ END {
     for (i = 1; i <= n; i++) {
         r = order[i]
         printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r, cell("bf16", "default", r), cell("bf16", "kernel", r), rat(us["bf16", "kernel", r], us["bf16", "default", r]), (("bf16" SUBSEP "kernel" SUBSEP r) in rd) ? sprintf("%.2f", rd["bf16", "kernel", r]) : "-", cell("fp8-block", "default", r), cell("fp8-block", "kernel", r), rat(us["fp8-block", "kernel", r], us["fp8-block", "default", r]), rat(us["fp8-block", "kernel", r], us["bf16", "kernel", r])
+    }
+}' "$out/bench.log"
+    echo
+    echo "Every kernel tuning per rows/expert (experts us), the fastest against the default, and where each beats the default at every row count up to there (the kernel_max_rows / kernel_fp8_max_rows a switch would set):"
+    echo
+    awk '
+function kv(line, key) { if (match(line, key "=[^ ]+")) return substr(line, RSTART + length(key) + 1, RLENGTH - length(key) - 1); return "" }
+/^ffn-result / {
+    w = kv($0, "weights"); t = kv($0, "tuning"); r = kv($0, "rows_per_expert") + 0
+    if (t != "default" && t !~ /^kernel/) next
+    if (t != "default" && !(t in kseen)) { kseen[t] = 1; kt[++nk] = t }
+    if (!(r in rseen)) { rseen[r] = 1; ro[++nr] = r }
+    us[w, t, r] = kv($0, "experts_us") + 0
+}
+END {
+    nw = split("bf16 fp8-block", ws)
+    for (x = 1; x <= nw; x++) {
+        w = ws[x]
+        hdr = "| " w " rows/expert | default"; sep = "|---:|---:"
+        for (i = 1; i <= nk; i++) { hdr = hdr " | " kt[i]; sep = sep "|---:" }
+        print hdr " | fastest kernel / default |"; print sep "|---|"
+        for (j = 1; j <= nr; j++) {
+            r = ro[j]; line = "| " r " | " (((w SUBSEP "default" SUBSEP r) in us) ? sprintf("%.1f", us[w, "default", r]) : "-")
+            best = ""; for (i = 1; i <= nk; i++) {
+                t = kt[i]
+                if ((w SUBSEP t SUBSEP r) in us) { line = line sprintf(" | %.1f", us[w, t, r]); if (best == "" || us[w, t, r] < us[w, best, r]) best = t } else line = line " | -"
+            }
+            d = us[w, "default", r]
+            print line " | " ((best != "" && d > 0) ? sprintf("%.2f [%s]", us[w, best, r] / d, best) : "-") " |"
+        }
+        print ""
+        for (i = 1; i <= nk; i++) {
+            t = kt[i]; upto = 0
+            for (j = 1; j <= nr; j++) { r = ro[j]; if (!((w SUBSEP t SUBSEP r) in us) || !((w SUBSEP "default" SUBSEP r) in us) || us[w, t, r] >= us[w, "default", r]) break; upto = r }
+            printf "- %s %s: faster than the default at every rows/expert up to %s\n", w, t, upto ? upto : "none"
+        }
+        print ""
     }
 }' "$out/bench.log"
     echo

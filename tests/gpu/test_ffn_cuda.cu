@@ -10,15 +10,19 @@
  * through gpu/ffn_cuda.h directly with the tunings the benchmark sweeps (1 and 4 streams, the
  * SM target, batched BF16 GEMMs, the autotune's timed algorithms with split-K candidates, FP8
  * fast accumulation, strided batches over runs of experts with the default run cost, with none
- * and as one run, BF16 grouped GEMMs, the GEMM kernel of our own alone and up to 16 rows per
- * expert before strided or 4 streams): every one within the tolerance. Routing: uniform, one hot expert, or
+ * and as one run, BF16 grouped GEMMs, the GEMM kernel of our own alone (split-K its own
+ * choice, off, 3 ranges) and up to 16 rows per expert before strided or 4 streams): every one
+ * within the tolerance. Routing: uniform, one hot expert, or
  * rows per expert at the padding's, the runs' and the kernel's row tiles' edges (16, 17, 128,
  * 129, 1, 0, 33), and all 32 experts live with more rows than a row tile.
  * Before the cases, the GEMM kernel's own checks (gpu/ffn_gemm.h), each failure naming the
  * element: one mma.sync (BF16 m16n8k16, e4m3 m16n8k32) on the PTX ISA's fragment layouts against
  * a CPU dot product (small integers: exact), then the kernel itself on small integers with
  * power-of-two scales against CPU sums (0, 1, 7, 8, 9, 16, 17, 64, 65, 130 rows per expert, one
- * FP8 K block, K/128 of 3, the real shape's K 7168 and 2048 and N 7168).
+ * FP8 K block, K/128 of 3, the real shape's K 7168 and 2048 and N 7168), without split-K, with
+ * 3, 4 and 5 K ranges (ranges of one stage, uneven ones, more asked than stages) and with the
+ * kernel's own choice at the real shapes; the cases also run the kernel with split-K off and at
+ * 3 ranges.
  * Prints one line per case and 'N passed, N failed'; exit 77 with 'SKIP: no GPU' without one. */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -34,6 +38,7 @@ extern "C" {
 #include "gpu/ffn.h"
 #include "gpu/ffn_cuda.h"
 #include "gpu/ffn_gemm.h"
+#include "gpu/ffn_gemm_layout.h"
 #include "gpu/fp8.h"
 #include "tests/gpu/cuda_check.cuh"
 
@@ -64,14 +69,18 @@ static const epd_ffn_cuda_tuning_t tunings[] = {
     {.streams = 1, .kernel = true},
     {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
      .kernel_max_rows = 16},
-    {.streams = 4, .kernel = true, .kernel_max_rows = 16, .kernel_prefetch = EPD_FFN_NO_PREFETCH},
+    {.streams = 4, .kernel = true, .kernel_max_rows = 16, .kernel_fp8_max_rows = 64,
+     .kernel_prefetch = 2},
+    {.streams = 1, .kernel = true, .kernel_split = 1},
+    {.streams = 1, .kernel = true, .kernel_split = 3},
 };
 static const char *const tuning_names[] = {"streams=1", "streams=4", "streams=4,sm_target",
                                            "batched", "streams=1,autotune", "streams=4,autotune",
                                            "streams=4,autotune,fast_accum", "strided",
                                            "strided,cost=0", "strided,one", "grouped",
                                            "kernel", "kernel,upto=16,strided",
-                                           "kernel,upto=16,streams=4,prefetch=none"};
+                                           "kernel,upto=16,fp8_upto=64,streams=4,prefetch=2",
+                                           "kernel,split=1", "kernel,split=3"};
 static_assert(sizeof tunings / sizeof tunings[0] == sizeof tuning_names / sizeof tuning_names[0],
               "a name per tuning");
 
@@ -393,7 +402,7 @@ static void mma_check(bool fp8)
  * CPU's sums are exact and the kernel's within rounding of fp32 sums; every (expert, row,
  * feature) below the counts compared, the first few wrong ones named. */
 static void gemm_check(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const uint32_t *counts,
-                       uint32_t n_exp)
+                       uint32_t n_exp, uint32_t split)
 {
     const size_t es = fp8 ? 1 : 2, kb = k / 128, ld = (kb + 3) / 4 * 4;
     uint32_t *row_base = (uint32_t *)calloc(n_exp + 1, 4), *tile_base = (uint32_t *)calloc(n_exp + 1, 4);
@@ -428,8 +437,11 @@ static void gemm_check(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const ui
             for (uint32_t m = 0; m < mpad; m++)
                 xs[(size_t)row_base[e] * kb + b * mpad + m] = ldexpf(1.0f, small_int(e * 7919 + b * 131 + m, 6) % 3);
     }
-    void *dw, *dx, *dd;
+    void *dw, *dx, *dd, *dsplit = NULL;
     float *dws, *dxs;
+    uint32_t split_used = 0;
+    /* split-K's workspace: room for the most K ranges (NaN: a range not written shows) */
+    const size_t split_bytes = (size_t)EPD_FFN_GEMM_MAX_SPLIT * (total ? total : 1) * n * 4;
     uint32_t *drb, *dcnt, *dtb;
     CUDA_OK(cudaMalloc(&dw, (size_t)n_exp * n * k * es));
     CUDA_OK(cudaMalloc(&dx, (size_t)(total ? total : 1) * k * es));
@@ -439,6 +451,10 @@ static void gemm_check(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const ui
     CUDA_OK(cudaMalloc((void **)&drb, (n_exp + 1) * 4));
     CUDA_OK(cudaMalloc((void **)&dcnt, n_exp * 4));
     CUDA_OK(cudaMalloc((void **)&dtb, (n_exp + 1) * 4));
+    if (split != 1) {
+        CUDA_OK(cudaMalloc(&dsplit, split_bytes));
+        CUDA_OK(cudaMemset(dsplit, 0xff, split_bytes));
+    }
     CUDA_OK(cudaMemcpy(dw, w, (size_t)n_exp * n * k * es, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dx, x, (size_t)(total ? total : 1) * k * es, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dws, ws, (size_t)n_exp * (n / 128) * ld * sizeof(float), cudaMemcpyHostToDevice));
@@ -467,9 +483,15 @@ static void gemm_check(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const ui
     a.n_tiles = tile_base[n_exp];
     a.d = dd;
     a.prefetch = EPD_FFN_GEMM_PREFETCH;
-    char what[160];
-    snprintf(what, sizeof what, "GEMM kernel %s%s, N %u, K %u, %u experts, %u row tiles",
-             fp8 ? "fp8-block" : "bf16", out_bf16 ? " (bf16 out)" : "", n, k, n_exp, a.n_tiles);
+    a.split_k = split;
+    a.total_rows = total;
+    a.split_ws = dsplit;
+    a.split_ws_bytes = dsplit != NULL ? split_bytes : 0;
+    a.split_used_p = &split_used;
+    char what[200];
+    snprintf(what, sizeof what, "GEMM kernel %s%s, N %u, K %u, %u experts, %u row tiles, split %s",
+             fp8 ? "fp8-block" : "bf16", out_bf16 ? " (bf16 out)" : "", n, k, n_exp, a.n_tiles,
+             split == EPD_FFN_GEMM_SPLIT_AUTO ? "auto" : split == 1 ? "none" : "fixed");
     epd_status_t st = epd_ffn_gemm_supported(fp8, err);
     if (st == EPD_ERR_UNSUPPORTED) {
         printf("note  %s not run: %s\n", what, err);
@@ -515,8 +537,13 @@ static void gemm_check(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const ui
             }
         }
     }
-    printf("%s  %s: %llu of %llu outputs wrong\n", bad ? "FAIL" : "PASS", what,
-           (unsigned long long)bad, (unsigned long long)checked);
+    printf("%s  %s (%u K ranges used): %llu of %llu outputs wrong\n", bad ? "FAIL" : "PASS",
+           what, split_used, (unsigned long long)bad, (unsigned long long)checked);
+    /* a fixed split is used as asked (within K's stages) */
+    if (split > 1 && split_used != (split < k * (fp8 ? 1 : 2) / 128 ? split : k * (fp8 ? 1 : 2) / 128)) {
+        printf("FAIL  %s: %u K ranges used, want %u\n", what, split_used, split);
+        bad++;
+    }
     if (bad)
         failed++;
     else
@@ -530,6 +557,7 @@ out:
     cudaFree(drb);
     cudaFree(dcnt);
     cudaFree(dtb);
+    cudaFree(dsplit);
     free(row_base);
     free(tile_base);
     free(w);
@@ -548,14 +576,24 @@ static void gemm_checks(void)
     static const uint32_t one[] = {5, 200};
     static const uint32_t real[] = {1, 70, 0, 9};
     static const uint32_t real_down[] = {3};
+    static const uint32_t wide[] = {33, 31, 40};
     const uint32_t n_edges = sizeof edges / sizeof edges[0];
+    const uint32_t AUTO = EPD_FFN_GEMM_SPLIT_AUTO;
     for (int fp8 = 0; fp8 < 2; fp8++) {
         mma_check(fp8);
-        gemm_check(fp8, false, 256, 384, edges, n_edges); /* K/128 3: FP8 scale rows padded */
-        gemm_check(fp8, false, 128, 128, one, 2);         /* one FP8 K block, fewer than STAGES */
-        gemm_check(fp8, true, 256, 512, edges, n_edges);  /* BF16 out */
-        gemm_check(fp8, false, 256, 7168, real, 4);       /* gate/up's K */
-        gemm_check(fp8, false, 7168, 2048, real_down, 1); /* down's N and K */
+        gemm_check(fp8, false, 256, 384, edges, n_edges, 1); /* K/128 3: FP8 scale rows padded */
+        gemm_check(fp8, false, 128, 128, one, 2, 1);         /* one FP8 K block, fewer than STAGES */
+        gemm_check(fp8, true, 256, 512, edges, n_edges, 1);  /* BF16 out */
+        gemm_check(fp8, false, 256, 7168, real, 4, 1);       /* gate/up's K */
+        gemm_check(fp8, false, 7168, 2048, real_down, 1, 1); /* down's N and K */
+        /* split-K: K ranges of one stage (FP8 K/128 3 in 3), uneven ranges, BF16 out through the
+         * reduce, more ranges than stages (clamped), and the auto split on the real shapes */
+        gemm_check(fp8, false, 256, 384, edges, n_edges, 3);
+        gemm_check(fp8, true, 256, 512, edges, n_edges, 3);
+        gemm_check(fp8, false, 128, 128, one, 2, 4);
+        gemm_check(fp8, false, 384, 1024, wide, 3, 5);
+        gemm_check(fp8, false, 256, 7168, real, 4, AUTO);
+        gemm_check(fp8, true, 7168, 2048, real_down, 1, AUTO);
     }
 }
 
