@@ -50,22 +50,29 @@ static void iov_advance(epd_bulk_job_t *job, size_t n)
     }
 }
 
-static void take_fds(epd_bulk_job_t *job, struct msghdr *msg)
+unsigned epd_bulk_take_fds(struct msghdr *msg, int *fds, unsigned *n_fds, unsigned cap)
 {
+    unsigned closed = 0;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm != NULL; cm = CMSG_NXTHDR(msg, cm)) {
         if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
         size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
         for (size_t i = 0; i < n; i++) {
             int fd;
             memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
-            if (job->n_fds < EPD_BULK_MAX_FDS) {
-                job->fds[job->n_fds++] = fd;
+            if (*n_fds < cap) {
+                fds[(*n_fds)++] = fd;
             } else {
-                job->fds_dropped++;
+                closed++;
                 close(fd);
             }
         }
     }
+    return closed;
+}
+
+static void take_fds(epd_bulk_job_t *job, struct msghdr *msg)
+{
+    job->fds_dropped += epd_bulk_take_fds(msg, job->fds, &job->n_fds, EPD_BULK_MAX_FDS);
     if (msg->msg_flags & MSG_CTRUNC) job->fds_dropped++;
 }
 

@@ -44,6 +44,12 @@ typedef struct epd_bulk_job {
     unsigned fds_dropped;        /* beyond EPD_BULK_MAX_FDS: closed */
 } epd_bulk_job_t;
 
+struct msghdr;
+
+/* Appends the file descriptors of msg's SCM_RIGHTS messages to fds[*n_fds..cap), closing those
+ * that do not fit; returns how many were closed. (Any thread: touches only its arguments.) */
+unsigned epd_bulk_take_fds(struct msghdr *msg, int *fds, unsigned *n_fds, unsigned cap);
+
 /* Starts threads (1..64) on base's loop; wait_us: how long a job waits for its socket to become
  * readable (writable) again before it comes back with part of its bytes. */
 epd_status_t epd_bulk_create(struct event_base *base, unsigned threads, uint32_t wait_us,

@@ -994,21 +994,10 @@ static void conn_resume_cb(evutil_socket_t fd, short what, void *arg)
 /* Keeps the file descriptors of one SCM_RIGHTS message (closing those over CONN_MAX_FDS). */
 static void conn_take_fds(epd_conn_t *c, struct msghdr *msg)
 {
-    for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm != NULL; cm = CMSG_NXTHDR(msg, cm)) {
-        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
-        size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < n; i++) {
-            int fd;
-            memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
-            if (c->n_fds < CONN_MAX_FDS) {
-                c->fds[c->n_fds++] = fd;
-            } else {
-                epd_log_info("conn %" PRIu64 ": more than %d unclaimed file descriptors; "
-                             "closing one", c->id, CONN_MAX_FDS);
-                close(fd);
-            }
-        }
-    }
+    unsigned closed = epd_bulk_take_fds(msg, c->fds, &c->n_fds, CONN_MAX_FDS);
+    if (closed > 0)
+        epd_log_info("conn %" PRIu64 ": more than %d unclaimed file descriptors; %u closed",
+                     c->id, CONN_MAX_FDS, closed);
 }
 
 /* One recvmsg into iov[n_iov], keeping the file descriptors that came with it (SCM_RIGHTS may
