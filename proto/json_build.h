@@ -14,6 +14,12 @@
 /* The tree of text[0..len), which must have passed epd_json_strict_check; NULL without memory. */
 cJSON *epd_json_build(const char *text, size_t len);
 
+/* The same tree of an object or an array in one block of memory (a chunk or a few), several
+ * mallocs fewer: free it with epd_json_arena_free, never cJSON_Delete, and add no nodes of
+ * cJSON's to it. NULL without memory, or when the text is not an object or an array. */
+cJSON *epd_json_build_arena(const char *text, size_t len);
+void epd_json_arena_free(cJSON *tree);
+
 /* The same for an object, without its first top-level member named key (compared unescaped):
  * *value_p and *value_len_p get that member's value text (NULL and 0 when there is none), for a
  * caller that reads it faster itself (an EXPERTS meta's counts of 256 experts were most of its

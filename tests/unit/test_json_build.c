@@ -90,6 +90,19 @@ static void check_text(const char *text, size_t len)
     /* and the builder's tree works with cJSON's own calls */
     cJSON_AddNumberToObject(got, "appended", 1);
     cJSON_Delete(got);
+    /* the one-block tree of the decoder: the same tree for objects and arrays, none otherwise;
+     * a copy of it (epd_frame_take_meta) is cJSON's own */
+    cJSON *block = epd_json_build_arena(copy, len);
+    if (cJSON_IsObject(want) || cJSON_IsArray(want)) {
+        assert_non_null(block);
+        assert_same_tree(block, want, copy);
+        cJSON *dup = cJSON_Duplicate(block, true);
+        epd_json_arena_free(block);
+        assert_same_tree(dup, want, copy);
+        cJSON_Delete(dup);
+    } else {
+        assert_null(block);
+    }
     /* objects: without their first member, their last, and a key they do not have */
     if (cJSON_IsObject(want)) {
         if (want->child != NULL && want->child->string != NULL) {
