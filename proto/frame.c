@@ -358,6 +358,23 @@ static epd_status_t decoder_parse_meta(epd_decoder_t *dec, char err[EPD_ERR_LEN]
     size_t bad;
     cJSON *meta;
 
+    /* what the daemon and libepd write (compact, plain ASCII, integers) in one pass; anything
+     * else, or a frame kept as text, through the checks below */
+    if (!(dec->text_types & (1u << dec->header.type))) {
+        epd_json_id_span_t simple_id;
+        meta = epd_json_build_simple(text, len, &simple_id);
+        if (meta != NULL) {
+            dec->frame.meta = meta;
+            dec->frame.meta_arena = true;
+            dec->frame.id_kind = simple_id.kind == EPD_JSON_ID_FOUND
+                                     ? id_classify(text + simple_id.start, simple_id.len,
+                                                   &dec->frame.id)
+                                     : EPD_FRAME_ID_ABSENT;
+            free(dec->meta_text);
+            dec->meta_text = NULL;
+            return EPD_OK;
+        }
+    }
     if (memchr(text, '\0', len) != NULL) {
         snprintf(err, EPD_ERR_LEN, "meta contains a NUL byte at offset %zu",
                  (size_t)((const char *)memchr(text, '\0', len) - text));

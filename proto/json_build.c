@@ -1,6 +1,7 @@
 /* proto/json_build.h: a recursive descent over text the strict checker has validated, so it
  * checks nothing but its allocations (the checker bounds the depth). */
 #include "proto/json_build.h"
+#include "proto/json_strict.h"
 
 #include <limits.h>
 #include <stdalign.h>
@@ -23,6 +24,7 @@ typedef struct {
     size_t len, at;
     arena_chunk_t *arena; /* NULL: cJSON's allocator, one call a node and a string */
     arena_chunk_t *last;  /* the chunk being filled */
+    epd_json_id_span_t *id; /* epd_json_build_simple: the top-level "id" found */
 } reader_t;
 
 #define ARENA_ALIGN alignof(max_align_t)
@@ -352,6 +354,128 @@ cJSON *epd_json_build_arena(const char *text, size_t len)
         epd_json_arena_free((cJSON *)(void *)first->data);
         return NULL;
     }
+    return tree;
+}
+
+/* ---- the compact subset in one pass (epd_json_build_simple) ---- */
+
+#define SIMPLE_MAX_DEPTH 16u
+
+static cJSON *simple_value(reader_t *r, unsigned depth);
+
+/* A string of printable ASCII without escapes, into the arena; NULL otherwise. */
+static char *simple_string(reader_t *r)
+{
+    size_t start = ++r->at, end = start;
+    for (; end < r->len; end++) {
+        unsigned char c = (unsigned char)r->s[end];
+        if (c == '"') break;
+        if (c < 0x20 || c > 0x7e || c == '\\') return NULL;
+    }
+    if (end == r->len) return NULL;
+    char *out = arena_take(r, end - start + 1);
+    if (out == NULL) return NULL;
+    memcpy(out, r->s + start, end - start);
+    out[end - start] = '\0';
+    r->at = end + 1;
+    return out;
+}
+
+/* 0, or 1-15 digits without a leading zero (exact as a double, as read_number makes them). */
+static cJSON *simple_number(reader_t *r)
+{
+    size_t start = r->at;
+    uint64_t v = 0;
+    while (r->at < r->len && r->s[r->at] >= '0' && r->s[r->at] <= '9') {
+        v = v * 10 + (uint64_t)(r->s[r->at] - '0');
+        if (++r->at - start > 15) return NULL;
+    }
+    size_t n = r->at - start;
+    if (n == 0 || (n > 1 && r->s[start] == '0')) return NULL;
+    if (r->at < r->len && r->s[r->at] != ',' && r->s[r->at] != '}' && r->s[r->at] != ']')
+        return NULL; /* a fraction, an exponent: the full grammar's */
+    return number_new(r, (double)v);
+}
+
+static cJSON *simple_container(reader_t *r, unsigned depth, bool object)
+{
+    if (depth >= SIMPLE_MAX_DEPTH) return NULL;
+    cJSON *c = node_new(r, object ? cJSON_Object : cJSON_Array);
+    if (c == NULL) return NULL;
+    r->at++;
+    if (r->at < r->len && r->s[r->at] == (object ? '}' : ']')) {
+        r->at++;
+        return c;
+    }
+    cJSON *tail = NULL;
+    for (;;) {
+        char *key = NULL;
+        if (object) {
+            if (r->at >= r->len || r->s[r->at] != '"' || (key = simple_string(r)) == NULL)
+                return NULL;
+            if (r->at >= r->len || r->s[r->at] != ':') return NULL;
+            r->at++;
+        }
+        size_t value_at = r->at;
+        cJSON *item = simple_value(r, depth + 1);
+        if (item == NULL) return NULL;
+        if (object && depth == 0 && r->id != NULL && r->id->kind == EPD_JSON_ID_NONE &&
+            strcmp(key, "id") == 0) {
+            r->id->kind = EPD_JSON_ID_FOUND;
+            r->id->start = value_at;
+            r->id->len = r->at - value_at;
+        }
+        item->string = key;
+        if (tail == NULL) {
+            c->child = item;
+        } else {
+            tail->next = item;
+            item->prev = tail;
+        }
+        tail = item;
+        c->child->prev = tail;
+        if (r->at >= r->len) return NULL;
+        char sep = r->s[r->at++];
+        if (sep == ',') continue;
+        if (sep == (object ? '}' : ']')) return c;
+        return NULL;
+    }
+}
+
+static cJSON *simple_value(reader_t *r, unsigned depth)
+{
+    if (r->at >= r->len) return NULL;
+    switch (r->s[r->at]) {
+    case '{': return simple_container(r, depth, true);
+    case '[': return simple_container(r, depth, false);
+    case '"': {
+        char *text = simple_string(r);
+        if (text == NULL) return NULL;
+        cJSON *item = node_new(r, cJSON_String);
+        if (item != NULL) item->valuestring = text;
+        return item;
+    }
+    default: return simple_number(r);
+    }
+}
+
+cJSON *epd_json_build_simple(const char *text, size_t len, epd_json_id_span_t *id_p)
+{
+    epd_json_id_span_t id = {.kind = EPD_JSON_ID_NONE, .start = 0, .len = 0};
+    if (len < 2 || text[0] != '{') return NULL;
+    size_t cap = (len / 8 + 4) * sizeof(cJSON) + len + 64;
+    arena_chunk_t *first = malloc(sizeof *first + cap);
+    if (first == NULL) return NULL;
+    first->next = NULL;
+    first->used = 0;
+    first->cap = cap;
+    reader_t r = {.s = text, .len = len, .at = 0, .arena = first, .last = first, .id = &id};
+    cJSON *tree = simple_value(&r, 0); /* the root is the first node taken: first->data */
+    if (tree == NULL || r.at != len) {
+        epd_json_arena_free((cJSON *)(void *)first->data);
+        return NULL;
+    }
+    if (id_p != NULL) *id_p = id;
     return tree;
 }
 

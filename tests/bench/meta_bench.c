@@ -5,7 +5,9 @@
  *   tree        the checks and the tree as the decoder built it before (the strict grammar,
  *               then epd_json_build: one allocation a node, a key and a string; cJSON_Delete);
  *   decoder     epd_decoder_feed of the whole frame, as the daemon and libepd decode it now
- *               (the UTF-8 and strict checks, the id, the tree in one block), and epd_frame_free;
+ *               (these compact metas in one pass that checks as it builds, epd_json_build_simple;
+ *               others through the UTF-8 and strict checks and the tree in one block), and
+ *               epd_frame_free;
  *   +validate   (SUBMITs) the decoder, then epd_submit_validate_regions with regions that
  *               resolve to host memory and a memcpy for the device fetch.
  * Under valgrind --tool=callgrind the same code counts instructions: --way W runs that way only
