@@ -1,7 +1,6 @@
 /* libepd: one client = one Unix socket connection to the daemon. Blocking calls with a deadline
  * (poll), a queue of answers that arrived before they were asked for (pipelining, errors that
  * overtake results), and per-client error reporting. No global state. */
-
 #include "proto/epd.h"
 
 #include <errno.h>
@@ -145,7 +144,8 @@ static uint64_t client_default_spin_ns(void)
     cpu_set_t set;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < cpus) cpus = CPU_COUNT(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < cpus)
+        cpus = CPU_COUNT(&set);
     return cpus >= EPD_CLIENT_SPIN_MIN_CPUS ? (uint64_t)EPD_CLIENT_DEFAULT_SPIN_US * 1000u : 0;
 }
 
