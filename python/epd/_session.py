@@ -108,6 +108,16 @@ class _Placement:
             return fr.region_tensor(self.dtype, self.shape, self.region, self.offset)
         return fr.payload_tensor(self.dtype, self.shape, begin, begin + len(self.data))
 
+    def text(self, begin=None):
+        """descriptor(begin) as compact JSON, written directly: its dtype is a wire name and
+        the rest integers (json.dumps of a SUBMIT's meta cost 10 us a call)."""
+        shape = ",".join(map(str, self.shape))
+        if self.region is not None:
+            return '{"dtype":"%s","shape":[%s],"region":%d,"offset":%d}' % (
+                self.dtype, shape, self.region, self.offset)
+        return '{"dtype":"%s","shape":[%s],"data_offsets":[%d,%d]}' % (
+            self.dtype, shape, begin, begin + len(self.data))
+
 
 class DeviceNeed:
     """A CUDA allocation a SUBMIT names that this connection has not registered yet."""
@@ -327,22 +337,22 @@ class Session:
         n_tokens, hidden = (shape[0], shape[1]) if len(shape) == 2 else (None, None)
         p = Pending(self.new_id(), "submit")
         p.n_tokens, p.hidden = n_tokens, hidden
-        tensors, parts, at = {}, [], 0
+        tensors, parts, at = [], [], 0
         # payload tensors by decreasing element size: every offset aligned, no gap
         order = sorted((k for k in ("x", "topk_ids", "topk_weights") if placed[k].data is not None),
                        key=lambda k: -fr.DTYPE_SIZES.get(placed[k].dtype, 1))
         for name in ("x", "topk_ids", "topk_weights", "y"):
             if name in placed and placed[name].data is None:
-                tensors[name] = placed[name].descriptor()
+                tensors.append('"%s":%s' % (name, placed[name].text()))
         for name in order:
-            tensors[name] = placed[name].descriptor(at)
+            tensors.append('"%s":%s' % (name, placed[name].text(at)))
             parts.append(placed[name].data)
             at += len(placed[name].data)
-        meta = {"id": p.id, "tensors": tensors}
+        text = '{"id":%d,"tensors":{%s}' % (p.id, ",".join(tensors))
         if layer is not None:
             if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < 1 << 31:
                 raise InvalidArgument("layer must be an integer in [0, 2^31), got %r" % (layer,))
-            meta["layer"] = layer
+            text += ',"layer":%d' % layer
         if out is not None:
             tm = torch_module(out)
             want = (n_tokens, hidden)
@@ -365,7 +375,10 @@ class Session:
                 p.out_view = byte_view(host)
         else:
             p.y_torch = torch_module(x) is not None
-        head_meta = fr.encode_meta(meta)
+        head_meta = (text + "}").encode()
+        if len(head_meta) > fr.MAX_META:
+            raise InvalidArgument("meta of %d bytes is over the protocol's %d"
+                                  % (len(head_meta), fr.MAX_META))
         bufs = [fr.encode_header(fr.SUBMIT, len(head_meta), at) + head_meta] + parts
         p.keep = tuple(parts)
         return self._track(p), bufs

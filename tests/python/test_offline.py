@@ -95,6 +95,46 @@ class TestFrame(unittest.TestCase):
             with self.assertRaises(epd.ProtocolError):
                 fr.decode_header(b)
 
+    def test_frame__submit_meta__written_as_json_dumps_would(self):
+        from epd._session import Session, _Placement
+
+        class Whole:  # a registered host region holding every array, at a fixed offset
+            def contains(self, address, nbytes):
+                return 4096
+
+        rng = random.Random(5)
+        for trial in range(200):
+            s = Session()
+            s.host = [(Whole(), 1 + trial % 3)] if trial % 2 else []
+            n, h, k = rng.randint(1, 300), rng.choice([4, 7168]), rng.choice([1, 8])
+            x = np.zeros((n, h), np.uint16)
+            ids = np.zeros((n, k), rng.choice([np.int32, np.int64]))
+            w = np.zeros((n, k), np.float32)
+            out = np.zeros((n, h), np.uint16) if trial % 4 == 1 else None
+            layer = rng.choice([None, 0, 3, (1 << 31) - 1])
+            placed, needs = s.plan_submit(x, ids, w, out)
+            p, bufs = s.submit(placed, x, out, layer)
+            head = bytes(bufs[0])
+            ftype, meta_len, payload_len = fr.decode_header(head[:fr.HEADER_LEN])
+            text = head[fr.HEADER_LEN:fr.HEADER_LEN + meta_len]
+            # the same meta as a dict, the way it was written before (json.dumps)
+            tensors, at = {}, 0
+            for name in ("x", "topk_ids", "topk_weights", "y"):
+                if name in placed and placed[name].data is None:
+                    tensors[name] = placed[name].descriptor()
+            order = sorted((q for q in ("x", "topk_ids", "topk_weights")
+                            if placed[q].data is not None),
+                           key=lambda q: -fr.DTYPE_SIZES.get(placed[q].dtype, 1))
+            for name in order:
+                tensors[name] = placed[name].descriptor(at)
+                at += len(placed[name].data)
+            meta = {"id": p.id, "tensors": tensors}
+            if layer is not None:
+                meta["layer"] = layer
+            self.assertEqual(text, fr.encode_meta(meta))
+            self.assertEqual(payload_len, at)
+        self.assertIsInstance(_Placement("bf16", [2, 3], region=1, offset=0).text(), str)
+
     def test_frame__receiver__any_split_gives_the_same_frames(self):
         frames = [fr.encode(fr.REPLY, {"id": 1, "op": "health"}),
                   fr.encode(fr.RESULT, {"id": 2}, bytes(range(256)) * 3),
