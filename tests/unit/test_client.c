@@ -321,6 +321,114 @@ static epd_client_t *connect_to(fake_t *f)
     return c;
 }
 
+/* A listener that keeps every byte of its one connection (for the exact text of SUBMITs). */
+typedef struct {
+    int lfd;
+    char path[108];
+    uint8_t *got;
+    size_t len, cap;
+    pthread_t thread;
+} sink_t;
+
+static void *sink_main(void *arg)
+{
+    sink_t *s = arg;
+    int fd = accept(s->lfd, NULL, NULL);
+    if (fd < 0) return NULL;
+    for (;;) {
+        if (s->cap - s->len < 65536) {
+            s->cap = s->cap * 2 + 65536;
+            s->got = realloc(s->got, s->cap);
+            if (s->got == NULL) break;
+        }
+        ssize_t n = read(fd, s->got + s->len, s->cap - s->len);
+        if (n <= 0) break;
+        s->len += (size_t)n;
+    }
+    close(fd);
+    return NULL;
+}
+
+static void test_client__submit_meta__bytes_as_printf_wrote_them(void **state)
+{
+    (void)state;
+    sink_t s = {0};
+    snprintf(s.path, sizeof s.path, "/tmp/epd-test-sink.%ld.sock", (long)getpid());
+    unlink(s.path);
+    s.lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", s.path);
+    assert_int_equal(bind(s.lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(s.lfd, 1), 0);
+    assert_int_equal(pthread_create(&s.thread, NULL, sink_main, &s), 0);
+    epd_client_t *c = epd_client_create();
+    assert_non_null(c);
+    assert_int_equal(epd_client_connect(c, s.path, 5000), EPD_CLIENT_OK);
+
+    static uint16_t x[3 * 8];
+    static int64_t ids[3 * 2];
+    static float w[3 * 2];
+    enum { CASES = 4 };
+    char want[CASES][1024];
+    for (int i = 0; i < CASES; i++) {
+        epd_client_request_t r = {.id = i == 3 ? UINT64_MAX : 1099511627776ull + (uint64_t)i,
+                                  .n_tokens = 3, .hidden = 8, .topk = 2,
+                                  .layer = i == 0 ? -1 : i == 1 ? 0 : INT32_MAX};
+        r.ids_i64 = i == 2;
+        bool regions = i % 2 == 0;
+        if (regions) {
+            r.x = (epd_client_tensor_t){.region = 1, .offset = 4096};
+            r.topk_ids = (epd_client_tensor_t){.region = UINT32_MAX, .offset = 0};
+            r.topk_weights = (epd_client_tensor_t){.region = 1, .offset = UINT64_MAX - 15};
+            r.y = (epd_client_tensor_t){.region = 2, .offset = 10};
+        } else {
+            r.x = (epd_client_tensor_t){.data = x};
+            r.topk_ids = (epd_client_tensor_t){.data = ids};
+            r.topk_weights = (epd_client_tensor_t){.data = w};
+        }
+        assert_int_equal(epd_client_send_request(c, &r), EPD_CLIENT_OK);
+        int n = snprintf(want[i], sizeof want[i], "{\"id\":%llu", (unsigned long long)r.id);
+        if (r.layer >= 0) n += snprintf(want[i] + n, sizeof want[i] - n, ",\"layer\":%d", r.layer);
+        const char *idt = r.ids_i64 ? "i64" : "i32";
+        if (regions)
+            snprintf(want[i] + n, sizeof want[i] - n,
+                     ",\"tensors\":{\"topk_ids\":{\"dtype\":\"%s\",\"shape\":[3,2],\"region\":%u,"
+                     "\"offset\":0},\"topk_weights\":{\"dtype\":\"f32\",\"shape\":[3,2],\"region\":1,"
+                     "\"offset\":%llu},\"x\":{\"dtype\":\"bf16\",\"shape\":[3,8],\"region\":1,"
+                     "\"offset\":4096},\"y\":{\"dtype\":\"bf16\",\"shape\":[3,8],\"region\":2,"
+                     "\"offset\":10}}}",
+                     idt, UINT32_MAX, (unsigned long long)(UINT64_MAX - 15));
+        else
+            snprintf(want[i] + n, sizeof want[i] - n,
+                     ",\"tensors\":{\"topk_ids\":{\"dtype\":\"%s\",\"shape\":[3,2],"
+                     "\"data_offsets\":[0,%d]},\"topk_weights\":{\"dtype\":\"f32\",\"shape\":[3,2],"
+                     "\"data_offsets\":[%d,%d]},\"x\":{\"dtype\":\"bf16\",\"shape\":[3,8],"
+                     "\"data_offsets\":[%d,%d]}}}",
+                     idt, r.ids_i64 ? 48 : 24, r.ids_i64 ? 48 : 24, r.ids_i64 ? 72 : 48,
+                     r.ids_i64 ? 72 : 48, (r.ids_i64 ? 72 : 48) + 48);
+    }
+    epd_client_destroy(c);
+    pthread_join(s.thread, NULL);
+    close(s.lfd);
+    unlink(s.path);
+    size_t at = 0;
+    for (int i = 0; i < CASES; i++) {
+        epd_frame_header_t h;
+        char err[EPD_ERR_LEN];
+        assert_true(s.len - at >= EPD_FRAME_HEADER_LEN);
+        assert_int_equal(epd_frame_header_decode(s.got + at, UINT64_MAX, UINT32_MAX, &h, err),
+                         EPD_OK);
+        at += EPD_FRAME_HEADER_LEN;
+        assert_true(s.len - at >= h.meta_len + h.payload_len);
+        char *meta = strndup((const char *)s.got + at, h.meta_len);
+        assert_string_equal(meta, want[i]);
+        free(meta);
+        at += h.meta_len + h.payload_len;
+    }
+    assert_int_equal(at, s.len);
+    free(s.got);
+}
+
 static void test_client__submit__returns_y_and_step(void **state)
 {
     fake_t f;
@@ -648,6 +756,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_client__submit__returns_y_and_step),
+        cmocka_unit_test(test_client__submit_meta__bytes_as_printf_wrote_them),
         cmocka_unit_test(test_client__rejected_batch__maps_daemon_code),
         cmocka_unit_test(test_client__pipeline__collects_out_of_order_by_id),
         cmocka_unit_test(test_client__many_large_sends__do_not_deadlock),
