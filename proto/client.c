@@ -25,6 +25,7 @@
 #include "proto/base64.h"
 #include "proto/frame.h"
 #include "proto/json_build.h"
+#include "proto/meta_text.h"
 
 #ifndef EPD_VERSION
 #define EPD_VERSION "0"
@@ -862,61 +863,35 @@ typedef struct client_region {
     struct client_region *next;
 } client_region_t;
 
-/* Appends text at *at in buf (SUBMIT_META_CAP bytes; *at goes to the cap when it does not fit,
- * and everything after is dropped). */
-static void put_text(char *buf, size_t *at, const char *text)
-{
-    size_t n = strlen(text);
-    if (*at >= SUBMIT_META_CAP || SUBMIT_META_CAP - *at < n) {
-        *at = SUBMIT_META_CAP;
-        return;
-    }
-    memcpy(buf + *at, text, n);
-    *at += n;
-}
-
-/* Appends v in decimal, as printf's %llu. */
-static void put_u64(char *buf, size_t *at, uint64_t v)
-{
-    char digits[21];
-    size_t n = sizeof digits;
-    digits[--n] = '\0';
-    do {
-        digits[--n] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v != 0);
-    put_text(buf, at, digits + n);
-}
-
-/* Appends `"name":{"dtype":…,"shape":[rows,cols],…}` (with a leading comma unless first) at
- * *at in buf: the tensor in its region, or its byte range in the payload, which then grows by
- * bytes. Written by hand: cJSON's printer formats every number as a double and reads it back
+/* Appends `"name":{"dtype":…,"shape":[rows,cols],…}` (with a leading comma unless first): the
+ * tensor in its region, or its byte range in the payload, which then grows by bytes. Written by
+ * hand (proto/meta_text.h): cJSON's printer formats every number as a double and reads it back
  * (23 us a SUBMIT on a slow core), and snprintf took 12k of the 13k instructions of
  * epd_client_send_request. */
-static void put_place(char *buf, size_t *at, bool first, const char *name, const char *dtype,
+static void put_place(epd_meta_text_t *m, bool first, const char *name, const char *dtype,
                       uint64_t rows, uint64_t cols, const epd_client_tensor_t *t,
                       uint64_t *payload_at, uint64_t bytes)
 {
-    put_text(buf, at, first ? "\"" : ",\"");
-    put_text(buf, at, name);
-    put_text(buf, at, "\":{\"dtype\":\"");
-    put_text(buf, at, dtype);
-    put_text(buf, at, "\",\"shape\":[");
-    put_u64(buf, at, rows);
-    put_text(buf, at, ",");
-    put_u64(buf, at, cols);
+    epd_meta_put(m, first ? "\"" : ",\"");
+    epd_meta_put(m, name);
+    epd_meta_put(m, "\":{\"dtype\":\"");
+    epd_meta_put(m, dtype);
+    epd_meta_put(m, "\",\"shape\":[");
+    epd_meta_put_u64(m, rows);
+    epd_meta_put(m, ",");
+    epd_meta_put_u64(m, cols);
     if (t->region != 0) {
-        put_text(buf, at, "],\"region\":");
-        put_u64(buf, at, t->region);
-        put_text(buf, at, ",\"offset\":");
-        put_u64(buf, at, t->offset);
-        put_text(buf, at, "}");
+        epd_meta_put(m, "],\"region\":");
+        epd_meta_put_u64(m, t->region);
+        epd_meta_put(m, ",\"offset\":");
+        epd_meta_put_u64(m, t->offset);
+        epd_meta_put(m, "}");
     } else {
-        put_text(buf, at, "],\"data_offsets\":[");
-        put_u64(buf, at, *payload_at);
-        put_text(buf, at, ",");
-        put_u64(buf, at, *payload_at + bytes);
-        put_text(buf, at, "]}");
+        epd_meta_put(m, "],\"data_offsets\":[");
+        epd_meta_put_u64(m, *payload_at);
+        epd_meta_put(m, ",");
+        epd_meta_put_u64(m, *payload_at + bytes);
+        epd_meta_put(m, "]}");
         *payload_at += bytes;
     }
 }
@@ -937,27 +912,26 @@ static int encode_request(epd_client_t *c, const epd_client_request_t *r, epd_fr
                            "region or in memory");
     }
     char text[SUBMIT_META_CAP];
-    size_t meta_len = 0;
-    put_text(text, &meta_len, "{\"id\":");
-    put_u64(text, &meta_len, r->id);
+    epd_meta_text_t m = epd_meta_text(text, sizeof text);
+    epd_meta_put(&m, "{\"id\":");
+    epd_meta_put_u64(&m, r->id);
     if (r->layer >= 0) {
-        put_text(text, &meta_len, ",\"layer\":");
-        put_u64(text, &meta_len, (uint64_t)r->layer);
+        epd_meta_put(&m, ",\"layer\":");
+        epd_meta_put_u64(&m, (uint64_t)r->layer);
     }
-    put_text(text, &meta_len, ",\"tensors\":{");
+    epd_meta_put(&m, ",\"tensors\":{");
     /* payload order: ids, weights, x (as epd_frame_encode_submit) */
-    put_place(text, &meta_len, true, "topk_ids", r->ids_i64 ? "i64" : "i32", r->n_tokens, r->topk,
+    put_place(&m, true, "topk_ids", r->ids_i64 ? "i64" : "i32", r->n_tokens, r->topk,
               &r->topk_ids, &at, id_bytes);
-    put_place(text, &meta_len, false, "topk_weights", "f32", r->n_tokens, r->topk,
-              &r->topk_weights, &at, w_bytes);
-    put_place(text, &meta_len, false, "x", "bf16", r->n_tokens, r->hidden, &r->x, &at, x_bytes);
+    put_place(&m, false, "topk_weights", "f32", r->n_tokens, r->topk, &r->topk_weights, &at,
+              w_bytes);
+    put_place(&m, false, "x", "bf16", r->n_tokens, r->hidden, &r->x, &at, x_bytes);
     if (r->y.region != 0)
-        put_place(text, &meta_len, false, "y", "bf16", r->n_tokens, r->hidden, &r->y, &at,
-                  x_bytes);
-    if (meta_len + 3 > sizeof text)
+        put_place(&m, false, "y", "bf16", r->n_tokens, r->hidden, &r->y, &at, x_bytes);
+    epd_meta_put(&m, "}}");
+    if (!epd_meta_text_ok(&m))
         return client_fail(c, EPD_CLIENT_ERR_INVALID_ARG, NULL, "request meta too large");
-    memcpy(text + meta_len, "}}", 3);
-    meta_len += 2;
+    size_t meta_len = m.len;
     memset(out, 0, sizeof *out);
     out->head = malloc(EPD_FRAME_HEADER_LEN + meta_len);
     if (out->head == NULL) return client_fail(c, EPD_CLIENT_ERR_NO_MEMORY, NULL, "out of memory");

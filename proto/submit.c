@@ -8,6 +8,7 @@
 
 #include "common/bf16.h"
 #include "proto/frame.h"
+#include "proto/meta_text.h"
 
 enum { T_X = EPD_SUBMIT_X, T_IDS = EPD_SUBMIT_IDS, T_WEIGHTS = EPD_SUBMIT_WEIGHTS,
        T_Y = EPD_SUBMIT_Y, T_COUNT = EPD_SUBMIT_TENSORS };
@@ -589,25 +590,40 @@ epd_status_t epd_frame_encode_submit(uint64_t id, uint32_t n_tokens, uint32_t hi
         snprintf(err, EPD_ERR_LEN, "SUBMIT needs x, topk_ids and topk_weights");
         return EPD_ERR_INVALID_ARG;
     }
-    /* written with snprintf, as a RESULT's: cJSON prints every number as a double and reads it
-     * back (tens of microseconds a meta on a slow core) */
-    int len = snprintf(
-        meta, sizeof meta,
-        "{\"id\":%" PRIu64 ",\"tensors\":{"
-        "\"x\":{\"dtype\":\"bf16\",\"shape\":[%" PRIu32 ",%" PRIu32 "],\"data_offsets\":[%" PRIu64
-        ",%" PRIu64 "]},"
-        "\"topk_ids\":{\"dtype\":\"i32\",\"shape\":[%" PRIu32 ",%" PRIu32
-        "],\"data_offsets\":[0,%" PRIu64 "]},"
-        "\"topk_weights\":{\"dtype\":\"f32\",\"shape\":[%" PRIu32 ",%" PRIu32
-        "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}}}",
-        id, n_tokens, hidden, 2 * nk_bytes, 2 * nk_bytes + x_bytes, n_tokens, topk, nk_bytes,
-        n_tokens, topk, nk_bytes, 2 * nk_bytes);
-    if (len < 0 || (size_t)len >= sizeof meta) {
+    /* written by hand, as a RESULT's: cJSON prints every number as a double and reads it back
+     * (tens of microseconds a meta on a slow core), snprintf takes thousands of instructions */
+    epd_meta_text_t m = epd_meta_text(meta, sizeof meta);
+    epd_meta_put(&m, "{\"id\":");
+    epd_meta_put_u64(&m, id);
+    epd_meta_put(&m, ",\"tensors\":{\"x\":{\"dtype\":\"bf16\",\"shape\":[");
+    epd_meta_put_u64(&m, n_tokens);
+    epd_meta_put(&m, ",");
+    epd_meta_put_u64(&m, hidden);
+    epd_meta_put(&m, "],\"data_offsets\":[");
+    epd_meta_put_u64(&m, 2 * nk_bytes);
+    epd_meta_put(&m, ",");
+    epd_meta_put_u64(&m, 2 * nk_bytes + x_bytes);
+    epd_meta_put(&m, "]},\"topk_ids\":{\"dtype\":\"i32\",\"shape\":[");
+    epd_meta_put_u64(&m, n_tokens);
+    epd_meta_put(&m, ",");
+    epd_meta_put_u64(&m, topk);
+    epd_meta_put(&m, "],\"data_offsets\":[0,");
+    epd_meta_put_u64(&m, nk_bytes);
+    epd_meta_put(&m, "]},\"topk_weights\":{\"dtype\":\"f32\",\"shape\":[");
+    epd_meta_put_u64(&m, n_tokens);
+    epd_meta_put(&m, ",");
+    epd_meta_put_u64(&m, topk);
+    epd_meta_put(&m, "],\"data_offsets\":[");
+    epd_meta_put_u64(&m, nk_bytes);
+    epd_meta_put(&m, ",");
+    epd_meta_put_u64(&m, 2 * nk_bytes);
+    epd_meta_put(&m, "]}}}");
+    if (!epd_meta_text_ok(&m)) {
         snprintf(err, EPD_ERR_LEN, "cannot build SUBMIT meta");
         return EPD_ERR_INTERNAL;
     }
     epd_status_t status =
-        out_make_head(EPD_FRAME_SUBMIT, meta, (size_t)len, 2 * nk_bytes + x_bytes, out_p, err);
+        out_make_head(EPD_FRAME_SUBMIT, meta, m.len, 2 * nk_bytes + x_bytes, out_p, err);
     if (status != EPD_OK) return status;
     out_add_part(out_p, topk_ids, (size_t)nk_bytes);
     out_add_part(out_p, topk_weights, (size_t)nk_bytes);
@@ -615,8 +631,9 @@ epd_status_t epd_frame_encode_submit(uint64_t id, uint32_t n_tokens, uint32_t hi
     return EPD_OK;
 }
 
-/* RESULT metas are written with snprintf, not built as cJSON trees: they are on every request's
- * path and their shape is fixed (a tree and its printing cost microseconds per answer). */
+/* RESULT metas are written by hand (proto/meta_text.h), not built as cJSON trees nor printed by
+ * snprintf: they are on every request's path and their shape is fixed (a tree and its printing
+ * cost microseconds per answer). At most about 150 bytes: every number has at most 20 digits. */
 epd_status_t epd_frame_encode_result(uint64_t id, uint64_t step, uint32_t n_tokens,
                                      uint32_t hidden, const uint16_t *y, epd_frame_out_t *out_p,
                                      char err[EPD_ERR_LEN])
@@ -628,12 +645,19 @@ epd_status_t epd_frame_encode_result(uint64_t id, uint64_t step, uint32_t n_toke
         snprintf(err, EPD_ERR_LEN, "RESULT needs y");
         return EPD_ERR_INVALID_ARG;
     }
-    int len = snprintf(meta, sizeof meta,
-                       "{\"id\":%" PRIu64 ",\"tensors\":{\"y\":{\"dtype\":\"bf16\",\"shape\":[%" PRIu32
-                       ",%" PRIu32 "],\"data_offsets\":[0,%" PRIu64 "]}},\"step\":%" PRIu64 "}",
-                       id, n_tokens, hidden, y_bytes, step);
-    epd_status_t status =
-        out_make_head(EPD_FRAME_RESULT, meta, (size_t)len, y_bytes, out_p, err);
+    epd_meta_text_t m = epd_meta_text(meta, sizeof meta);
+    epd_meta_put(&m, "{\"id\":");
+    epd_meta_put_u64(&m, id);
+    epd_meta_put(&m, ",\"tensors\":{\"y\":{\"dtype\":\"bf16\",\"shape\":[");
+    epd_meta_put_u64(&m, n_tokens);
+    epd_meta_put(&m, ",");
+    epd_meta_put_u64(&m, hidden);
+    epd_meta_put(&m, "],\"data_offsets\":[0,");
+    epd_meta_put_u64(&m, y_bytes);
+    epd_meta_put(&m, "]}},\"step\":");
+    epd_meta_put_u64(&m, step);
+    epd_meta_put(&m, "}");
+    epd_status_t status = out_make_head(EPD_FRAME_RESULT, meta, m.len, y_bytes, out_p, err);
     if (status != EPD_OK) return status;
     if (y_bytes > 0) out_add_part(out_p, y, (size_t)y_bytes);
     return EPD_OK;
@@ -643,13 +667,22 @@ epd_status_t epd_frame_encode_result_region(uint64_t id, uint64_t step, uint32_t
                                             uint32_t hidden, uint32_t region, uint64_t offset,
                                             epd_frame_out_t *out_p, char err[EPD_ERR_LEN])
 {
-    char meta[256];
-    int len = snprintf(meta, sizeof meta,
-                       "{\"id\":%" PRIu64 ",\"tensors\":{\"y\":{\"dtype\":\"bf16\",\"shape\":[%" PRIu32
-                       ",%" PRIu32 "],\"region\":%" PRIu32 ",\"offset\":%" PRIu64
-                       "}},\"step\":%" PRIu64 "}",
-                       id, n_tokens, hidden, region, offset, step);
-    return out_make_head(EPD_FRAME_RESULT, meta, (size_t)len, 0, out_p, err);
+    char meta[256]; /* at most about 150 bytes: every number has at most 20 digits */
+    epd_meta_text_t m = epd_meta_text(meta, sizeof meta);
+    epd_meta_put(&m, "{\"id\":");
+    epd_meta_put_u64(&m, id);
+    epd_meta_put(&m, ",\"tensors\":{\"y\":{\"dtype\":\"bf16\",\"shape\":[");
+    epd_meta_put_u64(&m, n_tokens);
+    epd_meta_put(&m, ",");
+    epd_meta_put_u64(&m, hidden);
+    epd_meta_put(&m, "],\"region\":");
+    epd_meta_put_u64(&m, region);
+    epd_meta_put(&m, ",\"offset\":");
+    epd_meta_put_u64(&m, offset);
+    epd_meta_put(&m, "}},\"step\":");
+    epd_meta_put_u64(&m, step);
+    epd_meta_put(&m, "}");
+    return out_make_head(EPD_FRAME_RESULT, meta, m.len, 0, out_p, err);
 }
 
 epd_status_t epd_frame_encode_error(bool has_id, uint64_t id, epd_status_t code,
