@@ -247,6 +247,21 @@ typedef struct {
 
 static cJSON *read_value(reader_t *r);
 
+/* Appends item, named key (NULL in an array), to container c whose last child is *tail_p, in
+ * O(1) as cJSON keeps the list: child->prev is the tail. */
+static void append_child(cJSON *c, cJSON **tail_p, cJSON *item, char *key)
+{
+    item->string = key; /* cJSON_Delete frees it (the item does not own a constant key) */
+    if (*tail_p == NULL) {
+        c->child = item;
+    } else {
+        (*tail_p)->next = item;
+        item->prev = *tail_p;
+    }
+    *tail_p = item;
+    c->child->prev = item;
+}
+
 /* The array or object at r->at; an object's first member named out->key (out may be NULL) is
  * skipped and its value's place kept in out. */
 static cJSON *read_container(reader_t *r, bool object, left_out_t *out)
@@ -284,16 +299,7 @@ static cJSON *read_container(reader_t *r, bool object, left_out_t *out)
             text_free(r, key);
             goto fail;
         }
-        item->string = key; /* cJSON_Delete frees it (the item does not own a constant key) */
-        /* append in O(1), as cJSON keeps the list: child->prev is the tail */
-        if (tail == NULL) {
-            c->child = item;
-        } else {
-            tail->next = item;
-            item->prev = tail;
-        }
-        tail = item;
-        c->child->prev = tail;
+        append_child(c, &tail, item, key);
         skip_ws(r);
         if (r->s[r->at++] == ',') continue;
         return c; /* '}' or ']' */
@@ -425,15 +431,7 @@ static cJSON *simple_container(reader_t *r, unsigned depth, bool object)
             r->id->start = value_at;
             r->id->len = r->at - value_at;
         }
-        item->string = key;
-        if (tail == NULL) {
-            c->child = item;
-        } else {
-            tail->next = item;
-            item->prev = tail;
-        }
-        tail = item;
-        c->child->prev = tail;
+        append_child(c, &tail, item, key);
         if (r->at >= r->len) return NULL;
         char sep = r->s[r->at++];
         if (sep == ',') continue;

@@ -631,6 +631,17 @@ epd_status_t epd_frame_encode_submit(uint64_t id, uint32_t n_tokens, uint32_t hi
     return EPD_OK;
 }
 
+/* A RESULT meta up to y's shape: `{"id":I,"tensors":{"y":{"dtype":"bf16","shape":[N,H`. */
+static void put_result_y(epd_meta_text_t *m, uint64_t id, uint32_t n_tokens, uint32_t hidden)
+{
+    epd_meta_put(m, "{\"id\":");
+    epd_meta_put_u64(m, id);
+    epd_meta_put(m, ",\"tensors\":{\"y\":{\"dtype\":\"bf16\",\"shape\":[");
+    epd_meta_put_u64(m, n_tokens);
+    epd_meta_put(m, ",");
+    epd_meta_put_u64(m, hidden);
+}
+
 /* RESULT metas are written by hand (proto/meta_text.h), not built as cJSON trees nor printed by
  * snprintf: they are on every request's path and their shape is fixed (a tree and its printing
  * cost microseconds per answer). At most about 150 bytes: every number has at most 20 digits. */
@@ -646,12 +657,7 @@ epd_status_t epd_frame_encode_result(uint64_t id, uint64_t step, uint32_t n_toke
         return EPD_ERR_INVALID_ARG;
     }
     epd_meta_text_t m = epd_meta_text(meta, sizeof meta);
-    epd_meta_put(&m, "{\"id\":");
-    epd_meta_put_u64(&m, id);
-    epd_meta_put(&m, ",\"tensors\":{\"y\":{\"dtype\":\"bf16\",\"shape\":[");
-    epd_meta_put_u64(&m, n_tokens);
-    epd_meta_put(&m, ",");
-    epd_meta_put_u64(&m, hidden);
+    put_result_y(&m, id, n_tokens, hidden);
     epd_meta_put(&m, "],\"data_offsets\":[0,");
     epd_meta_put_u64(&m, y_bytes);
     epd_meta_put(&m, "]}},\"step\":");
@@ -669,12 +675,7 @@ epd_status_t epd_frame_encode_result_region(uint64_t id, uint64_t step, uint32_t
 {
     char meta[256]; /* at most about 150 bytes: every number has at most 20 digits */
     epd_meta_text_t m = epd_meta_text(meta, sizeof meta);
-    epd_meta_put(&m, "{\"id\":");
-    epd_meta_put_u64(&m, id);
-    epd_meta_put(&m, ",\"tensors\":{\"y\":{\"dtype\":\"bf16\",\"shape\":[");
-    epd_meta_put_u64(&m, n_tokens);
-    epd_meta_put(&m, ",");
-    epd_meta_put_u64(&m, hidden);
+    put_result_y(&m, id, n_tokens, hidden);
     epd_meta_put(&m, "],\"region\":");
     epd_meta_put_u64(&m, region);
     epd_meta_put(&m, ",\"offset\":");
