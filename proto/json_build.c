@@ -29,6 +29,24 @@ typedef struct {
 
 #define ARENA_ALIGN alignof(max_align_t)
 
+/* An empty chunk of cap bytes, NULL without memory. */
+static arena_chunk_t *arena_chunk_new(size_t cap)
+{
+    arena_chunk_t *c = malloc(sizeof *c + cap);
+    if (c == NULL) return NULL;
+    c->next = NULL;
+    c->used = 0;
+    c->cap = cap;
+    return c;
+}
+
+/* The first chunk of a text's tree: a node every 8 bytes of text and the text's strings, one
+ * allocation for the metas of this protocol (a SUBMIT's has about a node every 14 bytes). */
+static arena_chunk_t *arena_first(size_t len)
+{
+    return arena_chunk_new((len / 8 + 4) * sizeof(cJSON) + len + 64);
+}
+
 /* bytes from the arena, NULL without memory (the chunks stay on the chain) */
 static void *arena_take(reader_t *r, size_t bytes)
 {
@@ -36,11 +54,8 @@ static void *arena_take(reader_t *r, size_t bytes)
     arena_chunk_t *c = r->last;
     if (c->cap - c->used < bytes) {
         size_t cap = c->cap * 2 > bytes ? c->cap * 2 : bytes;
-        arena_chunk_t *more = malloc(sizeof *more + cap);
+        arena_chunk_t *more = arena_chunk_new(cap);
         if (more == NULL) return NULL;
-        more->next = NULL;
-        more->used = 0;
-        more->cap = cap;
         c->next = more;
         r->last = c = more;
     }
@@ -345,14 +360,8 @@ cJSON *epd_json_build_arena(const char *text, size_t len)
     while (at < len && (text[at] == ' ' || text[at] == '\t' || text[at] == '\n' || text[at] == '\r'))
         at++;
     if (at == len || (text[at] != '{' && text[at] != '[')) return NULL; /* the root first */
-    /* a first chunk for a node every 8 bytes of text and the text's strings: one allocation for
-     * the metas of this protocol (a SUBMIT's has about a node every 14 bytes) */
-    size_t cap = (len / 8 + 4) * sizeof(cJSON) + len + 64;
-    arena_chunk_t *first = malloc(sizeof *first + cap);
+    arena_chunk_t *first = arena_first(len);
     if (first == NULL) return NULL;
-    first->next = NULL;
-    first->used = 0;
-    first->cap = cap;
     reader_t r = {.s = text, .len = len, .at = 0, .arena = first, .last = first};
     skip_ws(&r);
     cJSON *tree = read_value(&r); /* the root is the first node taken: first->data */
@@ -461,12 +470,8 @@ cJSON *epd_json_build_simple(const char *text, size_t len, epd_json_id_span_t *i
 {
     epd_json_id_span_t id = {.kind = EPD_JSON_ID_NONE, .start = 0, .len = 0};
     if (len < 2 || text[0] != '{') return NULL;
-    size_t cap = (len / 8 + 4) * sizeof(cJSON) + len + 64;
-    arena_chunk_t *first = malloc(sizeof *first + cap);
+    arena_chunk_t *first = arena_first(len);
     if (first == NULL) return NULL;
-    first->next = NULL;
-    first->used = 0;
-    first->cap = cap;
     reader_t r = {.s = text, .len = len, .at = 0, .arena = first, .last = first, .id = &id};
     cJSON *tree = simple_value(&r, 0); /* the root is the first node taken: first->data */
     if (tree == NULL || r.at != len) {
