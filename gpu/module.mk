@@ -40,6 +40,9 @@ GPU_CU_SRCS += gpu/ops_cuda.cu gpu/ffn_cuda.cu
 GPU_CU_SRCS += gpu/ffn_gemm.cu
 # the Hopper one (gpu/ffn_gemm_wgmma.cu: wgmma, TMA; the ffn_cuda tuning `wgmma`)
 GPU_CU_SRCS += gpu/ffn_gemm_wgmma.cu
+# its shared-memory layout (gpu/ffn_gemm_wgmma_layout.h: swizzle, descriptors) checked on the CPU
+UNIT_TESTS += ffn_gemm_wgmma_layout
+test_ffn_gemm_wgmma_layout_SRCS :=
 # its index arithmetic (gpu/ffn_gemm_layout.h: swizzle, warp roles, split-K) checked on the CPU
 UNIT_TESTS += ffn_gemm_layout
 test_ffn_gemm_layout_SRCS :=
