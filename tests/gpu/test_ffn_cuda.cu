@@ -23,6 +23,13 @@
  * 3, 4 and 5 K ranges (ranges of one stage, uneven ones, more asked than stages) and with the
  * kernel's own choice at the real shapes; the cases also run the kernel with split-K off and at
  * 3 ranges.
+ * The Hopper kernel (gpu/ffn_gemm_wgmma.cu, tuning wgmma) the same way: first its own checks at
+ * each row tile (32, 64, 128, 256; FP8 up to 128) on small integers with 0 .. 600 rows per expert
+ * around every tile's edges, BF16 and FP8, fp32 and BF16 out, split-K off, fixed and auto, the
+ * real shapes; then every case with the wgmma tunings (alone, split off and at 3, the smallest
+ * and largest tiles forced, and above the kernel's 16 rows as the default would run it).
+ * TEST_FFN_ONLY=wgmma runs only the wgmma kernel's checks and tunings (seconds: a wrong kernel
+ * shows first); a wait of the kernel that timed out is named (CTA, thread, stage).
  * Prints one line per case and 'N passed, N failed'; exit 77 with 'SKIP: no GPU' without one. */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -39,10 +46,13 @@ extern "C" {
 #include "gpu/ffn_cuda.h"
 #include "gpu/ffn_gemm.h"
 #include "gpu/ffn_gemm_layout.h"
+#include "gpu/ffn_gemm_wgmma_layout.h"
 #include "gpu/fp8.h"
 #include "tests/gpu/cuda_check.cuh"
 
 static int passed, failed;
+/* TEST_FFN_ONLY=wgmma: the wgmma kernel's checks and tunings only */
+static bool only_wgmma;
 
 typedef struct ffn_case {
     epd_ffn_format_t format;
@@ -73,6 +83,13 @@ static const epd_ffn_cuda_tuning_t tunings[] = {
      .kernel_prefetch = 2},
     {.streams = 1, .kernel = true, .kernel_split = 1},
     {.streams = 1, .kernel = true, .kernel_split = 3},
+    {.streams = 1, .wgmma = true},
+    {.streams = 1, .wgmma = true, .wgmma_split = 1},
+    {.streams = 1, .wgmma = true, .wgmma_split = 3},
+    {.streams = 1, .wgmma = true, .wgmma_row_tile = 32},
+    {.streams = 1, .wgmma = true, .wgmma_row_tile = 256},
+    {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
+     .kernel_max_rows = 16, .kernel_fp8_max_rows = 16, .wgmma = true},
 };
 static const char *const tuning_names[] = {"streams=1", "streams=4", "streams=4,sm_target",
                                            "batched", "streams=1,autotune", "streams=4,autotune",
@@ -80,7 +97,9 @@ static const char *const tuning_names[] = {"streams=1", "streams=4", "streams=4,
                                            "strided,cost=0", "strided,one", "grouped",
                                            "kernel", "kernel,upto=16,strided",
                                            "kernel,upto=16,fp8_upto=64,streams=4,prefetch=2",
-                                           "kernel,split=1", "kernel,split=3"};
+                                           "kernel,split=1", "kernel,split=3", "wgmma",
+                                           "wgmma,split=1", "wgmma,split=3", "wgmma,tile=32",
+                                           "wgmma,tile=256", "kernel,upto=16,wgmma"};
 static_assert(sizeof tunings / sizeof tunings[0] == sizeof tuning_names / sizeof tuning_names[0],
               "a name per tuning");
 
@@ -248,6 +267,7 @@ static void run_case(const ffn_case_t *c, epd_ops_ctx_t *hctx_unused)
             for (size_t t = 0; ok && t < sizeof tunings / sizeof tunings[0]; t++) {
                 double tw = 0;
                 epd_status_t st;
+                if (only_wgmma && !tunings[t].wgmma) continue;
                 CUDA_OK(cudaMemset(d_part, 0xff, (size_t)(n ? n : 1) * pl.size));
                 CUDA_OK(cudaDeviceSynchronize()); /* the ffn's stream does not wait for it */
                 st = epd_ffn_cuda_set_tuning(ffn, &tunings[t], err);
@@ -259,7 +279,9 @@ static void run_case(const ffn_case_t *c, epd_ops_ctx_t *hctx_unused)
                     (tunings[t].batched || tunings[t].fast_accum || tunings[t].grouped ||
                      (tunings[t].strided && c->format == EPD_FFN_FP8_BLOCK) ||
                      (tunings[t].kernel &&
-                      epd_ffn_gemm_supported(c->format == EPD_FFN_FP8_BLOCK, why) != EPD_OK))) {
+                      epd_ffn_gemm_supported(c->format == EPD_FFN_FP8_BLOCK, why) != EPD_OK) ||
+                     (tunings[t].wgmma &&
+                      epd_ffn_wgmma_supported(c->format == EPD_FFN_FP8_BLOCK, why) != EPD_OK))) {
                     /* an optional tuning this cuBLAS lacks: said, and not the daemon's (BF16
                      * strided batches are plain cuBLASLt: never optional) */
                     printf("note  tuning %s not supported here: %s\n", tuning_names[t], err);
@@ -402,15 +424,17 @@ static void mma_check(bool fp8)
  * CPU's sums are exact and the kernel's within rounding of fp32 sums; every (expert, row,
  * feature) below the counts compared, the first few wrong ones named. */
 static void gemm_check(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const uint32_t *counts,
-                       uint32_t n_exp, uint32_t split)
+                       uint32_t n_exp, uint32_t split, uint32_t wg_tile)
 {
+    /* wg_tile: the wgmma kernel in row tiles of that many rows; 0: the mma.sync kernel */
+    const uint32_t row_tile = wg_tile ? wg_tile : EPD_FFN_GEMM_ROW_TILE;
     const size_t es = fp8 ? 1 : 2, kb = k / 128, ld = (kb + 3) / 4 * 4;
     uint32_t *row_base = (uint32_t *)calloc(n_exp + 1, 4), *tile_base = (uint32_t *)calloc(n_exp + 1, 4);
     char err[EPD_ERR_LEN];
     uint64_t bad = 0, checked = 0;
     for (uint32_t e = 0; e < n_exp; e++) {
         row_base[e + 1] = row_base[e] + (counts[e] + 15) / 16 * 16;
-        tile_base[e + 1] = tile_base[e] + (counts[e] + EPD_FFN_GEMM_ROW_TILE - 1) / EPD_FFN_GEMM_ROW_TILE;
+        tile_base[e + 1] = tile_base[e] + (counts[e] + row_tile - 1) / row_tile;
     }
     const uint32_t total = row_base[n_exp];
     uint8_t *w = (uint8_t *)malloc((size_t)n_exp * n * k * es);
@@ -488,19 +512,26 @@ static void gemm_check(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const ui
     a.split_ws = dsplit;
     a.split_ws_bytes = dsplit != NULL ? split_bytes : 0;
     a.split_used_p = &split_used;
-    char what[200];
-    snprintf(what, sizeof what, "GEMM kernel %s%s, N %u, K %u, %u experts, %u row tiles, split %s",
-             fp8 ? "fp8-block" : "bf16", out_bf16 ? " (bf16 out)" : "", n, k, n_exp, a.n_tiles,
+    a.row_tile = wg_tile;
+    char what[200], tile_what[40] = "";
+    if (wg_tile) snprintf(tile_what, sizeof tile_what, " of %u rows", wg_tile);
+    snprintf(what, sizeof what, "%s %s%s, N %u, K %u, %u experts, %u row tiles%s, split %s",
+             wg_tile ? "wgmma GEMM kernel" : "GEMM kernel", fp8 ? "fp8-block" : "bf16",
+             out_bf16 ? " (bf16 out)" : "", n, k, n_exp, a.n_tiles, tile_what,
              split == EPD_FFN_GEMM_SPLIT_AUTO ? "auto" : split == 1 ? "none" : "fixed");
-    epd_status_t st = epd_ffn_gemm_supported(fp8, err);
+    epd_status_t st = wg_tile ? epd_ffn_wgmma_supported(fp8, err) : epd_ffn_gemm_supported(fp8, err);
     if (st == EPD_ERR_UNSUPPORTED) {
         printf("note  %s not run: %s\n", what, err);
         goto out;
     }
-    st = epd_ffn_gemm_launch(&a, NULL, err);
+    st = wg_tile ? epd_ffn_wgmma_launch(&a, NULL, err) : epd_ffn_gemm_launch(&a, NULL, err);
     if (st == EPD_OK && cudaDeviceSynchronize() != cudaSuccess) {
         snprintf(err, EPD_ERR_LEN, "%s", cudaGetErrorString(cudaGetLastError()));
         st = EPD_ERR_CUDA;
+    }
+    if (wg_tile && st == EPD_OK) {
+        char hang[EPD_ERR_LEN];
+        if (epd_ffn_wgmma_hang(hang, sizeof hang)) printf("      %s: %s\n", what, hang);
     }
     if (st != EPD_OK) {
         printf("FAIL  %s: %s\n", what, err);
@@ -529,11 +560,21 @@ static void gemm_check(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const ui
                 /* fp32 sums (and BF16 out: its rounding) */
                 double tol = 1e-6 * mag + (out_bf16 ? fabs(want) / 128 : 0);
                 checked++;
-                if (!(fabs(got - want) <= tol) && bad++ < 6)
-                    printf("      %s: expert %u row %u feature %u = %.6g, want %.6g (row tile %u, "
-                           "n8 tile %u, warp %u, m16 tile %u)\n",
-                           what, e, r, f, got, want, r / EPD_FFN_GEMM_ROW_TILE,
-                           r % EPD_FFN_GEMM_ROW_TILE / 8, f % 128 / 32, f % 32 / 16);
+                if (!(fabs(got - want) <= tol) && bad++ < 6) {
+                    if (wg_tile)
+                        /* the wgmma fragment: consumer warpgroup f % 128 / 64, its warp
+                         * f % 64 / 16, lane (f % 8) * 4 + (r % 8) / 2, register
+                         * (r % tile / 8) * 4 + (f % 16 / 8) * 2 + r % 2 */
+                        printf("      %s: expert %u row %u feature %u = %.6g, want %.6g (row tile "
+                               "%u, consumer %u, warp %u, lane %u, register %u)\n",
+                               what, e, r, f, got, want, r / wg_tile, f % 128 / 64, f % 64 / 16,
+                               (f % 8) * 4 + (r % 8) / 2, (r % wg_tile / 8) * 4 + (f % 16 / 8) * 2 + r % 2);
+                    else
+                        printf("      %s: expert %u row %u feature %u = %.6g, want %.6g (row tile "
+                               "%u, n8 tile %u, warp %u, m16 tile %u)\n",
+                               what, e, r, f, got, want, r / EPD_FFN_GEMM_ROW_TILE,
+                               r % EPD_FFN_GEMM_ROW_TILE / 8, f % 128 / 32, f % 32 / 16);
+                }
             }
         }
     }
@@ -577,23 +618,41 @@ static void gemm_checks(void)
     static const uint32_t real[] = {1, 70, 0, 9};
     static const uint32_t real_down[] = {3};
     static const uint32_t wide[] = {33, 31, 40};
+    /* the wgmma kernel's row tiles' edges (32 .. 256) up to 600 rows */
+    static const uint32_t wg_edges[] = {0,   1,   7,   8,   9,   31,  32,  33,  63,  64,  65, 127,
+                                        128, 129, 200, 255, 256, 257, 300, 511, 512, 513, 600};
+    static const uint32_t wg_real[] = {1, 70, 0, 9, 300};
     const uint32_t n_edges = sizeof edges / sizeof edges[0];
+    const uint32_t n_wg = sizeof wg_edges / sizeof wg_edges[0];
     const uint32_t AUTO = EPD_FFN_GEMM_SPLIT_AUTO;
     for (int fp8 = 0; fp8 < 2; fp8++) {
+        /* the wgmma kernel first: at each row tile (FP8 up to 128) */
+        for (uint32_t t = EPD_WGMMA_TILE_MIN;
+             t <= (fp8 ? EPD_WGMMA_TILE_MAX_FP8 : EPD_WGMMA_TILE_MAX); t *= 2) {
+            gemm_check(fp8, false, 256, 384, wg_edges, n_wg, 1, t); /* K/128 3 */
+            gemm_check(fp8, true, 128, 512, wg_edges, n_wg, 1, t);  /* BF16 out */
+            gemm_check(fp8, false, 128, 128, one, 2, 1, t);         /* one K block */
+            gemm_check(fp8, false, 256, 384, wg_edges, n_wg, 3, t); /* split-K, ranges of 1 */
+            gemm_check(fp8, true, 128, 1024, wide, 3, 5, t);       /* uneven ranges, the reduce */
+            gemm_check(fp8, false, 256, 7168, wg_real, 5, AUTO, t); /* gate/up's K */
+        }
+        gemm_check(fp8, false, 7168, 2048, real_down, 1, 1, 32); /* down's N and K */
+        gemm_check(fp8, true, 7168, 2048, real_down, 1, AUTO, 64);
+        if (only_wgmma) continue;
         mma_check(fp8);
-        gemm_check(fp8, false, 256, 384, edges, n_edges, 1); /* K/128 3: FP8 scale rows padded */
-        gemm_check(fp8, false, 128, 128, one, 2, 1);         /* one FP8 K block, fewer than STAGES */
-        gemm_check(fp8, true, 256, 512, edges, n_edges, 1);  /* BF16 out */
-        gemm_check(fp8, false, 256, 7168, real, 4, 1);       /* gate/up's K */
-        gemm_check(fp8, false, 7168, 2048, real_down, 1, 1); /* down's N and K */
+        gemm_check(fp8, false, 256, 384, edges, n_edges, 1, 0); /* K/128 3: FP8 scale rows padded */
+        gemm_check(fp8, false, 128, 128, one, 2, 1, 0);         /* one FP8 K block, fewer than STAGES */
+        gemm_check(fp8, true, 256, 512, edges, n_edges, 1, 0);  /* BF16 out */
+        gemm_check(fp8, false, 256, 7168, real, 4, 1, 0);       /* gate/up's K */
+        gemm_check(fp8, false, 7168, 2048, real_down, 1, 1, 0); /* down's N and K */
         /* split-K: K ranges of one stage (FP8 K/128 3 in 3), uneven ranges, BF16 out through the
          * reduce, more ranges than stages (clamped), and the auto split on the real shapes */
-        gemm_check(fp8, false, 256, 384, edges, n_edges, 3);
-        gemm_check(fp8, true, 256, 512, edges, n_edges, 3);
-        gemm_check(fp8, false, 128, 128, one, 2, 4);
-        gemm_check(fp8, false, 384, 1024, wide, 3, 5);
-        gemm_check(fp8, false, 256, 7168, real, 4, AUTO);
-        gemm_check(fp8, true, 7168, 2048, real_down, 1, AUTO);
+        gemm_check(fp8, false, 256, 384, edges, n_edges, 3, 0);
+        gemm_check(fp8, true, 256, 512, edges, n_edges, 3, 0);
+        gemm_check(fp8, false, 128, 128, one, 2, 4, 0);
+        gemm_check(fp8, false, 384, 1024, wide, 3, 5, 0);
+        gemm_check(fp8, false, 256, 7168, real, 4, AUTO, 0);
+        gemm_check(fp8, true, 7168, 2048, real_down, 1, AUTO, 0);
     }
 }
 
@@ -605,6 +664,8 @@ int main(void)
         printf("SKIP: no GPU\n");
         return 77;
     }
+    const char *only = getenv("TEST_FFN_ONLY");
+    only_wgmma = only != NULL && strcmp(only, "wgmma") == 0;
     static const ffn_case_t cases[] = {
         {EPD_FFN_BF16, EPD_WIRE_BF16, EPD_SCALE_GROUP128, 256, 128, 16, 8, 1, 0, 40, 0},
         {EPD_FFN_BF16, EPD_WIRE_FP8, EPD_SCALE_GROUP128, 1024, 512, 16, 8, 2, 1, 300, 1},
