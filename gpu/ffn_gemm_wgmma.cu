@@ -229,8 +229,12 @@ __global__ void __launch_bounds__(THREADS, 1)
     const uint32_t full = sc_s + STAGES * C::SCALES, empty = full + STAGES * 8;
 
     const uint32_t tid = threadIdx.x, wg = tid / WG_THREADS;
-    const uint32_t e = find_base(p.tile_base, p.n_experts, blockIdx.x);
-    const uint32_t rt = blockIdx.x - p.tile_base[e];
+    /* the grid is (feature blocks, row tiles, K ranges): the CTAs of one row tile run together,
+     * its activations read once from memory and from L2 then; the next tile of the expert soon
+     * after, its weights from L2 */
+    const uint32_t fb = blockIdx.x;
+    const uint32_t e = find_base(p.tile_base, p.n_experts, blockIdx.y);
+    const uint32_t rt = blockIdx.y - p.tile_base[e];
     const uint32_t rb = p.row_base[e], mpad = p.row_base[e + 1] - rb;
     const uint32_t count = min(p.counts[e], mpad);
     if (rt * BN >= count) return; /* counts that disagree with tile_base: nothing (uniform) */
@@ -256,7 +260,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (tid != 0) return;
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tw) : "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tx) : "memory");
-        const int32_t w_row = (int32_t)(e * p.n + blockIdx.y * BM);
+        const int32_t w_row = (int32_t)(e * p.n + fb * BM);
         const int32_t x_row = (int32_t)(rb + rt * BN);
         const float *xs_g = FP8 ? p.x_scale + (size_t)rb * (p.k / 128) + rt * BN : nullptr;
         for (uint32_t s = 0; s < n_kb; s++) {
@@ -280,7 +284,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
     for (uint32_t i = 0; i < R; i++) acc[i] = 0.0f;
     const float *wsg =
-        FP8 ? p.w_scale + ((size_t)e * (p.n / 128) + blockIdx.y) * p.w_scale_ld + kb0 : nullptr;
+        FP8 ? p.w_scale + ((size_t)e * (p.n / 128) + fb) * p.w_scale_ld + kb0 : nullptr;
     float ws_next = FP8 && n_kb > 0 ? __ldg(wsg) : 1.0f;
     uint32_t prev_slot = 0;
     for (uint32_t s = 0; s < n_kb; s++) {
@@ -335,7 +339,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     /* D[row][feature] for the rows the kernel writes (the count rounded up to 8, within mpad) */
     const uint32_t tiles = p.tile_base[e + 1] - p.tile_base[e];
     const uint32_t wrows = epd_ffn_gemm_written_rows(count, mpad, tiles, BN);
-    const size_t f0 = (size_t)blockIdx.y * BM + half * 64u;
+    const size_t f0 = (size_t)fb * BM + half * 64u;
 #pragma unroll
     for (uint32_t j = 0; j < R; j++) {
         uint32_t m, n;
@@ -530,7 +534,7 @@ extern "C" epd_status_t epd_ffn_wgmma_supported(bool fp8, char err[EPD_ERR_LEN])
                  cudaGetErrorString(rc));
         return EPD_ERR_UNSUPPORTED;
     }
-    if (fa.binaryVersion != 90) {
+    if (fa.binaryVersion < 90) {
         snprintf(err, EPD_ERR_LEN,
                  "ffn wgmma kernel: no sm_90a code in this build (binary version %d; the "
                  "Makefile's -gencode arch=compute_90a,code=sm_90a)",
@@ -555,7 +559,8 @@ extern "C" bool epd_ffn_wgmma_hang(char *text, size_t len)
     }
     if (h[0] == 0) return false;
     snprintf(text, len,
-             "ffn wgmma kernel: an mbarrier wait timed out: CTA (%u, %u, %u) thread %u (%s), "
+             "ffn wgmma kernel: an mbarrier wait timed out: CTA (feature block %u, row tile %u, "
+             "K range %u) thread %u (%s), "
              "stage %u, parity %u, %u bytes expected a stage",
              h[1], h[2], h[3], h[4], h[4] < WG_THREADS ? "the producer, on an empty slot"
                                                        : "a consumer, on a full slot",
@@ -579,7 +584,7 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
     const uint32_t es = a->fp8 ? 1 : 2;
     wg_kernel_t k = wg_kernel(a->fp8, a->row_tile, &smem);
     if (k == NULL || a->n == 0 || a->k == 0 || a->n % 128 != 0 || a->k % 128 != 0 ||
-        a->n / BM > 65535 || a->n_experts == 0 || a->w == NULL || a->x == NULL || a->d == NULL ||
+        a->n_tiles > 65535 || a->n_experts == 0 || a->w == NULL || a->x == NULL || a->d == NULL ||
         a->row_base == NULL || a->counts == NULL || a->tile_base == NULL || a->total_rows == 0 ||
         ((uintptr_t)a->w | (uintptr_t)a->x) % 16 != 0 ||
         (uint64_t)a->n_experts * a->n > INT32_MAX || a->total_rows > INT32_MAX ||
@@ -587,7 +592,8 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
                     (uintptr_t)a->x_scale % 16 != 0))) {
         snprintf(err, EPD_ERR_LEN,
                  "ffn wgmma kernel: bad arguments (N %u, K %u, %u experts, %u rows, row tile %u; "
-                 "N and K multiples of 128, the row tile 32, 64, 128 or 256 (FP8: up to 128), "
+                 "N and K multiples of 128, at most 65535 row tiles, the row tile 32, 64, 128 or "
+                 "256 (FP8: up to 128), "
                  "operands 16-byte aligned, FP8 needs both scales)",
                  a->n, a->k, a->n_experts, a->total_rows, a->row_tile);
         return EPD_ERR_INVALID_ARG;
@@ -633,7 +639,7 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
         p.part = (float *)a->split_ws;
         p.part_stride = (size_t)a->total_rows * a->n;
     }
-    dim3 grid(a->n_tiles, a->n / BM, splits);
+    dim3 grid(a->n / BM, a->n_tiles, splits);
     cudaStream_t s = (cudaStream_t)stream;
     if (rc == cudaSuccess) {
         k<<<grid, THREADS, smem, s>>>(tw, tx, p);
@@ -648,7 +654,7 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
         snprintf(err, EPD_ERR_LEN,
                  "ffn wgmma kernel: launch (%u x %u x %u CTAs, row tile %u, %u bytes of shared "
                  "memory): %s",
-                 a->n_tiles, a->n / BM, splits, a->row_tile, smem, cudaGetErrorString(rc));
+                 a->n / BM, a->n_tiles, splits, a->row_tile, smem, cudaGetErrorString(rc));
         return EPD_ERR_CUDA;
     }
     if (a->split_used_p != NULL) *a->split_used_p = splits;
