@@ -95,6 +95,15 @@ epd_status_t epd_ffn_wgmma_supported(bool fp8, char err[EPD_ERR_LEN]);
  * rows computed in vain, weighed against the tiles (gpu/ffn_gemm_wgmma_layout.h). */
 uint32_t epd_ffn_wgmma_row_tile(bool fp8, const uint32_t *counts, uint32_t n_experts);
 
+/* The layout self-check: the TMA copies a [64][128 bytes] and b [32][128 bytes] (host memory;
+ * BF16, or e4m3 with fp8) into shared tiles as the kernel's producer does, the tiles are dumped
+ * as they lie (dump_a [64][128 bytes], dump_b [32][128 bytes]: epd_wgmma_tile_off's places),
+ * and one stage's 4 wgmmas (m64n32, the kernel's descriptors) give d_host [64][32] fp32 = a b^T.
+ * Waited for. EPD_ERR_UNSUPPORTED / EPD_ERR_CUDA with err. */
+epd_status_t epd_ffn_wgmma_layout_check(bool fp8, const void *a_host, const void *b_host,
+                                        void *dump_a_host, void *dump_b_host, float *d_host,
+                                        char err[EPD_ERR_LEN]);
+
 /* A debugging aid: true when an mbarrier wait of an earlier launch timed out (the launch then
  * ended with wrong results instead of hanging), text (len bytes) saying which CTA, thread and
  * stage; the record is then cleared. Waits for the device. */

@@ -392,6 +392,67 @@ __global__ void __launch_bounds__(REDUCE_THREADS) wg_reduce_kernel(wg_params p, 
     }
 }
 
+/* The layout check (epd_ffn_wgmma_layout_check): one warpgroup, one stage. The TMA brings a
+ * [64][128 bytes] and b [32][128 bytes] into 1024-aligned tiles (as the GEMM's producer does),
+ * the tiles are dumped as they lie (dump_a, dump_b), then the 4 wgmmas of a stage (m64n32, the
+ * GEMM's descriptors) give d [64][32] = a b^T. */
+template <bool FP8>
+__global__ void __launch_bounds__(WG_THREADS, 1)
+    wg_layout_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+                     uint8_t *dump_a, uint8_t *dump_b, float *d)
+{
+#if WG_ARCH
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t raw = smem_u32(smem_raw);
+    const uint32_t base = (raw + EPD_WGMMA_ATOM_BYTES - 1) & ~(EPD_WGMMA_ATOM_BYTES - 1);
+    const uint32_t a_s = base, b_s = base + 64 * EPD_WGMMA_ROW_BYTES;
+    const uint32_t bar = b_s + 32 * EPD_WGMMA_ROW_BYTES;
+    const uint8_t *gen = smem_raw + (base - raw);
+    const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const uint32_t bytes = 96 * EPD_WGMMA_ROW_BYTES;
+    if (tid == 0) {
+        mbar_init(bar, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (tid == 0) {
+        mbar_expect_tx(bar, bytes);
+        tma_load(a_s, &ta, 0, 0, bar);
+        tma_load(b_s, &tb, 0, 0, bar);
+    }
+    mbar_wait(bar, 0, 0, bytes);
+    for (uint32_t i = tid; i < 64 * EPD_WGMMA_ROW_BYTES; i += WG_THREADS) dump_a[i] = gen[i];
+    for (uint32_t i = tid; i < 32 * EPD_WGMMA_ROW_BYTES; i += WG_THREADS)
+        dump_b[i] = gen[64 * EPD_WGMMA_ROW_BYTES + i];
+    float acc[16];
+#pragma unroll
+    for (uint32_t i = 0; i < 16; i++) acc[i] = 0.0f;
+    fence_regs(acc);
+    wgmma_fence();
+#pragma unroll
+    for (uint32_t kk = 0; kk < EPD_WGMMA_ROW_BYTES / EPD_WGMMA_K_BYTES; kk++)
+        wgmma<FP8, 32>(acc, epd_wgmma_desc(a_s + kk * EPD_WGMMA_K_BYTES),
+                       epd_wgmma_desc(b_s + kk * EPD_WGMMA_K_BYTES), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(acc);
+#pragma unroll
+    for (uint32_t j = 0; j < 16; j++) {
+        uint32_t m, n;
+        epd_wgmma_acc_pos(warp, lane, j, &m, &n);
+        d[m * 32 + n] = acc[j];
+    }
+#else
+    (void)ta;
+    (void)tb;
+    (void)dump_a;
+    (void)dump_b;
+    (void)d;
+    __trap();
+#endif
+}
+
 /* ---- host -------------------------------------------------------------------------------- */
 
 typedef void (*wg_kernel_t)(const CUtensorMap, const CUtensorMap, wg_params);
@@ -547,6 +608,57 @@ extern "C" epd_status_t epd_ffn_wgmma_supported(bool fp8, char err[EPD_ERR_LEN])
         return EPD_ERR_UNSUPPORTED;
     }
     return EPD_OK;
+}
+
+extern "C" epd_status_t epd_ffn_wgmma_layout_check(bool fp8, const void *a_host,
+                                                   const void *b_host, void *dump_a_host,
+                                                   void *dump_b_host, float *d_host,
+                                                   char err[EPD_ERR_LEN])
+{
+    epd_status_t status = epd_ffn_wgmma_supported(fp8, err);
+    const size_t a_bytes = 64 * EPD_WGMMA_ROW_BYTES, b_bytes = 32 * EPD_WGMMA_ROW_BYTES;
+    const uint32_t smem = EPD_WGMMA_ATOM_BYTES + (uint32_t)(a_bytes + b_bytes) + 16;
+    uint8_t *a = NULL, *b = NULL, *da = NULL, *db = NULL;
+    float *d = NULL;
+    CUtensorMap ta, tb;
+    cudaError_t rc;
+    if (status != EPD_OK) return status;
+    rc = cudaMalloc((void **)&a, a_bytes);
+    if (rc == cudaSuccess) rc = cudaMalloc((void **)&b, b_bytes);
+    if (rc == cudaSuccess) rc = cudaMalloc((void **)&da, a_bytes);
+    if (rc == cudaSuccess) rc = cudaMalloc((void **)&db, b_bytes);
+    if (rc == cudaSuccess) rc = cudaMalloc((void **)&d, 64 * 32 * sizeof(float));
+    if (rc == cudaSuccess) rc = cudaMemcpy(a, a_host, a_bytes, cudaMemcpyHostToDevice);
+    if (rc == cudaSuccess) rc = cudaMemcpy(b, b_host, b_bytes, cudaMemcpyHostToDevice);
+    if (rc == cudaSuccess) {
+        const uint32_t k = EPD_WGMMA_ROW_BYTES / (fp8 ? 1 : 2);
+        status = make_map(&ta, a, fp8, 64, k, 64, "layout check a", err);
+        if (status == EPD_OK) status = make_map(&tb, b, fp8, 32, k, 32, "layout check b", err);
+    }
+    if (rc == cudaSuccess && status == EPD_OK) {
+        void (*kern)(const CUtensorMap, const CUtensorMap, uint8_t *, uint8_t *, float *) =
+            fp8 ? wg_layout_kernel<true> : wg_layout_kernel<false>;
+        rc = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (rc == cudaSuccess) {
+            kern<<<1, WG_THREADS, smem>>>(ta, tb, da, db, d);
+            rc = cudaGetLastError();
+        }
+        if (rc == cudaSuccess) rc = cudaDeviceSynchronize();
+        if (rc == cudaSuccess) rc = cudaMemcpy(dump_a_host, da, a_bytes, cudaMemcpyDeviceToHost);
+        if (rc == cudaSuccess) rc = cudaMemcpy(dump_b_host, db, b_bytes, cudaMemcpyDeviceToHost);
+        if (rc == cudaSuccess)
+            rc = cudaMemcpy(d_host, d, 64 * 32 * sizeof(float), cudaMemcpyDeviceToHost);
+    }
+    if (rc != cudaSuccess) {
+        snprintf(err, EPD_ERR_LEN, "ffn wgmma layout check: %s", cudaGetErrorString(rc));
+        status = EPD_ERR_CUDA;
+    }
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(da);
+    cudaFree(db);
+    cudaFree(d);
+    return status;
 }
 
 extern "C" bool epd_ffn_wgmma_hang(char *text, size_t len)

@@ -419,6 +419,75 @@ static void mma_check(bool fp8)
         passed++;
 }
 
+/* The wgmma kernel's layout on the GPU, in two halves that fail apart: the TMA's 128-byte
+ * swizzle against epd_wgmma_tile_off (the shared tiles dumped as they lie), then one stage's
+ * wgmmas through the kernel's descriptors against a CPU dot product (small integers: exact):
+ * a [64][K], b [32][K] (K 64 BF16 or 128 e4m3: 128 bytes a row), d = a b^T. */
+static void wgmma_layout_check(bool fp8)
+{
+    const uint32_t K = fp8 ? 128 : 64;
+    const char *name = fp8 ? "e4m3 m64n32k32" : "bf16 m64n32k16";
+    static uint8_t a[64 * 128], b[32 * 128], da[64 * 128], db[32 * 128];
+    static int av[64][128], bv[32][128];
+    static float d[64 * 32];
+    char err[EPD_ERR_LEN];
+    int bad_a = 0, bad_b = 0, plain = 1, bad = 0;
+
+    for (uint32_t m = 0; m < 64; m++)
+        for (uint32_t k = 0; k < K; k++) put_elem(a, m * K + k, fp8, av[m][k] = small_int(m * K + k, 11));
+    for (uint32_t n = 0; n < 32; n++)
+        for (uint32_t k = 0; k < K; k++) put_elem(b, n * K + k, fp8, bv[n][k] = small_int(n * K + k, 12));
+    epd_status_t st = epd_ffn_wgmma_layout_check(fp8, a, b, da, db, d, err);
+    if (st == EPD_ERR_UNSUPPORTED) {
+        printf("note  wgmma layout check (%s) not run: %s\n", name, err);
+        return;
+    }
+    if (st != EPD_OK) {
+        printf("FAIL  wgmma layout check (%s): %s\n", name, err);
+        failed++;
+        return;
+    }
+    /* the TMA's placement: each 16-byte chunk where the model puts it */
+    for (uint32_t r = 0; r < 64; r++)
+        for (uint32_t c = 0; c < 8; c++) {
+            if (memcmp(da + r * 128 + c * 16, a + r * 128 + c * 16, 16) != 0) plain = 0;
+            if (memcmp(da + epd_wgmma_tile_off(r, c * 16), a + r * 128 + c * 16, 16) != 0 &&
+                bad_a++ < 4)
+                printf("      TMA %s: a's row %u chunk %u is not at the model's chunk %u\n",
+                       fp8 ? "e4m3" : "bf16", r, c, c ^ (r % 8));
+        }
+    for (uint32_t r = 0; r < 32; r++)
+        for (uint32_t c = 0; c < 8; c++)
+            if (memcmp(db + epd_wgmma_tile_off(r, c * 16), b + r * 128 + c * 16, 16) != 0 &&
+                bad_b++ < 4)
+                printf("      TMA %s: b's row %u chunk %u is not at the model's chunk %u\n",
+                       fp8 ? "e4m3" : "bf16", r, c, c ^ (r % 8));
+    if (bad_a && plain) printf("      TMA: the tiles lie unswizzled (the swizzle mode not applied)\n");
+    printf("%s  wgmma layout check (%s): TMA 128B swizzle against the model: %d of 512 a chunks, "
+           "%d of 256 b chunks misplaced\n",
+           bad_a || bad_b ? "FAIL" : "PASS", name, bad_a, bad_b);
+    if (bad_a || bad_b)
+        failed++;
+    else
+        passed++;
+    for (uint32_t m = 0; m < 64; m++)
+        for (uint32_t n = 0; n < 32; n++) {
+            int want = 0;
+            for (uint32_t k = 0; k < K; k++) want += av[m][k] * bv[n][k];
+            if (d[m * 32 + n] != (float)want && bad++ < 8)
+                printf("      wgmma %s D[m %u][n %u] = %g, want %d (warp %u lane %u register %u)\n",
+                       name, m, n, d[m * 32 + n], want, m / 16, (m % 8) * 4 + (n % 8) / 2,
+                       (n / 8) * 4 + (m % 16 / 8) * 2 + n % 2);
+        }
+    printf("%s  wgmma layout check (%s, 4 k steps through the kernel's descriptors): %d of 2048 "
+           "wrong\n",
+           bad ? "FAIL" : "PASS", name, bad);
+    if (bad)
+        failed++;
+    else
+        passed++;
+}
+
 /* The GEMM kernel on n_exp experts with counts[e] rows (rows padded to 16, zeros after the
  * count), N n, K k: weights and activations small integers, FP8 scales powers of two, so the
  * CPU's sums are exact and the kernel's within rounding of fp32 sums; every (expert, row,
@@ -625,6 +694,7 @@ static void gemm_checks(void)
     const uint32_t n_edges = sizeof edges / sizeof edges[0];
     const uint32_t n_wg = sizeof wg_edges / sizeof wg_edges[0];
     const uint32_t AUTO = EPD_FFN_GEMM_SPLIT_AUTO;
+    for (int fp8 = 0; fp8 < 2; fp8++) wgmma_layout_check(fp8);
     for (int fp8 = 0; fp8 < 2; fp8++) {
         /* the wgmma kernel first: at each row tile (FP8 up to 128) */
         for (uint32_t t = EPD_WGMMA_TILE_MIN;
