@@ -1347,6 +1347,12 @@ extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn
                  EPD_FFN_MAX_STREAMS);
         return EPD_ERR_INVALID_ARG;
     }
+    if (t->wgmma_row_tile != 0 && epd_wgmma_tile_index(t->wgmma_row_tile) == EPD_WGMMA_TILES) {
+        snprintf(err, EPD_ERR_LEN,
+                 "ffn experts: wgmma row tile %u is not one of 32, 64, 96, 128, 160, 192, 256",
+                 t->wgmma_row_tile);
+        return EPD_ERR_INVALID_ARG;
+    }
     CU(cudaStreamSynchronize(f->stream), "cudaStreamSynchronize");
     streams_free(f);
     f->tuning = *t;
@@ -1394,10 +1400,9 @@ extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn
     char wgmma_err[EPD_ERR_LEN] = "";
     if (t->wgmma) {
         bool fp8 = f->format == EPD_FFN_FP8_BLOCK;
-        const uint32_t top = fp8 ? EPD_WGMMA_TILE_MAX_FP8 : EPD_WGMMA_TILE_MAX;
         wgmma_status = epd_ffn_wgmma_supported(fp8, wgmma_err);
-        for (uint32_t tile = EPD_WGMMA_TILE_MIN; wgmma_status == EPD_OK && tile <= top; tile *= 2)
-            wgmma_status = probe_kernel(f, true, tile, wgmma_err);
+        for (uint32_t i = 0; wgmma_status == EPD_OK && i < epd_wgmma_tile_count(fp8); i++)
+            wgmma_status = probe_kernel(f, true, epd_wgmma_tile_at(i), wgmma_err);
         if (wgmma_status != EPD_OK) f->tuning.wgmma = false;
         if (wgmma_status != EPD_OK && wgmma_status != EPD_ERR_UNSUPPORTED) {
             snprintf(err, EPD_ERR_LEN, "%s", wgmma_err);

@@ -88,8 +88,9 @@ typedef struct epd_ffn_cuda_tuning {
     uint32_t wgmma_max_rows;     /* wgmma: kernel_max_rows' meaning (0: every call) */
     uint32_t wgmma_fp8_max_rows; /* wgmma, FP8 block weights: kernel_fp8_max_rows' meaning */
     uint32_t wgmma_split;        /* wgmma: kernel_split's meaning */
-    uint32_t wgmma_row_tile;     /* wgmma: the rows of a row tile (32, 64, 128, 256; FP8 at most
-                                  * 128, larger is 128); 0: picked per call by the rows */
+    uint32_t wgmma_row_tile;     /* wgmma: the rows of a row tile (32, 64, 96, 128, 160, 192,
+                                  * 256; FP8 at most 128, larger is 128); 0: picked per call by
+                                  * the rows */
 } epd_ffn_cuda_tuning_t;
 
 /* strided: an expert's GEMMs cost at least about as much as computing this many of its rows

@@ -5,7 +5,7 @@
  *
  * As in gpu/ffn_gemm.cu the operands are swapped: the wgmma's M is the weights' output features
  * (a CTA's 128, one FP8 scale block, as two m64 halves), its N the expert's rows (the row tile:
- * 32, 64, 128 or 256, args.row_tile), so a decode step's few rows cost no padded M. A CTA is
+ * 32 .. 256, args.row_tile), so a decode step's few rows cost no padded M. A CTA is
  * three warpgroups: the first a producer (one thread issues the TMA copies of a stage: 128 weight
  * rows and row_tile activation rows of 128 K bytes, FP8: the stage's activation scales by a bulk
  * copy), the other two consumers (each one m64 half of the features against every row of the
@@ -49,12 +49,16 @@ static_assert(W_TILE % EPD_WGMMA_ATOM_BYTES == 0, "weight tiles keep the swizzle
 /* the pipeline of a row tile: stages (as deep as about 200 KB of shared memory allows) */
 template <uint32_t BN> struct tile_cfg {
     static constexpr uint32_t X_TILE = BN * EPD_WGMMA_ROW_BYTES;
-    static constexpr uint32_t STAGES = BN >= 256 ? 4 : BN >= 128 ? 6 : BN >= 64 ? 8 : 10;
     static constexpr uint32_t SCALES = BN * 4; /* a stage's FP8 activation scales */
+    /* as many stages as 227 KB (the opt-in maximum a CTA) hold, at most 10 */
+    static constexpr uint32_t FIT = (232448u - 2048u) / (W_TILE + X_TILE + SCALES);
+    static constexpr uint32_t STAGES = FIT > 10 ? 10 : FIT;
     /* 1024 bytes of slack to align the tiles, the tiles, the scales, 2 STAGES mbarriers */
     static constexpr uint32_t SMEM =
         EPD_WGMMA_ATOM_BYTES + STAGES * (W_TILE + X_TILE + SCALES) + 2 * STAGES * 8;
     static_assert(X_TILE % EPD_WGMMA_ATOM_BYTES == 0, "activation tiles aligned");
+    static_assert(STAGES >= 3, "a pipeline");
+    static_assert((SCALES * STAGES) % 16 == 0, "the mbarriers 8-byte aligned after the scales");
 };
 
 struct wg_params {
@@ -65,12 +69,13 @@ struct wg_params {
     size_t part_stride; /* elements of one K range's sums */
     uint32_t n, k, n_experts, w_scale_ld, row_tile;
     int out_bf16;
+    uint32_t launch; /* this launch's number (never 0): its waits give up once one of its own has */
 };
 
 /* ---- device helpers (sm_90a) ------------------------------------------------------------- */
 
-/* the first mbarrier wait of a launch that timed out (mbar_wait): [0] 1 when one did, then CTA
- * x, y, z, thread, stage, parity, bytes expected a stage */
+/* the first mbarrier wait that timed out (mbar_wait): [0] its launch's number (0: none), then
+ * CTA x, y, z, thread, stage, parity, bytes expected a stage */
 __device__ uint32_t wg_hang[8];
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -121,21 +126,21 @@ __device__ static __forceinline__ uint64_t globaltimer(void)
 
 /* waits for the phase of parity `parity` of the mbarrier at bar. A wait longer than
  * WAIT_TIMEOUT_NS (a copy that never lands: a wrong byte count or coordinate) records itself in
- * wg_hang (the first one of the launch: CTA, thread, stage, parity, bytes expected) and gives up,
- * and so do all later waits once one has: the launch ends with wrong results instead of hanging,
- * and epd_ffn_wgmma_hang says where. (No printf and no trap: a function call in the kernel
- * serializes its wgmmas.) */
+ * wg_hang (the first one: the launch's number, CTA, thread, stage, parity, bytes expected) and
+ * gives up, and so do the launch's later waits once one of it has: the launch ends with wrong
+ * results instead of hanging, and epd_ffn_wgmma_hang says where. (No printf and no trap: a
+ * function call in the kernel serializes its wgmmas.) */
 __device__ static __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity, uint32_t stage,
-                                                 uint32_t expect)
+                                                 uint32_t expect, uint32_t launch)
 {
     if (mbar_try(bar, parity)) return;
     const uint64_t t0 = globaltimer();
     for (uint32_t spins = 1;; spins++) {
         if (mbar_try(bar, parity)) return;
         if ((spins & 1023u) == 0) {
-            if (*(volatile uint32_t *)&wg_hang[0] != 0) return;
+            if (*(volatile uint32_t *)&wg_hang[0] == launch) return;
             if (globaltimer() - t0 > WAIT_TIMEOUT_NS) {
-                if (atomicCAS(&wg_hang[0], 0u, 1u) == 0) {
+                if (atomicCAS(&wg_hang[0], 0u, launch) == 0) {
                     wg_hang[1] = blockIdx.x;
                     wg_hang[2] = blockIdx.y;
                     wg_hang[3] = blockIdx.z;
@@ -265,7 +270,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         const float *xs_g = FP8 ? p.x_scale + (size_t)rb * (p.k / 128) + rt * BN : nullptr;
         for (uint32_t s = 0; s < n_kb; s++) {
             const uint32_t slot = s % STAGES, ph = (s / STAGES) & 1u;
-            mbar_wait(empty + 8 * slot, ph ^ 1u, s, stage_bytes);
+            mbar_wait(empty + 8 * slot, ph ^ 1u, s, stage_bytes, p.launch);
             const uint32_t bar = full + 8 * slot;
             mbar_expect_tx(bar, stage_bytes);
             const int32_t k0 = (int32_t)((kb0 + s) * kstage);
@@ -289,7 +294,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     uint32_t prev_slot = 0;
     for (uint32_t s = 0; s < n_kb; s++) {
         const uint32_t slot = s % STAGES, ph = (s / STAGES) & 1u;
-        mbar_wait(full + 8 * slot, ph, s, stage_bytes);
+        mbar_wait(full + 8 * slot, ph, s, stage_bytes, p.launch);
         const uint32_t a0 = w_s + slot * W_TILE + half * 64u * EPD_WGMMA_ROW_BYTES;
         const uint32_t b0 = x_s + slot * C::X_TILE;
         if constexpr (!FP8) {
@@ -421,7 +426,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         tma_load(a_s, &ta, 0, 0, bar);
         tma_load(b_s, &tb, 0, 0, bar);
     }
-    mbar_wait(bar, 0, 0, bytes);
+    mbar_wait(bar, 0, 0, bytes, 0xffffffffu);
     for (uint32_t i = tid; i < 64 * EPD_WGMMA_ROW_BYTES; i += WG_THREADS) dump_a[i] = gen[i];
     for (uint32_t i = tid; i < 32 * EPD_WGMMA_ROW_BYTES; i += WG_THREADS)
         dump_b[i] = gen[64 * EPD_WGMMA_ROW_BYTES + i];
@@ -467,10 +472,14 @@ static wg_kernel_t wg_kernel(bool fp8, uint32_t row_tile, uint32_t *smem_p)
     }
     WG_CASE(false, 32)
     WG_CASE(false, 64)
+    WG_CASE(false, 96)
     WG_CASE(false, 128)
+    WG_CASE(false, 160)
+    WG_CASE(false, 192)
     WG_CASE(false, 256)
     WG_CASE(true, 32)
     WG_CASE(true, 64)
+    WG_CASE(true, 96)
     WG_CASE(true, 128)
 #undef WG_CASE
     *smem_p = 0;
@@ -532,7 +541,7 @@ static epd_status_t make_map(CUtensorMap *map, const void *ptr, bool fp8, uint64
 /* the SMs of the current device (once per device; 0 where unknown) and the kernels' shared
  * memory attribute set (once per kernel and device) */
 #define CONFIG_DEVICES 64
-static bool configured[2][EPD_WGMMA_TILE_MAX / EPD_WGMMA_TILE_MIN + 1][CONFIG_DEVICES];
+static bool configured[2][EPD_WGMMA_TILES][CONFIG_DEVICES];
 
 static cudaError_t wg_configure(bool fp8, uint32_t row_tile, wg_kernel_t k, uint32_t smem,
                                 uint64_t *sms_p)
@@ -546,7 +555,7 @@ static cudaError_t wg_configure(bool fp8, uint32_t row_tile, wg_kernel_t k, uint
     else
         cudaGetLastError();
     bool *done = dev >= 0 && dev < CONFIG_DEVICES
-                     ? &configured[fp8][row_tile / EPD_WGMMA_TILE_MIN][dev]
+                     ? &configured[fp8][epd_wgmma_tile_index(row_tile)][dev]
                      : NULL;
     if (done != NULL && *done) return cudaSuccess;
     rc = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -577,9 +586,9 @@ extern "C" epd_status_t epd_ffn_wgmma_supported(bool fp8, char err[EPD_ERR_LEN])
     }
     wg_kernel_t k = wg_kernel(fp8, EPD_WGMMA_TILE_MIN, &smem);
     uint32_t most = 0;
-    for (uint32_t t = EPD_WGMMA_TILE_MIN; t <= EPD_WGMMA_TILE_MAX; t *= 2) {
+    for (uint32_t i = 0; i < epd_wgmma_tile_count(fp8); i++) {
         uint32_t s = 0;
-        if (wg_kernel(fp8, t, &s) != NULL && s > most) most = s;
+        if (wg_kernel(fp8, epd_wgmma_tile_at(i), &s) != NULL && s > most) most = s;
     }
     if (optin < (int)most) {
         snprintf(err, EPD_ERR_LEN,
@@ -704,8 +713,8 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
                     (uintptr_t)a->x_scale % 16 != 0))) {
         snprintf(err, EPD_ERR_LEN,
                  "ffn wgmma kernel: bad arguments (N %u, K %u, %u experts, %u rows, row tile %u; "
-                 "N and K multiples of 128, at most 65535 row tiles, the row tile 32, 64, 128 or "
-                 "256 (FP8: up to 128), "
+                 "N and K multiples of 128, at most 65535 row tiles, the row tile 32, 64, 96, 128, "
+                 "160, 192 or 256 (FP8: up to 128), "
                  "operands 16-byte aligned, FP8 needs both scales)",
                  a->n, a->k, a->n_experts, a->total_rows, a->row_tile);
         return EPD_ERR_INVALID_ARG;
@@ -730,6 +739,10 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
     p.w_scale_ld = a->w_scale_ld;
     p.row_tile = a->row_tile;
     p.out_bf16 = a->out_bf16;
+    /* the launches' numbers: 1 .. 0xfffffffe, the layout check's 0xffffffff */
+    static uint32_t launches;
+    launches = launches % 0xfffffffeu + 1;
+    p.launch = launches;
     uint64_t sms = 0;
     cudaError_t rc = wg_configure(a->fp8, a->row_tile, k, smem, &sms);
     const uint32_t n_kb = a->k * es / EPD_WGMMA_ROW_BYTES;

@@ -70,18 +70,40 @@ EPD_WGMMA_HD static inline void epd_wgmma_acc_pos(uint32_t warp, uint32_t lane, 
     *n_p = (j / 4u) * 8u + (lane % 4u) * 2u + (j % 2u);
 }
 
-/* the row tiles of the kernel (the wgmma's N: the expert's rows one CTA computes); FP8 keeps a
- * second fp32 fragment for the block scales' promotion, so at most 128 there */
+/* the row tiles of the kernel (the wgmma's N: the expert's rows one CTA computes): 32, 64, 96,
+ * 128, 160, 192, 256 (tile i, epd_wgmma_tile_at); FP8 keeps a second fp32 fragment for the block
+ * scales' promotion, so at most 128 there (its first 4) */
 #define EPD_WGMMA_TILE_MIN 32u
 #define EPD_WGMMA_TILE_MAX 256u
 #define EPD_WGMMA_TILE_MAX_FP8 128u
+#define EPD_WGMMA_TILES 7u
+#define EPD_WGMMA_TILES_FP8 4u
+
+/* tile i of EPD_WGMMA_TILES, ascending */
+EPD_WGMMA_HD static inline uint32_t epd_wgmma_tile_at(uint32_t i)
+{
+    return i < 6u ? 32u * (i + 1u) : EPD_WGMMA_TILE_MAX;
+}
+
+/* the tiles of a format */
+EPD_WGMMA_HD static inline uint32_t epd_wgmma_tile_count(int fp8)
+{
+    return fp8 ? EPD_WGMMA_TILES_FP8 : EPD_WGMMA_TILES;
+}
+
+/* the index of tile t, EPD_WGMMA_TILES when t is none of them */
+EPD_WGMMA_HD static inline uint32_t epd_wgmma_tile_index(uint32_t t)
+{
+    for (uint32_t i = 0; i < EPD_WGMMA_TILES; i++)
+        if (epd_wgmma_tile_at(i) == t) return i;
+    return EPD_WGMMA_TILES;
+}
 /* a tile's fixed cost in rows: its weights read again (from L2 mostly) and its pipeline's fill */
 #define EPD_WGMMA_TILE_COST 48u
 
 /* The row tile for a launch over n experts with counts[e] rows: 32 when no expert has more, else
- * the tile of 64, 128 or 256 (FP8: 128 at most) with the least sum over the experts of their
- * tiles times (tile + EPD_WGMMA_TILE_COST) (rows computed in vain against tiles), ties to the
- * larger tile. */
+ * the tile above 32 (FP8: up to 128) with the least sum over the experts of their tiles times
+ * (tile + EPD_WGMMA_TILE_COST) (rows computed in vain against tiles), ties to the larger tile. */
 EPD_WGMMA_HD static inline uint32_t epd_wgmma_pick_row_tile(int fp8, const uint32_t *counts,
                                                           uint32_t n)
 {
@@ -90,8 +112,8 @@ EPD_WGMMA_HD static inline uint32_t epd_wgmma_pick_row_tile(int fp8, const uint3
     for (uint32_t e = 0; e < n; e++)
         if (counts[e] > max_rows) max_rows = counts[e];
     if (max_rows <= EPD_WGMMA_TILE_MIN) return EPD_WGMMA_TILE_MIN;
-    const uint32_t top = fp8 ? EPD_WGMMA_TILE_MAX_FP8 : EPD_WGMMA_TILE_MAX;
-    for (uint32_t t = top; t >= 64u; t /= 2u) {
+    for (uint32_t i = epd_wgmma_tile_count(fp8); i-- > 1;) {
+        const uint32_t t = epd_wgmma_tile_at(i);
         uint64_t cost = 0;
         for (uint32_t e = 0; e < n; e++)
             cost += (uint64_t)((counts[e] + t - 1u) / t) * (t + EPD_WGMMA_TILE_COST);

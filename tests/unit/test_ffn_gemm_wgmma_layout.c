@@ -124,7 +124,7 @@ static void test_ffn_gemm_wgmma_layout__stage__mma_reads_what_tma_wrote(void **s
     (void)state;
     /* the kernel's slots: tiles 1024-aligned, shared windows at a few aligned bases, the
      * activation tiles after some stages of weight tiles */
-    static const uint32_t bns[] = {32, 64, 128, 256};
+    static const uint32_t bns[] = {32, 64, 96, 128, 160, 192, 256};
     static const uint32_t bases[] = {0, 1024, 0x4400};
     for (size_t i = 0; i < sizeof bns / sizeof bns[0]; i++)
         for (size_t j = 0; j < sizeof bases / sizeof bases[0]; j++)
@@ -140,7 +140,8 @@ static void test_ffn_gemm_wgmma_layout__stage__mma_reads_what_tma_wrote(void **s
 static void test_ffn_gemm_wgmma_layout__accumulator__every_element_once(void **state)
 {
     (void)state;
-    for (uint32_t bn = 32; bn <= 256; bn *= 2) {
+    for (uint32_t i = 0; i < EPD_WGMMA_TILES; i++) {
+        const uint32_t bn = epd_wgmma_tile_at(i);
         uint8_t *seen = calloc(64 * bn, 1);
         for (uint32_t w = 0; w < 4; w++)
             for (uint32_t lane = 0; lane < 32; lane++)
@@ -150,7 +151,7 @@ static void test_ffn_gemm_wgmma_layout__accumulator__every_element_once(void **s
                     assert_true(m < 64 && n < bn);
                     seen[m * bn + n]++;
                 }
-        for (uint32_t i = 0; i < 64 * bn; i++) assert_int_equal(seen[i], 1);
+        for (uint32_t x = 0; x < 64 * bn; x++) assert_int_equal(seen[x], 1);
         free(seen);
     }
     /* the PTX ISA's figure: lane 5 of warp 1, register 6: row 16 + 1 + 8, column 8 * 1 + 2 * 1 + 0 */
@@ -172,14 +173,26 @@ static void test_ffn_gemm_wgmma_layout__row_tile__least_waste(void **state)
     for (int i = 0; i < 32; i++) c[i] = 512;
     assert_int_equal(epd_wgmma_pick_row_tile(0, c, 32), 256);
     assert_int_equal(epd_wgmma_pick_row_tile(1, c, 32), 128); /* FP8: 128 at most */
+    for (int i = 0; i < 32; i++) c[i] = 140;
+    assert_int_equal(epd_wgmma_pick_row_tile(0, c, 32), 160); /* one tile each, the least waste */
+    assert_int_equal(epd_wgmma_pick_row_tile(1, c, 32), 96); /* FP8: two of 96 over two of 128 */
     c[0] = 70;
-    assert_int_equal(epd_wgmma_pick_row_tile(0, c, 1), 128); /* 1 tile of 128 over 2 of 64 */
+    assert_int_equal(epd_wgmma_pick_row_tile(0, c, 1), 96); /* 1 tile of 96 over 2 of 64 */
     c[0] = 40;
     assert_int_equal(epd_wgmma_pick_row_tile(0, c, 1), 64);
     assert_int_equal(epd_wgmma_pick_row_tile(0, c, 0), 32); /* no experts: the smallest */
     /* every expert's rows are covered by its tiles, whatever the tile */
-    for (uint32_t t = 32; t <= 256; t *= 2)
-        for (uint32_t count = 0; count <= 600; count++) {
+    /* the tiles ascending, multiples of 32, indexed back */
+    for (uint32_t i = 0; i < EPD_WGMMA_TILES; i++) {
+        assert_int_equal(epd_wgmma_tile_at(i) % 32, 0);
+        if (i > 0) assert_true(epd_wgmma_tile_at(i) > epd_wgmma_tile_at(i - 1));
+        assert_int_equal(epd_wgmma_tile_index(epd_wgmma_tile_at(i)), i);
+    }
+    assert_int_equal(epd_wgmma_tile_at(EPD_WGMMA_TILES - 1), EPD_WGMMA_TILE_MAX);
+    assert_int_equal(epd_wgmma_tile_at(EPD_WGMMA_TILES_FP8 - 1), EPD_WGMMA_TILE_MAX_FP8);
+    assert_int_equal(epd_wgmma_tile_index(100), EPD_WGMMA_TILES);
+    for (uint32_t i = 0; i < EPD_WGMMA_TILES; i++)
+        for (uint32_t count = 0, t = epd_wgmma_tile_at(i); count <= 600; count++) {
             uint32_t mpad = (count + 15) / 16 * 16, tiles = (count + t - 1) / t;
             uint32_t w = epd_ffn_gemm_written_rows(count, mpad, tiles, t);
             assert_true(w >= count && w <= mpad && w <= tiles * t && w % 8 == 0);
