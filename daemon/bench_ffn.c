@@ -98,8 +98,9 @@ static ffn_sweep_t sweeps[] = {
      .tuning = {.streams = 4, .kernel = true, .kernel_max_rows = 64},
      .fp8_only = true},
     /* the Hopper kernel (gpu/ffn_gemm_wgmma.cu), alone: its row tile picked by the rows, then
-     * each row tile forced, split-K off and at 2; then the default with it above the kernel's 16
-     * rows (the one-line switch of epd_ffn_cuda_default_tuning) */
+     * each row tile forced, split-K off and at 2; then the kernel up to 16 rows and it above
+     * (what the one-line switch of epd_ffn_cuda_default_tuning runs: its strided batches then
+     * serve no call; left out here, so that FP8 is not refused for them) */
     {.name = "wgmma", .tuning = {.streams = 1, .wgmma = true}},
     {.name = "wgmma,split=1", .tuning = {.streams = 1, .wgmma = true, .wgmma_split = 1}},
     {.name = "wgmma,split=2", .tuning = {.streams = 1, .wgmma = true, .wgmma_split = 2}},
@@ -114,8 +115,8 @@ static ffn_sweep_t sweeps[] = {
      .tuning = {.streams = 1, .wgmma = true, .wgmma_row_tile = 256},
      .bf16_only = true},
     {.name = "kernel,upto=16,wgmma",
-     .tuning = {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
-                .kernel_max_rows = 16, .kernel_fp8_max_rows = 16, .wgmma = true}},
+     .tuning = {.streams = 4, .kernel = true, .kernel_max_rows = 16, .kernel_fp8_max_rows = 16,
+                .wgmma = true}},
 };
 #else
 static ffn_sweep_t sweeps[] = {{.name = "default"}};

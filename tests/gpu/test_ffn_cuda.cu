@@ -89,8 +89,8 @@ static const epd_ffn_cuda_tuning_t tunings[] = {
     {.streams = 1, .wgmma = true, .wgmma_split = 3},
     {.streams = 1, .wgmma = true, .wgmma_row_tile = 32},
     {.streams = 1, .wgmma = true, .wgmma_row_tile = 256},
-    {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
-     .kernel_max_rows = 16, .kernel_fp8_max_rows = 16, .wgmma = true},
+    {.streams = 4, .kernel = true, .kernel_max_rows = 16, .kernel_fp8_max_rows = 16,
+     .wgmma = true},
 };
 static const char *const tuning_names[] = {"streams=1", "streams=4", "streams=4,sm_target",
                                            "batched", "streams=1,autotune", "streams=4,autotune",
