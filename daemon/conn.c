@@ -124,6 +124,7 @@ struct epd_conn {
     uint64_t deadline_ns;
     uint64_t active_ns;      /* last byte read, answer queued or output written */
     uint64_t frame_start_ns; /* the frame being read started (0: between frames) */
+    uint64_t recv_ns;        /* the last read of the socket that returned bytes (EPD_TRACE) */
 
     /* Answers queued and not yet written whole, oldest first: the output stream offset where
      * each ends, the top bit set for a RESULT (a ring of answers_cap entries). */
@@ -417,6 +418,7 @@ static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
         req->regions[k] = view.regions[k];
         if (view.regions[k] != NULL) epd_region_ref(view.regions[k]);
     }
+    req->arrived_ns = c->recv_ns;
     req->read_ns = read_ns;
     req->ingest_ns = ingest_ns;
     req->enqueued_ns = epd_now_ns();
@@ -1016,6 +1018,7 @@ static ssize_t conn_recv(epd_conn_t *c, struct iovec *iov, size_t n_iov)
     int saved = errno;
     /* after a failed recvmsg msg_controllen is what we passed in: nothing came */
     if (got >= 0) conn_take_fds(c, &msg);
+    if (got > 0) c->recv_ns = epd_now_ns();
     if (got < 0) {
         if (saved == EAGAIN || saved == EWOULDBLOCK || saved == EINTR) return 0;
         epd_log_debug("conn %" PRIu64 ": read: %s; closing", c->id, strerror(saved));
@@ -1115,7 +1118,7 @@ static void conn_bulk_read_done(epd_bulk_job_t *job)
         if (job->n_iov > 0) /* the window is not full: the client is slower than the wait */
             epd_log_debug("conn %" PRIu64 ": read job read %zu bytes; the rest on the next "
                           "readable event", c->id, job->moved);
-        c->active_ns = epd_now_ns();
+        c->active_ns = c->recv_ns = epd_now_ns();
         c->ctx->stats->bytes_in += job->moved;
         epd_frame_t frame;
         epd_status_t status = epd_decoder_payload_commit(&c->decoder, job->moved, &frame, err);

@@ -364,6 +364,7 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
                      engine->step_no + 1, failed_rank, engine->experts_describe(code));
         }
         res->latency_ns = now - req->enqueued_ns;
+        res->arrived_ns = req->arrived_ns;
         res->read_ns = req->read_ns;
         res->ingest_ns = req->ingest_ns;
         res->enqueued_ns = req->enqueued_ns;

@@ -2,6 +2,8 @@
  * benchmark after its warm-up are as good as any). */
 #include "daemon/trace.h"
 
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,9 +11,10 @@
 
 #define TRACE_MAX 65536
 
-enum { T_VALIDATE, T_INGEST, T_QUEUE, T_GATHER, T_STEP, T_Y, T_HAND, T_HANDOVER, T_DELIVER, T_TOTAL, T_N };
+enum { T_ARRIVE, T_VALIDATE, T_INGEST, T_QUEUE, T_GATHER, T_STEP, T_Y, T_HAND, T_HANDOVER, T_DELIVER, T_TOTAL, T_N };
 
 static const char *const names[T_N] = {
+    [T_ARRIVE] = "recv(2) -> frame read (decode)",
     [T_VALIDATE] = "read -> queued (validate, ingest)",
     [T_INGEST] = "  of which the device (kernel, sync)",
     [T_QUEUE] = "queued -> taken by a step",
@@ -28,6 +31,10 @@ static int trace_state; /* 0 not read, 1 on, -1 off */
 static uint32_t trace_every; /* EPD_TRACE=N > 1: report after every N requests */
 static uint32_t n_samples;
 static uint32_t *samples[T_N]; /* ns, saturated at 4 s */
+/* EPD_TRACE_TIMES=FILE: every traced request's times, one line each (id, then CLOCK_MONOTONIC
+ * ns: recv, read, queued, taken, step begins, step ends, done, handed, delivered, written), to
+ * line up with a client's own (epctl bench does the same under EPD_BENCH_TIMES) */
+static FILE *times;
 
 bool epd_trace_on(void)
 {
@@ -37,6 +44,8 @@ bool epd_trace_on(void)
         if (trace_state > 0) {
             long every = strtol(v, NULL, 10);
             trace_every = every > 1 && every <= TRACE_MAX ? (uint32_t)every : 0;
+            const char *path = getenv("EPD_TRACE_TIMES");
+            if (path != NULL && path[0] != '\0') times = fopen(path, "w");
         }
     }
     return trace_state > 0;
@@ -62,6 +71,7 @@ void epd_trace_result(const epd_result_t *r, uint64_t delivered_ns, uint64_t wri
         }
     }
     uint32_t at = n_samples++;
+    samples[T_ARRIVE][at] = span(r->arrived_ns, r->read_ns);
     samples[T_VALIDATE][at] = span(r->read_ns, r->enqueued_ns);
     samples[T_INGEST][at] = r->ingest_ns > UINT32_MAX ? UINT32_MAX : (uint32_t)r->ingest_ns;
     samples[T_QUEUE][at] = span(r->enqueued_ns, r->taken_ns);
@@ -72,6 +82,12 @@ void epd_trace_result(const epd_result_t *r, uint64_t delivered_ns, uint64_t wri
     samples[T_HANDOVER][at] = span(r->handed_ns, delivered_ns);
     samples[T_DELIVER][at] = span(delivered_ns, written_ns);
     samples[T_TOTAL][at] = span(r->read_ns, written_ns);
+    if (times != NULL)
+        fprintf(times,
+                "%" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64
+                " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
+                r->id, r->arrived_ns, r->read_ns, r->enqueued_ns, r->taken_ns, r->step_begin_ns,
+                r->step_end_ns, r->done_ns, r->handed_ns, delivered_ns, written_ns);
     if (trace_every != 0 && n_samples == trace_every) epd_trace_report();
 }
 
@@ -94,4 +110,5 @@ void epd_trace_report(void)
 #undef PCT
     }
     n_samples = 0;
+    if (times != NULL) fflush(times);
 }

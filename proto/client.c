@@ -46,6 +46,7 @@ struct epd_client {
     int timeout_ms;
     uint64_t spin_ns; /* epd_client_set_spin */
     uint64_t read_ns; /* the last recv(2) that returned bytes */
+    uint64_t taken_read_ns; /* read_ns of the last frame client_take returned */
     epd_decoder_t dec;
     uint8_t *rbuf;           /* bytes read but not yet fed to the decoder */
     size_t roff;
@@ -200,6 +201,11 @@ EPD_CLIENT_API void epd_client_destroy(epd_client_t *c)
 EPD_CLIENT_API void epd_client_set_timeout(epd_client_t *c, int timeout_ms)
 {
     if (c != NULL) c->timeout_ms = timeout_ms;
+}
+
+EPD_CLIENT_API uint64_t epd_client_last_read_ns(const epd_client_t *c)
+{
+    return c != NULL ? c->taken_read_ns : 0;
 }
 
 EPD_CLIENT_API void epd_client_set_spin(epd_client_t *c, unsigned spin_us)
@@ -464,6 +470,7 @@ static int client_take(epd_client_t *c, frame_match_fn match, const void *arg,
                 *link = q->next;
                 if (c->tail == q) c->tail = scanned;
                 *frame_p = q->frame;
+                c->taken_read_ns = q->read_ns;
                 free(q);
                 return EPD_CLIENT_OK;
             }
@@ -1447,6 +1454,7 @@ static int client_serve_queued(epd_client_t *c)
         if (c->tail == q) c->tail = prev;
         epd_frame_t frame = q->frame;
         uint64_t read_ns = q->read_ns;
+        c->taken_read_ns = read_ns;
         free(q);
         int rc = client_serve_one(c, &frame, read_ns, epd_now_ns());
         if (rc != EPD_CLIENT_OK) return rc;

@@ -904,6 +904,7 @@ static void *worker_run(bench_worker_t *w)
         uint64_t id;
         double t;
         uint64_t slot;
+        uint64_t send_ns, sent_ns; /* EPD_BENCH_TIMES */
     } inflight[MAX_PIPELINE];
     bool slot_busy[MAX_PIPELINE] = {false};
     bench_place_t place;
@@ -912,6 +913,11 @@ static void *worker_run(bench_worker_t *w)
     uint64_t n_inflight = 0, seq = 0;
     batch_t bt;
     epd_client_t *c = epd_client_create();
+    /* EPD_BENCH_TIMES=FILE: the first connection's requests, one line each (id, then
+     * CLOCK_MONOTONIC ns: send called, send returned, the RESULT's recv(2) returned, the reply
+     * returned), to line up with the daemon's EPD_TRACE_TIMES */
+    const char *times_path = w->index == 0 ? getenv("EPD_BENCH_TIMES") : NULL;
+    FILE *times = times_path != NULL && times_path[0] != '\0' ? fopen(times_path, "w") : NULL;
 
     uint64_t seed = (o->seed ? o->seed : 1) + (uint64_t)w->index * 7919;
     if (c == NULL || batch_make(&bt, sh->m, sh->tokens, seed) != 0) {
@@ -939,6 +945,7 @@ static void *worker_run(bench_worker_t *w)
         while (n_inflight < depth && worker_claim(w)) {
             bt.b.id = ((uint64_t)w->index << 40) | seq++;
             uint64_t slot = 0;
+            uint64_t send_ns = epd_now_ns();
             if (placed) {
                 while (slot_busy[slot]) slot++;
                 epd_client_request_t req = place_request(&place, &bt, bt.b.id, slot);
@@ -951,6 +958,8 @@ static void *worker_run(bench_worker_t *w)
             inflight[n_inflight].id = bt.b.id;
             inflight[n_inflight].slot = slot;
             inflight[n_inflight].t = now_s();
+            inflight[n_inflight].send_ns = send_ns;
+            inflight[n_inflight].sent_ns = epd_now_ns();
             n_inflight++;
         }
         if (n_inflight == 0) break;
@@ -967,6 +976,10 @@ static void *worker_run(bench_worker_t *w)
         for (uint64_t i = 0; i < n_inflight; i++) {
             if (inflight[i].id == r.id) {
                 t = inflight[i].t;
+                if (times != NULL)
+                    fprintf(times, "%" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
+                            r.id, inflight[i].send_ns, inflight[i].sent_ns,
+                            epd_client_last_read_ns(c), epd_now_ns());
                 slot_busy[inflight[i].slot] = false;
                 inflight[i] = inflight[--n_inflight];
                 break;
@@ -993,6 +1006,7 @@ conn_failed:
     snprintf(w->fatal_msg, sizeof(w->fatal_msg), "%s: %s (%s)", sock, epd_client_last_message(c),
              epd_client_last_error(c));
 out:
+    if (times != NULL) fclose(times);
     batch_free(&bt);
     epd_client_destroy(c); /* releases the region on the daemon's side */
     if (place.dev != NULL) place.cu.free(place.dev);

@@ -116,6 +116,11 @@ EPD_CLIENT_API void epd_client_set_timeout(epd_client_t *client, int timeout_ms)
  * whose answers come within tens of microseconds. */
 EPD_CLIENT_API void epd_client_set_spin(epd_client_t *client, unsigned spin_us);
 
+/* CLOCK_MONOTONIC, in ns: when the recv(2) that completed the frame behind the last reply (or
+ * EXPERTS) this client returned came back; 0 before any. With the caller's own clock around the
+ * call it splits a wait into the socket's part and this library's decoding and queueing. */
+EPD_CLIENT_API uint64_t epd_client_last_read_ns(const epd_client_t *client);
+
 /* The last failure's snake_case code ("" after success) and its sentence. The strings belong to
  * the client and change with the next call. */
 EPD_CLIENT_API const char *epd_client_last_error(const epd_client_t *client);

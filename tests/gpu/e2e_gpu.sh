@@ -5,7 +5,9 @@
 # tokens x 8 connections; the daemon's own per-leg p50s (EPD_TRACE) and, in the same run, the
 # GPU step (epd --bench) they are compared with. Prints; fails only when a run fails.
 # E2E_DATA narrows the data kinds (default "cuda host payload"; on a machine without a GPU
-# "host payload" with E2E_BACKEND=cpu). Logs in $OUT (or build/e2e-gpu).
+# "host payload" with E2E_BACKEND=cpu). Logs in $OUT (or build/e2e-gpu). E2E_TIMES=1 also
+# writes every latency run's per-request times on both sides (EPD_TRACE_TIMES, EPD_BENCH_TIMES)
+# and lines them up (tests/gpu/e2e_times.py): the client's wait split at the daemon's legs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -22,7 +24,9 @@ if [[ $backend == cuda ]] && ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 dir=$(mktemp -d /tmp/epd-e2e.XXXXXX)
 sock=$dir/epd-0.sock
-EPD_TRACE=$requests setsid "${MPIRUN:-mpirun}" -np 1 "${mpi[@]}" -x EPD_TRACE "$BUILD/epd" \
+times=()
+[[ -n ${E2E_TIMES:-} ]] && { mkdir -p "$out/times"; export EPD_TRACE_TIMES=$out/times/daemon.txt; times=(-x EPD_TRACE_TIMES); }
+EPD_TRACE=$requests setsid "${MPIRUN:-mpirun}" -np 1 "${mpi[@]}" -x EPD_TRACE "${times[@]}" "$BUILD/epd" \
     --set "socket.path=$dir/epd-%r.sock" --set device.backend="$backend" >"$out/daemon.log" 2>&1 &
 mp=$!
 stop() { # SIGUSR1 to the rank (mpirun may not forward it), bounded wait, then SIGKILL
@@ -44,12 +48,14 @@ rc=0
 for t in 1 128; do
     for d in $data; do
         for spin in 0 300; do
+            [[ -n ${E2E_TIMES:-} ]] && export EPD_BENCH_TIMES=$out/times/client-$d-$t-$spin.txt
             line=$(timeout 120 "$BUILD/epctl" --socket "$sock" bench --tokens $t --requests "$requests" \
                 --data "$d" --spin-us $spin 2>&1 | grep -E 'latency|error' | tr '\n' ' ') || rc=1
             printf '%-8s %4s tokens  spin %3s us: %s\n' "$d" "$t" "$spin" "$line"
         done
     done
 done
+unset EPD_BENCH_TIMES
 for d in $data; do
     line=$(timeout 120 "$BUILD/epctl" --socket "$sock" bench --tokens 128 --requests 8000 \
         --concurrency 8 --data "$d" 2>&1 | grep -E 'throughput|error' | tr '\n' ' ') || rc=1
@@ -57,7 +63,8 @@ for d in $data; do
 done
 stop || rc=1
 echo "the daemon's legs per bench run above, in order (EPD_TRACE; us: p10 p50 p90 p99):"
-grep -E 'trace: ' "$out/daemon.log" | sed 's/^.*trace: /  /' | tee "$out/trace.txt" | head -120
+grep -E 'trace: ' "$out/daemon.log" | sed 's/^.*trace: /  /' | tee "$out/trace.txt" | head -130
+[[ -n ${E2E_TIMES:-} ]] && python3 tests/gpu/e2e_times.py "$out/times"
 timeout 120 "${MPIRUN:-mpirun}" -np 1 "${mpi[@]}" "$BUILD/epd" --bench --set device.backend="$backend" \
     --bench-tokens 1,128 >"$out/bench.log" 2>&1 || rc=1
 echo "the GPU step in the same run (epd --bench, median us):"
