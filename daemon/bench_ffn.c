@@ -117,6 +117,11 @@ static ffn_sweep_t sweeps[] = {
     {.name = "kernel,upto=16,wgmma",
      .tuning = {.streams = 4, .kernel = true, .kernel_max_rows = 16, .kernel_fp8_max_rows = 16,
                 .wgmma = true}},
+    /* and with SwiGLU fused into its gate/up GEMM (BF16; FP8 runs as without) */
+    {.name = "wgmma,swiglu", .tuning = {.streams = 1, .wgmma = true, .wgmma_swiglu = true}},
+    {.name = "kernel,upto=16,wgmma,swiglu",
+     .tuning = {.streams = 4, .kernel = true, .kernel_max_rows = 16, .kernel_fp8_max_rows = 16,
+                .wgmma = true, .wgmma_swiglu = true}},
 };
 #else
 static ffn_sweep_t sweeps[] = {{.name = "default"}};

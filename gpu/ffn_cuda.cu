@@ -1222,6 +1222,126 @@ static epd_status_t probe_kernel(epd_ffn_cuda_t *f, bool wgmma, uint32_t row_til
     return status;
 }
 
+/* wgmma_swiglu: the gate/up GEMM with SwiGLU fused against the same kernel unfused and the
+ * SwiGLU kernel, once when the tuning is set: the first (up to) 3 experts of layer 0 with 1, 9 and
+ * 70 rows of random BF16 activations in row tiles of row_tile, on f->stream, waited for; h of each
+ * expert's rows compared (relative L2 above 1e-2: EPD_ERR_UNSUPPORTED saying where; the same
+ * fp32 sums and operations give the same bits). EPD_ERR_CUDA / EPD_ERR_NO_MEMORY with err. */
+static epd_status_t probe_swiglu(epd_ffn_cuda_t *f, uint32_t row_tile, char err[EPD_ERR_LEN])
+{
+    static const uint32_t want[3] = {1, 9, 70};
+    const uint32_t n_exp = f->n_local < 3 ? f->n_local : 3;
+    uint32_t meta[11], *counts = meta, *row_base = meta + 3, *tile_base = meta + 7, total, nn, k;
+    epd_status_t status = EPD_OK;
+    if (n_exp == 0 || f->n_layers == 0 || f->format != EPD_FFN_BF16 || f->d_bf16[PROJ_GATE_UP])
+        return EPD_OK;
+    memset(meta, 0, sizeof meta);
+    for (uint32_t e = 0; e < n_exp; e++) {
+        counts[e] = want[e];
+        row_base[e + 1] = row_base[e] + pad_rows(want[e]);
+        tile_base[e + 1] = tile_base[e] + (want[e] + row_tile - 1) / row_tile;
+    }
+    total = row_base[n_exp];
+    proj_dims(f, PROJ_GATE_UP, &nn, &k);
+    const size_t h_bytes = (size_t)total * f->inter * 2;
+    uint32_t *meta_dev = (uint32_t *)dalloc(sizeof meta);
+    void *b = dalloc((size_t)total * k * 2), *gu = dalloc((size_t)total * nn * 4);
+    void *h1 = dalloc(h_bytes), *h2 = dalloc(h_bytes);
+    void *c1 = malloc(h_bytes), *c2 = malloc(h_bytes);
+    if (meta_dev == NULL || b == NULL || gu == NULL || h1 == NULL || h2 == NULL || c1 == NULL ||
+        c2 == NULL) {
+        cudaGetLastError();
+        snprintf(err, EPD_ERR_LEN, "ffn experts: out of memory for the fused SwiGLU check");
+        status = EPD_ERR_NO_MEMORY;
+    }
+    if (status == EPD_OK) {
+        fill_random_bf16<<<256, 256, 0, f->stream>>>((uint16_t *)b, (size_t)total * k, 9);
+        if (cudaGetLastError() != cudaSuccess ||
+            cudaMemcpyAsync(meta_dev, meta, sizeof meta, cudaMemcpyHostToDevice, f->stream) !=
+                cudaSuccess ||
+            cudaMemsetAsync(h1, 0, h_bytes, f->stream) != cudaSuccess ||
+            cudaMemsetAsync(h2, 0, h_bytes, f->stream) != cudaSuccess) {
+            snprintf(err, EPD_ERR_LEN, "ffn experts: the fused SwiGLU check's fill failed");
+            status = EPD_ERR_CUDA;
+        }
+    }
+    epd_ffn_gemm_args_t a;
+    bool fused = false;
+    memset(&a, 0, sizeof a);
+    a.n = nn;
+    a.k = k;
+    a.n_experts = n_exp;
+    a.w = f->layers[0].gate_up;
+    a.x = b;
+    a.row_base = meta_dev + 3;
+    a.counts = meta_dev;
+    a.tile_base = meta_dev + 7;
+    a.n_tiles = tile_base[n_exp];
+    a.row_tile = row_tile;
+    a.total_rows = total;
+    a.split_k = 1;
+    /* fused into h1; unfused into gu, then the SwiGLU kernel into h2 */
+    if (status == EPD_OK) {
+        a.d = gu;
+        a.swiglu_h = h1;
+        a.swiglu_done_p = &fused;
+        status = epd_ffn_wgmma_launch(&a, f->stream, err);
+    }
+    if (status == EPD_OK && !fused) {
+        snprintf(err, EPD_ERR_LEN, "ffn experts: the wgmma kernel did not fuse SwiGLU; not used");
+        status = EPD_ERR_UNSUPPORTED;
+    }
+    if (status == EPD_OK) {
+        a.swiglu_h = NULL;
+        a.swiglu_done_p = NULL;
+        status = epd_ffn_wgmma_launch(&a, f->stream, err);
+    }
+    if (status == EPD_OK) {
+        swiglu_args sa;
+        memset(&sa, 0, sizeof sa);
+        sa.gu = gu;
+        sa.gu_bf16 = false;
+        sa.row_base = meta_dev + 3;
+        sa.n_local = n_exp;
+        sa.inter = f->inter;
+        sa.fp8 = false;
+        sa.h_bf16 = (uint16_t *)h2;
+        swiglu_kernel<<<dim3(total, f->inter / GROUP), GROUP, 0, f->stream>>>(sa);
+        if (cudaGetLastError() != cudaSuccess ||
+            cudaMemcpyAsync(c1, h1, h_bytes, cudaMemcpyDeviceToHost, f->stream) != cudaSuccess ||
+            cudaMemcpyAsync(c2, h2, h_bytes, cudaMemcpyDeviceToHost, f->stream) != cudaSuccess ||
+            cudaStreamSynchronize(f->stream) != cudaSuccess) {
+            snprintf(err, EPD_ERR_LEN, "ffn experts: the fused SwiGLU check: %s",
+                     cudaGetErrorString(cudaGetLastError()));
+            status = EPD_ERR_CUDA;
+        }
+    }
+    if (status == EPD_OK && epd_ffn_wgmma_hang(err, EPD_ERR_LEN)) status = EPD_ERR_UNSUPPORTED;
+    for (uint32_t e = 0; e < n_exp && status == EPD_OK; e++) {
+        size_t off = (size_t)row_base[e] * f->inter * 2;
+        uint32_t at = 0;
+        double worst = worst_matrix((const uint8_t *)c1 + off, (const uint8_t *)c2 + off, 1,
+                                    (size_t)counts[e] * f->inter, true, &at);
+        if (!(worst <= 1e-2)) {
+            snprintf(err, EPD_ERR_LEN,
+                     "ffn experts: the wgmma kernel's fused SwiGLU (row tile %u) disagrees with "
+                     "the SwiGLU kernel: relative L2 %.2e for expert %u's %u rows (first at "
+                     "element %u); not used",
+                     row_tile, worst, e, counts[e], at);
+            status = EPD_ERR_UNSUPPORTED;
+        }
+    }
+    if (status != EPD_OK) cudaStreamSynchronize(f->stream);
+    cudaFree(meta_dev);
+    cudaFree(b);
+    cudaFree(gu);
+    cudaFree(h1);
+    cudaFree(h2);
+    free(c1);
+    free(c2);
+    return status;
+}
+
 static epd_status_t gemm_grouped(epd_ffn_cuda_t *f, int proj, const batch_group_t *groups,
                                  uint32_t n_groups, uint32_t used, const void **ptrs,
                                  char err[EPD_ERR_LEN]);
@@ -1404,6 +1524,13 @@ extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn
         for (uint32_t i = 0; wgmma_status == EPD_OK && i < epd_wgmma_tile_count(fp8); i++)
             wgmma_status = probe_kernel(f, true, epd_wgmma_tile_at(i), wgmma_err);
         if (wgmma_status != EPD_OK) f->tuning.wgmma = false;
+        /* the fused SwiGLU: on failure the tuning stays, with the kernel unfused */
+        for (uint32_t i = 0; wgmma_status == EPD_OK && t->wgmma_swiglu && !fp8 &&
+                             i < epd_wgmma_tile_count(fp8);
+             i++) {
+            wgmma_status = probe_swiglu(f, epd_wgmma_tile_at(i), wgmma_err);
+            if (wgmma_status != EPD_OK) f->tuning.wgmma_swiglu = false;
+        }
         if (wgmma_status != EPD_OK && wgmma_status != EPD_ERR_UNSUPPORTED) {
             snprintf(err, EPD_ERR_LEN, "%s", wgmma_err);
             return wgmma_status;
@@ -2049,8 +2176,16 @@ static epd_status_t run_kernel(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_t
     a.x = f->act;
     a.x_scale = fp8 ? f->act_scale : NULL;
     a.d = f->gu;
+    /* wgmma_swiglu: h straight from the GEMM where the launch can (then no SwiGLU launch) */
+    bool fused = false;
+    if (wgmma && f->tuning.wgmma_swiglu && !fp8 && !f->d_bf16[PROJ_GATE_UP]) {
+        a.swiglu_h = f->h;
+        a.swiglu_done_p = &fused;
+    }
     status = launch(&a, f->stream, err);
-    if (status == EPD_OK) status = queue_swiglu(f, l, 0, total, 0, err);
+    a.swiglu_h = NULL;
+    a.swiglu_done_p = NULL;
+    if (status == EPD_OK && !fused) status = queue_swiglu(f, l, 0, total, 0, err);
     if (status != EPD_OK) return status;
 
     proj_dims(f, PROJ_DOWN, &a.n, &a.k);

@@ -65,6 +65,13 @@ typedef struct epd_ffn_gemm_args {
                           * tile_base
                           * then the prefix sums of ceil(counts / row_tile). The mma.sync kernel
                           * ignores it (its tiles are EPD_FFN_GEMM_ROW_TILE rows) */
+    void *swiglu_h;      /* epd_ffn_wgmma_launch, BF16 gate/up only (optional): SwiGLU fused
+                          * into the epilogue: h [total_rows][n / 2] BF16 = bf16(silu(g) * u)
+                          * (the SwiGLU kernel's fp32 operations) of D's features g in [0, n / 2)
+                          * and u = the feature n / 2 on, for the rows the kernel writes; D then
+                          * not written. Only without split-K: *swiglu_done_p says whether it
+                          * was (else D is written as without it) */
+    bool *swiglu_done_p; /* host, optional */
 } epd_ffn_gemm_args_t;
 
 /* EPD_OK when the kernel can run on the current device for the format (BF16: compute capability

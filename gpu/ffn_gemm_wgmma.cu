@@ -58,6 +58,7 @@ template <uint32_t BN> struct tile_cfg {
         EPD_WGMMA_ATOM_BYTES + STAGES * (W_TILE + X_TILE + SCALES) + 2 * STAGES * 8;
     static_assert(X_TILE % EPD_WGMMA_ATOM_BYTES == 0, "activation tiles aligned");
     static_assert(STAGES >= 3, "a pipeline");
+    static_assert(STAGES * W_TILE >= 64 * BN * 4, "the fused SwiGLU's up sums fit the ring");
     static_assert((SCALES * STAGES) % 16 == 0, "the mbarriers 8-byte aligned after the scales");
 };
 
@@ -70,6 +71,8 @@ struct wg_params {
     uint32_t n, k, n_experts, w_scale_ld, row_tile;
     int out_bf16;
     uint32_t launch; /* this launch's number (never 0): its waits give up once one of its own has */
+    uint16_t *h;     /* SwiGLU fused (BF16 gate/up): [rows][n / 2] bf16(silu(gate) * up), D not
+                      * written; NULL: D */
 };
 
 /* ---- device helpers (sm_90a) ------------------------------------------------------------- */
@@ -265,7 +268,11 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (tid != 0) return;
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tw) : "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tx) : "memory");
-        const int32_t w_row = (int32_t)(e * p.n + fb * BM);
+        /* the weights as two boxes of 64 rows, one a consumer: the CTA's 128 features, or with
+         * SwiGLU fused the 64 gate features fb * 64 .. and their 64 up features n / 2 on */
+        const bool fused = !FP8 && p.h != nullptr;
+        const int32_t w_row0 = (int32_t)(e * p.n + fb * (fused ? 64u : BM));
+        const int32_t w_row1 = w_row0 + (int32_t)(fused ? p.n / 2 : 64u);
         const int32_t x_row = (int32_t)(rb + rt * BN);
         const float *xs_g = FP8 ? p.x_scale + (size_t)rb * (p.k / 128) + rt * BN : nullptr;
         for (uint32_t s = 0; s < n_kb; s++) {
@@ -274,7 +281,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             const uint32_t bar = full + 8 * slot;
             mbar_expect_tx(bar, stage_bytes);
             const int32_t k0 = (int32_t)((kb0 + s) * kstage);
-            tma_load(w_s + slot * W_TILE, &tw, k0, w_row, bar);
+            tma_load(w_s + slot * W_TILE, &tw, k0, w_row0, bar);
+            tma_load(w_s + slot * W_TILE + W_TILE / 2, &tw, k0, w_row1, bar);
             tma_load(x_s + slot * C::X_TILE, &tx, k0, x_row, bar);
             if (FP8)
                 bulk_load(sc_s + slot * C::SCALES, xs_g + (size_t)(kb0 + s) * mpad, sc_rows * 4,
@@ -344,6 +352,35 @@ __global__ void __launch_bounds__(THREADS, 1)
     /* D[row][feature] for the rows the kernel writes (the count rounded up to 8, within mpad) */
     const uint32_t tiles = p.tile_base[e + 1] - p.tile_base[e];
     const uint32_t wrows = epd_ffn_gemm_written_rows(count, mpad, tiles, BN);
+    if (!FP8 && p.h != nullptr) {
+        /* SwiGLU fused: the up half's sums through shared memory (the ring's weight tiles, free
+         * once both consumers' wgmmas are done) to the gate half, which writes
+         * h = bf16(silu(g) * u) with the SwiGLU kernel's operations */
+        float *up = (float *)(smem_raw + (w_s - raw));
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
+        if (half == 1) {
+#pragma unroll
+            for (uint32_t j = 0; j < R; j++) {
+                uint32_t m, n;
+                epd_wgmma_acc_pos(warp, lane, j, &m, &n);
+                up[m * BN + n] = acc[j];
+            }
+        }
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
+        if (half == 1) return;
+        const uint32_t inter = p.n / 2;
+#pragma unroll
+        for (uint32_t j = 0; j < R; j++) {
+            uint32_t m, n;
+            epd_wgmma_acc_pos(warp, lane, j, &m, &n);
+            const uint32_t r = rt * BN + n;
+            if (r >= wrows) continue;
+            const float g = acc[j], u = up[m * BN + n];
+            const float silu = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
+            p.h[(size_t)(rb + r) * inter + fb * 64u + m] = epd_f32_to_bf16(__fmul_rn(silu, u));
+        }
+        return;
+    }
     const size_t f0 = (size_t)fb * BM + half * 64u;
 #pragma unroll
     for (uint32_t j = 0; j < R; j++) {
@@ -720,7 +757,7 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
         return EPD_ERR_INVALID_ARG;
     }
     CUtensorMap tw, tx;
-    epd_status_t status = make_map(&tw, a->w, a->fp8, (uint64_t)a->n_experts * a->n, a->k, BM,
+    epd_status_t status = make_map(&tw, a->w, a->fp8, (uint64_t)a->n_experts * a->n, a->k, 64,
                                    "weights", err);
     if (status == EPD_OK)
         status = make_map(&tx, a->x, a->fp8, a->total_rows, a->k, a->row_tile, "activations", err);
@@ -764,6 +801,10 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
         p.part = (float *)a->split_ws;
         p.part_stride = (size_t)a->total_rows * a->n;
     }
+    /* SwiGLU fused where asked and possible: BF16, no split (the sums whole in one CTA) */
+    const bool fuse = a->swiglu_h != NULL && !a->fp8 && splits == 1;
+    if (fuse) p.h = (uint16_t *)a->swiglu_h;
+    if (a->swiglu_done_p != NULL) *a->swiglu_done_p = false;
     dim3 grid(a->n / BM, a->n_tiles, splits);
     cudaStream_t s = (cudaStream_t)stream;
     if (rc == cudaSuccess) {
@@ -783,5 +824,6 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
         return EPD_ERR_CUDA;
     }
     if (a->split_used_p != NULL) *a->split_used_p = splits;
+    if (a->swiglu_done_p != NULL) *a->swiglu_done_p = fuse;
     return EPD_OK;
 }

@@ -50,7 +50,7 @@ fi
 
 if ((bench)); then
     echo "---- 2. bench: default, strided, kernel, wgmma* ($out/bench.log, summary $out/summary.md)"
-    export FFN_BENCH_TUNINGS="strided kernel wgmma wgmma,split=1 wgmma,split=2 wgmma,tile=32 wgmma,tile=64 wgmma,tile=96 wgmma,tile=128 wgmma,tile=192 wgmma,tile=256 kernel,upto=16,wgmma"
+    export FFN_BENCH_TUNINGS="strided kernel wgmma wgmma,split=1 wgmma,split=2 wgmma,tile=32 wgmma,tile=64 wgmma,tile=96 wgmma,tile=128 wgmma,tile=192 wgmma,tile=256 kernel,upto=16,wgmma wgmma,swiglu kernel,upto=16,wgmma,swiglu"
     OUT="$out" timeout 900 bash tests/gpu/ffn_gpu.sh --skip-tests
     rc=$?
     # its Done-when lines fail for the default until the switch: this script's exit status is

@@ -28,7 +28,9 @@
  * 128) on small integers with 0 .. 600 rows per expert
  * around every tile's edges, BF16 and FP8, fp32 and BF16 out, split-K off, fixed and auto, the
  * real shapes; then every case with the wgmma tunings (alone, split off and at 3, the smallest
- * and largest tiles forced, and above the kernel's 16 rows as the default would run it).
+ * and largest tiles forced, above the kernel's 16 rows as the default would run it, and with
+ * SwiGLU fused into the gate/up GEMM; the kernel's own checks include the fused SwiGLU against
+ * silu(g) u of the CPU's sums).
  * TEST_FFN_ONLY=wgmma runs only the wgmma kernel's checks and tunings (seconds: a wrong kernel
  * shows first); a wait of the kernel that timed out is named (CTA, thread, stage).
  * Prints one line per case and 'N passed, N failed'; exit 77 with 'SKIP: no GPU' without one. */
@@ -91,6 +93,7 @@ static const epd_ffn_cuda_tuning_t tunings[] = {
     {.streams = 1, .wgmma = true, .wgmma_row_tile = 256},
     {.streams = 4, .kernel = true, .kernel_max_rows = 16, .kernel_fp8_max_rows = 16,
      .wgmma = true},
+    {.streams = 1, .wgmma = true, .wgmma_swiglu = true},
 };
 static const char *const tuning_names[] = {"streams=1", "streams=4", "streams=4,sm_target",
                                            "batched", "streams=1,autotune", "streams=4,autotune",
@@ -100,7 +103,8 @@ static const char *const tuning_names[] = {"streams=1", "streams=4", "streams=4,
                                            "kernel,upto=16,fp8_upto=64,streams=4,prefetch=2",
                                            "kernel,split=1", "kernel,split=3", "wgmma",
                                            "wgmma,split=1", "wgmma,split=3", "wgmma,tile=32",
-                                           "wgmma,tile=256", "kernel,upto=16,wgmma"};
+                                           "wgmma,tile=256", "kernel,upto=16,wgmma",
+                                           "wgmma,swiglu"};
 static_assert(sizeof tunings / sizeof tunings[0] == sizeof tuning_names / sizeof tuning_names[0],
               "a name per tuning");
 
@@ -495,9 +499,14 @@ static void wgmma_layout_check(bool fp8)
  * count), N n, K k: weights and activations small integers, FP8 scales powers of two, so the
  * CPU's sums are exact and the kernel's within rounding of fp32 sums; every (expert, row,
  * feature) below the counts compared, the first few wrong ones named. */
-static void gemm_check(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const uint32_t *counts,
-                       uint32_t n_exp, uint32_t split, uint32_t wg_tile)
+static void gemm_check_x(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const uint32_t *counts,
+                         uint32_t n_exp, uint32_t split, uint32_t wg_tile, bool swiglu)
 {
+    /* swiglu (wgmma, BF16): SwiGLU fused, h [rows][n / 2] = bf16(silu(D[.][f]) * D[.][n/2 + f])
+     * checked instead of D */
+    uint16_t *hh = NULL;
+    void *dhh = NULL;
+    bool fused = false;
     /* wg_tile: the wgmma kernel in row tiles of that many rows; 0: the mma.sync kernel */
     const uint32_t row_tile = wg_tile ? wg_tile : EPD_FFN_GEMM_ROW_TILE;
     const size_t es = fp8 ? 1 : 2, kb = k / 128, ld = (kb + 3) / 4 * 4;
@@ -560,6 +569,10 @@ static void gemm_check(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const ui
     CUDA_OK(cudaMemcpy(dtb, tile_base, (n_exp + 1) * 4, cudaMemcpyHostToDevice));
     /* NaN everywhere first: a row the kernel should write and does not shows */
     CUDA_OK(cudaMemset(dd, 0xff, (size_t)(total ? total : 1) * n * sizeof(float)));
+    if (swiglu) {
+        CUDA_OK(cudaMalloc(&dhh, (size_t)(total ? total : 1) * (n / 2) * 2));
+        CUDA_OK(cudaMemset(dhh, 0xff, (size_t)(total ? total : 1) * (n / 2) * 2));
+    }
 
     epd_ffn_gemm_args_t a;
     memset(&a, 0, sizeof a);
@@ -585,10 +598,16 @@ static void gemm_check(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const ui
     a.split_ws_bytes = dsplit != NULL ? split_bytes : 0;
     a.split_used_p = &split_used;
     a.row_tile = wg_tile;
+    if (swiglu) {
+        a.swiglu_h = dhh;
+        a.swiglu_done_p = &fused;
+    }
     char what[200], tile_what[40] = "";
     if (wg_tile) snprintf(tile_what, sizeof tile_what, " of %u rows", wg_tile);
     snprintf(what, sizeof what, "%s %s%s, N %u, K %u, %u experts, %u row tiles%s, split %s",
-             wg_tile ? "wgmma GEMM kernel" : "GEMM kernel", fp8 ? "fp8-block" : "bf16",
+             wg_tile ? (swiglu ? "wgmma GEMM kernel with SwiGLU fused" : "wgmma GEMM kernel")
+                     : "GEMM kernel",
+             fp8 ? "fp8-block" : "bf16",
              out_bf16 ? " (bf16 out)" : "", n, k, n_exp, a.n_tiles, tile_what,
              split == EPD_FFN_GEMM_SPLIT_AUTO ? "auto" : split == 1 ? "none" : "fixed");
     epd_status_t st = wg_tile ? epd_ffn_wgmma_supported(fp8, err) : epd_ffn_gemm_supported(fp8, err);
@@ -611,7 +630,36 @@ static void gemm_check(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const ui
         goto out;
     }
     CUDA_OK(cudaMemcpy(d, dd, (size_t)(total ? total : 1) * n * sizeof(float), cudaMemcpyDeviceToHost));
-    for (uint32_t e = 0; e < n_exp; e++) {
+    if (swiglu && !fused) {
+        printf("FAIL  %s: the launch did not fuse SwiGLU\n", what);
+        failed++;
+        goto out;
+    }
+    if (swiglu) {
+        hh = (uint16_t *)malloc((size_t)(total ? total : 1) * (n / 2) * 2);
+        CUDA_OK(cudaMemcpy(hh, dhh, (size_t)(total ? total : 1) * (n / 2) * 2, cudaMemcpyDeviceToHost));
+    }
+    for (uint32_t e = 0; swiglu && e < n_exp; e++)
+        for (uint32_t r = 0; r < counts[e]; r++) {
+            size_t row = row_base[e] + r;
+            for (uint32_t f = 0; f < n / 2; f++) {
+                double g = 0, u = 0;
+                const int8_t *wg = wv + ((size_t)e * n + f) * k, *wu = wg + (size_t)(n / 2) * k;
+                const int8_t *xr = xv + row * k;
+                for (uint32_t c = 0; c < k; c++) {
+                    g += (double)wg[c] * xr[c];
+                    u += (double)wu[c] * xr[c];
+                }
+                double want = g / (1.0 + exp(-g)) * u;
+                double got = epd_bf16_to_f32(hh[row * (n / 2) + f]);
+                checked++;
+                if (!(fabs(got - want) <= fabs(want) / 128 + 1e-3) && bad++ < 6)
+                    printf("      %s: expert %u row %u h feature %u = %.6g, want %.6g (gate %g, "
+                           "up %g; row tile %u)\n",
+                           what, e, r, f, got, want, g, u, r / wg_tile);
+            }
+        }
+    for (uint32_t e = 0; !swiglu && e < n_exp; e++) {
         uint32_t mpad = row_base[e + 1] - row_base[e];
         for (uint32_t r = 0; r < counts[e]; r++) {
             size_t row = row_base[e] + r;
@@ -680,6 +728,14 @@ out:
     free(d);
     free(wv);
     free(xv);
+    free(hh);
+    cudaFree(dhh);
+}
+
+static void gemm_check(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const uint32_t *counts,
+                       uint32_t n_exp, uint32_t split, uint32_t wg_tile)
+{
+    gemm_check_x(fp8, out_bf16, n, k, counts, n_exp, split, wg_tile, false);
 }
 
 static void gemm_checks(void)
@@ -708,7 +764,10 @@ static void gemm_checks(void)
             gemm_check(fp8, false, 256, 384, wg_edges, n_wg, 3, t); /* split-K, ranges of 1 */
             gemm_check(fp8, true, 128, 1024, wide, 3, 5, t);       /* uneven ranges, the reduce */
             if (t % 64 == 0) gemm_check(fp8, false, 256, 7168, wg_real, 5, AUTO, t); /* gate/up's K */
+            /* SwiGLU fused (BF16): gate features [0, 128), up [128, 256) */
+            if (!fp8) gemm_check_x(false, false, 256, 384, wg_edges, n_wg, 1, t, true);
         }
+        if (!fp8) gemm_check_x(false, false, 256, 7168, wg_real, 5, 1, 96, true);
         gemm_check(fp8, false, 7168, 2048, real_down, 1, 1, 32); /* down's N and K */
         gemm_check(fp8, true, 7168, 2048, real_down, 1, AUTO, 64);
         if (only_wgmma) continue;
