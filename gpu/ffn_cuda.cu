@@ -1457,6 +1457,7 @@ extern "C" void epd_ffn_cuda_default_tuning(epd_ffn_cuda_tuning_t *t)
     t->wgmma_fp8_max_rows = 0;
     t->wgmma_split = 0;
     t->wgmma_row_tile = 0;
+    t->wgmma_swiglu = false;
 }
 
 extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn_cuda_tuning_t *t,
