@@ -38,24 +38,22 @@
 #define WG_THREADS 128u
 #define THREADS (3u * WG_THREADS) /* producer, two consumers */
 #define BM EPD_FFN_GEMM_BN        /* features a CTA */
-#define W_TILE (BM * EPD_WGMMA_ROW_BYTES)
+#define W_TILE EPD_WGMMA_W_TILE
 #define REDUCE_THREADS 256u
 /* an mbarrier wait longer than this is a bug (a copy that never lands): said, then a trap */
 #define WAIT_TIMEOUT_NS 2000000000ull
 
-static_assert(BM == 2u * 64u, "two consumer warpgroups of m64 each");
+static_assert(BM == 2u * 64u && BM == EPD_WGMMA_FEATURES, "two consumer warpgroups of m64 each");
+static_assert(EPD_WGMMA_CONSUMERS == 2u * WG_THREADS, "each consumer thread arrives on empty");
 static_assert(W_TILE % EPD_WGMMA_ATOM_BYTES == 0, "weight tiles keep the swizzle atoms aligned");
 
-/* the pipeline of a row tile: stages (as deep as about 200 KB of shared memory allows) */
+/* the pipeline of a row tile (gpu/ffn_gemm_wgmma_layout.h: EPD_WGMMA_STAGES, EPD_WGMMA_SMEM) */
 template <uint32_t BN> struct tile_cfg {
     static constexpr uint32_t X_TILE = BN * EPD_WGMMA_ROW_BYTES;
     static constexpr uint32_t SCALES = BN * 4; /* a stage's FP8 activation scales */
-    /* as many stages as 227 KB (the opt-in maximum a CTA) hold, at most 10 */
-    static constexpr uint32_t FIT = (232448u - 2048u) / (W_TILE + X_TILE + SCALES);
-    static constexpr uint32_t STAGES = FIT > 10 ? 10 : FIT;
-    /* 1024 bytes of slack to align the tiles, the tiles, the scales, 2 STAGES mbarriers */
-    static constexpr uint32_t SMEM =
-        EPD_WGMMA_ATOM_BYTES + STAGES * (W_TILE + X_TILE + SCALES) + 2 * STAGES * 8;
+    static constexpr uint32_t STAGES = EPD_WGMMA_STAGES(BN);
+    static constexpr uint32_t SMEM = EPD_WGMMA_SMEM(BN);
+    static_assert(SMEM <= EPD_WGMMA_SMEM_OPTIN, "within the 227 KB a CTA may opt into");
     static_assert(X_TILE % EPD_WGMMA_ATOM_BYTES == 0, "activation tiles aligned");
     static_assert(STAGES >= 3, "a pipeline");
     static_assert(STAGES * W_TILE >= 64 * BN * 4, "the fused SwiGLU's up sums fit the ring");
@@ -231,10 +229,11 @@ __global__ void __launch_bounds__(THREADS, 1)
     extern __shared__ uint8_t smem_raw[];
     const uint32_t raw = smem_u32(smem_raw);
     const uint32_t base = (raw + EPD_WGMMA_ATOM_BYTES - 1) & ~(EPD_WGMMA_ATOM_BYTES - 1);
-    const uint32_t w_s = base, x_s = base + STAGES * W_TILE;     /* [STAGES] tiles each */
-    const uint32_t sc_s = x_s + STAGES * C::X_TILE;               /* [STAGES][BN] fp32 */
+    const epd_wgmma_smem_t at = epd_wgmma_smem_at(BN);
+    const uint32_t w_s = base + at.w, x_s = base + at.x; /* [STAGES] tiles each */
+    const uint32_t sc_s = base + at.sc;                  /* [STAGES][BN] fp32 */
     const float *const xsc = (const float *)(smem_raw + (sc_s - raw));
-    const uint32_t full = sc_s + STAGES * C::SCALES, empty = full + STAGES * 8;
+    const uint32_t full = base + at.full, empty = base + at.empty;
 
     const uint32_t tid = threadIdx.x, wg = tid / WG_THREADS;
     /* the grid is (feature blocks, row tiles, K ranges): the CTAs of one row tile run together,
@@ -252,12 +251,12 @@ __global__ void __launch_bounds__(THREADS, 1)
     const uint32_t n_kb = kb1 - kb0;
     /* FP8: the stage's activation scales, the rows of the tile within the expert's padded rows */
     const uint32_t sc_rows = min(BN, mpad - rt * BN);
-    const uint32_t stage_bytes = W_TILE + C::X_TILE + (FP8 ? sc_rows * 4 : 0);
+    const uint32_t stage_bytes = epd_wgmma_stage_bytes(FP8, BN, mpad, rt);
 
     if (tid == 0) {
         for (uint32_t s = 0; s < STAGES; s++) {
             mbar_init(full + 8 * s, 1);
-            mbar_init(empty + 8 * s, 2 * WG_THREADS);
+            mbar_init(empty + 8 * s, EPD_WGMMA_CONSUMERS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -271,13 +270,14 @@ __global__ void __launch_bounds__(THREADS, 1)
         /* the weights as two boxes of 64 rows, one a consumer: the CTA's 128 features, or with
          * SwiGLU fused the 64 gate features fb * 64 .. and their 64 up features n / 2 on */
         const bool fused = !FP8 && p.h != nullptr;
-        const int32_t w_row0 = (int32_t)(e * p.n + fb * (fused ? 64u : BM));
-        const int32_t w_row1 = w_row0 + (int32_t)(fused ? p.n / 2 : 64u);
+        const int32_t w_row0 = (int32_t)(e * p.n + epd_wgmma_feature(p.n, fb, 0, fused));
+        const int32_t w_row1 = (int32_t)(e * p.n + epd_wgmma_feature(p.n, fb, 1, fused));
         const int32_t x_row = (int32_t)(rb + rt * BN);
-        const float *xs_g = FP8 ? p.x_scale + (size_t)rb * (p.k / 128) + rt * BN : nullptr;
         for (uint32_t s = 0; s < n_kb; s++) {
-            const uint32_t slot = s % STAGES, ph = (s / STAGES) & 1u;
-            mbar_wait(empty + 8 * slot, ph ^ 1u, s, stage_bytes, p.launch);
+            uint32_t slot, ph, empty_ph;
+            epd_wgmma_ring(s, STAGES, &slot, &ph, &empty_ph);
+            (void)ph;
+            mbar_wait(empty + 8 * slot, empty_ph, s, stage_bytes, p.launch);
             const uint32_t bar = full + 8 * slot;
             mbar_expect_tx(bar, stage_bytes);
             const int32_t k0 = (int32_t)((kb0 + s) * kstage);
@@ -285,8 +285,9 @@ __global__ void __launch_bounds__(THREADS, 1)
             tma_load(w_s + slot * W_TILE + W_TILE / 2, &tw, k0, w_row1, bar);
             tma_load(x_s + slot * C::X_TILE, &tx, k0, x_row, bar);
             if (FP8)
-                bulk_load(sc_s + slot * C::SCALES, xs_g + (size_t)(kb0 + s) * mpad, sc_rows * 4,
-                          bar);
+                bulk_load(sc_s + slot * C::SCALES,
+                          p.x_scale + epd_wgmma_x_scale_at(rb, p.k, mpad, rt, BN, kb0 + s),
+                          sc_rows * 4, bar);
         }
         return;
     }
@@ -297,11 +298,13 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
     for (uint32_t i = 0; i < R; i++) acc[i] = 0.0f;
     const float *wsg =
-        FP8 ? p.w_scale + ((size_t)e * (p.n / 128) + fb) * p.w_scale_ld + kb0 : nullptr;
+        FP8 ? p.w_scale + epd_wgmma_w_scale_at(e, p.n, fb, p.w_scale_ld, kb0) : nullptr;
     float ws_next = FP8 && n_kb > 0 ? __ldg(wsg) : 1.0f;
     uint32_t prev_slot = 0;
     for (uint32_t s = 0; s < n_kb; s++) {
-        const uint32_t slot = s % STAGES, ph = (s / STAGES) & 1u;
+        uint32_t slot, ph, empty_ph;
+        epd_wgmma_ring(s, STAGES, &slot, &ph, &empty_ph);
+        (void)empty_ph;
         mbar_wait(full + 8 * slot, ph, s, stage_bytes, p.launch);
         const uint32_t a0 = w_s + slot * W_TILE + half * 64u * EPD_WGMMA_ROW_BYTES;
         const uint32_t b0 = x_s + slot * C::X_TILE;
@@ -310,8 +313,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             wgmma_fence();
 #pragma unroll
             for (uint32_t kk = 0; kk < EPD_WGMMA_ROW_BYTES / EPD_WGMMA_K_BYTES; kk++)
-                wgmma<false, BN>(acc, epd_wgmma_desc(a0 + kk * EPD_WGMMA_K_BYTES),
-                                 epd_wgmma_desc(b0 + kk * EPD_WGMMA_K_BYTES), 1);
+                wgmma<false, BN>(acc, epd_wgmma_desc_step(a0, kk), epd_wgmma_desc_step(b0, kk), 1);
             wgmma_commit();
             fence_regs(acc);
             /* the previous stage's wgmmas are done: its slot is free */
@@ -327,8 +329,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             wgmma_fence();
 #pragma unroll
             for (uint32_t kk = 0; kk < EPD_WGMMA_ROW_BYTES / EPD_WGMMA_K_BYTES; kk++)
-                wgmma<true, BN>(part, epd_wgmma_desc(a0 + kk * EPD_WGMMA_K_BYTES),
-                                epd_wgmma_desc(b0 + kk * EPD_WGMMA_K_BYTES), kk > 0);
+                wgmma<true, BN>(part, epd_wgmma_desc_step(a0, kk), epd_wgmma_desc_step(b0, kk),
+                                kk > 0);
             wgmma_commit();
             wgmma_wait<0>();
             fence_regs(part);
@@ -368,7 +370,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
         if (half == 1) return;
-        const uint32_t inter = p.n / 2;
+        const uint32_t inter = p.n / 2, g0 = epd_wgmma_feature(p.n, fb, 0, true);
 #pragma unroll
         for (uint32_t j = 0; j < R; j++) {
             uint32_t m, n;
@@ -377,11 +379,11 @@ __global__ void __launch_bounds__(THREADS, 1)
             if (r >= wrows) continue;
             const float g = acc[j], u = up[m * BN + n];
             const float silu = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
-            p.h[(size_t)(rb + r) * inter + fb * 64u + m] = epd_f32_to_bf16(__fmul_rn(silu, u));
+            p.h[(size_t)(rb + r) * inter + g0 + m] = epd_f32_to_bf16(__fmul_rn(silu, u));
         }
         return;
     }
-    const size_t f0 = (size_t)fb * BM + half * 64u;
+    const size_t f0 = epd_wgmma_feature(p.n, fb, half, false);
 #pragma unroll
     for (uint32_t j = 0; j < R; j++) {
         uint32_t m, n;
@@ -474,8 +476,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     wgmma_fence();
 #pragma unroll
     for (uint32_t kk = 0; kk < EPD_WGMMA_ROW_BYTES / EPD_WGMMA_K_BYTES; kk++)
-        wgmma<FP8, 32>(acc, epd_wgmma_desc(a_s + kk * EPD_WGMMA_K_BYTES),
-                       epd_wgmma_desc(b_s + kk * EPD_WGMMA_K_BYTES), 1);
+        wgmma<FP8, 32>(acc, epd_wgmma_desc_step(a_s, kk), epd_wgmma_desc_step(b_s, kk), 1);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(acc);

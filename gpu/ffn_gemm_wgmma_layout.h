@@ -1,6 +1,7 @@
 /* The shared-memory layout of the Hopper ffn GEMM kernel (gpu/ffn_gemm_wgmma.cu): where the TMA's
  * 128-byte swizzle puts a byte of a stage tile, the wgmma matrix descriptor of a K-major operand
- * in such a tile, the accumulator fragment, the row tile a launch takes, and (for
+ * in such a tile, the accumulator fragment, the pipeline's shared memory, ring and byte counts,
+ * the features and FP8 scales a CTA reads, the row tile a launch takes, and (for
  * tests/unit/test_ffn_gemm_wgmma_layout.c) the address the tensor cores read for an (m or n, k)
  * element through a descriptor, as the PTX ISA defines it. Plain C, host and device. */
 #ifndef EPD_GPU_FFN_GEMM_WGMMA_LAYOUT_H
@@ -44,6 +45,15 @@ EPD_WGMMA_HD static inline uint64_t epd_wgmma_desc(uint32_t addr)
            ((uint64_t)EPD_WGMMA_SWIZZLE_128B << 62);
 }
 
+/* The descriptor of wgmma step kk (0 .. 3) of a stage tile at shared address tile (1024-aligned):
+ * the tile's start advanced by the step's K bytes (32 a step, within the first 128-byte row of
+ * the swizzle atom, the base offset staying 0: the tensor cores swizzle the address they form,
+ * so the advanced start reads the step's 16-byte chunks of each row wherever the TMA put them). */
+EPD_WGMMA_HD static inline uint64_t epd_wgmma_desc_step(uint32_t tile, uint32_t kk)
+{
+    return epd_wgmma_desc(tile + kk * EPD_WGMMA_K_BYTES);
+}
+
 /* The shared address the tensor cores read for row i (0 .. M or N) and K byte kb (0 .. 31) of a
  * K-major operand through descriptor desc, by the PTX ISA's canonical layouts: with the 128-byte
  * swizzle the operand is (8 rows of 128 bytes) atoms, row i % 8 of an atom 128 bytes on from its
@@ -68,6 +78,94 @@ EPD_WGMMA_HD static inline void epd_wgmma_acc_pos(uint32_t warp, uint32_t lane, 
 {
     *m_p = warp * 16u + lane / 4u + 8u * ((j / 2u) % 2u);
     *n_p = (j / 4u) * 8u + (lane % 4u) * 2u + (j % 2u);
+}
+
+/* The pipeline of a row tile of bn rows (the kernel's tile_cfg): a stage is a weight tile (the
+ * CTA's 128 features), an activation tile (bn rows) and bn fp32 FP8 activation scales; as many
+ * stages as the 227 KB a CTA may opt into hold beside 2 KB (the alignment slack, the mbarriers),
+ * at most 10; the shared memory asked for is the 1024 bytes of slack to align the tiles, the
+ * stages and 2 mbarriers a stage (full, empty). */
+#define EPD_WGMMA_FEATURES 128u
+#define EPD_WGMMA_W_TILE (EPD_WGMMA_FEATURES * EPD_WGMMA_ROW_BYTES)
+#define EPD_WGMMA_SMEM_OPTIN 232448u
+#define EPD_WGMMA_MAX_STAGES 10u
+#define EPD_WGMMA_STAGE_SET(bn) (EPD_WGMMA_W_TILE + (bn) * EPD_WGMMA_ROW_BYTES + (bn) * 4u)
+#define EPD_WGMMA_FIT(bn) ((EPD_WGMMA_SMEM_OPTIN - 2048u) / EPD_WGMMA_STAGE_SET(bn))
+#define EPD_WGMMA_STAGES(bn)                                                                    \
+    (EPD_WGMMA_FIT(bn) > EPD_WGMMA_MAX_STAGES ? EPD_WGMMA_MAX_STAGES : EPD_WGMMA_FIT(bn))
+#define EPD_WGMMA_SMEM(bn)                                                                      \
+    (EPD_WGMMA_ATOM_BYTES + EPD_WGMMA_STAGES(bn) * EPD_WGMMA_STAGE_SET(bn) +                     \
+     2u * EPD_WGMMA_STAGES(bn) * 8u)
+
+/* Where the pipeline's parts lie, in bytes from the 1024-aligned base: [stages] weight tiles,
+ * [stages] activation tiles, [stages][bn] fp32 scales, [stages] full then [stages] empty
+ * mbarriers (8 bytes each); end: the first byte after them. */
+typedef struct epd_wgmma_smem {
+    uint32_t w, x, sc, full, empty, end;
+} epd_wgmma_smem_t;
+
+EPD_WGMMA_HD static inline epd_wgmma_smem_t epd_wgmma_smem_at(uint32_t bn)
+{
+    epd_wgmma_smem_t s;
+    const uint32_t stages = EPD_WGMMA_STAGES(bn);
+    s.w = 0;
+    s.x = s.w + stages * EPD_WGMMA_W_TILE;
+    s.sc = s.x + stages * bn * EPD_WGMMA_ROW_BYTES;
+    s.full = s.sc + stages * bn * 4u;
+    s.empty = s.full + stages * 8u;
+    s.end = s.empty + stages * 8u;
+    return s;
+}
+
+/* Stage s of the ring of `stages` slots: its slot, the parity of the slot's full-mbarrier phase
+ * the consumers wait for, and that of its empty-mbarrier phase the producer waits for before
+ * refilling it (the other one: a fresh mbarrier's phase of parity 1 counts as complete, so the
+ * ring's first round does not wait). The empty mbarriers count EPD_WGMMA_CONSUMERS arrivals a
+ * phase (each consumer thread once a stage), the full ones 1 (the producer's expect_tx). */
+#define EPD_WGMMA_CONSUMERS 256u
+EPD_WGMMA_HD static inline void epd_wgmma_ring(uint32_t s, uint32_t stages, uint32_t *slot_p,
+                                               uint32_t *full_parity_p, uint32_t *empty_parity_p)
+{
+    *slot_p = s % stages;
+    *full_parity_p = (s / stages) & 1u;
+    *empty_parity_p = *full_parity_p ^ 1u;
+}
+
+/* The bytes a stage's copies bring (its full mbarrier's expect_tx) for row tile rt of bn rows of
+ * an expert of mpad padded rows: the two weight boxes and the activation box whole (the TMA counts
+ * a box's bytes past the tensor's end, zero-filled, too), FP8 the tile's activation scales within
+ * the expert's padded rows (a plain bulk copy: exactly those). */
+EPD_WGMMA_HD static inline uint32_t epd_wgmma_stage_bytes(int fp8, uint32_t bn, uint32_t mpad,
+                                                          uint32_t rt)
+{
+    const uint32_t left = mpad - rt * bn, sc_rows = left < bn ? left : bn;
+    return EPD_WGMMA_W_TILE + bn * EPD_WGMMA_ROW_BYTES + (fp8 ? sc_rows * 4u : 0u);
+}
+
+/* The feature (row of the expert's [n][k] weights, and D's column) of row 0 of consumer half
+ * `half` (0, 1: 64 rows each) of feature block fb: the block's 128 features; with SwiGLU fused,
+ * the 64 gate features fb * 64 .. (half 0) and their 64 up features n / 2 on (half 1), row m of
+ * each pairing with row m of the other. */
+EPD_WGMMA_HD static inline uint32_t epd_wgmma_feature(uint32_t n, uint32_t fb, uint32_t half,
+                                                      int fused)
+{
+    if (fused) return half * (n / 2u) + fb * 64u;
+    return fb * EPD_WGMMA_FEATURES + half * 64u;
+}
+
+/* FP8: the index in x_scale (per expert [k / 128][mpad] fp32 from row_base * k / 128, the
+ * requant's layout) of the first of K block kb's scales of row tile rt (bn rows), and the index
+ * in w_scale ([n_experts][n / 128][ld]) of expert e's feature block fb at K block kb. */
+EPD_WGMMA_HD static inline uint64_t epd_wgmma_x_scale_at(uint32_t rb, uint32_t k, uint32_t mpad,
+                                                         uint32_t rt, uint32_t bn, uint32_t kb)
+{
+    return (uint64_t)rb * (k / 128u) + (uint64_t)kb * mpad + (uint64_t)rt * bn;
+}
+
+EPD_WGMMA_HD static inline uint64_t epd_wgmma_w_scale_at(uint32_t e, uint32_t n, uint32_t fb,
+                                                         uint32_t ld, uint32_t kb)
+{
+    return ((uint64_t)e * (n / 128u) + fb) * ld + kb;
 }
 
 /* the row tiles of the kernel (the wgmma's N: the expert's rows one CTA computes): 32, 64, 96,
