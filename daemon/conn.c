@@ -125,6 +125,7 @@ struct epd_conn {
     uint64_t active_ns;      /* last byte read, answer queued or output written */
     uint64_t frame_start_ns; /* the frame being read started (0: between frames) */
     uint64_t recv_ns;        /* the last read of the socket that returned bytes (EPD_TRACE) */
+    uint64_t decoded_ns;     /* the decoder returned the frame being handled (EPD_TRACE) */
 
     /* Answers queued and not yet written whole, oldest first: the output stream offset where
      * each ends, the top bit set for a RESULT (a ring of answers_cap entries). */
@@ -419,6 +420,7 @@ static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
         if (view.regions[k] != NULL) epd_region_ref(view.regions[k]);
     }
     req->arrived_ns = c->recv_ns;
+    req->decoded_ns = c->decoded_ns;
     req->read_ns = read_ns;
     req->ingest_ns = ingest_ns;
     req->enqueued_ns = epd_now_ns();
@@ -746,6 +748,7 @@ static void conn_read_frames(epd_conn_t *c)
         c->ctx->stats->bytes_in += used;
         if (status == EPD_ERR_AGAIN) continue;
         if (status == EPD_OK) {
+            c->decoded_ns = epd_now_ns();
             conn_frame_read(c, &frame);
             handled++;
             continue;
@@ -1123,6 +1126,7 @@ static void conn_bulk_read_done(epd_bulk_job_t *job)
         epd_frame_t frame;
         epd_status_t status = epd_decoder_payload_commit(&c->decoder, job->moved, &frame, err);
         if (status == EPD_OK) {
+            c->decoded_ns = epd_now_ns();
             c->driving = true; /* as inside conn_drive: callbacks only mark work */
             conn_frame_read(c, &frame);
             c->driving = false;

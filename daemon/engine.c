@@ -365,6 +365,7 @@ static epd_status_t run_step(epd_engine_t *engine, epd_request_t *reqs, uint32_t
         }
         res->latency_ns = now - req->enqueued_ns;
         res->arrived_ns = req->arrived_ns;
+        res->decoded_ns = req->decoded_ns;
         res->read_ns = req->read_ns;
         res->ingest_ns = req->ingest_ns;
         res->enqueued_ns = req->enqueued_ns;

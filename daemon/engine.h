@@ -43,6 +43,7 @@ typedef struct epd_request {
     void *regions[4];
     void (*unref)(void *region);
     uint64_t arrived_ns;   /* CLOCK_MONOTONIC when the recv(2) that completed its frame returned */
+    uint64_t decoded_ns;   /* when the decoder returned its frame */
     uint64_t read_ns;      /* CLOCK_MONOTONIC when its frame was read (before validation) */
     uint64_t ingest_ns;    /* of its validation, the time the device took (ns; 0: none) */
     uint64_t enqueued_ns;  /* CLOCK_MONOTONIC when queued */
@@ -65,7 +66,7 @@ typedef struct epd_result {
     char message[EPD_ERR_LEN];
     uint64_t latency_ns;   /* queued to answered */
     /* the request's times (daemon/trace.h): frame read, queued, taken, step done */
-    uint64_t arrived_ns, read_ns, enqueued_ns, taken_ns, done_ns;
+    uint64_t arrived_ns, decoded_ns, read_ns, enqueued_ns, taken_ns, done_ns;
     uint64_t ingest_ns;                  /* the request's device ingest (a duration) */
     uint64_t step_begin_ns, step_end_ns; /* epd_step_run called and returned */
     uint64_t handed_ns;                  /* queued for the loop thread */

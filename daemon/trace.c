@@ -11,10 +11,11 @@
 
 #define TRACE_MAX 65536
 
-enum { T_ARRIVE, T_VALIDATE, T_INGEST, T_QUEUE, T_GATHER, T_STEP, T_Y, T_HAND, T_HANDOVER, T_DELIVER, T_TOTAL, T_N };
+enum { T_ARRIVE, T_DECODE, T_VALIDATE, T_INGEST, T_QUEUE, T_GATHER, T_STEP, T_Y, T_HAND, T_HANDOVER, T_DELIVER, T_TOTAL, T_N };
 
 static const char *const names[T_N] = {
-    [T_ARRIVE] = "recv(2) -> frame read (decode)",
+    [T_ARRIVE] = "recv(2) -> frame read",
+    [T_DECODE] = "  of which the decoder",
     [T_VALIDATE] = "read -> queued (validate, ingest)",
     [T_INGEST] = "  of which the device (kernel, sync)",
     [T_QUEUE] = "queued -> taken by a step",
@@ -72,6 +73,7 @@ void epd_trace_result(const epd_result_t *r, uint64_t delivered_ns, uint64_t wri
     }
     uint32_t at = n_samples++;
     samples[T_ARRIVE][at] = span(r->arrived_ns, r->read_ns);
+    samples[T_DECODE][at] = span(r->arrived_ns, r->decoded_ns);
     samples[T_VALIDATE][at] = span(r->read_ns, r->enqueued_ns);
     samples[T_INGEST][at] = r->ingest_ns > UINT32_MAX ? UINT32_MAX : (uint32_t)r->ingest_ns;
     samples[T_QUEUE][at] = span(r->enqueued_ns, r->taken_ns);

@@ -1,12 +1,14 @@
 /* libepd: one client = one Unix socket connection to the daemon. Blocking calls with a deadline
  * (poll), a queue of answers that arrived before they were asked for (pipelining, errors that
  * overtake results), and per-client error reporting. No global state. */
+
 #include "proto/epd.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -136,6 +138,17 @@ static int ms_left(int64_t deadline)
     return left > INT32_MAX ? INT32_MAX : (int)left;
 }
 
+/* The default spin (epd_client_set_spin): EPD_CLIENT_DEFAULT_SPIN_US where this process may use
+ * at least EPD_CLIENT_SPIN_MIN_CPUS cores, else 0. */
+static uint64_t client_default_spin_ns(void)
+{
+    cpu_set_t set;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < cpus) cpus = CPU_COUNT(&set);
+    return cpus >= EPD_CLIENT_SPIN_MIN_CPUS ? (uint64_t)EPD_CLIENT_DEFAULT_SPIN_US * 1000u : 0;
+}
+
 EPD_CLIENT_API epd_client_t *epd_client_create(void)
 {
     epd_client_t *c = calloc(1, sizeof(*c));
@@ -147,6 +160,7 @@ EPD_CLIENT_API epd_client_t *epd_client_create(void)
     }
     c->fd = -1;
     c->timeout_ms = 30000;
+    c->spin_ns = client_default_spin_ns();
     epd_decoder_init(&c->dec, CLIENT_MAX_PAYLOAD, EPD_FRAME_MAX_META);
     return c;
 }

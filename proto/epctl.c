@@ -47,7 +47,7 @@ typedef struct options {
     double duration;         /* seconds; 0: not given */
     const char *data;        /* bench: "payload" (default), "host" or "cuda" */
     uint64_t cuda_device;    /* bench --data cuda: the GPU of the daemon's rank */
-    uint64_t spin_us;        /* bench --spin-us */
+    uint64_t spin_us;        /* bench --spin-us (UINT64_MAX: libepd's default) */
 } options_t;
 
 /* The model shape every batch must match, from the daemon's config reply. */
@@ -99,8 +99,8 @@ static const struct {
      "its batch built. Reports tokens/s, requests/s, latency p50/p90/p99, the tensor bytes of the\n"
      "answered requests (x, ids, weights out; y back) with their GB/s, and errors by code; a\n"
      "progress line is shown when stderr is a terminal. --spin-us U: each connection polls for its\n"
-     "answer without sleeping for up to U us first (epd_client_set_spin; default 0), as a\n"
-     "latency-bound frontend would.\n"
+     "answer without sleeping for up to U us first (epd_client_set_spin; default libepd's, 200;\n"
+     "0: sleep in poll(2) at once).\n"
      "--data says where the tensors are (DESIGN.md section 4b): payload (in each frame, the\n"
      "default), host (a shared memfd region per connection, y written into it) or cuda (device\n"
      "memory on GPU --cuda-device, default 0, shared by CUDA IPC: the daemon's rank must run on\n"
@@ -929,7 +929,7 @@ static void *worker_run(bench_worker_t *w)
     }
     /* connected, and the batch in place, before the clock starts */
     int rc = epd_client_connect(c, sock, o->timeout_ms);
-    epd_client_set_spin(c, (unsigned)o->spin_us);
+    if (o->spin_us != UINT64_MAX) epd_client_set_spin(c, (unsigned)o->spin_us);
     bool place_failed = rc == EPD_CLIENT_OK && placed && place_setup(w, c, &bt, depth, &place) != 0;
     worker_ready_wait(sh);
     if (rc != EPD_CLIENT_OK) {
@@ -1190,6 +1190,7 @@ int main(int argc, char **argv)
 
     memset(&o, 0, sizeof(o));
     o.timeout_ms = 30000;
+    o.spin_us = UINT64_MAX;
     status = parse_args(argc, argv, &o);
     if (status < 0) {
         if (strcmp(o.command, "submit") == 0) status = run_submit(&o);

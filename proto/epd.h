@@ -111,9 +111,14 @@ EPD_CLIENT_API void epd_client_close(epd_client_t *client);
 EPD_CLIENT_API void epd_client_set_timeout(epd_client_t *client, int timeout_ms);
 
 /* While waiting for an answer, poll the socket without sleeping for up to spin_us microseconds
- * before sleeping in poll(2) (0, the default: sleep at once). Spinning saves the thread's
- * wake-up (about 10 us) on each answer at the cost of a busy core while it waits: for a frontend
- * whose answers come within tens of microseconds. */
+ * before sleeping in poll(2); 0: sleep at once. The default is EPD_CLIENT_DEFAULT_SPIN_US:
+ * answers on a GPU node come within tens of microseconds, and a thread woken from poll(2) pays
+ * about 10 us each time (on an H200 node: 1-token requests 70 us sleeping, 54 spinning), which
+ * an MoE forward pays once a layer. The cost is a busy core for at most spin_us a wait, so
+ * where the process may use fewer than EPD_CLIENT_SPIN_MIN_CPUS cores (a small CI machine, where
+ * the daemon's ranks need them) the default is 0. */
+#define EPD_CLIENT_DEFAULT_SPIN_US 200u
+#define EPD_CLIENT_SPIN_MIN_CPUS 4
 EPD_CLIENT_API void epd_client_set_spin(epd_client_t *client, unsigned spin_us);
 
 /* CLOCK_MONOTONIC, in ns: when the recv(2) that completed the frame behind the last reply (or

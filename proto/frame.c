@@ -117,10 +117,25 @@ epd_status_t epd_frame_header_decode(const uint8_t in[EPD_FRAME_HEADER_LEN], uin
     return EPD_OK;
 }
 
+cJSON *epd_frame_take_meta(epd_frame_t *frame)
+{
+    cJSON *meta = frame->meta;
+    if (meta != NULL && frame->meta_arena) {
+        meta = cJSON_Duplicate(frame->meta, true);
+        epd_json_arena_free(frame->meta);
+    }
+    frame->meta = NULL;
+    frame->meta_arena = false;
+    return meta;
+}
+
 void epd_frame_free(epd_frame_t *frame)
 {
     if (frame == NULL) return;
-    cJSON_Delete(frame->meta);
+    if (frame->meta_arena)
+        epd_json_arena_free(frame->meta);
+    else
+        cJSON_Delete(frame->meta);
     free(frame->meta_text);
     if (frame->payload_release != NULL)
         frame->payload_release(frame->payload);
@@ -343,6 +358,23 @@ static epd_status_t decoder_parse_meta(epd_decoder_t *dec, char err[EPD_ERR_LEN]
     size_t bad;
     cJSON *meta;
 
+    /* what the daemon and libepd write (compact, plain ASCII, integers) in one pass; anything
+     * else, or a frame kept as text, through the checks below */
+    if (!(dec->text_types & (1u << dec->header.type))) {
+        epd_json_id_span_t simple_id;
+        meta = epd_json_build_simple(text, len, &simple_id);
+        if (meta != NULL) {
+            dec->frame.meta = meta;
+            dec->frame.meta_arena = true;
+            dec->frame.id_kind = simple_id.kind == EPD_JSON_ID_FOUND
+                                     ? id_classify(text + simple_id.start, simple_id.len,
+                                                   &dec->frame.id)
+                                     : EPD_FRAME_ID_ABSENT;
+            free(dec->meta_text);
+            dec->meta_text = NULL;
+            return EPD_OK;
+        }
+    }
     if (memchr(text, '\0', len) != NULL) {
         snprintf(err, EPD_ERR_LEN, "meta contains a NUL byte at offset %zu",
                  (size_t)((const char *)memchr(text, '\0', len) - text));
@@ -362,32 +394,28 @@ static epd_status_t decoder_parse_meta(epd_decoder_t *dec, char err[EPD_ERR_LEN]
         id.kind == EPD_JSON_ID_FOUND    ? id_classify(text + id.start, id.len, &dec->frame.id)
         : id.kind == EPD_JSON_ID_ESCAPED ? meta_read_id(text, len, &dec->frame.id)
                                          : EPD_FRAME_ID_ABSENT;
+    size_t at = 0;
+    while (at < len && (text[at] == ' ' || text[at] == '\t' || text[at] == '\n' || text[at] == '\r'))
+        at++;
+    if (at == len || text[at] != '{') {
+        snprintf(err, EPD_ERR_LEN, "meta must be a JSON object");
+        return EPD_ERR_BAD_JSON;
+    }
     if (dec->text_types & (1u << dec->header.type)) {
-        size_t at = 0;
-        while (at < len && (text[at] == ' ' || text[at] == '\t' || text[at] == '\n' ||
-                            text[at] == '\r'))
-            at++;
-        if (text[at] != '{') {
-            snprintf(err, EPD_ERR_LEN, "meta must be a JSON object");
-            return EPD_ERR_BAD_JSON;
-        }
         dec->frame.meta_text = dec->meta_text; /* NUL-terminated: meta_len + 1 bytes */
         dec->frame.id_kind = id_kind;
         dec->meta_text = NULL;
         return EPD_OK;
     }
-    /* the checker passed it: the fast builder gives cJSON's tree (NULL only without memory) */
-    meta = epd_json_build(text, len);
+    /* the checker passed it: the fast builder gives cJSON's tree, in one block (NULL only
+     * without memory) */
+    meta = epd_json_build_arena(text, len);
     if (meta == NULL) {
         snprintf(err, EPD_ERR_LEN, "out of memory parsing a meta of %zu bytes", len);
         return EPD_ERR_NO_MEMORY;
     }
-    if (!cJSON_IsObject(meta)) {
-        cJSON_Delete(meta);
-        snprintf(err, EPD_ERR_LEN, "meta must be a JSON object");
-        return EPD_ERR_BAD_JSON;
-    }
     dec->frame.meta = meta;
+    dec->frame.meta_arena = true;
     dec->frame.id_kind = id_kind;
     free(dec->meta_text);
     dec->meta_text = NULL;

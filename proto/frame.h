@@ -71,6 +71,8 @@ typedef struct epd_frame {
     uint32_t meta_len;
     uint64_t payload_len;
     cJSON *meta;  /* a JSON object; NULL for the types kept as text (epd_decoder_keep_text) */
+    bool meta_arena; /* meta is the decoder's one-block tree (epd_json_build_arena): read it, add
+                      * nothing to it; epd_frame_free frees it */
     char *meta_text; /* those types' meta, checked strict JSON, NUL-terminated (meta_len bytes) */
     uint8_t *payload;
     epd_frame_id_kind_t id_kind;
@@ -81,6 +83,10 @@ typedef struct epd_frame {
 
 /* Frees meta and payload and zeroes the frame; safe on a zeroed frame and on NULL. */
 void epd_frame_free(epd_frame_t *frame);
+
+/* The frame's meta as a tree of the caller's (free it with cJSON_Delete), the frame left without
+ * one; NULL when it had none or without memory (a decoder's tree is copied out of its block). */
+cJSON *epd_frame_take_meta(epd_frame_t *frame);
 
 /* Incremental decoder: one per connection. The struct is public so it can be embedded; touch it
  * only through the functions below. */

@@ -77,3 +77,10 @@ BINS += $(BUILD)/read-bench
 $(BUILD)/read-bench: $(call obj,tests/bench/read_bench.c $(PROTO_SRCS) common/status.c common/parse.c)
 	@mkdir -p $(dir $@)
 	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LIBEPD_LIBS) $(LDFLAGS)
+
+# The metas of a request's path decoded alone, against cJSON_Parse (tests/bench/meta_bench.c; run
+# by hand, it prints a same-run ratio; under callgrind it counts instructions).
+BINS += $(BUILD)/meta-bench
+$(BUILD)/meta-bench: $(call obj,tests/bench/meta_bench.c $(PROTO_SRCS) common/status.c common/parse.c)
+	@mkdir -p $(dir $@)
+	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LIBEPD_LIBS) $(LDFLAGS)

@@ -111,9 +111,44 @@ static epd_status_t parse_tensors(const cJSON *tensors, uint64_t payload_len,
     return EPD_OK;
 }
 
-/* Ids in [0, E) or -1, distinct within a token, in one O(N*K) pass: each expert remembers the
- * last token (a 16-bit stamp) that named it, so nothing is cleared between tokens. An id out of
- * range anywhere is reported before a repeated id (the first of each). */
+/* Four 32-bit lanes, GCC's and clang's vector extension (one SSE2 register; wider vectors are
+ * split into scalars on a build without AVX), for the passes over every id and weight. */
+typedef uint32_t lanes4_t __attribute__((vector_size(16)));
+typedef int32_t signed4_t __attribute__((vector_size(16)));
+
+/* True when some 32-bit word w of words[n] (any 4-byte type) has ((w + add) & mask) > limit
+ * (unsigned), eight words a step. The unsigned compare is a signed one of the words with their
+ * top bits flipped (SSE2 has only that). */
+static bool any_above(const void *words, uint64_t n, uint32_t add, uint32_t mask, uint32_t limit)
+{
+    const uint8_t *at = words;
+    const signed4_t top = (signed4_t){0} + INT32_MIN;
+    const signed4_t bound = (signed4_t){0} + (int32_t)(limit ^ 0x80000000u);
+    signed4_t acc0 = {0}, acc1 = {0};
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        lanes4_t v0, v1;
+        memcpy(&v0, at + i * 4, sizeof v0);
+        memcpy(&v1, at + i * 4 + 16, sizeof v1);
+        acc0 |= ((signed4_t)((v0 + add) & mask) ^ top) > bound;
+        acc1 |= ((signed4_t)((v1 + add) & mask) ^ top) > bound;
+    }
+    acc0 |= acc1;
+    uint32_t any = 0;
+    for (int k = 0; k < 4; k++) any |= (uint32_t)acc0[k];
+    for (; i < n; i++) {
+        uint32_t w;
+        memcpy(&w, at + i * 4, sizeof w);
+        any |= ((w + add) & mask) > limit;
+    }
+    return any != 0;
+}
+
+/* Ids in [0, E) or -1, distinct within a token: first the ranges of all of them, eight at a time
+ * (-1 + 1 is 0 and [0, E) + 1 is [1, E]: one unsigned compare), then the repeats in one O(N*K)
+ * pass where each expert remembers the last token (a 16-bit stamp) that named it, so nothing is
+ * cleared between tokens. An id out of range anywhere is reported before a repeated id (the
+ * first of each). */
 static epd_status_t check_ids(const int32_t *ids, uint64_t n_tokens, uint32_t topk,
                               uint32_t num_experts, char err[EPD_ERR_LEN])
 {
@@ -123,6 +158,18 @@ static epd_status_t check_ids(const int32_t *ids, uint64_t n_tokens, uint32_t to
     int32_t dup_id = 0;
     uint16_t cur = 0;
 
+    uint64_t n_ids = n_tokens * topk;
+    if (any_above(ids, n_ids, 1u, UINT32_MAX, num_experts)) {
+        for (uint64_t i = 0; i < n_ids; i++) {
+            if ((uint32_t)ids[i] + 1u > num_experts) {
+                snprintf(err, EPD_ERR_LEN,
+                         "token %" PRIu64 " slot %" PRIu64 ": expert id %d is not in [0, %u) or -1",
+                         i / topk, i % topk, ids[i], num_experts);
+                return EPD_ERR_EXPERT_OUT_OF_RANGE;
+            }
+        }
+    }
+
     if (num_experts > EPD_ARRAY_SIZE(stack_stamps)) {
         stamp = malloc(num_experts * sizeof *stamp);
         if (stamp == NULL) {
@@ -131,23 +178,8 @@ static epd_status_t check_ids(const int32_t *ids, uint64_t n_tokens, uint32_t to
         }
     }
     memset(stamp, 0, num_experts * sizeof *stamp);
-    for (uint64_t tok = 0; tok < n_tokens; tok++) {
+    for (uint64_t tok = 0; tok < n_tokens && dup_tok == UINT64_MAX; tok++) {
         const int32_t *row = ids + tok * topk;
-        /* -1 maps to 0 and [0, E) to [1, E]: one unsigned compare for the range */
-        uint32_t bad = 0;
-        for (uint32_t k = 0; k < topk; k++) bad |= (uint32_t)row[k] + 1u > num_experts;
-        if (bad) {
-            for (uint32_t k = 0; k < topk; k++) {
-                if ((uint32_t)row[k] + 1u > num_experts) {
-                    snprintf(err, EPD_ERR_LEN,
-                             "token %" PRIu64 " slot %u: expert id %d is not in [0, %u) or -1",
-                             tok, k, row[k], num_experts);
-                    if (stamp != stack_stamps) free(stamp);
-                    return EPD_ERR_EXPERT_OUT_OF_RANGE;
-                }
-            }
-        }
-        if (dup_tok != UINT64_MAX) continue; /* only the ranges are left to check */
         if (++cur == 0) { /* the stamps wrapped: start them again */
             memset(stamp, 0, num_experts * sizeof *stamp);
             cur = 1;
@@ -406,14 +438,10 @@ epd_status_t epd_submit_validate_regions(const epd_frame_t *frame,
 
     status = check_ids(view_p->topk_ids, n_tokens, limits->topk, limits->num_experts, err);
     if (status != EPD_OK) return status;
-    /* the weights' exponents or'ed together first (vectorized), the index only when one is bad */
-    uint32_t all_ones = 0;
-    for (uint64_t i = 0; i < n_slots; i++) {
-        uint32_t bits;
-        memcpy(&bits, &view_p->topk_weights[i], sizeof bits);
-        all_ones |= (bits & 0x7f800000u) == 0x7f800000u;
-    }
-    for (uint64_t i = 0; all_ones && i < n_slots; i++) {
+    /* the weights' exponents all at once (Inf and NaN have them all ones: (bits & exponent)
+     * above the largest finite one's), the index only when one is bad */
+    bool non_finite = any_above(view_p->topk_weights, n_slots, 0, 0x7f800000u, 0x7f000000u);
+    for (uint64_t i = 0; non_finite && i < n_slots; i++) {
         if (!isfinite(view_p->topk_weights[i])) {
             snprintf(err, EPD_ERR_LEN, "token %" PRIu64 " slot %" PRIu64 ": weight is %s",
                      i / limits->topk, i % limits->topk,

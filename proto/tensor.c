@@ -25,9 +25,11 @@ static const struct {
 epd_dtype_t epd_dtype_from_name(const char *name)
 {
     if (name == NULL) return EPD_DTYPE_UNKNOWN;
-    for (int d = EPD_DTYPE_UNKNOWN + 1; d < EPD_DTYPE_MAX; d++) {
+    /* the names as written (every client writes them so) first, then any case */
+    for (int d = EPD_DTYPE_UNKNOWN + 1; d < EPD_DTYPE_MAX; d++)
+        if (strcmp(name, dtypes[d].name) == 0) return (epd_dtype_t)d;
+    for (int d = EPD_DTYPE_UNKNOWN + 1; d < EPD_DTYPE_MAX; d++)
         if (strcasecmp(name, dtypes[d].name) == 0) return (epd_dtype_t)d;
-    }
     return EPD_DTYPE_UNKNOWN;
 }
 

@@ -1,7 +1,10 @@
 /* libFuzzer harness of the CONTROL meta path: each input is a frame's meta text. The strict
  * checker (proto/json_strict.c) is held against cJSON (anything it accepts cJSON must parse, to
- * an object or not, and the decoder's builder, proto/json_build.c, must give cJSON's tree), then the input goes through the decoder as a CONTROL frame and, when it
- * decodes, its "op" and "id" are read as the daemon reads them. Built and run by `make fuzz`. */
+ * an object or not, and the decoder's builder, proto/json_build.c, must give cJSON's tree; its
+ * one-pass builder of the compact subset may take only what the checker takes, to the same tree
+ * and the same top-level id), then the input goes through the decoder as a CONTROL frame and,
+ * when it decodes, its "op" and "id" are read as the daemon reads them. Built and run by
+ * `make fuzz`. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -30,6 +33,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (text == NULL) return 0;
     memcpy(text, data, size);
     text[size] = '\0';
+
+    /* the one-pass builder's texts are strict JSON, and it builds what the full path builds */
+    epd_json_id_span_t simple_id;
+    cJSON *simple = epd_json_build_simple(text, size, &simple_id);
+    if (simple != NULL) {
+        epd_json_id_span_t id;
+        FUZZ_CHECK(epd_utf8_check((const uint8_t *)text, size) == size);
+        FUZZ_CHECK(epd_json_strict_check_id(text, size, &id, err) == EPD_OK);
+        FUZZ_CHECK(id.kind == simple_id.kind);
+        FUZZ_CHECK(id.kind != EPD_JSON_ID_FOUND ||
+                   (id.start == simple_id.start && id.len == simple_id.len));
+        cJSON *full = epd_json_build_arena(text, size);
+        FUZZ_CHECK(full != NULL);
+        char *a = cJSON_PrintUnformatted(full), *b = cJSON_PrintUnformatted(simple);
+        FUZZ_CHECK(a != NULL && b != NULL && strcmp(a, b) == 0);
+        free(a);
+        free(b);
+        epd_json_arena_free(full);
+        epd_json_arena_free(simple);
+    }
 
     /* strict JSON is a subset of what cJSON takes (for valid UTF-8 without NUL bytes) */
     if (memchr(text, '\0', size) == NULL &&

@@ -192,8 +192,7 @@ static cJSON *control(client_io_t *io, const char *op, char err[EPD_ERR_LEN])
         epd_frame_free(&frame);
         return NULL;
     }
-    cJSON *meta = frame.meta;
-    frame.meta = NULL;
+    cJSON *meta = epd_frame_take_meta(&frame);
     epd_frame_free(&frame);
     return meta;
 }

@@ -285,6 +285,48 @@ class TestClientFake(unittest.TestCase):
                     c.submit(x, ids, w)
         self.run_fake(handler, body)
 
+    def test_client__spinning_wait__answers_before_and_after_the_spin(self):
+        delays = [0.0, 0.005, 0.08]  # within a 30 ms spin, then past it (the poll(2) path)
+
+        def handler(peer):
+            for delay in delays:
+                ftype, meta, payload = peer.read()
+                time.sleep(delay)
+                n, h = meta["tensors"]["x"]["shape"]
+                peer.result(meta["id"], x_bytes(meta, payload), n, h)
+
+        def body(path):
+            x, ids, w = batch(2)
+            with epd.Client(path, timeout=10, spin=0.03) as c:
+                self.assertEqual(c.spin, 0.03)
+                for _ in delays:
+                    y = c.submit(x, ids, w)
+                    self.assertEqual(bytes(y), bytes(x))
+        self.run_fake(handler, body)
+
+    def test_client__spin__default_follows_libepd_and_never_outlasts_the_timeout(self):
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except AttributeError:
+            cpus = os.cpu_count()
+
+        def handler(peer):
+            peer.read()
+            time.sleep(0.6)
+
+        def body(path):
+            with epd.Client(path, timeout=10) as c:
+                self.assertEqual(c.spin, 200e-6 if cpus >= 4 else 0.0)
+            with epd.Client(path, timeout=10, spin=0) as c:
+                self.assertEqual(c.spin, 0.0)
+            x, ids, w = batch(1)
+            with epd.Client(path, timeout=0.1, spin=5.0) as c:
+                t0 = time.monotonic()
+                with self.assertRaises(epd.Timeout):
+                    c.submit(x, ids, w)
+                self.assertLess(time.monotonic() - t0, 0.5)
+        self.run_fake(handler, body)
+
     def test_client__silent_peer__times_out(self):
         def handler(peer):
             peer.read()

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1163,6 +1164,74 @@ static void test_frame__ids_out_of_range__is_expert_out_of_range(void **state)
     assert_int_equal(std_submit_data(int_min, NULL), EPD_ERR_EXPERT_OUT_OF_RANGE);
 }
 
+/* The id and weight checks go over a request's words eight at a time, then one at a time for
+ * the rest: one bad id or weight at each position of 37 tokens x top-4 (148 words: 18 steps of
+ * eight and a tail of four) is found and named; a repeat before it does not hide it. */
+enum { WIDE_TOKENS = 37, WIDE_K = 4, WIDE_H = 4, WIDE_E = 64 };
+
+static epd_status_t wide_submit(const int32_t *ids, const float *w, char err[EPD_ERR_LEN])
+{
+    static uint16_t x[WIDE_TOKENS * WIDE_H];
+    const epd_submit_limits_t wide = {.hidden = WIDE_H, .topk = WIDE_K, .num_experts = WIDE_E,
+                                      .max_tokens = WIDE_TOKENS};
+    epd_frame_out_t out;
+    epd_frame_t frame = {0};
+    epd_submit_view_t view;
+    assert_int_equal(epd_frame_encode_submit(5, WIDE_TOKENS, WIDE_H, WIDE_K, x, ids, w, &out, err),
+                     EPD_OK);
+    bytes_t b = flatten(&out);
+    assert_int_equal(decode_bytes(b, &frame, err), EPD_OK);
+    epd_status_t status = epd_submit_validate(&frame, &wide, &view, err);
+    if (status == EPD_OK) free(view.owned);
+    epd_frame_free(&frame);
+    return status;
+}
+
+static void test_frame__ids_and_weights__checked_at_every_position(void **state)
+{
+    int32_t ids[WIDE_TOKENS * WIDE_K];
+    float w[WIDE_TOKENS * WIDE_K];
+    char err[EPD_ERR_LEN], want[64];
+    (void)state;
+    for (int i = 0; i < WIDE_TOKENS * WIDE_K; i++) {
+        ids[i] = (i % WIDE_K == 3) ? -1 : (i * 7) % WIDE_E; /* distinct in a token, a -1 each */
+        w[i] = 0.25f;
+    }
+    assert_int_equal(wide_submit(ids, w, err), EPD_OK);
+    static const int32_t bad_ids[] = {WIDE_E, -2, INT32_MIN, INT32_MAX};
+    static const float bad_w[] = {INFINITY, -INFINITY, NAN};
+    for (int i = 0; i < WIDE_TOKENS * WIDE_K; i++) {
+        snprintf(want, sizeof want, "token %d slot %d:", i / WIDE_K, i % WIDE_K);
+        for (size_t b = 0; b < sizeof bad_ids / sizeof bad_ids[0]; b++) {
+            int32_t keep = ids[i];
+            ids[i] = bad_ids[b];
+            assert_int_equal(wide_submit(ids, w, err), EPD_ERR_EXPERT_OUT_OF_RANGE);
+            assert_non_null(strstr(err, want));
+            ids[i] = keep;
+        }
+        for (size_t b = 0; b < sizeof bad_w / sizeof bad_w[0]; b++) {
+            float keep = w[i];
+            w[i] = bad_w[b];
+            assert_int_equal(wide_submit(ids, w, err), EPD_ERR_NON_FINITE_INPUT);
+            assert_non_null(strstr(err, want));
+            w[i] = keep;
+        }
+        /* the largest finite weights pass */
+        w[i] = i % 2 ? FLT_MAX : -FLT_MAX;
+        assert_int_equal(wide_submit(ids, w, err), EPD_OK);
+        w[i] = 0.25f;
+    }
+    /* a repeat in token 0, an id out of range in the last token: the range is reported */
+    ids[1] = ids[0];
+    ids[WIDE_TOKENS * WIDE_K - 1] = WIDE_E + 5;
+    assert_int_equal(wide_submit(ids, w, err), EPD_ERR_EXPERT_OUT_OF_RANGE);
+    snprintf(want, sizeof want, "token %d slot %d:", WIDE_TOKENS - 1, WIDE_K - 1);
+    assert_non_null(strstr(err, want));
+    ids[WIDE_TOKENS * WIDE_K - 1] = -1;
+    assert_int_equal(wide_submit(ids, w, err), EPD_ERR_INVALID_TOPK);
+    assert_non_null(strstr(err, "token 0:"));
+}
+
 static void test_frame__duplicate_ids__is_invalid_topk(void **state)
 {
     static const int32_t dup[4] = {0, 1, 3, 3};
@@ -1827,6 +1896,7 @@ int main(void)
         cmocka_unit_test(test_frame__too_many_tokens__is_too_many_tokens),
         cmocka_unit_test(test_frame__ids_out_of_range__is_expert_out_of_range),
         cmocka_unit_test(test_frame__duplicate_ids__is_invalid_topk),
+        cmocka_unit_test(test_frame__ids_and_weights__checked_at_every_position),
         cmocka_unit_test(test_frame__non_finite_weights__is_non_finite_input),
         cmocka_unit_test(test_frame__non_finite_x__is_non_finite_input),
         cmocka_unit_test(test_frame__largest_finite_x__passes),

@@ -75,9 +75,42 @@ static void check_except(const char *text, size_t len, const char *key)
     checked_except++;
 }
 
+/* epd_json_build_simple takes a text only when the full path (the strict check, then the tree)
+ * accepts it too, and then gives the same tree and the same top-level id. */
+static int simple_taken, simple_refused;
+
+static bool check_simple(const char *text, size_t len)
+{
+    char err[EPD_ERR_LEN];
+    char *copy = malloc(len + 1);
+    assert_non_null(copy);
+    memcpy(copy, text, len);
+    copy[len] = '\0';
+    epd_json_id_span_t id = {.kind = EPD_JSON_ID_ESCAPED}, want_id;
+    cJSON *got = epd_json_build_simple(copy, len, &id);
+    if (got == NULL) {
+        simple_refused++;
+        free(copy);
+        return false;
+    }
+    simple_taken++;
+    if (epd_json_strict_check_id(copy, len, &want_id, err) != EPD_OK)
+        fail_msg("the one-pass builder took a text the checker refuses: %s (%s)", copy, err);
+    cJSON *want = cJSON_ParseWithLengthOpts(copy, len + 1, NULL, 1);
+    assert_same_tree(got, want, copy);
+    if (id.kind != want_id.kind ||
+        (id.kind == EPD_JSON_ID_FOUND && (id.start != want_id.start || id.len != want_id.len)))
+        fail_msg("the top-level id differs in %s", copy);
+    epd_json_arena_free(got);
+    cJSON_Delete(want);
+    free(copy);
+    return true;
+}
+
 static void check_text(const char *text, size_t len)
 {
     char err[EPD_ERR_LEN];
+    check_simple(text, len);
     if (epd_json_strict_check(text, len, err) != EPD_OK) return; /* the builder never sees it */
     char *copy = malloc(len + 1);
     assert_non_null(copy);
@@ -90,6 +123,19 @@ static void check_text(const char *text, size_t len)
     /* and the builder's tree works with cJSON's own calls */
     cJSON_AddNumberToObject(got, "appended", 1);
     cJSON_Delete(got);
+    /* the one-block tree of the decoder: the same tree for objects and arrays, none otherwise;
+     * a copy of it (epd_frame_take_meta) is cJSON's own */
+    cJSON *block = epd_json_build_arena(copy, len);
+    if (cJSON_IsObject(want) || cJSON_IsArray(want)) {
+        assert_non_null(block);
+        assert_same_tree(block, want, copy);
+        cJSON *dup = cJSON_Duplicate(block, true);
+        epd_json_arena_free(block);
+        assert_same_tree(dup, want, copy);
+        cJSON_Delete(dup);
+    } else {
+        assert_null(block);
+    }
     /* objects: without their first member, their last, and a key they do not have */
     if (cJSON_IsObject(want)) {
         if (want->child != NULL && want->child->string != NULL) {
@@ -149,6 +195,66 @@ static void test_daemon_metas(void **state)
     check_text(submit, strlen(submit));
 }
 
+/* The metas the daemon and libepd write are taken by the one-pass builder; every byte of them
+ * replaced, removed or doubled gives a text it either refuses or builds as the full path does. */
+static void test_simple_mutations(void **state)
+{
+    (void)state;
+    static const char *const bases[] = {
+        "{\"id\":1099511627776,\"tensors\":{\"topk_ids\":{\"dtype\":\"i32\",\"shape\":[1,8],"
+        "\"region\":1,\"offset\":0},\"topk_weights\":{\"dtype\":\"f32\",\"shape\":[1,8],\"region\":1,"
+        "\"offset\":4096},\"x\":{\"dtype\":\"bf16\",\"shape\":[1,7168],\"region\":1,\"offset\":8192},"
+        "\"y\":{\"dtype\":\"bf16\",\"shape\":[1,7168],\"region\":2,\"offset\":0}}}",
+        "{\"id\":7,\"layer\":3,\"tensors\":{\"topk_ids\":{\"dtype\":\"i64\",\"shape\":[2,8],"
+        "\"data_offsets\":[0,128]},\"x\":{\"dtype\":\"bf16\",\"shape\":[2,4],\"data_offsets\":[128,144]}}}",
+        "{\"id\":0,\"step\":123456,\"tensors\":{\"y\":{\"dtype\":\"bf16\",\"shape\":[128,7168],"
+        "\"region\":1,\"offset\":1843200}}}",
+        "{\"id\":18,\"op\":\"health\",\"status\":\"ok\",\"list\":[],\"obj\":{},\"s\":\"\"}",
+        "{\"step\":99,\"seen_ns\":123456789012345,\"done_ns\":999999999999999,\"a\":[[0],[1,[2]]]}",
+        "{\"k\":\"v\",\"id\":\"not a number\",\"id\":3}",
+    };
+    static const char subst[] = {'"', '\\', ',', ':', '{', '}', '[', ']', '0', '1', '9', '-', '.',
+                                 'e', 'E', '+', ' ', '\t', '\n', 'a', 'n', 't', 'f', '/', '\x7f',
+                                 '\x01', '\x1f'};
+    char buf[1024];
+    for (size_t b = 0; b < sizeof bases / sizeof bases[0]; b++) {
+        const char *base = bases[b];
+        size_t len = strlen(base);
+        assert_true(len + 1 < sizeof buf);
+        if (!check_simple(base, len)) fail_msg("the one-pass builder refused %s", base);
+        for (size_t i = 0; i < len; i++) {
+            for (size_t k = 0; k < sizeof subst; k++) {
+                memcpy(buf, base, len);
+                buf[i] = subst[k]; /* replaced */
+                check_simple(buf, len);
+                memcpy(buf, base, i); /* inserted before byte i */
+                buf[i] = subst[k];
+                memcpy(buf + i + 1, base + i, len - i);
+                check_simple(buf, len + 1);
+            }
+            memcpy(buf, base, i); /* removed */
+            memcpy(buf + i, base + i + 1, len - i - 1);
+            check_simple(buf, len - 1);
+            memcpy(buf, base, i + 1); /* doubled */
+            memcpy(buf + i + 1, base + i, len - i);
+            check_simple(buf, len + 1);
+        }
+    }
+    /* both kinds happened: the mutations are not all refused, nor all taken */
+    assert_true(simple_taken > 1000);
+    assert_true(simple_refused > 1000);
+    /* deeper than its limit: refused (the full path takes it) */
+    char deep[64] = "{\"a\":";
+    size_t at = strlen(deep);
+    for (int d = 0; d < 20; d++) deep[at++] = '[';
+    for (int d = 0; d < 20; d++) deep[at++] = ']';
+    deep[at++] = '}';
+    assert_false(check_simple(deep, at));
+    /* 15 digits are taken, 16 are the full path's */
+    assert_true(check_simple("{\"n\":999999999999999}", 21));
+    assert_false(check_simple("{\"n\":1000000000000000}", 22));
+}
+
 /* Every file of the fuzz corpora (the ones the checker accepts). */
 static void test_corpora(void **state)
 {
@@ -181,6 +287,7 @@ int main(void)
         cmocka_unit_test(test_edge_cases),
         cmocka_unit_test(test_daemon_metas),
         cmocka_unit_test(test_corpora),
+        cmocka_unit_test(test_simple_mutations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
