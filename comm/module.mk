@@ -13,7 +13,7 @@ test_step_SRCS := comm/transport.c comm/transport_mpi.c comm/step.c gpu/ops_host
 STEP_CHECK_SRCS := tests/integration/step_check.c comm/transport.c comm/transport_mpi.c \
                    comm/step.c gpu/ops_host.c gpu/quant_host.c gpu/ffn.c gpu/safetensors.c \
                    common/status.c common/parse.c comm/transport_staged.c \
-                   $(if $(filter 1,$(CUDA)),gpu/ops_cuda.cu gpu/ffn_cuda.cu gpu/ffn_gemm.cu)
+                   $(if $(filter 1,$(CUDA)),gpu/ops_cuda.cu gpu/ffn_cuda.cu gpu/ffn_gemm.cu gpu/ffn_gemm_wgmma.cu)
 $(BUILD)/tests/step_check: $(call obj,$(STEP_CHECK_SRCS))
 	@mkdir -p $(dir $@)
 	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) $(if $(filter 1,$(CUDA)),-lstdc++)

@@ -41,6 +41,7 @@ extern "C" {
 }
 #include "gpu/ffn_cuda.h"
 #include "gpu/ffn_gemm.h"
+#include "gpu/ffn_gemm_wgmma_layout.h"
 #include "gpu/fp8.h"
 #include "gpu/partial_dev.cuh"
 
@@ -1072,12 +1073,13 @@ static epd_status_t probe_strided(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
 
 /* kernel: the tuning's prefetch and split-K into a, for total padded rows (the split's
  * workspace: the first stream's cuBLASLt workspace, used in stream order) */
-static void kernel_args_tuning(const epd_ffn_cuda_t *f, uint32_t total, epd_ffn_gemm_args_t *a)
+static void kernel_args_tuning(const epd_ffn_cuda_t *f, uint32_t total, bool wgmma,
+                               epd_ffn_gemm_args_t *a)
 {
     a->prefetch = f->tuning.kernel_prefetch == 0                   ? EPD_FFN_GEMM_PREFETCH
                   : f->tuning.kernel_prefetch == EPD_FFN_NO_PREFETCH ? 0
                                                                     : f->tuning.kernel_prefetch;
-    a->split_k = f->tuning.kernel_split;
+    a->split_k = wgmma ? f->tuning.wgmma_split : f->tuning.kernel_split;
     a->total_rows = total;
     a->split_ws = f->workspace[0];
     a->split_ws_bytes = WORKSPACE_BYTES;
@@ -1086,9 +1088,11 @@ static void kernel_args_tuning(const epd_ffn_cuda_t *f, uint32_t total, epd_ffn_
 /* kernel: the GEMM kernel of our own against cuBLASLt's single GEMMs, once when the tuning is
  * set: each projection over the first (up to) 3 experts of layer 0 with 1, 9 and 70 rows (one n8
  * tile; two; two row tiles) of random activations (FP8: random e4m3 and scales), on f->stream,
- * waited for. EPD_ERR_UNSUPPORTED saying where when an expert's outputs disagree (relative L2
+ * waited for. wgmma: the same with the Hopper kernel (gpu/ffn_gemm_wgmma.cu) in row tiles of
+ * row_tile rows. EPD_ERR_UNSUPPORTED saying where when an expert's outputs disagree (relative L2
  * over its rows above 1e-2), EPD_ERR_CUDA / EPD_ERR_NO_MEMORY with err. */
-static epd_status_t probe_kernel(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
+static epd_status_t probe_kernel(epd_ffn_cuda_t *f, bool wgmma, uint32_t row_tile,
+                                 char err[EPD_ERR_LEN])
 {
     static const uint32_t want[3] = {1, 9, 70};
     const uint32_t n_exp = f->n_local < 3 ? f->n_local : 3;
@@ -1103,8 +1107,7 @@ static epd_status_t probe_kernel(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
     for (uint32_t e = 0; e < n_exp; e++) {
         counts[e] = want[e];
         row_base[e + 1] = row_base[e] + pad_rows(want[e]);
-        tile_base[e + 1] =
-            tile_base[e] + (want[e] + EPD_FFN_GEMM_ROW_TILE - 1) / EPD_FFN_GEMM_ROW_TILE;
+        tile_base[e + 1] = tile_base[e] + (want[e] + row_tile - 1) / row_tile;
     }
     total = row_base[n_exp];
     meta_dev = (uint32_t *)dalloc(sizeof meta);
@@ -1162,8 +1165,10 @@ static epd_status_t probe_kernel(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
             a.tile_base = meta_dev + 7;
             a.n_tiles = tile_base[n_exp];
             a.d = d1;
-            kernel_args_tuning(f, total, &a);
-            status = epd_ffn_gemm_launch(&a, f->stream, err);
+            a.row_tile = row_tile;
+            kernel_args_tuning(f, total, wgmma, &a);
+            status = wgmma ? epd_ffn_wgmma_launch(&a, f->stream, err)
+                           : epd_ffn_gemm_launch(&a, f->stream, err);
         }
         for (uint32_t e = 0; e < n_exp && status == EPD_OK; e++) {
             gemm_plan_t *plan;
@@ -1181,10 +1186,13 @@ static epd_status_t probe_kernel(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
             (cudaMemcpyAsync(h1, d1, d_bytes, cudaMemcpyDeviceToHost, f->stream) != cudaSuccess ||
              cudaMemcpyAsync(h2, d2, d_bytes, cudaMemcpyDeviceToHost, f->stream) != cudaSuccess ||
              cudaStreamSynchronize(f->stream) != cudaSuccess)) {
-            snprintf(err, EPD_ERR_LEN, "ffn experts: the kernel check: %s",
-                     cudaGetErrorString(cudaGetLastError()));
+            snprintf(err, EPD_ERR_LEN, "ffn experts: the %s check: %s",
+                     wgmma ? "wgmma kernel" : "kernel", cudaGetErrorString(cudaGetLastError()));
             status = EPD_ERR_CUDA;
         }
+        /* the wgmma kernel's waits give up (wrong results) rather than hang: say where */
+        if (status == EPD_OK && wgmma && epd_ffn_wgmma_hang(err, EPD_ERR_LEN))
+            status = EPD_ERR_UNSUPPORTED;
         for (uint32_t e = 0; e < n_exp && status == EPD_OK; e++) {
             /* expert e's rows below its count: [count][nn] from row_base[e] */
             size_t off = (size_t)row_base[e] * nn * out_es;
@@ -1193,10 +1201,12 @@ static epd_status_t probe_kernel(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
                                         (size_t)counts[e] * nn, f->d_bf16[proj], &at);
             if (!(worst <= 1e-2)) {
                 snprintf(err, EPD_ERR_LEN,
-                         "ffn experts: the GEMM kernel (%s, %s) disagrees with cuBLASLt: relative "
-                         "L2 %.2e for expert %u's %u rows; not used",
-                         fp8 ? "FP8 block" : "BF16", proj == PROJ_GATE_UP ? "gate/up" : "down",
-                         worst, e, counts[e]);
+                         "ffn experts: the %s (%s, %s, row tile %u) disagrees with cuBLASLt: "
+                         "relative L2 %.2e for expert %u's %u rows (first at element %u); not "
+                         "used",
+                         wgmma ? "wgmma GEMM kernel" : "GEMM kernel", fp8 ? "FP8 block" : "BF16",
+                         proj == PROJ_GATE_UP ? "gate/up" : "down", row_tile, worst, e, counts[e],
+                         at);
                 status = EPD_ERR_UNSUPPORTED;
             }
         }
@@ -1209,6 +1219,126 @@ static epd_status_t probe_kernel(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
         free(h2);
     }
     cudaFree(meta_dev);
+    return status;
+}
+
+/* wgmma_swiglu: the gate/up GEMM with SwiGLU fused against the same kernel unfused and the
+ * SwiGLU kernel, once when the tuning is set: the first (up to) 3 experts of layer 0 with 1, 9 and
+ * 70 rows of random BF16 activations in row tiles of row_tile, on f->stream, waited for; h of each
+ * expert's rows compared (relative L2 above 1e-2: EPD_ERR_UNSUPPORTED saying where; the same
+ * fp32 sums and operations give the same bits). EPD_ERR_CUDA / EPD_ERR_NO_MEMORY with err. */
+static epd_status_t probe_swiglu(epd_ffn_cuda_t *f, uint32_t row_tile, char err[EPD_ERR_LEN])
+{
+    static const uint32_t want[3] = {1, 9, 70};
+    const uint32_t n_exp = f->n_local < 3 ? f->n_local : 3;
+    uint32_t meta[11], *counts = meta, *row_base = meta + 3, *tile_base = meta + 7, total, nn, k;
+    epd_status_t status = EPD_OK;
+    if (n_exp == 0 || f->n_layers == 0 || f->format != EPD_FFN_BF16 || f->d_bf16[PROJ_GATE_UP])
+        return EPD_OK;
+    memset(meta, 0, sizeof meta);
+    for (uint32_t e = 0; e < n_exp; e++) {
+        counts[e] = want[e];
+        row_base[e + 1] = row_base[e] + pad_rows(want[e]);
+        tile_base[e + 1] = tile_base[e] + (want[e] + row_tile - 1) / row_tile;
+    }
+    total = row_base[n_exp];
+    proj_dims(f, PROJ_GATE_UP, &nn, &k);
+    const size_t h_bytes = (size_t)total * f->inter * 2;
+    uint32_t *meta_dev = (uint32_t *)dalloc(sizeof meta);
+    void *b = dalloc((size_t)total * k * 2), *gu = dalloc((size_t)total * nn * 4);
+    void *h1 = dalloc(h_bytes), *h2 = dalloc(h_bytes);
+    void *c1 = malloc(h_bytes), *c2 = malloc(h_bytes);
+    if (meta_dev == NULL || b == NULL || gu == NULL || h1 == NULL || h2 == NULL || c1 == NULL ||
+        c2 == NULL) {
+        cudaGetLastError();
+        snprintf(err, EPD_ERR_LEN, "ffn experts: out of memory for the fused SwiGLU check");
+        status = EPD_ERR_NO_MEMORY;
+    }
+    if (status == EPD_OK) {
+        fill_random_bf16<<<256, 256, 0, f->stream>>>((uint16_t *)b, (size_t)total * k, 9);
+        if (cudaGetLastError() != cudaSuccess ||
+            cudaMemcpyAsync(meta_dev, meta, sizeof meta, cudaMemcpyHostToDevice, f->stream) !=
+                cudaSuccess ||
+            cudaMemsetAsync(h1, 0, h_bytes, f->stream) != cudaSuccess ||
+            cudaMemsetAsync(h2, 0, h_bytes, f->stream) != cudaSuccess) {
+            snprintf(err, EPD_ERR_LEN, "ffn experts: the fused SwiGLU check's fill failed");
+            status = EPD_ERR_CUDA;
+        }
+    }
+    epd_ffn_gemm_args_t a;
+    bool fused = false;
+    memset(&a, 0, sizeof a);
+    a.n = nn;
+    a.k = k;
+    a.n_experts = n_exp;
+    a.w = f->layers[0].gate_up;
+    a.x = b;
+    a.row_base = meta_dev + 3;
+    a.counts = meta_dev;
+    a.tile_base = meta_dev + 7;
+    a.n_tiles = tile_base[n_exp];
+    a.row_tile = row_tile;
+    a.total_rows = total;
+    a.split_k = 1;
+    /* fused into h1; unfused into gu, then the SwiGLU kernel into h2 */
+    if (status == EPD_OK) {
+        a.d = gu;
+        a.swiglu_h = h1;
+        a.swiglu_done_p = &fused;
+        status = epd_ffn_wgmma_launch(&a, f->stream, err);
+    }
+    if (status == EPD_OK && !fused) {
+        snprintf(err, EPD_ERR_LEN, "ffn experts: the wgmma kernel did not fuse SwiGLU; not used");
+        status = EPD_ERR_UNSUPPORTED;
+    }
+    if (status == EPD_OK) {
+        a.swiglu_h = NULL;
+        a.swiglu_done_p = NULL;
+        status = epd_ffn_wgmma_launch(&a, f->stream, err);
+    }
+    if (status == EPD_OK) {
+        swiglu_args sa;
+        memset(&sa, 0, sizeof sa);
+        sa.gu = gu;
+        sa.gu_bf16 = false;
+        sa.row_base = meta_dev + 3;
+        sa.n_local = n_exp;
+        sa.inter = f->inter;
+        sa.fp8 = false;
+        sa.h_bf16 = (uint16_t *)h2;
+        swiglu_kernel<<<dim3(total, f->inter / GROUP), GROUP, 0, f->stream>>>(sa);
+        if (cudaGetLastError() != cudaSuccess ||
+            cudaMemcpyAsync(c1, h1, h_bytes, cudaMemcpyDeviceToHost, f->stream) != cudaSuccess ||
+            cudaMemcpyAsync(c2, h2, h_bytes, cudaMemcpyDeviceToHost, f->stream) != cudaSuccess ||
+            cudaStreamSynchronize(f->stream) != cudaSuccess) {
+            snprintf(err, EPD_ERR_LEN, "ffn experts: the fused SwiGLU check: %s",
+                     cudaGetErrorString(cudaGetLastError()));
+            status = EPD_ERR_CUDA;
+        }
+    }
+    if (status == EPD_OK && epd_ffn_wgmma_hang(err, EPD_ERR_LEN)) status = EPD_ERR_UNSUPPORTED;
+    for (uint32_t e = 0; e < n_exp && status == EPD_OK; e++) {
+        size_t off = (size_t)row_base[e] * f->inter * 2;
+        uint32_t at = 0;
+        double worst = worst_matrix((const uint8_t *)c1 + off, (const uint8_t *)c2 + off, 1,
+                                    (size_t)counts[e] * f->inter, true, &at);
+        if (!(worst <= 1e-2)) {
+            snprintf(err, EPD_ERR_LEN,
+                     "ffn experts: the wgmma kernel's fused SwiGLU (row tile %u) disagrees with "
+                     "the SwiGLU kernel: relative L2 %.2e for expert %u's %u rows (first at "
+                     "element %u); not used",
+                     row_tile, worst, e, counts[e], at);
+            status = EPD_ERR_UNSUPPORTED;
+        }
+    }
+    if (status != EPD_OK) cudaStreamSynchronize(f->stream);
+    cudaFree(meta_dev);
+    cudaFree(b);
+    cudaFree(gu);
+    cudaFree(h1);
+    cudaFree(h2);
+    free(c1);
+    free(c2);
     return status;
 }
 
@@ -1319,6 +1449,15 @@ extern "C" void epd_ffn_cuda_default_tuning(epd_ffn_cuda_tuning_t *t)
     t->kernel_fp8_max_rows = 16;
     t->kernel_prefetch = 0;
     t->kernel_split = 0;
+    /* the Hopper kernel (gpu/ffn_gemm_wgmma.cu) not yet: no GPU numbers for it. Setting it true
+     * gives the calls above kernel_max_rows to it (its own check refuses it off sm_90a: strided
+     * and the streams then serve them as now) */
+    t->wgmma = false;
+    t->wgmma_max_rows = 0;
+    t->wgmma_fp8_max_rows = 0;
+    t->wgmma_split = 0;
+    t->wgmma_row_tile = 0;
+    t->wgmma_swiglu = false;
 }
 
 extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn_cuda_tuning_t *t,
@@ -1327,6 +1466,12 @@ extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn
     if (t->streams < 1 || t->streams > EPD_FFN_MAX_STREAMS) {
         snprintf(err, EPD_ERR_LEN, "ffn experts: streams %u is not in [1, %d]", t->streams,
                  EPD_FFN_MAX_STREAMS);
+        return EPD_ERR_INVALID_ARG;
+    }
+    if (t->wgmma_row_tile != 0 && epd_wgmma_tile_index(t->wgmma_row_tile) == EPD_WGMMA_TILES) {
+        snprintf(err, EPD_ERR_LEN,
+                 "ffn experts: wgmma row tile %u is not one of 32, 64, 96, 128, 160, 192, 256",
+                 t->wgmma_row_tile);
         return EPD_ERR_INVALID_ARG;
     }
     CU(cudaStreamSynchronize(f->stream), "cudaStreamSynchronize");
@@ -1363,11 +1508,33 @@ extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn
     char kernel_err[EPD_ERR_LEN] = "";
     if (t->kernel) {
         kernel_status = epd_ffn_gemm_supported(f->format == EPD_FFN_FP8_BLOCK, kernel_err);
-        if (kernel_status == EPD_OK) kernel_status = probe_kernel(f, kernel_err);
+        if (kernel_status == EPD_OK)
+            kernel_status = probe_kernel(f, false, EPD_FFN_GEMM_ROW_TILE, kernel_err);
         if (kernel_status != EPD_OK) f->tuning.kernel = false;
         if (kernel_status != EPD_OK && kernel_status != EPD_ERR_UNSUPPORTED) {
             snprintf(err, EPD_ERR_LEN, "%s", kernel_err);
             return kernel_status;
+        }
+    }
+    /* the wgmma kernel's the same way, at each of its row tiles */
+    epd_status_t wgmma_status = EPD_OK;
+    char wgmma_err[EPD_ERR_LEN] = "";
+    if (t->wgmma) {
+        bool fp8 = f->format == EPD_FFN_FP8_BLOCK;
+        wgmma_status = epd_ffn_wgmma_supported(fp8, wgmma_err);
+        for (uint32_t i = 0; wgmma_status == EPD_OK && i < epd_wgmma_tile_count(fp8); i++)
+            wgmma_status = probe_kernel(f, true, epd_wgmma_tile_at(i), wgmma_err);
+        if (wgmma_status != EPD_OK) f->tuning.wgmma = false;
+        /* the fused SwiGLU: on failure the tuning stays, with the kernel unfused */
+        for (uint32_t i = 0; wgmma_status == EPD_OK && t->wgmma_swiglu && !fp8 &&
+                             i < epd_wgmma_tile_count(fp8);
+             i++) {
+            wgmma_status = probe_swiglu(f, epd_wgmma_tile_at(i), wgmma_err);
+            if (wgmma_status != EPD_OK) f->tuning.wgmma_swiglu = false;
+        }
+        if (wgmma_status != EPD_OK && wgmma_status != EPD_ERR_UNSUPPORTED) {
+            snprintf(err, EPD_ERR_LEN, "%s", wgmma_err);
+            return wgmma_status;
         }
     }
     /* the batched tunings' checks: on failure the tuning stays, without the batching */
@@ -1391,6 +1558,10 @@ extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn
     if (kernel_status != EPD_OK) {
         snprintf(err, EPD_ERR_LEN, "%s", kernel_err);
         return kernel_status;
+    }
+    if (wgmma_status != EPD_OK) {
+        snprintf(err, EPD_ERR_LEN, "%s", wgmma_err);
+        return wgmma_status;
     }
     return EPD_OK;
 }
@@ -1938,13 +2109,13 @@ static epd_status_t run_grouped(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_
 /* kernel: whether the call with these rows per expert goes to the GEMM kernel (the tuning's
  * kernel_max_rows, or kernel_fp8_max_rows for FP8 block weights, against the mean rows of the
  * experts with rows) */
-static bool use_kernel(const epd_ffn_cuda_t *f, const uint32_t *counts)
+static bool use_rows(const epd_ffn_cuda_t *f, const uint32_t *counts, bool on, uint32_t max_rows,
+                     uint32_t fp8_max_rows)
 {
     uint64_t rows = 0, used = 0;
-    uint32_t max_rows = f->tuning.kernel_max_rows;
-    if (!f->tuning.kernel) return false;
-    if (f->format == EPD_FFN_FP8_BLOCK && f->tuning.kernel_fp8_max_rows != 0)
-        max_rows = f->tuning.kernel_fp8_max_rows == UINT32_MAX ? 0 : f->tuning.kernel_fp8_max_rows;
+    if (!on) return false;
+    if (f->format == EPD_FFN_FP8_BLOCK && fp8_max_rows != 0)
+        max_rows = fp8_max_rows == UINT32_MAX ? 0 : fp8_max_rows;
     if (max_rows == 0) return true;
     for (uint32_t e = 0; e < f->n_local; e++) {
         rows += counts[e];
@@ -1953,11 +2124,35 @@ static bool use_kernel(const epd_ffn_cuda_t *f, const uint32_t *counts)
     return used == 0 || rows <= (uint64_t)max_rows * used;
 }
 
+static bool use_kernel(const epd_ffn_cuda_t *f, const uint32_t *counts)
+{
+    return use_rows(f, counts, f->tuning.kernel, f->tuning.kernel_max_rows,
+                    f->tuning.kernel_fp8_max_rows);
+}
+
+/* wgmma: the same with the wgmma kernel's limits (after the kernel's: it takes its calls first) */
+static bool use_wgmma(const epd_ffn_cuda_t *f, const uint32_t *counts)
+{
+    return use_rows(f, counts, f->tuning.wgmma, f->tuning.wgmma_max_rows,
+                    f->tuning.wgmma_fp8_max_rows);
+}
+
+/* wgmma: the row tile of a call (the tuning's, FP8 at most EPD_WGMMA_TILE_MAX_FP8, or the
+ * kernel's pick by the rows) */
+static uint32_t wgmma_row_tile(const epd_ffn_cuda_t *f, const uint32_t *counts)
+{
+    bool fp8 = f->format == EPD_FFN_FP8_BLOCK;
+    uint32_t t = f->tuning.wgmma_row_tile;
+    if (t == 0) return epd_ffn_wgmma_row_tile(fp8, counts, f->n_local);
+    return fp8 && t > EPD_WGMMA_TILE_MAX_FP8 ? EPD_WGMMA_TILE_MAX_FP8 : t;
+}
+
 /* kernel: each projection one launch of the GEMM kernel over the experts' row tiles
  * (tile_base_dev, n_tiles of them; the rows padded as pad_rows gives, row_base_dev), one SwiGLU
  * over all rows between, on the caller's stream. */
 static epd_status_t run_kernel(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_t total,
-                               uint32_t n_tiles, char err[EPD_ERR_LEN])
+                               uint32_t n_tiles, bool wgmma, uint32_t row_tile,
+                               char err[EPD_ERR_LEN])
 {
     bool fp8 = f->format == EPD_FFN_FP8_BLOCK;
     epd_ffn_gemm_args_t a;
@@ -1969,7 +2164,10 @@ static epd_status_t run_kernel(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_t
     a.counts = f->counts_dev;
     a.tile_base = f->tile_base_dev;
     a.n_tiles = n_tiles;
-    kernel_args_tuning(f, total, &a);
+    a.row_tile = row_tile;
+    kernel_args_tuning(f, total, wgmma, &a);
+    epd_status_t (*launch)(const epd_ffn_gemm_args_t *, void *, char *) =
+        wgmma ? epd_ffn_wgmma_launch : epd_ffn_gemm_launch;
 
     proj_dims(f, PROJ_GATE_UP, &a.n, &a.k);
     a.out_bf16 = f->d_bf16[PROJ_GATE_UP];
@@ -1979,8 +2177,16 @@ static epd_status_t run_kernel(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_t
     a.x = f->act;
     a.x_scale = fp8 ? f->act_scale : NULL;
     a.d = f->gu;
-    status = epd_ffn_gemm_launch(&a, f->stream, err);
-    if (status == EPD_OK) status = queue_swiglu(f, l, 0, total, 0, err);
+    /* wgmma_swiglu: h straight from the GEMM where the launch can (then no SwiGLU launch) */
+    bool fused = false;
+    if (wgmma && f->tuning.wgmma_swiglu && !fp8 && !f->d_bf16[PROJ_GATE_UP]) {
+        a.swiglu_h = f->h;
+        a.swiglu_done_p = &fused;
+    }
+    status = launch(&a, f->stream, err);
+    a.swiglu_h = NULL;
+    a.swiglu_done_p = NULL;
+    if (status == EPD_OK && !fused) status = queue_swiglu(f, l, 0, total, 0, err);
     if (status != EPD_OK) return status;
 
     proj_dims(f, PROJ_DOWN, &a.n, &a.k);
@@ -1991,7 +2197,7 @@ static epd_status_t run_kernel(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_t
     a.x = f->h;
     a.x_scale = fp8 ? f->h_scale : NULL;
     a.d = f->y;
-    return epd_ffn_gemm_launch(&a, f->stream, err);
+    return launch(&a, f->stream, err);
 }
 
 extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_shape_t *shape,
@@ -2061,6 +2267,9 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
         CU(cudaStreamSynchronize(f->stream), "waiting for the row counts");
     }
     bool kernel = use_kernel(f, counts);
+    bool wgmma = !kernel && use_wgmma(f, counts);
+    uint32_t row_tile = wgmma ? wgmma_row_tile(f, counts) : EPD_FFN_GEMM_ROW_TILE;
+    kernel = kernel || wgmma; /* the same tile table and buffers */
     bool strided = !kernel && f->tuning.strided;
     bool grouped = !kernel && !strided && f->tuning.grouped && !fp8 && f->cublas != NULL;
     bool batched = !kernel && !strided && !grouped && f->tuning.batched && !fp8;
@@ -2081,11 +2290,10 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
     CU(cudaMemcpyAsync(f->row_base_dev, row_base, ((size_t)f->n_local + 1) * sizeof(uint32_t),
                        cudaMemcpyHostToDevice, f->stream), "cudaMemcpyAsync");
     if (kernel) {
-        /* the row tiles of each expert: its rows in tiles of EPD_FFN_GEMM_ROW_TILE */
+        /* the row tiles of each expert: its rows in tiles of row_tile */
         tile_base[0] = 0;
         for (uint32_t e = 0; e < f->n_local; e++)
-            tile_base[e + 1] = tile_base[e] + (counts[e] + EPD_FFN_GEMM_ROW_TILE - 1) /
-                                                  EPD_FFN_GEMM_ROW_TILE;
+            tile_base[e + 1] = tile_base[e] + (counts[e] + row_tile - 1) / row_tile;
         n_tiles = tile_base[f->n_local];
         CU(cudaMemcpyAsync(f->tile_base_dev, tile_base,
                            ((size_t)f->n_local + 1) * sizeof(uint32_t), cudaMemcpyHostToDevice,
@@ -2121,7 +2329,7 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
     CU(cudaGetLastError(), "gather kernel");
 
     if (kernel)
-        status = run_kernel(f, l, total, n_tiles, err);
+        status = run_kernel(f, l, total, n_tiles, wgmma, row_tile, err);
     else if (strided)
         status = run_strided(f, l, n_runs, err);
     else if (grouped)

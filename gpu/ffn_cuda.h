@@ -78,6 +78,23 @@ typedef struct epd_ffn_cuda_tuning {
                                * sums added in order by a second launch (deterministic) in the
                                * first stream's cuBLASLt workspace (fewer ranges where it is
                                * short) */
+    bool wgmma;               /* the Hopper GEMM kernel (gpu/ffn_gemm_wgmma.cu: wgmma, TMA; sm_90a
+                               * only): each projection one launch over every expert with rows,
+                               * BF16 and FP8 block weights, on the call's stream; checked against
+                               * cuBLASLt at each of its row tiles when the tuning is set, like
+                               * kernel (EPD_ERR_UNSUPPORTED, the tuning then set without it).
+                               * Takes the calls within wgmma_max_rows that kernel does not take
+                               * (kernel first); the others serve the rest */
+    uint32_t wgmma_max_rows;     /* wgmma: kernel_max_rows' meaning (0: every call) */
+    uint32_t wgmma_fp8_max_rows; /* wgmma, FP8 block weights: kernel_fp8_max_rows' meaning */
+    uint32_t wgmma_split;        /* wgmma: kernel_split's meaning */
+    bool wgmma_swiglu;           /* wgmma, BF16 weights: SwiGLU fused into the gate/up GEMM's
+                                  * epilogue (no fp32 gate/up output, no SwiGLU launch) where the
+                                  * launch has no split-K and the GEMM's output is fp32; checked
+                                  * against the unfused kernel and the SwiGLU kernel when set */
+    uint32_t wgmma_row_tile;     /* wgmma: the rows of a row tile (32, 64, 96, 128, 160, 192,
+                                  * 256; FP8 at most 128, larger is 128); 0: picked per call by
+                                  * the rows */
 } epd_ffn_cuda_tuning_t;
 
 /* strided: an expert's GEMMs cost at least about as much as computing this many of its rows

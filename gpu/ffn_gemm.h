@@ -7,6 +7,7 @@
 #define EPD_GPU_FFN_GEMM_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/status.h"
@@ -59,6 +60,18 @@ typedef struct epd_ffn_gemm_args {
     void *split_ws;      /* device scratch for split-K, split_ws_bytes of it (NULL: no split) */
     size_t split_ws_bytes;
     uint32_t *split_used_p; /* host, optional: the K ranges the launch used */
+    uint32_t row_tile;   /* epd_ffn_wgmma_launch only: the rows of a row tile (32, 64, 96, 128,
+                          * 160, 192 or 256; FP8: up to 128; epd_ffn_wgmma_row_tile picks one),
+                          * tile_base
+                          * then the prefix sums of ceil(counts / row_tile). The mma.sync kernel
+                          * ignores it (its tiles are EPD_FFN_GEMM_ROW_TILE rows) */
+    void *swiglu_h;      /* epd_ffn_wgmma_launch, BF16 gate/up only (optional): SwiGLU fused
+                          * into the epilogue: h [total_rows][n / 2] BF16 = bf16(silu(g) * u)
+                          * (the SwiGLU kernel's fp32 operations) of D's features g in [0, n / 2)
+                          * and u = the feature n / 2 on, for the rows the kernel writes; D then
+                          * not written. Only without split-K: *swiglu_done_p says whether it
+                          * was (else D is written as without it) */
+    bool *swiglu_done_p; /* host, optional */
 } epd_ffn_gemm_args_t;
 
 /* EPD_OK when the kernel can run on the current device for the format (BF16: compute capability
@@ -77,6 +90,38 @@ epd_status_t epd_ffn_gemm_launch(const epd_ffn_gemm_args_t *args, void *stream,
  * EPD_ERR_UNSUPPORTED / EPD_ERR_CUDA with err. */
 epd_status_t epd_ffn_gemm_mma_check(bool fp8, const void *a_host, const void *b_host,
                                     float *d_host, char err[EPD_ERR_LEN]);
+
+/* The Hopper kernel (gpu/ffn_gemm_wgmma.cu: wgmma, TMA, mbarrier pipeline; the ffn_cuda tuning
+ * `wgmma`), on the same arguments with args.row_tile. */
+
+/* EPD_OK when it can run on the current device: compute capability 9.0 exactly (sm_90a code),
+ * this build's sm_90a code, the shared memory of its pipelines, the driver's
+ * cuTensorMapEncodeTiled; EPD_ERR_UNSUPPORTED with err saying why. */
+epd_status_t epd_ffn_wgmma_supported(bool fp8, char err[EPD_ERR_LEN]);
+
+/* The row tile for a launch over n_experts experts with counts[e] rows (host memory): the least
+ * rows computed in vain, weighed against the tiles (gpu/ffn_gemm_wgmma_layout.h). */
+uint32_t epd_ffn_wgmma_row_tile(bool fp8, const uint32_t *counts, uint32_t n_experts);
+
+/* The layout self-check: the TMA copies a [64][128 bytes] and b [32][128 bytes] (host memory;
+ * BF16, or e4m3 with fp8) into shared tiles as the kernel's producer does, the tiles are dumped
+ * as they lie (dump_a [64][128 bytes], dump_b [32][128 bytes]: epd_wgmma_tile_off's places),
+ * and one stage's 4 wgmmas (m64n32, the kernel's descriptors) give d_host [64][32] fp32 = a b^T.
+ * Waited for. EPD_ERR_UNSUPPORTED / EPD_ERR_CUDA with err. */
+epd_status_t epd_ffn_wgmma_layout_check(bool fp8, const void *a_host, const void *b_host,
+                                        void *dump_a_host, void *dump_b_host, float *d_host,
+                                        char err[EPD_ERR_LEN]);
+
+/* A debugging aid: true when an mbarrier wait of an earlier launch timed out (the launch then
+ * ended with wrong results instead of hanging), text (len bytes) saying which CTA, thread and
+ * stage; the record is then cleared. Waits for the device. */
+bool epd_ffn_wgmma_hang(char *text, size_t len);
+
+/* Queues the GEMM on stream. EPD_ERR_INVALID_ARG for shapes, a row tile or alignments it does not
+ * take (or a tensor map the driver refuses), EPD_ERR_UNSUPPORTED without the driver's tensor map
+ * encoder, EPD_ERR_CUDA with the launch's error; err says which. n_tiles 0: nothing queued. */
+epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *args, void *stream,
+                                  char err[EPD_ERR_LEN]);
 
 #ifdef __cplusplus
 }

@@ -38,6 +38,11 @@ endif
 GPU_CU_SRCS += gpu/ops_cuda.cu gpu/ffn_cuda.cu
 # the ffn experts' GEMM kernel of our own (gpu/ffn_gemm.h; the ffn_cuda tuning `kernel`)
 GPU_CU_SRCS += gpu/ffn_gemm.cu
+# the Hopper one (gpu/ffn_gemm_wgmma.cu: wgmma, TMA; the ffn_cuda tuning `wgmma`)
+GPU_CU_SRCS += gpu/ffn_gemm_wgmma.cu
+# its shared-memory layout (gpu/ffn_gemm_wgmma_layout.h: swizzle, descriptors) checked on the CPU
+UNIT_TESTS += ffn_gemm_wgmma_layout
+test_ffn_gemm_wgmma_layout_SRCS :=
 # its index arithmetic (gpu/ffn_gemm_layout.h: swizzle, warp roles, split-K) checked on the CPU
 UNIT_TESTS += ffn_gemm_layout
 test_ffn_gemm_layout_SRCS :=
@@ -51,6 +56,7 @@ ifeq ($(CUDA),1)
 GPU_TESTS += test_ops_cuda daemon_gpu.sh daemon_regions_gpu.sh
 OPS_CUDA_TEST_OBJS += $(BUILD)/obj/tests/gpu/test_ops_cuda.cu.o $(BUILD)/obj/gpu/ops_cuda.cu.o \
                       $(BUILD)/obj/gpu/ffn_cuda.cu.o $(BUILD)/obj/gpu/ffn_gemm.cu.o \
+                      $(BUILD)/obj/gpu/ffn_gemm_wgmma.cu.o \
                       $(patsubst %.c,$(BUILD)/obj/%.o,gpu/ops_host.c gpu/quant_host.c gpu/ffn.c \
                                                       gpu/safetensors.c common/status.c)
 $(BUILD)/tests/gpu/test_ops_cuda: $(OPS_CUDA_TEST_OBJS)

@@ -18,6 +18,10 @@
 #                                      beside the default; the summary's kernel table says where
 #                                      `kernel` wins (then epd_ffn_cuda_default_tuning's kernel
 #                                      lines)
+# The Hopper kernel (tuning `wgmma`, gpu/ffn_gemm_wgmma.cu): its checks and tunings in
+#   test_ffn_cuda ("PASS  wgmma GEMM kernel ..."), the sweep's wgmma* tunings in the kernel
+#   tables; tests/gpu/ffn_wgmma_gpu.sh runs them alone first (seconds)
+# FFN_BENCH_TUNINGS="name name ..." limits the bench's sweep to those tunings (and the default)
 set -uo pipefail
 cd "$(dirname "$(readlink -f "$0")")/../.."
 out=${OUT:-build/ffn-gpu}
@@ -178,13 +182,13 @@ END {
     }
 }' "$out/bench.log"
     echo
-    echo "Every kernel tuning per rows/expert (experts us), the fastest against the default, and where each beats the default at every row count up to there (the kernel_max_rows / kernel_fp8_max_rows a switch would set):"
+    echo "Every kernel tuning (kernel: mma.sync, wgmma: the Hopper kernel) per rows/expert (experts us), the fastest against the default, and where each beats the default at every row count up to there (the kernel_max_rows / kernel_fp8_max_rows a switch would set):"
     echo
     awk '
 function kv(line, key) { if (match(line, key "=[^ ]+")) return substr(line, RSTART + length(key) + 1, RLENGTH - length(key) - 1); return "" }
 /^ffn-result / {
     w = kv($0, "weights"); t = kv($0, "tuning"); r = kv($0, "rows_per_expert") + 0
-    if (t != "default" && t !~ /^kernel/) next
+    if (t != "default" && t !~ /^(kernel|wgmma)/) next
     if (t != "default" && !(t in kseen)) { kseen[t] = 1; kt[++nk] = t }
     if (!(r in rseen)) { rseen[r] = 1; ro[++nr] = r }
     us[w, t, r] = kv($0, "experts_us") + 0

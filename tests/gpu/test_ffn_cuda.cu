@@ -23,6 +23,16 @@
  * 3, 4 and 5 K ranges (ranges of one stage, uneven ones, more asked than stages) and with the
  * kernel's own choice at the real shapes; the cases also run the kernel with split-K off and at
  * 3 ranges.
+ * The Hopper kernel (gpu/ffn_gemm_wgmma.cu, tuning wgmma) the same way: first its layout (the
+ * TMA's swizzle, one stage's wgmmas), then its own checks at each row tile (32 .. 256; FP8 up to
+ * 128) on small integers with 0 .. 600 rows per expert
+ * around every tile's edges, BF16 and FP8, fp32 and BF16 out, split-K off, fixed and auto, the
+ * real shapes; then every case with the wgmma tunings (alone, split off and at 3, the smallest
+ * and largest tiles forced, above the kernel's 16 rows as the default would run it, and with
+ * SwiGLU fused into the gate/up GEMM; the kernel's own checks include the fused SwiGLU against
+ * silu(g) u of the CPU's sums).
+ * TEST_FFN_ONLY=wgmma runs only the wgmma kernel's checks and tunings (seconds: a wrong kernel
+ * shows first); a wait of the kernel that timed out is named (CTA, thread, stage).
  * Prints one line per case and 'N passed, N failed'; exit 77 with 'SKIP: no GPU' without one. */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -39,10 +49,13 @@ extern "C" {
 #include "gpu/ffn_cuda.h"
 #include "gpu/ffn_gemm.h"
 #include "gpu/ffn_gemm_layout.h"
+#include "gpu/ffn_gemm_wgmma_layout.h"
 #include "gpu/fp8.h"
 #include "tests/gpu/cuda_check.cuh"
 
 static int passed, failed;
+/* TEST_FFN_ONLY=wgmma: the wgmma kernel's checks and tunings only */
+static bool only_wgmma;
 
 typedef struct ffn_case {
     epd_ffn_format_t format;
@@ -73,6 +86,14 @@ static const epd_ffn_cuda_tuning_t tunings[] = {
      .kernel_prefetch = 2},
     {.streams = 1, .kernel = true, .kernel_split = 1},
     {.streams = 1, .kernel = true, .kernel_split = 3},
+    {.streams = 1, .wgmma = true},
+    {.streams = 1, .wgmma = true, .wgmma_split = 1},
+    {.streams = 1, .wgmma = true, .wgmma_split = 3},
+    {.streams = 1, .wgmma = true, .wgmma_row_tile = 32},
+    {.streams = 1, .wgmma = true, .wgmma_row_tile = 256},
+    {.streams = 4, .kernel = true, .kernel_max_rows = 16, .kernel_fp8_max_rows = 16,
+     .wgmma = true},
+    {.streams = 1, .wgmma = true, .wgmma_swiglu = true},
 };
 static const char *const tuning_names[] = {"streams=1", "streams=4", "streams=4,sm_target",
                                            "batched", "streams=1,autotune", "streams=4,autotune",
@@ -80,7 +101,10 @@ static const char *const tuning_names[] = {"streams=1", "streams=4", "streams=4,
                                            "strided,cost=0", "strided,one", "grouped",
                                            "kernel", "kernel,upto=16,strided",
                                            "kernel,upto=16,fp8_upto=64,streams=4,prefetch=2",
-                                           "kernel,split=1", "kernel,split=3"};
+                                           "kernel,split=1", "kernel,split=3", "wgmma",
+                                           "wgmma,split=1", "wgmma,split=3", "wgmma,tile=32",
+                                           "wgmma,tile=256", "kernel,upto=16,wgmma",
+                                           "wgmma,swiglu"};
 static_assert(sizeof tunings / sizeof tunings[0] == sizeof tuning_names / sizeof tuning_names[0],
               "a name per tuning");
 
@@ -248,6 +272,7 @@ static void run_case(const ffn_case_t *c, epd_ops_ctx_t *hctx_unused)
             for (size_t t = 0; ok && t < sizeof tunings / sizeof tunings[0]; t++) {
                 double tw = 0;
                 epd_status_t st;
+                if (only_wgmma && !tunings[t].wgmma) continue;
                 CUDA_OK(cudaMemset(d_part, 0xff, (size_t)(n ? n : 1) * pl.size));
                 CUDA_OK(cudaDeviceSynchronize()); /* the ffn's stream does not wait for it */
                 st = epd_ffn_cuda_set_tuning(ffn, &tunings[t], err);
@@ -259,7 +284,9 @@ static void run_case(const ffn_case_t *c, epd_ops_ctx_t *hctx_unused)
                     (tunings[t].batched || tunings[t].fast_accum || tunings[t].grouped ||
                      (tunings[t].strided && c->format == EPD_FFN_FP8_BLOCK) ||
                      (tunings[t].kernel &&
-                      epd_ffn_gemm_supported(c->format == EPD_FFN_FP8_BLOCK, why) != EPD_OK))) {
+                      epd_ffn_gemm_supported(c->format == EPD_FFN_FP8_BLOCK, why) != EPD_OK) ||
+                     (tunings[t].wgmma &&
+                      epd_ffn_wgmma_supported(c->format == EPD_FFN_FP8_BLOCK, why) != EPD_OK))) {
                     /* an optional tuning this cuBLAS lacks: said, and not the daemon's (BF16
                      * strided batches are plain cuBLASLt: never optional) */
                     printf("note  tuning %s not supported here: %s\n", tuning_names[t], err);
@@ -397,20 +424,98 @@ static void mma_check(bool fp8)
         passed++;
 }
 
+/* The wgmma kernel's layout on the GPU, in two halves that fail apart: the TMA's 128-byte
+ * swizzle against epd_wgmma_tile_off (the shared tiles dumped as they lie), then one stage's
+ * wgmmas through the kernel's descriptors against a CPU dot product (small integers: exact):
+ * a [64][K], b [32][K] (K 64 BF16 or 128 e4m3: 128 bytes a row), d = a b^T. */
+static void wgmma_layout_check(bool fp8)
+{
+    const uint32_t K = fp8 ? 128 : 64;
+    const char *name = fp8 ? "e4m3 m64n32k32" : "bf16 m64n32k16";
+    static uint8_t a[64 * 128], b[32 * 128], da[64 * 128], db[32 * 128];
+    static int av[64][128], bv[32][128];
+    static float d[64 * 32];
+    char err[EPD_ERR_LEN];
+    int bad_a = 0, bad_b = 0, plain = 1, bad = 0;
+
+    for (uint32_t m = 0; m < 64; m++)
+        for (uint32_t k = 0; k < K; k++) put_elem(a, m * K + k, fp8, av[m][k] = small_int(m * K + k, 11));
+    for (uint32_t n = 0; n < 32; n++)
+        for (uint32_t k = 0; k < K; k++) put_elem(b, n * K + k, fp8, bv[n][k] = small_int(n * K + k, 12));
+    epd_status_t st = epd_ffn_wgmma_layout_check(fp8, a, b, da, db, d, err);
+    if (st == EPD_ERR_UNSUPPORTED) {
+        printf("note  wgmma layout check (%s) not run: %s\n", name, err);
+        return;
+    }
+    if (st != EPD_OK) {
+        printf("FAIL  wgmma layout check (%s): %s\n", name, err);
+        failed++;
+        return;
+    }
+    char hang[EPD_ERR_LEN];
+    if (epd_ffn_wgmma_hang(hang, sizeof hang)) printf("      wgmma layout check (%s): %s\n", name, hang);
+    /* the TMA's placement: each 16-byte chunk where the model puts it */
+    for (uint32_t r = 0; r < 64; r++)
+        for (uint32_t c = 0; c < 8; c++) {
+            if (memcmp(da + r * 128 + c * 16, a + r * 128 + c * 16, 16) != 0) plain = 0;
+            if (memcmp(da + epd_wgmma_tile_off(r, c * 16), a + r * 128 + c * 16, 16) != 0 &&
+                bad_a++ < 4)
+                printf("      TMA %s: a's row %u chunk %u is not at the model's chunk %u\n",
+                       fp8 ? "e4m3" : "bf16", r, c, c ^ (r % 8));
+        }
+    for (uint32_t r = 0; r < 32; r++)
+        for (uint32_t c = 0; c < 8; c++)
+            if (memcmp(db + epd_wgmma_tile_off(r, c * 16), b + r * 128 + c * 16, 16) != 0 &&
+                bad_b++ < 4)
+                printf("      TMA %s: b's row %u chunk %u is not at the model's chunk %u\n",
+                       fp8 ? "e4m3" : "bf16", r, c, c ^ (r % 8));
+    if (bad_a && plain) printf("      TMA: the tiles lie unswizzled (the swizzle mode not applied)\n");
+    printf("%s  wgmma layout check (%s): TMA 128B swizzle against the model: %d of 512 a chunks, "
+           "%d of 256 b chunks misplaced\n",
+           bad_a || bad_b ? "FAIL" : "PASS", name, bad_a, bad_b);
+    if (bad_a || bad_b)
+        failed++;
+    else
+        passed++;
+    for (uint32_t m = 0; m < 64; m++)
+        for (uint32_t n = 0; n < 32; n++) {
+            int want = 0;
+            for (uint32_t k = 0; k < K; k++) want += av[m][k] * bv[n][k];
+            if (d[m * 32 + n] != (float)want && bad++ < 8)
+                printf("      wgmma %s D[m %u][n %u] = %g, want %d (warp %u lane %u register %u)\n",
+                       name, m, n, d[m * 32 + n], want, m / 16, (m % 8) * 4 + (n % 8) / 2,
+                       (n / 8) * 4 + (m % 16 / 8) * 2 + n % 2);
+        }
+    printf("%s  wgmma layout check (%s, 4 k steps through the kernel's descriptors): %d of 2048 "
+           "wrong\n",
+           bad ? "FAIL" : "PASS", name, bad);
+    if (bad)
+        failed++;
+    else
+        passed++;
+}
+
 /* The GEMM kernel on n_exp experts with counts[e] rows (rows padded to 16, zeros after the
  * count), N n, K k: weights and activations small integers, FP8 scales powers of two, so the
  * CPU's sums are exact and the kernel's within rounding of fp32 sums; every (expert, row,
  * feature) below the counts compared, the first few wrong ones named. */
-static void gemm_check(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const uint32_t *counts,
-                       uint32_t n_exp, uint32_t split)
+static void gemm_check_x(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const uint32_t *counts,
+                         uint32_t n_exp, uint32_t split, uint32_t wg_tile, bool swiglu)
 {
+    /* swiglu (wgmma, BF16): SwiGLU fused, h [rows][n / 2] = bf16(silu(D[.][f]) * D[.][n/2 + f])
+     * checked instead of D */
+    uint16_t *hh = NULL;
+    void *dhh = NULL;
+    bool fused = false;
+    /* wg_tile: the wgmma kernel in row tiles of that many rows; 0: the mma.sync kernel */
+    const uint32_t row_tile = wg_tile ? wg_tile : EPD_FFN_GEMM_ROW_TILE;
     const size_t es = fp8 ? 1 : 2, kb = k / 128, ld = (kb + 3) / 4 * 4;
     uint32_t *row_base = (uint32_t *)calloc(n_exp + 1, 4), *tile_base = (uint32_t *)calloc(n_exp + 1, 4);
     char err[EPD_ERR_LEN];
     uint64_t bad = 0, checked = 0;
     for (uint32_t e = 0; e < n_exp; e++) {
         row_base[e + 1] = row_base[e] + (counts[e] + 15) / 16 * 16;
-        tile_base[e + 1] = tile_base[e] + (counts[e] + EPD_FFN_GEMM_ROW_TILE - 1) / EPD_FFN_GEMM_ROW_TILE;
+        tile_base[e + 1] = tile_base[e] + (counts[e] + row_tile - 1) / row_tile;
     }
     const uint32_t total = row_base[n_exp];
     uint8_t *w = (uint8_t *)malloc((size_t)n_exp * n * k * es);
@@ -464,6 +569,10 @@ static void gemm_check(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const ui
     CUDA_OK(cudaMemcpy(dtb, tile_base, (n_exp + 1) * 4, cudaMemcpyHostToDevice));
     /* NaN everywhere first: a row the kernel should write and does not shows */
     CUDA_OK(cudaMemset(dd, 0xff, (size_t)(total ? total : 1) * n * sizeof(float)));
+    if (swiglu) {
+        CUDA_OK(cudaMalloc(&dhh, (size_t)(total ? total : 1) * (n / 2) * 2));
+        CUDA_OK(cudaMemset(dhh, 0xff, (size_t)(total ? total : 1) * (n / 2) * 2));
+    }
 
     epd_ffn_gemm_args_t a;
     memset(&a, 0, sizeof a);
@@ -488,19 +597,32 @@ static void gemm_check(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const ui
     a.split_ws = dsplit;
     a.split_ws_bytes = dsplit != NULL ? split_bytes : 0;
     a.split_used_p = &split_used;
-    char what[200];
-    snprintf(what, sizeof what, "GEMM kernel %s%s, N %u, K %u, %u experts, %u row tiles, split %s",
-             fp8 ? "fp8-block" : "bf16", out_bf16 ? " (bf16 out)" : "", n, k, n_exp, a.n_tiles,
+    a.row_tile = wg_tile;
+    if (swiglu) {
+        a.swiglu_h = dhh;
+        a.swiglu_done_p = &fused;
+    }
+    char what[200], tile_what[40] = "";
+    if (wg_tile) snprintf(tile_what, sizeof tile_what, " of %u rows", wg_tile);
+    snprintf(what, sizeof what, "%s %s%s, N %u, K %u, %u experts, %u row tiles%s, split %s",
+             wg_tile ? (swiglu ? "wgmma GEMM kernel with SwiGLU fused" : "wgmma GEMM kernel")
+                     : "GEMM kernel",
+             fp8 ? "fp8-block" : "bf16",
+             out_bf16 ? " (bf16 out)" : "", n, k, n_exp, a.n_tiles, tile_what,
              split == EPD_FFN_GEMM_SPLIT_AUTO ? "auto" : split == 1 ? "none" : "fixed");
-    epd_status_t st = epd_ffn_gemm_supported(fp8, err);
+    epd_status_t st = wg_tile ? epd_ffn_wgmma_supported(fp8, err) : epd_ffn_gemm_supported(fp8, err);
     if (st == EPD_ERR_UNSUPPORTED) {
         printf("note  %s not run: %s\n", what, err);
         goto out;
     }
-    st = epd_ffn_gemm_launch(&a, NULL, err);
+    st = wg_tile ? epd_ffn_wgmma_launch(&a, NULL, err) : epd_ffn_gemm_launch(&a, NULL, err);
     if (st == EPD_OK && cudaDeviceSynchronize() != cudaSuccess) {
         snprintf(err, EPD_ERR_LEN, "%s", cudaGetErrorString(cudaGetLastError()));
         st = EPD_ERR_CUDA;
+    }
+    if (wg_tile && st == EPD_OK) {
+        char hang[EPD_ERR_LEN];
+        if (epd_ffn_wgmma_hang(hang, sizeof hang)) printf("      %s: %s\n", what, hang);
     }
     if (st != EPD_OK) {
         printf("FAIL  %s: %s\n", what, err);
@@ -508,7 +630,36 @@ static void gemm_check(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const ui
         goto out;
     }
     CUDA_OK(cudaMemcpy(d, dd, (size_t)(total ? total : 1) * n * sizeof(float), cudaMemcpyDeviceToHost));
-    for (uint32_t e = 0; e < n_exp; e++) {
+    if (swiglu && !fused) {
+        printf("FAIL  %s: the launch did not fuse SwiGLU\n", what);
+        failed++;
+        goto out;
+    }
+    if (swiglu) {
+        hh = (uint16_t *)malloc((size_t)(total ? total : 1) * (n / 2) * 2);
+        CUDA_OK(cudaMemcpy(hh, dhh, (size_t)(total ? total : 1) * (n / 2) * 2, cudaMemcpyDeviceToHost));
+    }
+    for (uint32_t e = 0; swiglu && e < n_exp; e++)
+        for (uint32_t r = 0; r < counts[e]; r++) {
+            size_t row = row_base[e] + r;
+            for (uint32_t f = 0; f < n / 2; f++) {
+                double g = 0, u = 0;
+                const int8_t *wg = wv + ((size_t)e * n + f) * k, *wu = wg + (size_t)(n / 2) * k;
+                const int8_t *xr = xv + row * k;
+                for (uint32_t c = 0; c < k; c++) {
+                    g += (double)wg[c] * xr[c];
+                    u += (double)wu[c] * xr[c];
+                }
+                double want = g / (1.0 + exp(-g)) * u;
+                double got = epd_bf16_to_f32(hh[row * (n / 2) + f]);
+                checked++;
+                if (!(fabs(got - want) <= fabs(want) / 128 + 1e-3) && bad++ < 6)
+                    printf("      %s: expert %u row %u h feature %u = %.6g, want %.6g (gate %g, "
+                           "up %g; row tile %u)\n",
+                           what, e, r, f, got, want, g, u, r / wg_tile);
+            }
+        }
+    for (uint32_t e = 0; !swiglu && e < n_exp; e++) {
         uint32_t mpad = row_base[e + 1] - row_base[e];
         for (uint32_t r = 0; r < counts[e]; r++) {
             size_t row = row_base[e] + r;
@@ -529,11 +680,21 @@ static void gemm_check(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const ui
                 /* fp32 sums (and BF16 out: its rounding) */
                 double tol = 1e-6 * mag + (out_bf16 ? fabs(want) / 128 : 0);
                 checked++;
-                if (!(fabs(got - want) <= tol) && bad++ < 6)
-                    printf("      %s: expert %u row %u feature %u = %.6g, want %.6g (row tile %u, "
-                           "n8 tile %u, warp %u, m16 tile %u)\n",
-                           what, e, r, f, got, want, r / EPD_FFN_GEMM_ROW_TILE,
-                           r % EPD_FFN_GEMM_ROW_TILE / 8, f % 128 / 32, f % 32 / 16);
+                if (!(fabs(got - want) <= tol) && bad++ < 6) {
+                    if (wg_tile)
+                        /* the wgmma fragment: consumer warpgroup f % 128 / 64, its warp
+                         * f % 64 / 16, lane (f % 8) * 4 + (r % 8) / 2, register
+                         * (r % tile / 8) * 4 + (f % 16 / 8) * 2 + r % 2 */
+                        printf("      %s: expert %u row %u feature %u = %.6g, want %.6g (row tile "
+                               "%u, consumer %u, warp %u, lane %u, register %u)\n",
+                               what, e, r, f, got, want, r / wg_tile, f % 128 / 64, f % 64 / 16,
+                               (f % 8) * 4 + (r % 8) / 2, (r % wg_tile / 8) * 4 + (f % 16 / 8) * 2 + r % 2);
+                    else
+                        printf("      %s: expert %u row %u feature %u = %.6g, want %.6g (row tile "
+                               "%u, n8 tile %u, warp %u, m16 tile %u)\n",
+                               what, e, r, f, got, want, r / EPD_FFN_GEMM_ROW_TILE,
+                               r % EPD_FFN_GEMM_ROW_TILE / 8, f % 128 / 32, f % 32 / 16);
+                }
             }
         }
     }
@@ -567,6 +728,14 @@ out:
     free(d);
     free(wv);
     free(xv);
+    free(hh);
+    cudaFree(dhh);
+}
+
+static void gemm_check(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const uint32_t *counts,
+                       uint32_t n_exp, uint32_t split, uint32_t wg_tile)
+{
+    gemm_check_x(fp8, out_bf16, n, k, counts, n_exp, split, wg_tile, false);
 }
 
 static void gemm_checks(void)
@@ -577,23 +746,45 @@ static void gemm_checks(void)
     static const uint32_t real[] = {1, 70, 0, 9};
     static const uint32_t real_down[] = {3};
     static const uint32_t wide[] = {33, 31, 40};
+    /* the wgmma kernel's row tiles' edges (32 .. 256) up to 600 rows */
+    static const uint32_t wg_edges[] = {0,   1,   7,   8,   9,   31,  32,  33,  63,  64,  65, 127,
+                                        128, 129, 200, 255, 256, 257, 300, 511, 512, 513, 600};
+    static const uint32_t wg_real[] = {1, 70, 0, 9, 300};
     const uint32_t n_edges = sizeof edges / sizeof edges[0];
+    const uint32_t n_wg = sizeof wg_edges / sizeof wg_edges[0];
     const uint32_t AUTO = EPD_FFN_GEMM_SPLIT_AUTO;
+    for (int fp8 = 0; fp8 < 2; fp8++) wgmma_layout_check(fp8);
     for (int fp8 = 0; fp8 < 2; fp8++) {
+        /* the wgmma kernel first: at each row tile (FP8 up to 128) */
+        for (uint32_t i = 0; i < epd_wgmma_tile_count(fp8); i++) {
+            const uint32_t t = epd_wgmma_tile_at(i);
+            gemm_check(fp8, false, 256, 384, wg_edges, n_wg, 1, t); /* K/128 3 */
+            gemm_check(fp8, true, 128, 512, wg_edges, n_wg, 1, t);  /* BF16 out */
+            gemm_check(fp8, false, 128, 128, one, 2, 1, t);         /* one K block */
+            gemm_check(fp8, false, 256, 384, wg_edges, n_wg, 3, t); /* split-K, ranges of 1 */
+            gemm_check(fp8, true, 128, 1024, wide, 3, 5, t);       /* uneven ranges, the reduce */
+            if (t % 64 == 0) gemm_check(fp8, false, 256, 7168, wg_real, 5, AUTO, t); /* gate/up's K */
+            /* SwiGLU fused (BF16): gate features [0, 128), up [128, 256) */
+            if (!fp8) gemm_check_x(false, false, 256, 384, wg_edges, n_wg, 1, t, true);
+        }
+        if (!fp8) gemm_check_x(false, false, 256, 7168, wg_real, 5, 1, 96, true);
+        gemm_check(fp8, false, 7168, 2048, real_down, 1, 1, 32); /* down's N and K */
+        gemm_check(fp8, true, 7168, 2048, real_down, 1, AUTO, 64);
+        if (only_wgmma) continue;
         mma_check(fp8);
-        gemm_check(fp8, false, 256, 384, edges, n_edges, 1); /* K/128 3: FP8 scale rows padded */
-        gemm_check(fp8, false, 128, 128, one, 2, 1);         /* one FP8 K block, fewer than STAGES */
-        gemm_check(fp8, true, 256, 512, edges, n_edges, 1);  /* BF16 out */
-        gemm_check(fp8, false, 256, 7168, real, 4, 1);       /* gate/up's K */
-        gemm_check(fp8, false, 7168, 2048, real_down, 1, 1); /* down's N and K */
+        gemm_check(fp8, false, 256, 384, edges, n_edges, 1, 0); /* K/128 3: FP8 scale rows padded */
+        gemm_check(fp8, false, 128, 128, one, 2, 1, 0);         /* one FP8 K block, fewer than STAGES */
+        gemm_check(fp8, true, 256, 512, edges, n_edges, 1, 0);  /* BF16 out */
+        gemm_check(fp8, false, 256, 7168, real, 4, 1, 0);       /* gate/up's K */
+        gemm_check(fp8, false, 7168, 2048, real_down, 1, 1, 0); /* down's N and K */
         /* split-K: K ranges of one stage (FP8 K/128 3 in 3), uneven ranges, BF16 out through the
          * reduce, more ranges than stages (clamped), and the auto split on the real shapes */
-        gemm_check(fp8, false, 256, 384, edges, n_edges, 3);
-        gemm_check(fp8, true, 256, 512, edges, n_edges, 3);
-        gemm_check(fp8, false, 128, 128, one, 2, 4);
-        gemm_check(fp8, false, 384, 1024, wide, 3, 5);
-        gemm_check(fp8, false, 256, 7168, real, 4, AUTO);
-        gemm_check(fp8, true, 7168, 2048, real_down, 1, AUTO);
+        gemm_check(fp8, false, 256, 384, edges, n_edges, 3, 0);
+        gemm_check(fp8, true, 256, 512, edges, n_edges, 3, 0);
+        gemm_check(fp8, false, 128, 128, one, 2, 4, 0);
+        gemm_check(fp8, false, 384, 1024, wide, 3, 5, 0);
+        gemm_check(fp8, false, 256, 7168, real, 4, AUTO, 0);
+        gemm_check(fp8, true, 7168, 2048, real_down, 1, AUTO, 0);
     }
 }
 
@@ -605,6 +796,8 @@ int main(void)
         printf("SKIP: no GPU\n");
         return 77;
     }
+    const char *only = getenv("TEST_FFN_ONLY");
+    only_wgmma = only != NULL && strcmp(only, "wgmma") == 0;
     static const ffn_case_t cases[] = {
         {EPD_FFN_BF16, EPD_WIRE_BF16, EPD_SCALE_GROUP128, 256, 128, 16, 8, 1, 0, 40, 0},
         {EPD_FFN_BF16, EPD_WIRE_FP8, EPD_SCALE_GROUP128, 1024, 512, 16, 8, 2, 1, 300, 1},

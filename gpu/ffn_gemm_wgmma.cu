@@ -1,0 +1,830 @@
+/* The ffn experts' GEMM on Hopper (gpu/ffn_gemm.h, epd_ffn_wgmma_*): one launch per projection
+ * over the row tiles of every expert with rows, D[row][n] = sum_k X[row][k] W[n][k], with
+ * warpgroup MMAs (wgmma.mma_async m64nNk16 BF16, m64nNk32 e4m3; fp32 accumulation) on shared
+ * memory operands that the TMA (cp.async.bulk.tensor, 128-byte swizzle) fills.
+ *
+ * As in gpu/ffn_gemm.cu the operands are swapped: the wgmma's M is the weights' output features
+ * (a CTA's 128, one FP8 scale block, as two m64 halves), its N the expert's rows (the row tile:
+ * 32 .. 256, args.row_tile), so a decode step's few rows cost no padded M. A CTA is
+ * three warpgroups: the first a producer (one thread issues the TMA copies of a stage: 128 weight
+ * rows and row_tile activation rows of 128 K bytes, FP8: the stage's activation scales by a bulk
+ * copy), the other two consumers (each one m64 half of the features against every row of the
+ * tile). The stages go round a ring of full/empty mbarriers: the producer waits for a slot's
+ * empty barrier, arms its full barrier with the bytes the copies bring, the consumers wait for it,
+ * run the stage's 4 wgmmas (K 16 or 32 each) and arrive on the empty barrier once those wgmmas
+ * are done (BF16: one wgmma group stays in flight, the previous stage's slot is released after
+ * wgmma.wait_group 1; FP8: each stage's products are summed in a fresh fragment, waited for,
+ * then promoted into the accumulators as acc += part * w_scale[n block][k block] *
+ * x_scale[row][k block], DeepGEMM's promotion once per 128-K block).
+ *
+ * Split-K (a short grid) as in gpu/ffn_gemm.cu: each K range's fp32 sums to a workspace, then
+ * one more launch adds them in range order: the same bits run to run.
+ *
+ * sm_90a only (wgmma, setmaxnreg-free); the compute_90 PTX of the same source compiles the
+ * kernels as traps (the host refuses them there: epd_ffn_wgmma_supported). The tensor maps come
+ * from the driver's cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion: no -lcuda. */
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gpu/ffn_gemm.h"
+#include "gpu/ffn_gemm_layout.h"
+#include "gpu/ffn_gemm_wgmma_layout.h"
+#include "gpu/ffn_gemm_wgmma_mma.cuh"
+#include "gpu/fp8.h"
+
+#define WG_THREADS 128u
+#define THREADS (3u * WG_THREADS) /* producer, two consumers */
+#define BM EPD_FFN_GEMM_BN        /* features a CTA */
+#define W_TILE EPD_WGMMA_W_TILE
+#define REDUCE_THREADS 256u
+/* an mbarrier wait longer than this is a bug (a copy that never lands): said, then a trap */
+#define WAIT_TIMEOUT_NS 2000000000ull
+
+static_assert(BM == 2u * 64u && BM == EPD_WGMMA_FEATURES, "two consumer warpgroups of m64 each");
+static_assert(EPD_WGMMA_CONSUMERS == 2u * WG_THREADS, "each consumer thread arrives on empty");
+static_assert(W_TILE % EPD_WGMMA_ATOM_BYTES == 0, "weight tiles keep the swizzle atoms aligned");
+
+/* the pipeline of a row tile (gpu/ffn_gemm_wgmma_layout.h: EPD_WGMMA_STAGES, EPD_WGMMA_SMEM) */
+template <uint32_t BN> struct tile_cfg {
+    static constexpr uint32_t X_TILE = BN * EPD_WGMMA_ROW_BYTES;
+    static constexpr uint32_t SCALES = BN * 4; /* a stage's FP8 activation scales */
+    static constexpr uint32_t STAGES = EPD_WGMMA_STAGES(BN);
+    static constexpr uint32_t SMEM = EPD_WGMMA_SMEM(BN);
+    static_assert(SMEM <= EPD_WGMMA_SMEM_OPTIN, "within the 227 KB a CTA may opt into");
+    static_assert(X_TILE % EPD_WGMMA_ATOM_BYTES == 0, "activation tiles aligned");
+    static_assert(STAGES >= 3, "a pipeline");
+    static_assert(STAGES * W_TILE >= 64 * BN * 4, "the fused SwiGLU's up sums fit the ring");
+    static_assert((SCALES * STAGES) % 16 == 0, "the mbarriers 8-byte aligned after the scales");
+};
+
+struct wg_params {
+    const float *w_scale, *x_scale;
+    const uint32_t *row_base, *counts, *tile_base;
+    void *d;
+    float *part;        /* split-K: [K range][total_rows][n] fp32; NULL: D directly */
+    size_t part_stride; /* elements of one K range's sums */
+    uint32_t n, k, n_experts, w_scale_ld, row_tile;
+    int out_bf16;
+    uint32_t launch; /* this launch's number (never 0): its waits give up once one of its own has */
+    uint16_t *h;     /* SwiGLU fused (BF16 gate/up): [rows][n / 2] bf16(silu(gate) * up), D not
+                      * written; NULL: D */
+};
+
+/* ---- device helpers (sm_90a) ------------------------------------------------------------- */
+
+/* the first mbarrier wait that timed out (mbar_wait): [0] its launch's number (0: none), then
+ * CTA x, y, z, thread, stage, parity, bytes expected a stage */
+__device__ uint32_t wg_hang[8];
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_ARCH 1
+#else
+#define WG_ARCH 0
+#endif
+
+#if WG_ARCH
+__device__ static __forceinline__ uint32_t smem_u32(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ static __forceinline__ void mbar_init(uint32_t bar, uint32_t count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ static __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+
+__device__ static __forceinline__ void mbar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+__device__ static __forceinline__ uint32_t mbar_try(uint32_t bar, uint32_t parity)
+{
+    uint32_t ok;
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(ok)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+    return ok;
+}
+
+__device__ static __forceinline__ uint64_t globaltimer(void)
+{
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+    return t;
+}
+
+/* waits for the phase of parity `parity` of the mbarrier at bar. A wait longer than
+ * WAIT_TIMEOUT_NS (a copy that never lands: a wrong byte count or coordinate) records itself in
+ * wg_hang (the first one: the launch's number, CTA, thread, stage, parity, bytes expected) and
+ * gives up, and so do the launch's later waits once one of it has: the launch ends with wrong
+ * results instead of hanging, and epd_ffn_wgmma_hang says where. (No printf and no trap: a
+ * function call in the kernel serializes its wgmmas.) */
+__device__ static __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity, uint32_t stage,
+                                                 uint32_t expect, uint32_t launch)
+{
+    if (mbar_try(bar, parity)) return;
+    const uint64_t t0 = globaltimer();
+    for (uint32_t spins = 1;; spins++) {
+        if (mbar_try(bar, parity)) return;
+        if ((spins & 1023u) == 0) {
+            if (*(volatile uint32_t *)&wg_hang[0] == launch) return;
+            if (globaltimer() - t0 > WAIT_TIMEOUT_NS) {
+                if (atomicCAS(&wg_hang[0], 0u, launch) == 0) {
+                    wg_hang[1] = blockIdx.x;
+                    wg_hang[2] = blockIdx.y;
+                    wg_hang[3] = blockIdx.z;
+                    wg_hang[4] = threadIdx.x;
+                    wg_hang[5] = stage;
+                    wg_hang[6] = parity;
+                    wg_hang[7] = expect;
+                    __threadfence();
+                }
+                return;
+            }
+        }
+    }
+}
+
+/* box {128 bytes of K from element k0, rows from row0} of map into dst, counted on bar */
+__device__ static __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, int32_t k0,
+                                                int32_t row0, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(k0), "r"(row0), "r"(bar)
+                 : "memory");
+}
+
+/* bytes (a multiple of 16) from src (16-byte aligned) into dst, counted on bar */
+__device__ static __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes,
+                                                 uint32_t bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+                 "%2, [%3];\n" ::"r"(dst),
+                 "l"(__cvta_generic_to_global(src)), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+__device__ static __forceinline__ void wgmma_fence(void)
+{
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+__device__ static __forceinline__ void wgmma_commit(void)
+{
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+template <int N> __device__ static __forceinline__ void wgmma_wait(void)
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+/* keeps the compiler from moving reads or writes of the registers across the asynchronous
+ * wgmmas that own them */
+template <uint32_t R> __device__ static __forceinline__ void fence_regs(float (&r)[R])
+{
+#pragma unroll
+    for (uint32_t i = 0; i < R; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+#endif
+
+/* the i with base[i] <= x < base[i + 1]: base ascending, [n + 1], base[0] <= x < base[n] */
+__device__ static __forceinline__ uint32_t find_base(const uint32_t *base, uint32_t n, uint32_t x)
+{
+    uint32_t lo = 0, hi = n;
+    while (hi - lo > 1) {
+        uint32_t mid = (lo + hi) / 2;
+        if (base[mid] <= x)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* ---- the kernels ------------------------------------------------------------------------- */
+
+template <bool FP8, uint32_t BN>
+__global__ void __launch_bounds__(THREADS, 1)
+    wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx,
+                 wg_params p)
+{
+#if WG_ARCH
+    using C = tile_cfg<BN>;
+    constexpr uint32_t STAGES = C::STAGES;
+    constexpr uint32_t R = BN / 2; /* accumulator registers a thread */
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t raw = smem_u32(smem_raw);
+    const uint32_t base = (raw + EPD_WGMMA_ATOM_BYTES - 1) & ~(EPD_WGMMA_ATOM_BYTES - 1);
+    const epd_wgmma_smem_t at = epd_wgmma_smem_at(BN);
+    const uint32_t w_s = base + at.w, x_s = base + at.x; /* [STAGES] tiles each */
+    const uint32_t sc_s = base + at.sc;                  /* [STAGES][BN] fp32 */
+    const float *const xsc = (const float *)(smem_raw + (sc_s - raw));
+    const uint32_t full = base + at.full, empty = base + at.empty;
+
+    const uint32_t tid = threadIdx.x, wg = tid / WG_THREADS;
+    /* the grid is (feature blocks, row tiles, K ranges): the CTAs of one row tile run together,
+     * its activations read once from memory and from L2 then; the next tile of the expert soon
+     * after, its weights from L2 */
+    const uint32_t fb = blockIdx.x;
+    const uint32_t e = find_base(p.tile_base, p.n_experts, blockIdx.y);
+    const uint32_t rt = blockIdx.y - p.tile_base[e];
+    const uint32_t rb = p.row_base[e], mpad = p.row_base[e + 1] - rb;
+    const uint32_t count = min(p.counts[e], mpad);
+    if (rt * BN >= count) return; /* counts that disagree with tile_base: nothing (uniform) */
+    const uint32_t kstage = FP8 ? 128u : 64u; /* K elements a stage */
+    uint32_t kb0, kb1;
+    epd_ffn_gemm_split_range(blockIdx.z, gridDim.z, p.k / kstage, &kb0, &kb1);
+    const uint32_t n_kb = kb1 - kb0;
+    /* FP8: the stage's activation scales, the rows of the tile within the expert's padded rows */
+    const uint32_t sc_rows = min(BN, mpad - rt * BN);
+    const uint32_t stage_bytes = epd_wgmma_stage_bytes(FP8, BN, mpad, rt);
+
+    if (tid == 0) {
+        for (uint32_t s = 0; s < STAGES; s++) {
+            mbar_init(full + 8 * s, 1);
+            mbar_init(empty + 8 * s, EPD_WGMMA_CONSUMERS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        if (tid != 0) return;
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tw) : "memory");
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tx) : "memory");
+        /* the weights as two boxes of 64 rows, one a consumer: the CTA's 128 features, or with
+         * SwiGLU fused the 64 gate features fb * 64 .. and their 64 up features n / 2 on */
+        const bool fused = !FP8 && p.h != nullptr;
+        const int32_t w_row0 = (int32_t)(e * p.n + epd_wgmma_feature(p.n, fb, 0, fused));
+        const int32_t w_row1 = (int32_t)(e * p.n + epd_wgmma_feature(p.n, fb, 1, fused));
+        const int32_t x_row = (int32_t)(rb + rt * BN);
+        for (uint32_t s = 0; s < n_kb; s++) {
+            uint32_t slot, ph, empty_ph;
+            epd_wgmma_ring(s, STAGES, &slot, &ph, &empty_ph);
+            (void)ph;
+            mbar_wait(empty + 8 * slot, empty_ph, s, stage_bytes, p.launch);
+            const uint32_t bar = full + 8 * slot;
+            mbar_expect_tx(bar, stage_bytes);
+            const int32_t k0 = (int32_t)((kb0 + s) * kstage);
+            tma_load(w_s + slot * W_TILE, &tw, k0, w_row0, bar);
+            tma_load(w_s + slot * W_TILE + W_TILE / 2, &tw, k0, w_row1, bar);
+            tma_load(x_s + slot * C::X_TILE, &tx, k0, x_row, bar);
+            if (FP8)
+                bulk_load(sc_s + slot * C::SCALES,
+                          p.x_scale + epd_wgmma_x_scale_at(rb, p.k, mpad, rt, BN, kb0 + s),
+                          sc_rows * 4, bar);
+        }
+        return;
+    }
+
+    /* a consumer: features (wg - 1) * 64 .. + 64 of the CTA's 128, every row of the tile */
+    const uint32_t half = wg - 1, wt = tid % WG_THREADS, warp = wt / 32, lane = wt % 32;
+    float acc[R];
+#pragma unroll
+    for (uint32_t i = 0; i < R; i++) acc[i] = 0.0f;
+    const float *wsg =
+        FP8 ? p.w_scale + epd_wgmma_w_scale_at(e, p.n, fb, p.w_scale_ld, kb0) : nullptr;
+    float ws_next = FP8 && n_kb > 0 ? __ldg(wsg) : 1.0f;
+    uint32_t prev_slot = 0;
+    for (uint32_t s = 0; s < n_kb; s++) {
+        uint32_t slot, ph, empty_ph;
+        epd_wgmma_ring(s, STAGES, &slot, &ph, &empty_ph);
+        (void)empty_ph;
+        mbar_wait(full + 8 * slot, ph, s, stage_bytes, p.launch);
+        const uint32_t a0 = w_s + slot * W_TILE + half * 64u * EPD_WGMMA_ROW_BYTES;
+        const uint32_t b0 = x_s + slot * C::X_TILE;
+        if constexpr (!FP8) {
+            fence_regs(acc);
+            wgmma_fence();
+#pragma unroll
+            for (uint32_t kk = 0; kk < EPD_WGMMA_ROW_BYTES / EPD_WGMMA_K_BYTES; kk++)
+                wgmma<false, BN>(acc, epd_wgmma_desc_step(a0, kk), epd_wgmma_desc_step(b0, kk), 1);
+            wgmma_commit();
+            fence_regs(acc);
+            /* the previous stage's wgmmas are done: its slot is free */
+            if (s > 0) {
+                wgmma_wait<1>();
+                mbar_arrive(empty + 8 * prev_slot);
+            }
+            prev_slot = slot;
+        } else {
+            float part[R];
+            const float ws = ws_next;
+            if (s + 1 < n_kb) ws_next = __ldg(wsg + s + 1);
+            wgmma_fence();
+#pragma unroll
+            for (uint32_t kk = 0; kk < EPD_WGMMA_ROW_BYTES / EPD_WGMMA_K_BYTES; kk++)
+                wgmma<true, BN>(part, epd_wgmma_desc_step(a0, kk), epd_wgmma_desc_step(b0, kk),
+                                kk > 0);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(part);
+            /* register j holds row (j / 4) * 8 + (lane % 4) * 2 + j % 2 of the tile */
+            const float *sc = xsc + slot * BN;
+#pragma unroll
+            for (uint32_t j = 0; j < R; j++) {
+                uint32_t m, n;
+                epd_wgmma_acc_pos(warp, lane, j, &m, &n);
+                acc[j] += part[j] * (ws * sc[n]);
+            }
+            mbar_arrive(empty + 8 * slot);
+        }
+    }
+    if (!FP8) {
+        wgmma_wait<0>();
+        fence_regs(acc);
+        if (n_kb > 0) mbar_arrive(empty + 8 * prev_slot);
+    }
+
+    /* D[row][feature] for the rows the kernel writes (the count rounded up to 8, within mpad) */
+    const uint32_t tiles = p.tile_base[e + 1] - p.tile_base[e];
+    const uint32_t wrows = epd_ffn_gemm_written_rows(count, mpad, tiles, BN);
+    if (!FP8 && p.h != nullptr) {
+        /* SwiGLU fused: the up half's sums through shared memory (the ring's weight tiles, free
+         * once both consumers' wgmmas are done) to the gate half, which writes
+         * h = bf16(silu(g) * u) with the SwiGLU kernel's operations */
+        float *up = (float *)(smem_raw + (w_s - raw));
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
+        if (half == 1) {
+#pragma unroll
+            for (uint32_t j = 0; j < R; j++) {
+                uint32_t m, n;
+                epd_wgmma_acc_pos(warp, lane, j, &m, &n);
+                up[m * BN + n] = acc[j];
+            }
+        }
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
+        if (half == 1) return;
+        const uint32_t inter = p.n / 2, g0 = epd_wgmma_feature(p.n, fb, 0, true);
+#pragma unroll
+        for (uint32_t j = 0; j < R; j++) {
+            uint32_t m, n;
+            epd_wgmma_acc_pos(warp, lane, j, &m, &n);
+            const uint32_t r = rt * BN + n;
+            if (r >= wrows) continue;
+            const float g = acc[j], u = up[m * BN + n];
+            const float silu = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
+            p.h[(size_t)(rb + r) * inter + g0 + m] = epd_f32_to_bf16(__fmul_rn(silu, u));
+        }
+        return;
+    }
+    const size_t f0 = epd_wgmma_feature(p.n, fb, half, false);
+#pragma unroll
+    for (uint32_t j = 0; j < R; j++) {
+        uint32_t m, n;
+        epd_wgmma_acc_pos(warp, lane, j, &m, &n);
+        const uint32_t r = rt * BN + n;
+        if (r >= wrows) continue;
+        const size_t i = (size_t)(rb + r) * p.n + f0 + m;
+        if (p.part != nullptr)
+            p.part[(size_t)blockIdx.z * p.part_stride + i] = acc[j];
+        else if (p.out_bf16)
+            ((uint16_t *)p.d)[i] = epd_f32_to_bf16(acc[j]);
+        else
+            ((float *)p.d)[i] = acc[j];
+    }
+#else
+    (void)tw;
+    (void)tx;
+    (void)p;
+    __trap(); /* the host refuses the kernel where this is reached (epd_ffn_wgmma_supported) */
+#endif
+}
+
+/* split-K's second pass: D[row][4 features] = the K ranges' sums added in range order, for the
+ * rows the GEMM writes; grid (rows, N / (4 REDUCE_THREADS) up) */
+__global__ void __launch_bounds__(REDUCE_THREADS) wg_reduce_kernel(wg_params p, uint32_t splits)
+{
+    const uint32_t row = blockIdx.x, col = (blockIdx.y * REDUCE_THREADS + threadIdx.x) * 4;
+    if (col >= p.n) return;
+    const uint32_t e = find_base(p.row_base, p.n_experts, row);
+    const uint32_t rb = p.row_base[e], mpad = p.row_base[e + 1] - rb;
+    const uint32_t tiles = p.tile_base[e + 1] - p.tile_base[e];
+    if (row - rb >= epd_ffn_gemm_written_rows(p.counts[e], mpad, tiles, p.row_tile)) return;
+    const size_t i = (size_t)row * p.n + col;
+    float4 sum = *(const float4 *)(p.part + i);
+    for (uint32_t s = 1; s < splits; s++) {
+        const float4 v = *(const float4 *)(p.part + (size_t)s * p.part_stride + i);
+        sum.x += v.x;
+        sum.y += v.y;
+        sum.z += v.z;
+        sum.w += v.w;
+    }
+    if (p.out_bf16) {
+        uint16_t *d = (uint16_t *)p.d + i;
+        d[0] = epd_f32_to_bf16(sum.x);
+        d[1] = epd_f32_to_bf16(sum.y);
+        d[2] = epd_f32_to_bf16(sum.z);
+        d[3] = epd_f32_to_bf16(sum.w);
+    } else {
+        *(float4 *)((float *)p.d + i) = sum;
+    }
+}
+
+/* The layout check (epd_ffn_wgmma_layout_check): one warpgroup, one stage. The TMA brings a
+ * [64][128 bytes] and b [32][128 bytes] into 1024-aligned tiles (as the GEMM's producer does),
+ * the tiles are dumped as they lie (dump_a, dump_b), then the 4 wgmmas of a stage (m64n32, the
+ * GEMM's descriptors) give d [64][32] = a b^T. */
+template <bool FP8>
+__global__ void __launch_bounds__(WG_THREADS, 1)
+    wg_layout_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+                     uint8_t *dump_a, uint8_t *dump_b, float *d)
+{
+#if WG_ARCH
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t raw = smem_u32(smem_raw);
+    const uint32_t base = (raw + EPD_WGMMA_ATOM_BYTES - 1) & ~(EPD_WGMMA_ATOM_BYTES - 1);
+    const uint32_t a_s = base, b_s = base + 64 * EPD_WGMMA_ROW_BYTES;
+    const uint32_t bar = b_s + 32 * EPD_WGMMA_ROW_BYTES;
+    const uint8_t *gen = smem_raw + (base - raw);
+    const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const uint32_t bytes = 96 * EPD_WGMMA_ROW_BYTES;
+    if (tid == 0) {
+        mbar_init(bar, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (tid == 0) {
+        mbar_expect_tx(bar, bytes);
+        tma_load(a_s, &ta, 0, 0, bar);
+        tma_load(b_s, &tb, 0, 0, bar);
+    }
+    mbar_wait(bar, 0, 0, bytes, 0xffffffffu);
+    for (uint32_t i = tid; i < 64 * EPD_WGMMA_ROW_BYTES; i += WG_THREADS) dump_a[i] = gen[i];
+    for (uint32_t i = tid; i < 32 * EPD_WGMMA_ROW_BYTES; i += WG_THREADS)
+        dump_b[i] = gen[64 * EPD_WGMMA_ROW_BYTES + i];
+    float acc[16];
+#pragma unroll
+    for (uint32_t i = 0; i < 16; i++) acc[i] = 0.0f;
+    fence_regs(acc);
+    wgmma_fence();
+#pragma unroll
+    for (uint32_t kk = 0; kk < EPD_WGMMA_ROW_BYTES / EPD_WGMMA_K_BYTES; kk++)
+        wgmma<FP8, 32>(acc, epd_wgmma_desc_step(a_s, kk), epd_wgmma_desc_step(b_s, kk), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(acc);
+#pragma unroll
+    for (uint32_t j = 0; j < 16; j++) {
+        uint32_t m, n;
+        epd_wgmma_acc_pos(warp, lane, j, &m, &n);
+        d[m * 32 + n] = acc[j];
+    }
+#else
+    (void)ta;
+    (void)tb;
+    (void)dump_a;
+    (void)dump_b;
+    (void)d;
+    __trap();
+#endif
+}
+
+/* ---- host -------------------------------------------------------------------------------- */
+
+typedef void (*wg_kernel_t)(const CUtensorMap, const CUtensorMap, wg_params);
+
+/* the kernel of a format and row tile, and its shared memory; NULL for a tile it lacks */
+static wg_kernel_t wg_kernel(bool fp8, uint32_t row_tile, uint32_t *smem_p)
+{
+#define WG_CASE(F, T)                                                                          \
+    if (fp8 == F && row_tile == T) {                                                           \
+        *smem_p = tile_cfg<T>::SMEM;                                                           \
+        return wgmma_kernel<F, T>;                                                             \
+    }
+    WG_CASE(false, 32)
+    WG_CASE(false, 64)
+    WG_CASE(false, 96)
+    WG_CASE(false, 128)
+    WG_CASE(false, 160)
+    WG_CASE(false, 192)
+    WG_CASE(false, 256)
+    WG_CASE(true, 32)
+    WG_CASE(true, 64)
+    WG_CASE(true, 96)
+    WG_CASE(true, 128)
+#undef WG_CASE
+    *smem_p = 0;
+    return NULL;
+}
+
+typedef CUresult (*encode_tiled_t)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                   const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                   const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* the driver's cuTensorMapEncodeTiled (once; NULL when the driver has none) */
+static encode_tiled_t encode_tiled(void)
+{
+    static encode_tiled_t fn;
+    static bool tried;
+    if (!tried) {
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+                                             cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (encode_tiled_t)p;
+        else
+            cudaGetLastError();
+        tried = true;
+    }
+    return fn;
+}
+
+/* The tensor map of a [rows][k] K-major operand (BF16 or bytes) read in boxes of 128 K bytes by
+ * box_rows rows, 128-byte swizzled (epd_wgmma_tile_off); rows past the end read as zeros. */
+static epd_status_t make_map(CUtensorMap *map, const void *ptr, bool fp8, uint64_t rows,
+                             uint32_t k, uint32_t box_rows, const char *what,
+                             char err[EPD_ERR_LEN])
+{
+    encode_tiled_t enc = encode_tiled();
+    const uint32_t es = fp8 ? 1 : 2;
+    cuuint64_t dims[2] = {k, rows}, strides[1] = {(cuuint64_t)k * es};
+    cuuint32_t box[2] = {EPD_WGMMA_ROW_BYTES / es, box_rows}, estr[2] = {1, 1};
+    if (enc == NULL) {
+        snprintf(err, EPD_ERR_LEN, "ffn wgmma kernel: the driver has no cuTensorMapEncodeTiled");
+        return EPD_ERR_UNSUPPORTED;
+    }
+    CUresult r = enc(map, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                     (void *)ptr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        snprintf(err, EPD_ERR_LEN,
+                 "ffn wgmma kernel: cuTensorMapEncodeTiled (%s: %llu rows, K %u, box %u x %u) "
+                 "failed: CUresult %d",
+                 what, (unsigned long long)rows, k, box[0], box[1], (int)r);
+        return EPD_ERR_INVALID_ARG;
+    }
+    return EPD_OK;
+}
+
+/* the SMs of the current device (once per device; 0 where unknown) and the kernels' shared
+ * memory attribute set (once per kernel and device) */
+#define CONFIG_DEVICES 64
+static bool configured[2][EPD_WGMMA_TILES][CONFIG_DEVICES];
+
+static cudaError_t wg_configure(bool fp8, uint32_t row_tile, wg_kernel_t k, uint32_t smem,
+                                uint64_t *sms_p)
+{
+    int dev = 0, sms = 0;
+    cudaError_t rc = cudaGetDevice(&dev);
+    *sms_p = 0;
+    if (rc != cudaSuccess) return rc;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && sms > 0)
+        *sms_p = (uint64_t)sms;
+    else
+        cudaGetLastError();
+    bool *done = dev >= 0 && dev < CONFIG_DEVICES
+                     ? &configured[fp8][epd_wgmma_tile_index(row_tile)][dev]
+                     : NULL;
+    if (done != NULL && *done) return cudaSuccess;
+    rc = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (rc == cudaSuccess && done != NULL) *done = true;
+    return rc;
+}
+
+extern "C" epd_status_t epd_ffn_wgmma_supported(bool fp8, char err[EPD_ERR_LEN])
+{
+    int dev = 0, major = 0, minor = 0, optin = 0;
+    uint32_t smem = 0;
+    cudaFuncAttributes fa;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+            cudaSuccess) {
+        cudaGetLastError();
+        snprintf(err, EPD_ERR_LEN, "ffn wgmma kernel: cannot read the device's compute capability");
+        return EPD_ERR_UNSUPPORTED;
+    }
+    if (major != 9 || minor != 0) {
+        snprintf(err, EPD_ERR_LEN,
+                 "ffn wgmma kernel: wgmma is sm_90a code (compute capability 9.0), the device "
+                 "has %d.%d",
+                 major, minor);
+        return EPD_ERR_UNSUPPORTED;
+    }
+    wg_kernel_t k = wg_kernel(fp8, EPD_WGMMA_TILE_MIN, &smem);
+    uint32_t most = 0;
+    for (uint32_t i = 0; i < epd_wgmma_tile_count(fp8); i++) {
+        uint32_t s = 0;
+        if (wg_kernel(fp8, epd_wgmma_tile_at(i), &s) != NULL && s > most) most = s;
+    }
+    if (optin < (int)most) {
+        snprintf(err, EPD_ERR_LEN,
+                 "ffn wgmma kernel: its pipelines need %u bytes of shared memory a CTA, the "
+                 "device allows %d",
+                 most, optin);
+        return EPD_ERR_UNSUPPORTED;
+    }
+    cudaError_t rc = cudaFuncGetAttributes(&fa, k);
+    if (rc != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(err, EPD_ERR_LEN, "ffn wgmma kernel: no code for this device: %s",
+                 cudaGetErrorString(rc));
+        return EPD_ERR_UNSUPPORTED;
+    }
+    if (fa.binaryVersion < 90) {
+        snprintf(err, EPD_ERR_LEN,
+                 "ffn wgmma kernel: no sm_90a code in this build (binary version %d; the "
+                 "Makefile's -gencode arch=compute_90a,code=sm_90a)",
+                 fa.binaryVersion);
+        return EPD_ERR_UNSUPPORTED;
+    }
+    if (encode_tiled() == NULL) {
+        snprintf(err, EPD_ERR_LEN,
+                 "ffn wgmma kernel: the driver has no cuTensorMapEncodeTiled (CUDA 12 driver)");
+        return EPD_ERR_UNSUPPORTED;
+    }
+    return EPD_OK;
+}
+
+extern "C" epd_status_t epd_ffn_wgmma_layout_check(bool fp8, const void *a_host,
+                                                   const void *b_host, void *dump_a_host,
+                                                   void *dump_b_host, float *d_host,
+                                                   char err[EPD_ERR_LEN])
+{
+    epd_status_t status = epd_ffn_wgmma_supported(fp8, err);
+    const size_t a_bytes = 64 * EPD_WGMMA_ROW_BYTES, b_bytes = 32 * EPD_WGMMA_ROW_BYTES;
+    const uint32_t smem = EPD_WGMMA_ATOM_BYTES + (uint32_t)(a_bytes + b_bytes) + 16;
+    uint8_t *a = NULL, *b = NULL, *da = NULL, *db = NULL;
+    float *d = NULL;
+    CUtensorMap ta, tb;
+    cudaError_t rc;
+    if (status != EPD_OK) return status;
+    rc = cudaMalloc((void **)&a, a_bytes);
+    if (rc == cudaSuccess) rc = cudaMalloc((void **)&b, b_bytes);
+    if (rc == cudaSuccess) rc = cudaMalloc((void **)&da, a_bytes);
+    if (rc == cudaSuccess) rc = cudaMalloc((void **)&db, b_bytes);
+    if (rc == cudaSuccess) rc = cudaMalloc((void **)&d, 64 * 32 * sizeof(float));
+    if (rc == cudaSuccess) rc = cudaMemcpy(a, a_host, a_bytes, cudaMemcpyHostToDevice);
+    if (rc == cudaSuccess) rc = cudaMemcpy(b, b_host, b_bytes, cudaMemcpyHostToDevice);
+    if (rc == cudaSuccess) {
+        const uint32_t k = EPD_WGMMA_ROW_BYTES / (fp8 ? 1 : 2);
+        status = make_map(&ta, a, fp8, 64, k, 64, "layout check a", err);
+        if (status == EPD_OK) status = make_map(&tb, b, fp8, 32, k, 32, "layout check b", err);
+    }
+    if (rc == cudaSuccess && status == EPD_OK) {
+        void (*kern)(const CUtensorMap, const CUtensorMap, uint8_t *, uint8_t *, float *) =
+            fp8 ? wg_layout_kernel<true> : wg_layout_kernel<false>;
+        rc = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (rc == cudaSuccess) {
+            kern<<<1, WG_THREADS, smem>>>(ta, tb, da, db, d);
+            rc = cudaGetLastError();
+        }
+        if (rc == cudaSuccess) rc = cudaDeviceSynchronize();
+        if (rc == cudaSuccess) rc = cudaMemcpy(dump_a_host, da, a_bytes, cudaMemcpyDeviceToHost);
+        if (rc == cudaSuccess) rc = cudaMemcpy(dump_b_host, db, b_bytes, cudaMemcpyDeviceToHost);
+        if (rc == cudaSuccess)
+            rc = cudaMemcpy(d_host, d, 64 * 32 * sizeof(float), cudaMemcpyDeviceToHost);
+    }
+    if (rc != cudaSuccess) {
+        snprintf(err, EPD_ERR_LEN, "ffn wgmma layout check: %s", cudaGetErrorString(rc));
+        status = EPD_ERR_CUDA;
+    }
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(da);
+    cudaFree(db);
+    cudaFree(d);
+    return status;
+}
+
+extern "C" bool epd_ffn_wgmma_hang(char *text, size_t len)
+{
+    uint32_t h[8], zero[8] = {0};
+    if (cudaMemcpyFromSymbol(h, wg_hang, sizeof h) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(text, len, "ffn wgmma kernel: its wait record cannot be read");
+        return true;
+    }
+    if (h[0] == 0) return false;
+    snprintf(text, len,
+             "ffn wgmma kernel: an mbarrier wait timed out: CTA (feature block %u, row tile %u, "
+             "K range %u) thread %u (%s), "
+             "stage %u, parity %u, %u bytes expected a stage",
+             h[1], h[2], h[3], h[4], h[4] < WG_THREADS ? "the producer, on an empty slot"
+                                                       : "a consumer, on a full slot",
+             h[5], h[6], h[7]);
+    if (cudaMemcpyToSymbol(wg_hang, zero, sizeof zero) != cudaSuccess) cudaGetLastError();
+    return true;
+}
+
+extern "C" uint32_t epd_ffn_wgmma_row_tile(bool fp8, const uint32_t *counts, uint32_t n_experts)
+{
+    return epd_wgmma_pick_row_tile(fp8, counts, n_experts);
+}
+
+extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void *stream,
+                                             char err[EPD_ERR_LEN])
+{
+    wg_params p;
+    uint32_t smem = 0;
+    if (a->split_used_p != NULL) *a->split_used_p = 1;
+    if (a->n_tiles == 0) return EPD_OK;
+    const uint32_t es = a->fp8 ? 1 : 2;
+    wg_kernel_t k = wg_kernel(a->fp8, a->row_tile, &smem);
+    if (k == NULL || a->n == 0 || a->k == 0 || a->n % 128 != 0 || a->k % 128 != 0 ||
+        a->n_tiles > 65535 || a->n_experts == 0 || a->w == NULL || a->x == NULL || a->d == NULL ||
+        a->row_base == NULL || a->counts == NULL || a->tile_base == NULL || a->total_rows == 0 ||
+        ((uintptr_t)a->w | (uintptr_t)a->x) % 16 != 0 ||
+        (uint64_t)a->n_experts * a->n > INT32_MAX || a->total_rows > INT32_MAX ||
+        (a->fp8 && (a->w_scale == NULL || a->x_scale == NULL || a->w_scale_ld < a->k / 128 ||
+                    (uintptr_t)a->x_scale % 16 != 0))) {
+        snprintf(err, EPD_ERR_LEN,
+                 "ffn wgmma kernel: bad arguments (N %u, K %u, %u experts, %u rows, row tile %u; "
+                 "N and K multiples of 128, at most 65535 row tiles, the row tile 32, 64, 96, 128, "
+                 "160, 192 or 256 (FP8: up to 128), "
+                 "operands 16-byte aligned, FP8 needs both scales)",
+                 a->n, a->k, a->n_experts, a->total_rows, a->row_tile);
+        return EPD_ERR_INVALID_ARG;
+    }
+    CUtensorMap tw, tx;
+    epd_status_t status = make_map(&tw, a->w, a->fp8, (uint64_t)a->n_experts * a->n, a->k, 64,
+                                   "weights", err);
+    if (status == EPD_OK)
+        status = make_map(&tx, a->x, a->fp8, a->total_rows, a->k, a->row_tile, "activations", err);
+    if (status != EPD_OK) return status;
+
+    memset(&p, 0, sizeof p);
+    p.w_scale = a->w_scale;
+    p.x_scale = a->x_scale;
+    p.row_base = a->row_base;
+    p.counts = a->counts;
+    p.tile_base = a->tile_base;
+    p.d = a->d;
+    p.n = a->n;
+    p.k = a->k;
+    p.n_experts = a->n_experts;
+    p.w_scale_ld = a->w_scale_ld;
+    p.row_tile = a->row_tile;
+    p.out_bf16 = a->out_bf16;
+    /* the launches' numbers: 1 .. 0xfffffffe, the layout check's 0xffffffff */
+    static uint32_t launches;
+    launches = launches % 0xfffffffeu + 1;
+    p.launch = launches;
+    uint64_t sms = 0;
+    cudaError_t rc = wg_configure(a->fp8, a->row_tile, k, smem, &sms);
+    const uint32_t n_kb = a->k * es / EPD_WGMMA_ROW_BYTES;
+    const size_t ws_range = (size_t)a->total_rows * a->n * sizeof(float);
+    /* one CTA an SM: the slots are the SMs */
+    uint64_t by_ws = a->split_ws == NULL ? 1 : a->split_ws_bytes / ws_range;
+    uint32_t max_by_ws = by_ws > EPD_FFN_GEMM_MAX_SPLIT ? EPD_FFN_GEMM_MAX_SPLIT : (uint32_t)by_ws;
+    uint32_t splits = a->split_k;
+    const uint64_t ctas = (uint64_t)a->n_tiles * (a->n / BM);
+    if (max_by_ws < 2 || splits == 1)
+        splits = 1;
+    else if (splits == EPD_FFN_GEMM_SPLIT_AUTO)
+        splits = epd_ffn_gemm_auto_split(ctas, n_kb, sms, max_by_ws);
+    else {
+        if (splits > max_by_ws) splits = max_by_ws;
+        if (splits > n_kb) splits = n_kb;
+    }
+    if (splits > 1) {
+        p.part = (float *)a->split_ws;
+        p.part_stride = (size_t)a->total_rows * a->n;
+    }
+    /* SwiGLU fused where asked and possible: BF16, no split (the sums whole in one CTA) */
+    const bool fuse = a->swiglu_h != NULL && !a->fp8 && splits == 1;
+    if (fuse) p.h = (uint16_t *)a->swiglu_h;
+    if (a->swiglu_done_p != NULL) *a->swiglu_done_p = false;
+    dim3 grid(a->n / BM, a->n_tiles, splits);
+    cudaStream_t s = (cudaStream_t)stream;
+    if (rc == cudaSuccess) {
+        k<<<grid, THREADS, smem, s>>>(tw, tx, p);
+        rc = cudaGetLastError();
+    }
+    if (rc == cudaSuccess && splits > 1) {
+        dim3 rgrid(a->total_rows, (a->n / 4 + REDUCE_THREADS - 1) / REDUCE_THREADS);
+        wg_reduce_kernel<<<rgrid, REDUCE_THREADS, 0, s>>>(p, splits);
+        rc = cudaGetLastError();
+    }
+    if (rc != cudaSuccess) {
+        snprintf(err, EPD_ERR_LEN,
+                 "ffn wgmma kernel: launch (%u x %u x %u CTAs, row tile %u, %u bytes of shared "
+                 "memory): %s",
+                 a->n / BM, a->n_tiles, splits, a->row_tile, smem, cudaGetErrorString(rc));
+        return EPD_ERR_CUDA;
+    }
+    if (a->split_used_p != NULL) *a->split_used_p = splits;
+    if (a->swiglu_done_p != NULL) *a->swiglu_done_p = fuse;
+    return EPD_OK;
+}

@@ -1,0 +1,226 @@
+/* The shared-memory layout of the Hopper ffn GEMM kernel (gpu/ffn_gemm_wgmma.cu): where the TMA's
+ * 128-byte swizzle puts a byte of a stage tile, the wgmma matrix descriptor of a K-major operand
+ * in such a tile, the accumulator fragment, the pipeline's shared memory, ring and byte counts,
+ * the features and FP8 scales a CTA reads, the row tile a launch takes, and (for
+ * tests/unit/test_ffn_gemm_wgmma_layout.c) the address the tensor cores read for an (m or n, k)
+ * element through a descriptor, as the PTX ISA defines it. Plain C, host and device. */
+#ifndef EPD_GPU_FFN_GEMM_WGMMA_LAYOUT_H
+#define EPD_GPU_FFN_GEMM_WGMMA_LAYOUT_H
+
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define EPD_WGMMA_HD __host__ __device__
+#else
+#define EPD_WGMMA_HD
+#endif
+
+/* a stage tile is [rows][128 bytes of K] (64 BF16 or 128 e4m3), rows in swizzle atoms of 8 rows
+ * (1024 bytes); a tile starts 1024-byte aligned */
+#define EPD_WGMMA_ROW_BYTES 128u
+#define EPD_WGMMA_ATOM_BYTES 1024u
+/* the K bytes of one wgmma: k16 BF16 or k32 e4m3, 4 of them a stage */
+#define EPD_WGMMA_K_BYTES 32u
+/* the descriptor's swizzle mode field (bits 62-63): 1 is the 128-byte swizzle */
+#define EPD_WGMMA_SWIZZLE_128B 1u
+
+/* Byte offset in a stage tile of byte b (0..127) of row r as the TMA writes it with
+ * CU_TENSOR_MAP_SWIZZLE_128B and a box 128 bytes wide: the 16-byte chunk b / 16 of row r goes to
+ * chunk (b / 16) ^ (r % 8) of that row. */
+EPD_WGMMA_HD static inline uint32_t epd_wgmma_tile_off(uint32_t r, uint32_t b)
+{
+    return r * EPD_WGMMA_ROW_BYTES + ((((b >> 4) ^ (r & 7u)) << 4) | (b & 15u));
+}
+
+/* The wgmma matrix descriptor of a K-major operand whose rows (M of A, N of B) lie 128 bytes
+ * apart in 128-byte-swizzled atoms of 8 rows, the first of its K bytes at shared address addr
+ * (the tile's start plus the wgmma's K offset, 32 bytes a step): start address (addr >> 4) in
+ * bits 0-13, leading byte offset (unused with this swizzle for K-major: 16 bytes, encoded 1) in
+ * 16-29, stride byte offset (8-row atom to the next: 1024 bytes) in 32-45, base offset 0 (the
+ * tile 1024-byte aligned) in 49-51, swizzle mode in 62-63. */
+EPD_WGMMA_HD static inline uint64_t epd_wgmma_desc(uint32_t addr)
+{
+    return (uint64_t)((addr & 0x3ffffu) >> 4) | ((uint64_t)(16u >> 4) << 16) |
+           ((uint64_t)(EPD_WGMMA_ATOM_BYTES >> 4) << 32) |
+           ((uint64_t)EPD_WGMMA_SWIZZLE_128B << 62);
+}
+
+/* The descriptor of wgmma step kk (0 .. 3) of a stage tile at shared address tile (1024-aligned):
+ * the tile's start advanced by the step's K bytes (32 a step, within the first 128-byte row of
+ * the swizzle atom, the base offset staying 0: the tensor cores swizzle the address they form,
+ * so the advanced start reads the step's 16-byte chunks of each row wherever the TMA put them). */
+EPD_WGMMA_HD static inline uint64_t epd_wgmma_desc_step(uint32_t tile, uint32_t kk)
+{
+    return epd_wgmma_desc(tile + kk * EPD_WGMMA_K_BYTES);
+}
+
+/* The shared address the tensor cores read for row i (0 .. M or N) and K byte kb (0 .. 31) of a
+ * K-major operand through descriptor desc, by the PTX ISA's canonical layouts: with the 128-byte
+ * swizzle the operand is (8 rows of 128 bytes) atoms, row i % 8 of an atom 128 bytes on from its
+ * start, atoms SBO apart, K bytes in order within a row; the swizzle then XORs the address's
+ * bits 4-6 (the 16-byte chunk) with its bits 7-9 (the row within the 1024-byte atom). The unit
+ * test's model of the hardware; 0xffffffff for a descriptor mode it does not model. */
+static inline uint32_t epd_wgmma_desc_addr(uint64_t desc, uint32_t i, uint32_t kb)
+{
+    uint32_t start = (uint32_t)(desc & 0x3fffu) << 4;
+    uint32_t sbo = (uint32_t)((desc >> 32) & 0x3fffu) << 4;
+    uint32_t base_offset = (uint32_t)((desc >> 49) & 7u);
+    uint32_t mode = (uint32_t)(desc >> 62);
+    if (mode != EPD_WGMMA_SWIZZLE_128B || base_offset != 0) return 0xffffffffu;
+    uint32_t linear = start + (i / 8u) * sbo + (i % 8u) * EPD_WGMMA_ROW_BYTES + kb;
+    return linear ^ (((linear >> 7) & 7u) << 4);
+}
+
+/* The accumulator fragment of wgmma m64nNk* (fp32 D, N / 2 registers a thread): register j of
+ * lane `lane` of warp `warp` (0..3) of the warpgroup holds D[*m_p][*n_p]. */
+EPD_WGMMA_HD static inline void epd_wgmma_acc_pos(uint32_t warp, uint32_t lane, uint32_t j,
+                                                  uint32_t *m_p, uint32_t *n_p)
+{
+    *m_p = warp * 16u + lane / 4u + 8u * ((j / 2u) % 2u);
+    *n_p = (j / 4u) * 8u + (lane % 4u) * 2u + (j % 2u);
+}
+
+/* The pipeline of a row tile of bn rows (the kernel's tile_cfg): a stage is a weight tile (the
+ * CTA's 128 features), an activation tile (bn rows) and bn fp32 FP8 activation scales; as many
+ * stages as the 227 KB a CTA may opt into hold beside 2 KB (the alignment slack, the mbarriers),
+ * at most 10; the shared memory asked for is the 1024 bytes of slack to align the tiles, the
+ * stages and 2 mbarriers a stage (full, empty). */
+#define EPD_WGMMA_FEATURES 128u
+#define EPD_WGMMA_W_TILE (EPD_WGMMA_FEATURES * EPD_WGMMA_ROW_BYTES)
+#define EPD_WGMMA_SMEM_OPTIN 232448u
+#define EPD_WGMMA_MAX_STAGES 10u
+#define EPD_WGMMA_STAGE_SET(bn) (EPD_WGMMA_W_TILE + (bn) * EPD_WGMMA_ROW_BYTES + (bn) * 4u)
+#define EPD_WGMMA_FIT(bn) ((EPD_WGMMA_SMEM_OPTIN - 2048u) / EPD_WGMMA_STAGE_SET(bn))
+#define EPD_WGMMA_STAGES(bn)                                                                    \
+    (EPD_WGMMA_FIT(bn) > EPD_WGMMA_MAX_STAGES ? EPD_WGMMA_MAX_STAGES : EPD_WGMMA_FIT(bn))
+#define EPD_WGMMA_SMEM(bn)                                                                      \
+    (EPD_WGMMA_ATOM_BYTES + EPD_WGMMA_STAGES(bn) * EPD_WGMMA_STAGE_SET(bn) +                     \
+     2u * EPD_WGMMA_STAGES(bn) * 8u)
+
+/* Where the pipeline's parts lie, in bytes from the 1024-aligned base: [stages] weight tiles,
+ * [stages] activation tiles, [stages][bn] fp32 scales, [stages] full then [stages] empty
+ * mbarriers (8 bytes each); end: the first byte after them. */
+typedef struct epd_wgmma_smem {
+    uint32_t w, x, sc, full, empty, end;
+} epd_wgmma_smem_t;
+
+EPD_WGMMA_HD static inline epd_wgmma_smem_t epd_wgmma_smem_at(uint32_t bn)
+{
+    epd_wgmma_smem_t s;
+    const uint32_t stages = EPD_WGMMA_STAGES(bn);
+    s.w = 0;
+    s.x = s.w + stages * EPD_WGMMA_W_TILE;
+    s.sc = s.x + stages * bn * EPD_WGMMA_ROW_BYTES;
+    s.full = s.sc + stages * bn * 4u;
+    s.empty = s.full + stages * 8u;
+    s.end = s.empty + stages * 8u;
+    return s;
+}
+
+/* Stage s of the ring of `stages` slots: its slot, the parity of the slot's full-mbarrier phase
+ * the consumers wait for, and that of its empty-mbarrier phase the producer waits for before
+ * refilling it (the other one: a fresh mbarrier's phase of parity 1 counts as complete, so the
+ * ring's first round does not wait). The empty mbarriers count EPD_WGMMA_CONSUMERS arrivals a
+ * phase (each consumer thread once a stage), the full ones 1 (the producer's expect_tx). */
+#define EPD_WGMMA_CONSUMERS 256u
+EPD_WGMMA_HD static inline void epd_wgmma_ring(uint32_t s, uint32_t stages, uint32_t *slot_p,
+                                               uint32_t *full_parity_p, uint32_t *empty_parity_p)
+{
+    *slot_p = s % stages;
+    *full_parity_p = (s / stages) & 1u;
+    *empty_parity_p = *full_parity_p ^ 1u;
+}
+
+/* The bytes a stage's copies bring (its full mbarrier's expect_tx) for row tile rt of bn rows of
+ * an expert of mpad padded rows: the two weight boxes and the activation box whole (the TMA counts
+ * a box's bytes past the tensor's end, zero-filled, too), FP8 the tile's activation scales within
+ * the expert's padded rows (a plain bulk copy: exactly those). */
+EPD_WGMMA_HD static inline uint32_t epd_wgmma_stage_bytes(int fp8, uint32_t bn, uint32_t mpad,
+                                                          uint32_t rt)
+{
+    const uint32_t left = mpad - rt * bn, sc_rows = left < bn ? left : bn;
+    return EPD_WGMMA_W_TILE + bn * EPD_WGMMA_ROW_BYTES + (fp8 ? sc_rows * 4u : 0u);
+}
+
+/* The feature (row of the expert's [n][k] weights, and D's column) of row 0 of consumer half
+ * `half` (0, 1: 64 rows each) of feature block fb: the block's 128 features; with SwiGLU fused,
+ * the 64 gate features fb * 64 .. (half 0) and their 64 up features n / 2 on (half 1), row m of
+ * each pairing with row m of the other. */
+EPD_WGMMA_HD static inline uint32_t epd_wgmma_feature(uint32_t n, uint32_t fb, uint32_t half,
+                                                      int fused)
+{
+    if (fused) return half * (n / 2u) + fb * 64u;
+    return fb * EPD_WGMMA_FEATURES + half * 64u;
+}
+
+/* FP8: the index in x_scale (per expert [k / 128][mpad] fp32 from row_base * k / 128, the
+ * requant's layout) of the first of K block kb's scales of row tile rt (bn rows), and the index
+ * in w_scale ([n_experts][n / 128][ld]) of expert e's feature block fb at K block kb. */
+EPD_WGMMA_HD static inline uint64_t epd_wgmma_x_scale_at(uint32_t rb, uint32_t k, uint32_t mpad,
+                                                         uint32_t rt, uint32_t bn, uint32_t kb)
+{
+    return (uint64_t)rb * (k / 128u) + (uint64_t)kb * mpad + (uint64_t)rt * bn;
+}
+
+EPD_WGMMA_HD static inline uint64_t epd_wgmma_w_scale_at(uint32_t e, uint32_t n, uint32_t fb,
+                                                         uint32_t ld, uint32_t kb)
+{
+    return ((uint64_t)e * (n / 128u) + fb) * ld + kb;
+}
+
+/* the row tiles of the kernel (the wgmma's N: the expert's rows one CTA computes): 32, 64, 96,
+ * 128, 160, 192, 256 (tile i, epd_wgmma_tile_at); FP8 keeps a second fp32 fragment for the block
+ * scales' promotion, so at most 128 there (its first 4) */
+#define EPD_WGMMA_TILE_MIN 32u
+#define EPD_WGMMA_TILE_MAX 256u
+#define EPD_WGMMA_TILE_MAX_FP8 128u
+#define EPD_WGMMA_TILES 7u
+#define EPD_WGMMA_TILES_FP8 4u
+
+/* tile i of EPD_WGMMA_TILES, ascending */
+EPD_WGMMA_HD static inline uint32_t epd_wgmma_tile_at(uint32_t i)
+{
+    return i < 6u ? 32u * (i + 1u) : EPD_WGMMA_TILE_MAX;
+}
+
+/* the tiles of a format */
+EPD_WGMMA_HD static inline uint32_t epd_wgmma_tile_count(int fp8)
+{
+    return fp8 ? EPD_WGMMA_TILES_FP8 : EPD_WGMMA_TILES;
+}
+
+/* the index of tile t, EPD_WGMMA_TILES when t is none of them */
+EPD_WGMMA_HD static inline uint32_t epd_wgmma_tile_index(uint32_t t)
+{
+    for (uint32_t i = 0; i < EPD_WGMMA_TILES; i++)
+        if (epd_wgmma_tile_at(i) == t) return i;
+    return EPD_WGMMA_TILES;
+}
+/* a tile's fixed cost in rows: its weights read again (from L2 mostly) and its pipeline's fill */
+#define EPD_WGMMA_TILE_COST 48u
+
+/* The row tile for a launch over n experts with counts[e] rows: 32 when no expert has more, else
+ * the tile above 32 (FP8: up to 128) with the least sum over the experts of their tiles times
+ * (tile + EPD_WGMMA_TILE_COST) (rows computed in vain against tiles), ties to the larger tile. */
+EPD_WGMMA_HD static inline uint32_t epd_wgmma_pick_row_tile(int fp8, const uint32_t *counts,
+                                                          uint32_t n)
+{
+    uint32_t max_rows = 0, best = 0;
+    uint64_t best_cost = 0;
+    for (uint32_t e = 0; e < n; e++)
+        if (counts[e] > max_rows) max_rows = counts[e];
+    if (max_rows <= EPD_WGMMA_TILE_MIN) return EPD_WGMMA_TILE_MIN;
+    for (uint32_t i = epd_wgmma_tile_count(fp8); i-- > 1;) {
+        const uint32_t t = epd_wgmma_tile_at(i);
+        uint64_t cost = 0;
+        for (uint32_t e = 0; e < n; e++)
+            cost += (uint64_t)((counts[e] + t - 1u) / t) * (t + EPD_WGMMA_TILE_COST);
+        if (best == 0 || cost < best_cost) {
+            best = t;
+            best_cost = cost;
+        }
+    }
+    return best;
+}
+
+#endif
