@@ -220,7 +220,8 @@ static epd_status_t apply_env(load_ctx_t *ctx, char err[EPD_ERR_LEN])
         }
         /* not settings: the tests' and benches' own, and the request trace (daemon/trace.h) */
         if (starts_with(envp[i], len, "EPD_TEST_") || starts_with(envp[i], len, "EPD_BENCH_") ||
-            (len == 9 && memcmp(envp[i], "EPD_TRACE", 9) == 0)) {
+            (len == 9 && memcmp(envp[i], "EPD_TRACE", 9) == 0) ||
+            (len == 15 && memcmp(envp[i], "EPD_TRACE_TIMES", 15) == 0)) {
             continue;
         }
         char name[EPD_CONFIG_STR_LEN];

@@ -467,10 +467,11 @@ static void test_config__env__unknown_epd_variable__warned_test_bench_ignored(vo
     warnings_t w;
     char err[EPD_ERR_LEN];
     char *envp[] = {"EPD_MODEL_TOKP=4", "EPD_TEST_SOCKET_DIR=/tmp/x", "EPD_BENCH_RANKS=2",
-                    "EPD_NOTHING_LIKE_IT=1", "EPDX=1", "SGLANG_OTHER=1", "EPD_TEST=1", NULL};
+                    "EPD_NOTHING_LIKE_IT=1", "EPDX=1", "SGLANG_OTHER=1", "EPD_TEST=1",
+                    "EPD_TRACE=1", "EPD_TRACE_TIMES=/tmp/t", "EPD_TRACE_TIME=1", NULL};
     load_args_t a = {.envp = envp};
     assert_int_equal(load(&a, &st, &w, err, NULL), EPD_OK);
-    assert_int_equal(w.n, 3);
+    assert_int_equal(w.n, 4);
     assert_int_equal(warnings_with(&w, "EPD_MODEL_TOKP"), 1);
     assert_int_equal(warnings_with(&w, "did you mean EPD_MODEL_TOPK?"), 1);
     assert_int_equal(warnings_with(&w, "EPD_NOTHING_LIKE_IT"), 1);
@@ -479,6 +480,10 @@ static void test_config__env__unknown_epd_variable__warned_test_bench_ignored(vo
     assert_int_equal(warnings_with(&w, "EPD_TEST_"), 0);
     assert_int_equal(warnings_with(&w, "EPD_BENCH_"), 0);
     assert_int_equal(warnings_with(&w, "EPDX"), 0);
+    /* the request trace's two (daemon/trace.h), and only those */
+    assert_int_equal(warnings_with(&w, "EPD_TRACE "), 0);
+    assert_int_equal(warnings_with(&w, "EPD_TRACE_TIMES"), 0);
+    assert_int_equal(warnings_with(&w, "EPD_TRACE_TIME "), 1);
     assert_int_equal(epd_config_get(st)->model.topk, 8);
     epd_config_state_free(st);
 }
