@@ -123,6 +123,24 @@ class TestDeviceRegions(unittest.TestCase):
             y = c.submit(x, ids, w)  # no out: a new CUDA tensor
             self.assertTrue(y.is_cuda and y.dtype == torch.bfloat16)
             self.assertTrue(same(y, moe_reference(XP, x, ids, w, self.cfg, self.world)))
+            # one token: the daemon's one-block ingest (gpu/ops_cuda.cu, ingest_run), a bad
+            # value at either end of x and in the last id and weight
+            x1, ids1, w1 = x[5:6].clone(), ids[5:6].clone(), w[5:6].clone()
+            for at in (0, x1.shape[1] - 1):
+                bad_x = x1.clone()
+                bad_x[0, at] = float("inf")
+                with self.assertRaises(epd.NonFiniteInput):
+                    c.submit(bad_x, ids1, w1)
+            bad_ids = ids1.clone()
+            bad_ids[0, -1] = -2
+            with self.assertRaises(epd.ExpertOutOfRange):
+                c.submit(x1, bad_ids, w1)
+            bad_w = w1.clone()
+            bad_w[0, -1] = float("nan")
+            with self.assertRaises(epd.NonFiniteInput):
+                c.submit(x1, ids1, bad_w)
+            y1 = c.submit(x1, ids1, w1)
+            self.assertTrue(same(y1, moe_reference(XP, x1, ids1, w1, self.cfg, self.world)))
 
     def test_device_regions__tensor_of_another_gpu__is_bad_region(self):
         if torch.cuda.device_count() < 2 or DEVICES[0] != 0:
