@@ -9,6 +9,9 @@
 # "host payload" with E2E_BACKEND=cpu). Logs in $OUT (or build/e2e-gpu). E2E_TIMES=1 also
 # writes every latency run's per-request times on both sides (EPD_TRACE_TIMES, EPD_BENCH_TIMES)
 # and lines them up (tests/gpu/e2e_times.py): the client's wait split at the daemon's legs.
+# E2E_CPUS=LIST runs the daemon, epctl and epd --bench on those CPUs only (taskset -c LIST);
+# E2E_CPUS=gpu: on the CPUs of GPU 0's NUMA node (its PCI device's local_cpulist), where a
+# deployment would put the frontend and its rank.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -23,11 +26,21 @@ if [[ $backend == cuda ]] && ! nvidia-smi -L >/dev/null 2>&1; then
     echo "SKIP: no GPU (E2E_BACKEND=cpu E2E_DATA='host payload' runs it on the host)"
     exit 77
 fi
+pin=()
+if [[ -n ${E2E_CPUS:-} ]]; then
+    cpus=$E2E_CPUS
+    if [[ $cpus == gpu ]]; then
+        bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader -i 0 | tr 'A-F' 'a-f')
+        cpus=$(cat "/sys/bus/pci/devices/${bus#0000}/local_cpulist") || exit 1 # 8-digit domain
+    fi
+    pin=(taskset -c "$cpus")
+    echo "the daemon, epctl and epd --bench on CPUs $cpus"
+fi
 dir=$(mktemp -d /tmp/epd-e2e.XXXXXX)
 sock=$dir/epd-0.sock
 times=()
 [[ -n ${E2E_TIMES:-} ]] && { mkdir -p "$out/times"; export EPD_TRACE_TIMES=$out/times/daemon.txt; times=(-x EPD_TRACE_TIMES); }
-EPD_TRACE=$requests setsid "${MPIRUN:-mpirun}" -np 1 "${mpi[@]}" -x EPD_TRACE "${times[@]}" "$BUILD/epd" \
+EPD_TRACE=$requests setsid "${pin[@]}" "${MPIRUN:-mpirun}" -np 1 "${mpi[@]}" -x EPD_TRACE "${times[@]}" "$BUILD/epd" \
     --set "socket.path=$dir/epd-%r.sock" --set device.backend="$backend" >"$out/daemon.log" 2>&1 &
 mp=$!
 stop() { # SIGUSR1 to the rank (mpirun may not forward it), bounded wait, then SIGKILL
@@ -54,7 +67,7 @@ for t in 1 128; do
             [[ -n ${E2E_TIMES:-} ]] && export EPD_BENCH_TIMES=$out/times/client-$d-$t-$spin.txt
             spin_arg=()
             [[ $spin != default ]] && spin_arg=(--spin-us "$spin")
-            line=$(timeout 120 "$BUILD/epctl" --socket "$sock" bench --tokens $t --requests "$requests" \
+            line=$(timeout 120 "${pin[@]}" "$BUILD/epctl" --socket "$sock" bench --tokens $t --requests "$requests" \
                 --data "$d" "${spin_arg[@]}" 2>&1 | grep -E 'latency|error' | tr '\n' ' ') || rc=1
             printf '%-8s %4s tokens  spin %7s: %s\n' "$d" "$t" "$spin" "$line"
         done
@@ -62,7 +75,7 @@ for t in 1 128; do
 done
 unset EPD_BENCH_TIMES
 for d in $data; do
-    line=$(timeout 120 "$BUILD/epctl" --socket "$sock" bench --tokens 128 --requests 8000 \
+    line=$(timeout 120 "${pin[@]}" "$BUILD/epctl" --socket "$sock" bench --tokens 128 --requests 8000 \
         --concurrency 8 --data "$d" 2>&1 | grep -E 'throughput|error' | tr '\n' ' ') || rc=1
     printf '%-8s  128 tokens x 8 connections: %s\n' "$d" "$line"
 done
@@ -70,7 +83,7 @@ stop || rc=1
 echo "the daemon's legs per bench run above, in order (EPD_TRACE; us: p10 p50 p90 p99):"
 grep -E 'trace: ' "$out/daemon.log" | sed 's/^.*trace: /  /' | tee "$out/trace.txt" | head -130
 [[ -n ${E2E_TIMES:-} ]] && python3 tests/gpu/e2e_times.py "$out/times"
-timeout 120 "${MPIRUN:-mpirun}" -np 1 "${mpi[@]}" "$BUILD/epd" --bench --set device.backend="$backend" \
+timeout 120 "${pin[@]}" "${MPIRUN:-mpirun}" -np 1 "${mpi[@]}" "$BUILD/epd" --bench --set device.backend="$backend" \
     --bench-tokens 1,128 >"$out/bench.log" 2>&1 || rc=1
 echo "the GPU step in the same run (epd --bench, median us):"
 grep -E '^ +(1|128) (fp8|bf16) ' "$out/bench.log" | grep median
