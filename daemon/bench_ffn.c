@@ -99,8 +99,8 @@ static ffn_sweep_t sweeps[] = {
      .fp8_only = true},
     /* the Hopper kernel (gpu/ffn_gemm_wgmma.cu), alone: its row tile picked by the rows, then
      * each row tile forced, split-K off and at 2; then the kernel up to 16 rows and it above
-     * (what the one-line switch of epd_ffn_cuda_default_tuning runs: its strided batches then
-     * serve no call; left out here, so that FP8 is not refused for them) */
+     * (strided left out, so that FP8 is not refused for it; the default runs wgmma first for FP8
+     * up to 64 rows, gpu/ffn_path.h) */
     {.name = "wgmma", .tuning = {.streams = 1, .wgmma = true}},
     {.name = "wgmma,split=1", .tuning = {.streams = 1, .wgmma = true, .wgmma_split = 1}},
     {.name = "wgmma,split=2", .tuning = {.streams = 1, .wgmma = true, .wgmma_split = 2}},
@@ -117,6 +117,11 @@ static ffn_sweep_t sweeps[] = {
     {.name = "kernel,upto=16,wgmma",
      .tuning = {.streams = 4, .kernel = true, .kernel_max_rows = 16, .kernel_fp8_max_rows = 16,
                 .wgmma = true}},
+    /* the default where the Hopper kernel's check refuses it (as set then: wgmma off, strided
+     * kept for BF16): the mma.sync kernel up to 16 rows (BF16) or 32 (FP8) */
+    {.name = "default,no_wgmma",
+     .tuning = {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
+                .kernel_max_rows = 16, .kernel_fp8_max_rows = 32}},
     /* and with SwiGLU fused into its gate/up GEMM (BF16; FP8 runs as without) */
     {.name = "wgmma,swiglu", .tuning = {.streams = 1, .wgmma = true, .wgmma_swiglu = true}},
     {.name = "kernel,upto=16,wgmma,swiglu",
@@ -311,14 +316,24 @@ out:
     return status;
 }
 
+/* What the last timed call queued (gpu/ffn_cuda.h epd_ffn_cuda_last_call): its path, GEMM
+ * calls and plans made; "-" and 0 through the ops. */
+typedef struct ffn_call {
+    const char *path;
+    uint32_t gemm_calls, plans_made;
+} ffn_call_t;
+
 /* The median time of iters experts calls (after two warm-ups: the autotune runs in the first),
  * microseconds: *us_p to the end of the wait, *host_us_p until the call returned (the host's
- * share: the launches; equal to *us_p when the host cannot queue ahead of the device). */
+ * share: the launches; equal to *us_p when the host cannot queue ahead of the device); *call_p
+ * what the last call queued. */
 static epd_status_t time_experts(const ffn_runner_t *r, const epd_moe_shape_t *s, uint32_t layer,
                                  const ffn_records_t *rec, uint32_t tokens, void *partials,
                                  uint32_t iters, double *us_p, double *host_us_p,
-                                 char err[EPD_ERR_LEN])
+                                 ffn_call_t *call_p, char err[EPD_ERR_LEN])
 {
+    call_p->path = "-";
+    call_p->gemm_calls = call_p->plans_made = 0;
     uint64_t *t = calloc(2 * (size_t)iters, sizeof *t), *h = t + iters;
     if (t == NULL) {
         snprintf(err, EPD_ERR_LEN, "out of memory");
@@ -329,9 +344,14 @@ static epd_status_t time_experts(const ffn_runner_t *r, const epd_moe_shape_t *s
         epd_status_t status;
 #ifdef EPD_HAVE_CUDA
         if (r->ffn != NULL) {
+            epd_ffn_cuda_call_info_t info;
             status = epd_ffn_cuda_experts(r->ffn, s, layer, rec->dev, tokens, rec->rows, partials,
                                           NULL, err);
             t1 = epd_now_ns();
+            epd_ffn_cuda_last_call(r->ffn, &info);
+            call_p->path = info.path;
+            call_p->gemm_calls = info.gemm_calls;
+            call_p->plans_made = info.plans_made;
             if (status == EPD_OK) status = epd_ffn_cuda_sync(r->ffn, err);
         } else
 #endif
@@ -449,9 +469,10 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
            ops->name, s.num_experts, s.hidden, inter, s.topk,
            s.dtype == EPD_WIRE_FP8 ? "fp8" : "bf16",
            s.combine_dtype == EPD_COMBINE_FP8 ? "fp8" : "bf16", iters);
-    printf("%-9s %-22s %7s %7s %5s %10s %8s %8s %10s %8s %8s %9s %8s %8s %8s\n", "weights",
-           "tuning", "tokens", "rows/e", "used", "experts_us", "host_us", "TFLOP/s", "dense_us",
-           "TFLOP/s", "vs_dense", "read_us", "vs_read", "vs_used", "fp8/bf16");
+    printf("%-9s %-22s %7s %7s %5s %10s %8s %8s %10s %8s %8s %9s %8s %8s %8s %-8s %5s\n",
+           "weights", "tuning", "tokens", "rows/e", "used", "experts_us", "host_us", "TFLOP/s",
+           "dense_us", "TFLOP/s", "vs_dense", "read_us", "vs_read", "vs_used", "fp8/bf16", "path",
+           "gemms");
     for (size_t f = 0; f < n_formats && rc == 0; f++) {
         epd_ffn_weights_t *w = NULL;
         epd_ops_ctx_t *ctx = NULL;
@@ -545,11 +566,12 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
 #endif
             for (size_t i = 0; i < n_sizes; i++) {
                 double us = 0, host_us = 0;
+                ffn_call_t call;
                 uint32_t used = experts_used(&s, &recs[i]);
                 double flops = 6.0 * sizes[i] * s.topk * (double)s.hidden * w->intermediate;
                 double rows_e = (double)sizes[i] * s.topk / s.num_experts;
                 if (time_experts(&runner, &s, w->layers[0].layer, &recs[i], sizes[i],
-                                 partials[i], iters, &us, &host_us, err) != EPD_OK) {
+                                 partials[i], iters, &us, &host_us, &call, err) != EPD_OK) {
                     printf("%-9s %-22s %7u  skipped: %s\n", epd_ffn_format_name(w->format),
                            sweeps[sw].name, sizes[i], err);
                     continue;
@@ -580,12 +602,16 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
                     printf(" %9s %8s %8s", "n/a", "n/a", "n/a");
                 if (!isnan(fp8_bf16))
                     printf(" %8.2f", fp8_bf16);
-                printf("\n");
+                else
+                    printf(" %8s", "-");
+                printf(" %-8s %5u\n", call.path, call.gemm_calls);
                 printf("ffn-result weights=%s tuning=%s tokens=%u rows_per_expert=%.2f "
                        "experts_used=%u experts_us=%.1f host_us=%.1f dense_us=%.1f read_us=%.1f "
-                       "vs_dense=%.3f vs_read=%.3f vs_used=%.3f fp8_over_bf16=%.3f\n",
+                       "vs_dense=%.3f vs_read=%.3f vs_used=%.3f fp8_over_bf16=%.3f path=%s "
+                       "gemm_calls=%u plans_made=%u\n",
                        epd_ffn_format_name(w->format), sweeps[sw].name, sizes[i], rows_e, used,
-                       us, host_us, dense_us[i], read_us, vs_dense, vs_read, vs_used, fp8_bf16);
+                       us, host_us, dense_us[i], read_us, vs_dense, vs_read, vs_used, fp8_bf16,
+                       call.path, call.gemm_calls, call.plans_made);
                 fflush(stdout);
             }
 #ifdef EPD_HAVE_CUDA
@@ -624,6 +650,8 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
            "experts call returned, before the wait; vs_dense: the experts' TFLOP/s over the dense "
            "GEMM's; vs_read: the experts time over the time to read one layer's weights once "
            "(1.0 is the bound at decode sizes); vs_used: over the time to read the used "
-           "experts' weights; fp8/bf16: over the same tuning's BF16 time\n");
+           "experts' weights; fp8/bf16: over the same tuning's BF16 time; path, gemms: the way "
+           "the last call ran its GEMMs (gpu/ffn_path.h) and the GEMM calls it queued (each a "
+           "launch or more on the host; streams: two per expert with rows, and a SwiGLU)\n");
     return rc;
 }

@@ -42,6 +42,7 @@ extern "C" {
 #include "gpu/ffn_cuda.h"
 #include "gpu/ffn_gemm.h"
 #include "gpu/ffn_gemm_wgmma_layout.h"
+#include "gpu/ffn_path.h"
 #include "gpu/fp8.h"
 #include "gpu/partial_dev.cuh"
 
@@ -71,6 +72,8 @@ typedef struct gemm_plan {
     uint32_t n;     /* padded rows */
     uint32_t batch; /* 0: one GEMM; else a batch of this many */
     bool strided;   /* batch > 0: strided (consecutive experts), else pointer arrays */
+    bool out_bf16;  /* D in BF16 (d_bf16 when made: part of the key) */
+    bool refused;   /* cuBLASLt has no algorithm for this key: asked once, no layouts kept */
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulAlgo_t algo;
     /* what epd_ffn_cuda_plans reports */
@@ -125,6 +128,9 @@ struct epd_ffn_cuda {
     cublasLtMatmulPreference_t pref;
     gemm_plan_t plans[N_PROJ][PLAN_CACHE];
     uint32_t next_plan[N_PROJ];
+    /* the last experts call (epd_ffn_cuda_last_call): its path, GEMM calls and plans made */
+    epd_ffn_path_t last_path;
+    uint32_t gemm_calls, plans_made;
     uint64_t *dp_best;  /* [n_local + 1], [n_local + 1]: plan_runs' scratch */
     uint32_t *dp_from;
     /* GEMM outputs in BF16: where cuBLASLt has no fp32-out GEMM of the format (the intermediate
@@ -445,11 +451,14 @@ __global__ void combine_fp8_kernel(rec_args a, const int32_t *pair_row, const vo
 static void plan_destroy(gemm_plan_t *p)
 {
     if (!p->valid) return;
-    cublasLtMatrixLayoutDestroy(p->a);
-    cublasLtMatrixLayoutDestroy(p->b);
-    cublasLtMatrixLayoutDestroy(p->d);
+    if (!p->refused) {
+        cublasLtMatrixLayoutDestroy(p->a);
+        cublasLtMatrixLayoutDestroy(p->b);
+        cublasLtMatrixLayoutDestroy(p->d);
+    }
     p->valid = false;
     p->tuned = false;
+    p->refused = false;
 }
 
 static void plans_clear(epd_ffn_cuda_t *f)
@@ -638,9 +647,23 @@ static uint32_t plan_candidates(epd_ffn_cuda_t *f, int proj, const gemm_plan_t *
     return n;
 }
 
+/* err: cuBLASLt has no GEMM for this key (get_plan's EPD_ERR_UNSUPPORTED). */
+static void plan_refused(const epd_ffn_cuda_t *f, int proj, uint32_t n, uint32_t batch,
+                         bool strided, char err[EPD_ERR_LEN])
+{
+    uint32_t nn, k;
+    proj_dims(f, proj, &nn, &k);
+    snprintf(err, EPD_ERR_LEN,
+             "ffn experts: cuBLASLt has no %s GEMM (%s out%s) for M %u, N %u, K %u on this device",
+             f->format == EPD_FFN_FP8_BLOCK ? "FP8 block-scaled" : "BF16",
+             f->d_bf16[proj] ? "BF16" : "fp32",
+             batch == 0 ? "" : strided ? ", strided batch" : ", pointer-array batch", nn, n, k);
+}
+
 /* The plan (layouts and algorithm) of a projection at n padded rows (batch 0: one GEMM, else a
  * strided or pointer-array batch of that many), from the cache or made (the heuristic runs once
- * per key).
+ * per key; a key cuBLASLt refused stays refused, without asking again, until the cache evicts
+ * it).
  * With the tuning's autotune, a single GEMM's plan wanted with a layer l is made by timing its
  * candidates on l's weights (time_candidates); l NULL (the start-up check): the heuristic's
  * first, timed at its first use with a layer. */
@@ -661,8 +684,13 @@ static epd_status_t get_plan(epd_ffn_cuda_t *f, int proj, const dev_layer_t *l, 
 
     for (uint32_t i = 0; i < PLAN_CACHE; i++) {
         gemm_plan_t *q = &f->plans[proj][i];
-        if (!q->valid || q->n != n || q->batch != batch || (batch > 0 && q->strided != strided))
+        if (!q->valid || q->n != n || q->batch != batch ||
+            (batch > 0 && q->strided != strided) || q->out_bf16 != f->d_bf16[proj])
             continue;
+        if (q->refused) {
+            plan_refused(f, proj, n, batch, strided, err);
+            return EPD_ERR_UNSUPPORTED;
+        }
         if (q->tuned || !tune) {
             *plan_p = q;
             return EPD_OK;
@@ -685,6 +713,8 @@ static epd_status_t get_plan(epd_ffn_cuda_t *f, int proj, const dev_layer_t *l, 
     }
     p->valid = true;
     p->n = n;
+    p->out_bf16 = f->d_bf16[proj];
+    f->plans_made++;
     n_cand = plan_candidates(f, proj, p, tune ? HEURISTIC_ALGOS : 1, tune, cand, waves, &st);
     if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) {
         plan_destroy(p);
@@ -693,13 +723,15 @@ static epd_status_t get_plan(epd_ffn_cuda_t *f, int proj, const dev_layer_t *l, 
         return EPD_ERR_CUDA;
     }
     if (n_cand == 0) {
+        /* kept as refused (its key only): later calls with this key neither ask the heuristic
+         * again nor evict another slot's plan for it */
         plan_destroy(p);
-        snprintf(err, EPD_ERR_LEN,
-                 "ffn experts: cuBLASLt has no %s GEMM (%s out%s) for M %u, N %u, K %u on "
-                 "this device",
-                 fp8 ? "FP8 block-scaled" : "BF16", f->d_bf16[proj] ? "BF16" : "fp32",
-                 batch == 0 ? "" : strided ? ", strided batch" : ", pointer-array batch", nn, n,
-                 k);
+        p->valid = p->refused = true;
+        p->n = n;
+        p->out_bf16 = f->d_bf16[proj];
+        p->batch = batch;
+        p->strided = batch > 0 && strided;
+        plan_refused(f, proj, n, batch, strided, err);
         return EPD_ERR_UNSUPPORTED;
     }
     p->chosen = 0;
@@ -735,7 +767,7 @@ extern "C" uint32_t epd_ffn_cuda_plans(const epd_ffn_cuda_t *f, epd_ffn_cuda_pla
     for (int proj = 0; proj < N_PROJ; proj++) {
         for (uint32_t i = 0; i < PLAN_CACHE; i++) {
             const gemm_plan_t *p = &f->plans[proj][i];
-            if (!p->valid) continue;
+            if (!p->valid || p->refused) continue;
             if (count < max) {
                 epd_ffn_cuda_plan_info_t *o = &info[count];
                 int32_t splitk = 1;
@@ -778,6 +810,7 @@ static epd_status_t matmul(epd_ffn_cuda_t *f, int proj, const gemm_plan_t *plan,
         LT(cublasLtMatmulDescSetAttribute(f->desc[proj], CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bs,
                                           sizeof bs), "B scale pointer");
     }
+    f->gemm_calls++;
     LT(cublasLtMatmul(f->lt, f->desc[proj], &one, w, plan->a, b, plan->b, &zero, d, plan->d, d,
                       plan->d, &plan->algo, f->workspace[s], WORKSPACE_BYTES, f->streams[s]),
        plan->batch ? "cublasLtMatmul (strided batch)" : "cublasLtMatmul");
@@ -818,6 +851,7 @@ static epd_status_t gemm_batched(epd_ffn_cuda_t *f, int proj, uint32_t n, uint32
     const float one = 1.0f, zero = 0.0f;
     epd_status_t status = get_plan(f, proj, NULL, n, batch, false, &plan, err);
     if (status != EPD_OK) return status;
+    f->gemm_calls++;
     LT(cublasLtMatmul(f->lt, f->desc[proj], &one, ptrs, plan->a, ptrs + batch, plan->b, &zero,
                       ptrs + 2 * batch, plan->d, ptrs + 2 * batch, plan->d, &plan->algo,
                       f->workspace[s], WORKSPACE_BYTES, f->streams[s]),
@@ -1426,38 +1460,7 @@ static epd_status_t load_grouped(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
 
 extern "C" void epd_ffn_cuda_default_tuning(epd_ffn_cuda_tuning_t *t)
 {
-    memset(t, 0, sizeof *t);
-    t->streams = 4;
-    t->batched = false;
-    t->sm_target = false;
-    /* the autotune did not help on the H200 (docs/results.md, ffn run 2) */
-    t->autotune = false;
-    t->fast_accum = false;
-    /* strided: the fastest for BF16 weights at every row count of ffn run 3 (docs/results.md);
-     * FP8 block weights fall back to the streams (this cuBLASLt has no batched block-scaled
-     * GEMM); grouped: cuBLAS refused it for BF16 in, fp32 out */
-    t->strided = true;
-    t->run_cost = EPD_FFN_RUN_COST;
-    t->grouped = false;
-    /* the GEMM kernel of our own (gpu/ffn_gemm.cu) up to 16 rows per expert (mean over the
-     * experts with rows), where ffn run 7 (docs/results.md) measured it faster than strided for
-     * BF16 (0.85-0.99 of its time) and than the streams for FP8 block weights (0.61-0.78);
-     * above, strided and the streams were faster. kernel_max_rows / kernel_fp8_max_rows: 0 is
-     * every call, so 16 is written out */
-    t->kernel = true;
-    t->kernel_max_rows = 16;
-    t->kernel_fp8_max_rows = 16;
-    t->kernel_prefetch = 0;
-    t->kernel_split = 0;
-    /* the Hopper kernel (gpu/ffn_gemm_wgmma.cu) not yet: no GPU numbers for it. Setting it true
-     * gives the calls above kernel_max_rows to it (its own check refuses it off sm_90a: strided
-     * and the streams then serve them as now) */
-    t->wgmma = false;
-    t->wgmma_max_rows = 0;
-    t->wgmma_fp8_max_rows = 0;
-    t->wgmma_split = 0;
-    t->wgmma_row_tile = 0;
-    t->wgmma_swiglu = false;
+    epd_ffn_default_tuning_fill(t);
 }
 
 extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn_cuda_tuning_t *t,
@@ -1504,9 +1507,11 @@ extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn
     plans_clear(f);
     /* the kernel's check first (a failing strided check below returns early): on failure the
      * tuning stays, without the kernel */
+    bool fp8_w = f->format == EPD_FFN_FP8_BLOCK;
     epd_status_t kernel_status = EPD_OK;
     char kernel_err[EPD_ERR_LEN] = "";
-    if (t->kernel) {
+    if (t->kernel &&
+        epd_ffn_path_limit(fp8_w, t->kernel_max_rows, t->kernel_fp8_max_rows) != EPD_FFN_ROWS_NONE) {
         kernel_status = epd_ffn_gemm_supported(f->format == EPD_FFN_FP8_BLOCK, kernel_err);
         if (kernel_status == EPD_OK)
             kernel_status = probe_kernel(f, false, EPD_FFN_GEMM_ROW_TILE, kernel_err);
@@ -1519,8 +1524,9 @@ extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn
     /* the wgmma kernel's the same way, at each of its row tiles */
     epd_status_t wgmma_status = EPD_OK;
     char wgmma_err[EPD_ERR_LEN] = "";
-    if (t->wgmma) {
-        bool fp8 = f->format == EPD_FFN_FP8_BLOCK;
+    if (t->wgmma &&
+        epd_ffn_path_limit(fp8_w, t->wgmma_max_rows, t->wgmma_fp8_max_rows) != EPD_FFN_ROWS_NONE) {
+        bool fp8 = fp8_w;
         wgmma_status = epd_ffn_wgmma_supported(fp8, wgmma_err);
         for (uint32_t i = 0; wgmma_status == EPD_OK && i < epd_wgmma_tile_count(fp8); i++)
             wgmma_status = probe_kernel(f, true, epd_wgmma_tile_at(i), wgmma_err);
@@ -1630,6 +1636,7 @@ extern "C" epd_status_t epd_ffn_cuda_create(const epd_ffn_weights_t *w, void *st
     f->inter = w->intermediate;
     f->n_local = w->n_local;
     f->first = w->first_expert;
+    f->last_path = EPD_FFN_PATH_MAX;
     f->stream = (cudaStream_t)stream;
     if (stream == NULL) {
         f->own_stream = true;
@@ -1748,6 +1755,13 @@ extern "C" epd_status_t epd_ffn_cuda_create(const epd_ffn_weights_t *w, void *st
 fail:
     epd_ffn_cuda_destroy(f);
     return status;
+}
+
+extern "C" void epd_ffn_cuda_last_call(const epd_ffn_cuda_t *f, epd_ffn_cuda_call_info_t *info)
+{
+    info->path = epd_ffn_path_name(f->last_path);
+    info->gemm_calls = f->gemm_calls;
+    info->plans_made = f->plans_made;
 }
 
 extern "C" uint64_t epd_ffn_cuda_weight_bytes(const epd_ffn_cuda_t *f)
@@ -2084,6 +2098,7 @@ static epd_status_t gemm_grouped(epd_ffn_cuda_t *f, int proj, const batch_group_
         a->alpha[g] = 1.0f;
         a->beta[g] = 0.0f;
     }
+    f->gemm_calls++;
     LT(f->cb.gemm_grouped(f->cublas, a->ta, a->tb, a->m, a->n, a->k, a->alpha, ptrs, CUDA_R_16BF,
                           a->lda, ptrs + used, CUDA_R_16BF, a->ldb, a->beta,
                           (void *const *)(ptrs + 2 * used),
@@ -2104,37 +2119,6 @@ static epd_status_t run_grouped(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_
     if (status == EPD_OK)
         status = gemm_grouped(f, PROJ_DOWN, groups, n_groups, used, f->ptrs_dev + 3 * used, err);
     return status;
-}
-
-/* kernel: whether the call with these rows per expert goes to the GEMM kernel (the tuning's
- * kernel_max_rows, or kernel_fp8_max_rows for FP8 block weights, against the mean rows of the
- * experts with rows) */
-static bool use_rows(const epd_ffn_cuda_t *f, const uint32_t *counts, bool on, uint32_t max_rows,
-                     uint32_t fp8_max_rows)
-{
-    uint64_t rows = 0, used = 0;
-    if (!on) return false;
-    if (f->format == EPD_FFN_FP8_BLOCK && fp8_max_rows != 0)
-        max_rows = fp8_max_rows == UINT32_MAX ? 0 : fp8_max_rows;
-    if (max_rows == 0) return true;
-    for (uint32_t e = 0; e < f->n_local; e++) {
-        rows += counts[e];
-        used += counts[e] > 0;
-    }
-    return used == 0 || rows <= (uint64_t)max_rows * used;
-}
-
-static bool use_kernel(const epd_ffn_cuda_t *f, const uint32_t *counts)
-{
-    return use_rows(f, counts, f->tuning.kernel, f->tuning.kernel_max_rows,
-                    f->tuning.kernel_fp8_max_rows);
-}
-
-/* wgmma: the same with the wgmma kernel's limits (after the kernel's: it takes its calls first) */
-static bool use_wgmma(const epd_ffn_cuda_t *f, const uint32_t *counts)
-{
-    return use_rows(f, counts, f->tuning.wgmma, f->tuning.wgmma_max_rows,
-                    f->tuning.wgmma_fp8_max_rows);
 }
 
 /* wgmma: the row tile of a call (the tuning's, FP8 at most EPD_WGMMA_TILE_MAX_FP8, or the
@@ -2183,6 +2167,7 @@ static epd_status_t run_kernel(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_t
         a.swiglu_h = f->h;
         a.swiglu_done_p = &fused;
     }
+    f->gemm_calls++;
     status = launch(&a, f->stream, err);
     a.swiglu_h = NULL;
     a.swiglu_done_p = NULL;
@@ -2197,6 +2182,7 @@ static epd_status_t run_kernel(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_t
     a.x = f->h;
     a.x_scale = fp8 ? f->h_scale : NULL;
     a.d = f->y;
+    f->gemm_calls++;
     return launch(&a, f->stream, err);
 }
 
@@ -2224,6 +2210,8 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
                  shape->rank);
         return EPD_ERR_INVALID_ARG;
     }
+    f->last_path = EPD_FFN_PATH_MAX;
+    f->gemm_calls = f->plans_made = 0;
     if (n_records == 0) return EPD_OK;
     epd_record_layout(shape, &rec);
     ra.recv = (const uint8_t *)recv_buf;
@@ -2266,13 +2254,14 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
                            cudaMemcpyDeviceToHost, f->stream), "reading the row counts");
         CU(cudaStreamSynchronize(f->stream), "waiting for the row counts");
     }
-    bool kernel = use_kernel(f, counts);
-    bool wgmma = !kernel && use_wgmma(f, counts);
+    epd_ffn_path_t path =
+        epd_ffn_path_choose(&f->tuning, fp8, f->cublas != NULL, counts, f->n_local);
+    bool wgmma = path == EPD_FFN_PATH_WGMMA;
     uint32_t row_tile = wgmma ? wgmma_row_tile(f, counts) : EPD_FFN_GEMM_ROW_TILE;
-    kernel = kernel || wgmma; /* the same tile table and buffers */
-    bool strided = !kernel && f->tuning.strided;
-    bool grouped = !kernel && !strided && f->tuning.grouped && !fp8 && f->cublas != NULL;
-    bool batched = !kernel && !strided && !grouped && f->tuning.batched && !fp8;
+    bool kernel = wgmma || path == EPD_FFN_PATH_KERNEL; /* the same tile table and buffers */
+    bool strided = path == EPD_FFN_PATH_STRIDED;
+    bool grouped = path == EPD_FFN_PATH_GROUPED;
+    bool batched = path == EPD_FFN_PATH_BATCHED;
     uint32_t n_runs = 0;
     if (strided) {
         n_runs = plan_runs(f, counts, row_base);
@@ -2285,6 +2274,7 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
         row_base[f->n_local] = total;
     }
     if (total == 0) return queue_partials(f, shape, ra, NULL, partials, qe, err);
+    f->last_path = path;
     status = reserve(f, (uint32_t)pairs, total, err);
     if (status != EPD_OK) return status;
     CU(cudaMemcpyAsync(f->row_base_dev, row_base, ((size_t)f->n_local + 1) * sizeof(uint32_t),

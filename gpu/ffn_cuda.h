@@ -66,9 +66,10 @@ typedef struct epd_ffn_cuda_tuning {
                        * CUDA error of the check is returned). Takes precedence over the others
                        * for the calls it takes (kernel_max_rows); the others serve the rest */
     uint32_t kernel_max_rows; /* kernel: only calls whose mean rows per expert with rows is at
-                               * most this (0: every call) */
+                               * most this (0: every call; EPD_FFN_ROWS_NONE: none) */
     uint32_t kernel_fp8_max_rows; /* kernel, FP8 block weights: their own kernel_max_rows (0:
-                                   * kernel_max_rows; UINT32_MAX: every call) */
+                                   * kernel_max_rows; UINT32_MAX: every call;
+                                   * EPD_FFN_ROWS_NONE: none) */
     uint32_t kernel_prefetch; /* kernel: the weights' L2 prefetch run in 128-byte stages of K
                                * (each row's next run that many stages beyond the kernel's
                                * copies; 0: EPD_FFN_GEMM_PREFETCH of gpu/ffn_gemm.h;
@@ -84,9 +85,13 @@ typedef struct epd_ffn_cuda_tuning {
                                * cuBLASLt at each of its row tiles when the tuning is set, like
                                * kernel (EPD_ERR_UNSUPPORTED, the tuning then set without it).
                                * Takes the calls within wgmma_max_rows that kernel does not take
-                               * (kernel first); the others serve the rest */
+                               * (kernel first, unless wgmma_first); the others serve the rest.
+                               * Its check runs only for a format it takes calls of */
     uint32_t wgmma_max_rows;     /* wgmma: kernel_max_rows' meaning (0: every call) */
     uint32_t wgmma_fp8_max_rows; /* wgmma, FP8 block weights: kernel_fp8_max_rows' meaning */
+    bool wgmma_first;            /* wgmma takes the calls within its rows before kernel does
+                                  * (kernel then serves those within its own rows that wgmma
+                                  * does not take: all of them where wgmma's check refused it) */
     uint32_t wgmma_split;        /* wgmma: kernel_split's meaning */
     bool wgmma_swiglu;           /* wgmma, BF16 weights: SwiGLU fused into the gate/up GEMM's
                                   * epilogue (no fp32 gate/up output, no SwiGLU launch) where the
@@ -106,7 +111,11 @@ typedef struct epd_ffn_cuda_tuning {
 /* kernel_prefetch: no L2 prefetch */
 #define EPD_FFN_NO_PREFETCH UINT32_MAX
 
-/* The tuning a new epd_ffn_cuda_t starts with (the fastest measured, docs/results.md). */
+/* kernel_max_rows, kernel_fp8_max_rows, wgmma_max_rows, wgmma_fp8_max_rows: no call */
+#define EPD_FFN_ROWS_NONE (UINT32_MAX - 1u)
+
+/* The tuning a new epd_ffn_cuda_t starts with (the fastest measured, docs/results.md; the
+ * values are gpu/ffn_path.h's epd_ffn_default_tuning_fill). */
 void epd_ffn_cuda_default_tuning(epd_ffn_cuda_tuning_t *tuning);
 
 /* Copies the weights (all their layers) to the current device and prepares cuBLASLt on stream
@@ -157,6 +166,18 @@ typedef struct epd_ffn_cuda_plan_info {
  * many there are (may exceed max). */
 uint32_t epd_ffn_cuda_plans(const epd_ffn_cuda_t *ffn, epd_ffn_cuda_plan_info_t *info,
                             uint32_t max);
+
+/* What the last experts call queued (the benchmark prints it beside the call's host time): its
+ * path (gpu/ffn_path.h's epd_ffn_path_name: kernel, wgmma, strided, grouped, batched, streams;
+ * "none" before the first call or when no record had a row here), the GEMM calls it queued (one
+ * per cuBLAS call or GEMM kernel launch; each costs the host a launch or more), and the GEMM
+ * plans it made (each a cuBLASLt heuristic query on the host; 0 once the call's shapes were
+ * seen). */
+typedef struct epd_ffn_cuda_call_info {
+    const char *path;
+    uint32_t gemm_calls, plans_made;
+} epd_ffn_cuda_call_info_t;
+void epd_ffn_cuda_last_call(const epd_ffn_cuda_t *ffn, epd_ffn_cuda_call_info_t *info_p);
 
 /* Device bytes of the weights (all layers). */
 uint64_t epd_ffn_cuda_weight_bytes(const epd_ffn_cuda_t *ffn);

@@ -46,6 +46,9 @@ test_ffn_gemm_wgmma_layout_SRCS :=
 # its index arithmetic (gpu/ffn_gemm_layout.h: swizzle, warp roles, split-K) checked on the CPU
 UNIT_TESTS += ffn_gemm_layout
 test_ffn_gemm_layout_SRCS :=
+# the path an experts call takes and the default tuning (gpu/ffn_path.h) checked on the CPU
+UNIT_TESTS += ffn_path
+test_ffn_path_SRCS :=
 GPU_SRCS += gpu/select.c
 $(BUILD)/obj/gpu/select.o: CFLAGS += -I$(CUDA_HOME)/include
 UNIT_TESTS += gpu_select

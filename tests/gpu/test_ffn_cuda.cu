@@ -33,6 +33,13 @@
  * silu(g) u of the CPU's sums).
  * TEST_FFN_ONLY=wgmma runs only the wgmma kernel's checks and tunings (seconds: a wrong kernel
  * shows first); a wait of the kernel that timed out is named (CTA, thread, stage).
+ * Every tuning's call is also held to the path gpu/ffn_path.h chooses for it (epd_ffn_cuda_
+ * last_call), and the default's FP8 calls up to 64 rows per expert to the wgmma kernel where the
+ * device runs it. The tunings "default" (the daemon's, written out and checked equal to
+ * epd_ffn_cuda_default_tuning) and "default,no_wgmma" (as set where wgmma is refused: the
+ * mma.sync kernel up to 32 rows for FP8) run as epd_ffn_cuda_create sets them, without the parts
+ * their checks refused. TEST_FFN_ONLY=default runs only the cases through the ops and those two
+ * (no kernel checks).
  * Prints one line per case and 'N passed, N failed'; exit 77 with 'SKIP: no GPU' without one. */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -50,12 +57,14 @@ extern "C" {
 #include "gpu/ffn_gemm.h"
 #include "gpu/ffn_gemm_layout.h"
 #include "gpu/ffn_gemm_wgmma_layout.h"
+#include "gpu/ffn_path.h"
 #include "gpu/fp8.h"
 #include "tests/gpu/cuda_check.cuh"
 
 static int passed, failed;
-/* TEST_FFN_ONLY=wgmma: the wgmma kernel's checks and tunings only */
-static bool only_wgmma;
+/* TEST_FFN_ONLY=wgmma: the wgmma kernel's checks and tunings only; TEST_FFN_ONLY=default: the
+ * cases through the ops and the tunings named default* only (no kernel checks) */
+static bool only_wgmma, only_default;
 
 typedef struct ffn_case {
     epd_ffn_format_t format;
@@ -94,6 +103,13 @@ static const epd_ffn_cuda_tuning_t tunings[] = {
     {.streams = 4, .kernel = true, .kernel_max_rows = 16, .kernel_fp8_max_rows = 16,
      .wgmma = true},
     {.streams = 1, .wgmma = true, .wgmma_swiglu = true},
+    /* the default (epd_ffn_default_tuning_fill, written out: main checks the two equal), and
+     * as it is set where the Hopper kernel's check refuses it */
+    {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
+     .kernel_max_rows = 16, .kernel_fp8_max_rows = 32, .wgmma = true,
+     .wgmma_max_rows = EPD_FFN_ROWS_NONE, .wgmma_fp8_max_rows = 64, .wgmma_first = true},
+    {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
+     .kernel_max_rows = 16, .kernel_fp8_max_rows = 32},
 };
 static const char *const tuning_names[] = {"streams=1", "streams=4", "streams=4,sm_target",
                                            "batched", "streams=1,autotune", "streams=4,autotune",
@@ -104,7 +120,7 @@ static const char *const tuning_names[] = {"streams=1", "streams=4", "streams=4,
                                            "kernel,split=1", "kernel,split=3", "wgmma",
                                            "wgmma,split=1", "wgmma,split=3", "wgmma,tile=32",
                                            "wgmma,tile=256", "kernel,upto=16,wgmma",
-                                           "wgmma,swiglu"};
+                                           "wgmma,swiglu", "default", "default,no_wgmma"};
 static_assert(sizeof tunings / sizeof tunings[0] == sizeof tuning_names / sizeof tuning_names[0],
               "a name per tuning");
 
@@ -152,6 +168,47 @@ static double worst_rel(const epd_moe_shape_t *s, const uint8_t *got, const uint
 static double worse(double a, double b)
 {
     return b > a || b != b ? b : a;
+}
+
+/* The path the last experts call took (epd_ffn_cuda_last_call) against gpu/ffn_path.h's choice
+ * for the tuning as set and the call's rows per expert (rows, n_local of them; "none" without
+ * rows); with the default tuning and FP8 block weights on a device that runs the wgmma kernel,
+ * also that a call of at most 64 rows per expert (mean over the experts with rows) ran it, so
+ * that a check that silently turned it off shows. Prints FAIL and returns false otherwise. */
+static bool path_ok(const epd_ffn_cuda_t *ffn, const ffn_case_t *c, const char *name,
+                    const uint32_t *rows, uint32_t n_local)
+{
+    epd_ffn_cuda_tuning_t cur;
+    epd_ffn_cuda_call_info_t info;
+    char why[EPD_ERR_LEN];
+    bool fp8 = c->format == EPD_FFN_FP8_BLOCK;
+    uint64_t sum = 0, used = 0;
+    for (uint32_t e = 0; e < n_local; e++) {
+        sum += rows[e];
+        used += rows[e] > 0;
+    }
+    epd_ffn_cuda_get_tuning(ffn, &cur);
+    epd_ffn_cuda_last_call(ffn, &info);
+    const char *want =
+        used == 0 ? "none"
+                  : epd_ffn_path_name(epd_ffn_path_choose(&cur, fp8, cur.grouped, rows, n_local));
+    if (strcmp(info.path, want) != 0) {
+        printf("FAIL  tuning %s: the call ran path %s, the tuning as set chooses %s\n", name,
+               info.path, want);
+        return false;
+    }
+    if (strcmp(name, "default") == 0 && fp8 && used > 0 && sum <= 64 * used &&
+        epd_ffn_wgmma_supported(true, why) == EPD_OK && strcmp(info.path, "wgmma") != 0) {
+        printf("FAIL  tuning default: FP8 at %.1f rows per expert ran %s, not wgmma (its check "
+               "turned it off on a device that runs it)\n",
+               (double)sum / (double)used, info.path);
+        return false;
+    }
+    if (used > 0 && info.gemm_calls == 0) {
+        printf("FAIL  tuning %s: path %s queued no GEMM\n", name, info.path);
+        return false;
+    }
+    return true;
 }
 
 static void run_case(const ffn_case_t *c, epd_ops_ctx_t *hctx_unused)
@@ -272,13 +329,25 @@ static void run_case(const ffn_case_t *c, epd_ops_ctx_t *hctx_unused)
             for (size_t t = 0; ok && t < sizeof tunings / sizeof tunings[0]; t++) {
                 double tw = 0;
                 epd_status_t st;
+                bool is_default = strncmp(tuning_names[t], "default", 7) == 0;
                 if (only_wgmma && !tunings[t].wgmma) continue;
+                if (only_default && !is_default) continue;
                 CUDA_OK(cudaMemset(d_part, 0xff, (size_t)(n ? n : 1) * pl.size));
                 CUDA_OK(cudaDeviceSynchronize()); /* the ffn's stream does not wait for it */
                 st = epd_ffn_cuda_set_tuning(ffn, &tunings[t], err);
+                /* the default runs as epd_ffn_cuda_create sets it: without what its checks
+                 * refused (FP8: strided); the path check below sees what that left */
+                if (st == EPD_ERR_UNSUPPORTED && is_default) {
+                    printf("note  tuning %s set without a part: %s\n", tuning_names[t], err);
+                    st = EPD_OK;
+                }
                 if (st == EPD_OK) st = epd_ffn_cuda_experts(ffn, &s, 1, d_rec, n, rows, d_part,
                                                             NULL, err);
                 if (st == EPD_OK) st = epd_ffn_cuda_sync(ffn, err);
+                if (st == EPD_OK && !path_ok(ffn, c, tuning_names[t], rows, per_rank)) {
+                    ok = false;
+                    break;
+                }
                 char why[EPD_ERR_LEN];
                 if (st == EPD_ERR_UNSUPPORTED &&
                     (tunings[t].batched || tunings[t].fast_accum || tunings[t].grouped ||
@@ -798,6 +867,32 @@ int main(void)
     }
     const char *only = getenv("TEST_FFN_ONLY");
     only_wgmma = only != NULL && strcmp(only, "wgmma") == 0;
+    only_default = only != NULL && strcmp(only, "default") == 0;
+    {
+        /* the written-out default is the daemon's */
+        epd_ffn_cuda_tuning_t d;
+        const epd_ffn_cuda_tuning_t *w = NULL;
+        epd_ffn_cuda_default_tuning(&d);
+        for (size_t t = 0; t < sizeof tunings / sizeof tunings[0]; t++)
+            if (strcmp(tuning_names[t], "default") == 0) w = &tunings[t];
+        if (w == NULL || w->streams != d.streams || w->strided != d.strided ||
+            w->run_cost != d.run_cost || w->kernel != d.kernel ||
+            w->kernel_max_rows != d.kernel_max_rows ||
+            w->kernel_fp8_max_rows != d.kernel_fp8_max_rows || w->wgmma != d.wgmma ||
+            w->wgmma_max_rows != d.wgmma_max_rows ||
+            w->wgmma_fp8_max_rows != d.wgmma_fp8_max_rows || w->wgmma_first != d.wgmma_first ||
+            w->batched != d.batched || w->grouped != d.grouped || w->autotune != d.autotune ||
+            w->sm_target != d.sm_target || w->fast_accum != d.fast_accum ||
+            w->kernel_prefetch != d.kernel_prefetch || w->kernel_split != d.kernel_split ||
+            w->wgmma_split != d.wgmma_split || w->wgmma_swiglu != d.wgmma_swiglu ||
+            w->wgmma_row_tile != d.wgmma_row_tile) {
+            printf("FAIL  the test's tuning \"default\" is not epd_ffn_cuda_default_tuning's\n");
+            failed++;
+        } else {
+            printf("PASS  the test's tuning \"default\" is epd_ffn_cuda_default_tuning's\n");
+            passed++;
+        }
+    }
     static const ffn_case_t cases[] = {
         {EPD_FFN_BF16, EPD_WIRE_BF16, EPD_SCALE_GROUP128, 256, 128, 16, 8, 1, 0, 40, 0},
         {EPD_FFN_BF16, EPD_WIRE_FP8, EPD_SCALE_GROUP128, 1024, 512, 16, 8, 2, 1, 300, 1},
@@ -833,7 +928,7 @@ int main(void)
         {EPD_FFN_BF16, EPD_WIRE_FP8, EPD_SCALE_GROUP128, 1024, 512, 32, 8, 1, 0, 300, 0},
         {EPD_FFN_FP8_BLOCK, EPD_WIRE_FP8, EPD_SCALE_GROUP128, 1024, 512, 32, 8, 1, 0, 300, 0},
     };
-    gemm_checks();
+    if (!only_default) gemm_checks();
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], NULL);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
