@@ -53,6 +53,7 @@ function kv(line, key) { if (match(line, key "=[^ ]+")) return substr(line, RSTA
 BEGIN { print "| weights | tuning | rows/expert | experts_us | host_us | host / experts | path | gemm calls | plans made |"; print "|---|---|---:|---:|---:|---:|---|---:|---:|" }
 /^ffn-result / {
     us = kv($0, "experts_us") + 0; h = kv($0, "host_us") + 0
-    printf "| %s | %s | %s | %s | %s | %.2f | %s | %s | %s |\n", kv($0, "weights"), kv($0, "tuning"), kv($0, "rows_per_expert") + 0, kv($0, "experts_us"), kv($0, "host_us"), us > 0 ? h / us : 0, kv($0, "path"), kv($0, "gemm_calls"), kv($0, "plans_made")
+    share = us > 0 ? h / us : 0 # not in printf'"'"'s list: a ">" there is a redirection
+    printf "| %s | %s | %s | %s | %s | %.2f | %s | %s | %s |\n", kv($0, "weights"), kv($0, "tuning"), kv($0, "rows_per_expert") + 0, kv($0, "experts_us"), kv($0, "host_us"), share, kv($0, "path"), kv($0, "gemm_calls"), kv($0, "plans_made")
 }' "$out/bench.log" | tee "$out/summary.md"
 exit $status
