@@ -246,13 +246,7 @@ static void conn_queue_frame_rest(epd_conn_t *c, epd_frame_out_t *out,
     epd_frame_out_free(out);
 }
 
-static void conn_queue_frame(epd_conn_t *c, epd_frame_out_t *out,
-                             evbuffer_ref_cleanup_cb release, void *release_arg)
-{
-    conn_queue_frame_rest(c, out, release, release_arg, 0);
-}
-
-/* Sends an encoded frame (as conn_queue_frame): with nothing ahead of it in the output it is
+/* Sends an encoded frame (as conn_queue_frame_rest): with nothing ahead of it in the output it is
  * written at once, in one sendmsg(2), and only what the socket did not take is queued. Queueing
  * it first would arm the bufferevent's write event and disarm it once drained: two epoll_ctl(2)
  * calls on the way of every answer, one of them before its bytes left. */
@@ -348,7 +342,7 @@ static void conn_send_error(epd_conn_t *c, bool has_id, uint64_t id, epd_status_
                       epd_status_name(code), message);
     else
         epd_log_debug("conn %" PRIu64 ": %s: %s", c->id, epd_status_name(code), message);
-    conn_queue_frame(c, &out, NULL, NULL);
+    conn_send_frame(c, &out, NULL, NULL);
 }
 
 /* A framing error: answer it, then close once the answer is written. */
@@ -675,8 +669,8 @@ static void conn_handle_control(epd_conn_t *c, const epd_frame_t *frame)
         return;
     }
     c->ctx->stats->control_requests++;
-    /* The copy into the output buffer is fine: replies are small. */
-    conn_queue_frame(c, &out, NULL, NULL);
+    /* The copy of what the socket does not take is fine: replies are small. */
+    conn_send_frame(c, &out, NULL, NULL);
     free(payload);
 }
 
@@ -1501,10 +1495,10 @@ void epd_conn_deliver(epd_conn_t *c, epd_result_t *result)
             if (!conn_bulk_write(c, &out, result))
                 conn_send_frame(c, &out, result_release, result);
             conn_answer_queued(c, true);
-            /* written whole at once: the output never held it, so count it sent here */
-            (void)conn_answers_settle(c, false);
         }
     }
+    /* written whole at once: the output never held it, so it counts as sent here */
+    (void)conn_answers_settle(c, false);
     /* Pauses reads if the client is now too far behind (or frees c if queueing failed). */
     conn_drive(c);
 }
