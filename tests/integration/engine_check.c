@@ -1,10 +1,12 @@
-/* MPI test program for tests/integration/engine_np.sh (np = 2): the engine (daemon/engine.c)
- * without sockets, on a real event loop. Run 1: requests queued on both ranks, the queue limit
- * (busy) and bad requests, shutdown asked on rank 1 only: every accepted request is answered
- * with the reference's bytes, submits after the agreement get shutting_down, both ranks stop
- * after the same number of steps. Run 2: an idle engine does not spin a core, then a transport
- * that fails: its requests and the queued ones are answered `internal`, a submit after the
- * failure is refused, and the engine reports the failure. Throughout, the worker never calls wake once the engine has stopped (the daemon
+/* MPI test program for tests/integration/engine_np.sh (np = 2, and np = 1: a rank alone agrees
+ * without MPI): the engine (daemon/engine.c) without sockets, on a real event loop. Run 1:
+ * requests queued on every rank, the queue limit (busy) and bad requests, shutdown asked on the
+ * last rank only: every accepted request is answered with the reference's bytes, submits after
+ * the agreement get shutting_down, the ranks stop after the same number of steps. Run 2: an idle
+ * engine does not spin a core, then (np 2: a rank alone sends nothing through its transport) a
+ * transport that fails: its requests and the queued ones are answered `internal`, a submit
+ * after the failure is refused, and the engine reports the failure; alone, the engine is
+ * destroyed while its worker waits hot. Throughout, the worker never calls wake once the engine has stopped (the daemon
  * frees the server then). */
 #include <event2/event.h>
 #include <event2/thread.h>
@@ -254,7 +256,7 @@ static void run_fini(run_t *run)
     for (int i = 0; i < run->n_exp; i++) free(run->exp[i].y);
 }
 
-/* Run 1: results, busy, bad requests, shutdown from rank 1 only with work queued everywhere. */
+/* Run 1: results, busy, bad requests, shutdown from the last rank only with work queued everywhere. */
 static uint64_t run_shutdown(epd_ops_ctx_t *octx, epd_transport_ctx_t *tctx)
 {
     epd_config_t cfg;
@@ -295,12 +297,14 @@ static uint64_t run_shutdown(epd_ops_ctx_t *octx, epd_transport_ctx_t *tctx)
     free(big->storage);
     free(big);
 
-    if (rank == 1) {
-        /* the shutdown is asked on rank 1 only */
+    if (rank == world - 1) {
+        /* the shutdown is asked on the last rank only */
         epd_engine_request_shutdown(run.engine);
         /* only a flag until the next agreement: a submit is still accepted (fits the queue) */
         if (queued < 96) {
-            epd_request_t *req = make_request(id++, 96 - queued, &seed);
+            /* up to the queue's limit, and one request's (32) */
+            uint32_t n = 96 - queued < 32 ? 96 - queued : 32;
+            epd_request_t *req = make_request(id++, n, &seed);
             expect(&run, req);
             s = epd_engine_submit(run.engine, req);
             CHECK(s == EPD_OK, "a submit before the agreement gave %s", epd_status_name(s));
@@ -320,7 +324,9 @@ static uint64_t run_shutdown(epd_ops_ctx_t *octx, epd_transport_ctx_t *tctx)
     CHECK(st.queued_tokens == 0 && st.queued_requests == 0, "queue not empty after the drain");
     CHECK(st.requests == (uint64_t)run.n_exp, "stats count %llu requests, %d accepted",
           (unsigned long long)st.requests, run.n_exp);
-    CHECK(st.bytes_sent[EPD_WIRE_FP8] > 0 && st.bytes_sent[EPD_WIRE_BF16] == 0,
+    /* bytes sent to other ranks: none when alone */
+    CHECK(world == 1 ? st.bytes_sent[EPD_WIRE_FP8] == 0
+                     : st.bytes_sent[EPD_WIRE_FP8] > 0 && st.bytes_sent[EPD_WIRE_BF16] == 0,
           "FP8 bytes %llu, BF16 bytes %llu", (unsigned long long)st.bytes_sent[EPD_WIRE_FP8],
           (unsigned long long)st.bytes_sent[EPD_WIRE_BF16]);
     CHECK(st.steps >= 2, "only %llu steps for more tokens than one step holds",
@@ -390,6 +396,25 @@ static void run_failure(epd_ops_ctx_t *octx)
     printf("rank %d: idle: %.0f%% of a core over %.2f s\n", rank, 100.0 * cpu / wall, wall);
     CHECK(cpu < 0.5 * wall, "an idle engine used %.0f%% of a core", 100.0 * cpu / wall);
 
+    if (world == 1) {
+        /* one request, answered; then destroy while the worker waits hot for the next */
+        epd_request_t *req = make_request(100, 30, &seed);
+        run.want_status = EPD_OK;
+        expect(&run, req);
+        CHECK(epd_engine_submit(run.engine, req) == EPD_OK, "submit refused");
+        struct timeval soon = {0, 200000};
+        stop = evtimer_new(run.base, idle_stop_cb, run.base);
+        evtimer_add(stop, &soon);
+        event_base_dispatch(run.base);
+        event_free(stop);
+        CHECK(run.n_answered == 1 && run.n_errors == 0, "%d answered, %d errors", run.n_answered,
+              run.n_errors);
+        CHECK(!epd_engine_stopped(run.engine), "the engine stopped by itself");
+        printf("rank %d: run 2: alone, the failing transport is never called (its part runs at "
+               "np 2); destroyed hot\n", rank);
+        run_fini(&run);
+        return;
+    }
     for (int i = 0; i < 3; i++) {
         epd_request_t *req = make_request(100 + (uint64_t)i, 30, &seed);
         expect(&run, req);
