@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The engine under real mpirun at 2 ranks and at 1 (alone: agreements without MPI), without sockets (build/tests/engine_check): results
-# equal the reference, busy past the queue limit, shutdown asked on one rank drains every accepted
-# request on both and stops them together, an idle engine does not spin, a failed step answers
-# `internal` and reports the failure.
+# The engine under real mpirun at 2 ranks and at 1 (alone: agreements without MPI), without
+# sockets (build/tests/engine_check): results equal the reference, busy past the queue limit,
+# shutdown asked on one rank drains every accepted request on all and stops them together, an
+# idle engine does not spin, a failed step answers `internal` and reports the failure (np 2).
 set -u
 BUILD=${BUILD:-build}
 MPIRUN=${MPIRUN:-mpirun}
