@@ -6,8 +6,8 @@
  * engine does not spin a core, then (np 2: a rank alone sends nothing through its transport) a
  * transport that fails: its requests and the queued ones are answered `internal`, a submit
  * after the failure is refused, and the engine reports the failure; alone, the engine is
- * destroyed while its worker waits hot. Throughout, the worker never calls wake once the engine has stopped (the daemon
- * frees the server then). */
+ * destroyed while its worker waits hot. Throughout, the worker never calls wake once the engine
+ * has stopped (the daemon frees the server then). */
 #include <event2/event.h>
 #include <event2/thread.h>
 #include <mpi.h>
