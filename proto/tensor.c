@@ -25,7 +25,16 @@ static const struct {
 epd_dtype_t epd_dtype_from_name(const char *name)
 {
     if (name == NULL) return EPD_DTYPE_UNKNOWN;
-    /* the names as written (every client writes them so) first, then any case */
+    /* the names a SUBMIT carries, as every client writes them, without walking the table
+     * (a strcmp a name: 30 a SUBMIT); then the others as written; then any case */
+    size_t len = strnlen(name, 5);
+    if (len == 3) {
+        if (strcmp(name, "i32") == 0) return EPD_DTYPE_I32;
+        if (strcmp(name, "f32") == 0) return EPD_DTYPE_F32;
+        if (strcmp(name, "i64") == 0) return EPD_DTYPE_I64;
+    } else if (len == 4 && strcmp(name, "bf16") == 0) {
+        return EPD_DTYPE_BF16;
+    }
     for (int d = EPD_DTYPE_UNKNOWN + 1; d < EPD_DTYPE_MAX; d++)
         if (strcmp(name, dtypes[d].name) == 0) return (epd_dtype_t)d;
     for (int d = EPD_DTYPE_UNKNOWN + 1; d < EPD_DTYPE_MAX; d++)
@@ -68,9 +77,33 @@ epd_status_t epd_tensor_parse(const cJSON *desc, const char *name, uint64_t payl
         snprintf(err, EPD_ERR_LEN, "tensor %.40s: descriptor must be an object", name);
         return EPD_ERR_BAD_TENSOR;
     }
-    dtype = cJSON_GetObjectItemCaseSensitive(desc, "dtype");
-    shape = cJSON_GetObjectItemCaseSensitive(desc, "shape");
-    offsets = cJSON_GetObjectItemCaseSensitive(desc, "data_offsets");
+    /* one pass over the keys, the first of each name as cJSON_GetObjectItemCaseSensitive
+     * finds it (five lookups walked the keys with a strcmp each: 14 strcmp a descriptor) */
+    const cJSON *region = NULL, *offset = NULL;
+    dtype = shape = offsets = NULL;
+    for (const cJSON *c = desc->child; c != NULL; c = c->next) {
+        const char *k = c->string;
+        if (k == NULL) continue;
+        switch (k[0]) {
+        case 'd':
+            if (dtype == NULL && strcmp(k, "dtype") == 0)
+                dtype = c;
+            else if (offsets == NULL && strcmp(k, "data_offsets") == 0)
+                offsets = c;
+            break;
+        case 's':
+            if (shape == NULL && strcmp(k, "shape") == 0) shape = c;
+            break;
+        case 'r':
+            if (region == NULL && strcmp(k, "region") == 0) region = c;
+            break;
+        case 'o':
+            if (offset == NULL && strcmp(k, "offset") == 0) offset = c;
+            break;
+        default:
+            break;
+        }
+    }
     if (!cJSON_IsString(dtype)) {
         snprintf(err, EPD_ERR_LEN, "tensor %.40s: \"dtype\" is missing or not a string", name);
         return EPD_ERR_BAD_TENSOR;
@@ -103,9 +136,7 @@ epd_status_t epd_tensor_parse(const cJSON *desc, const char *name, uint64_t payl
         /* saturate: any product above 2^64 cannot match a payload anyway */
         if (__builtin_mul_overflow(count, d, &count)) count = UINT64_MAX;
     }
-    const cJSON *region = cJSON_GetObjectItemCaseSensitive(desc, "region");
     if (region != NULL) {
-        const cJSON *offset = cJSON_GetObjectItemCaseSensitive(desc, "offset");
         uint64_t id;
         if (offsets != NULL) {
             snprintf(err, EPD_ERR_LEN,

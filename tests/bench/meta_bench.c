@@ -11,8 +11,9 @@
  *   +validate   (SUBMITs) the decoder, then epd_submit_validate_regions with regions that
  *               resolve to host memory and a memcpy for the device fetch.
  * Under valgrind --tool=callgrind the same code counts instructions: --way W runs that way only
- * (and the checks' one decode each), e.g. --way decoder --rounds 1 --iters 1000.
- *   meta-bench [--iters N] [--rounds R] [--way cjson|tree|decoder|+validate] */
+ * (and the checks' one decode each), e.g. --way decoder --rounds 1 --iters 1000; --case I
+ * times the I-th meta of the table only (0: the 1-token SUBMIT).
+ *   meta-bench [--iters N] [--rounds R] [--way cjson|tree|decoder|+validate] [--case I] */
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -125,7 +126,7 @@ static bool run_once(const meta_case_t *c, int way, const uint8_t *frame_bytes, 
 
 int main(int argc, char **argv)
 {
-    int iters = 20000, rounds = 7, only = -1;
+    int iters = 20000, rounds = 7, only = -1, only_case = -1;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
             iters = atoi(argv[++i]);
@@ -140,8 +141,10 @@ int main(int argc, char **argv)
         }
         else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc)
             rounds = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--case") == 0 && i + 1 < argc)
+            only_case = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: meta-bench [--iters N] [--rounds R] [--way W]\n");
+            fprintf(stderr, "usage: meta-bench [--iters N] [--rounds R] [--way W] [--case I]\n");
             return 2;
         }
     }
@@ -197,6 +200,7 @@ int main(int argc, char **argv)
            way_names[2], way_names[3]);
     int rc = 0;
     for (int i = 0; i < n; i++) {
+        if (only_case >= 0 && i != only_case) continue;
         const meta_case_t *c = &cases[i];
         epd_frame_out_t out;
         char err[EPD_ERR_LEN];

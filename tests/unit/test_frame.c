@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <ctype.h>
 #include <string.h>
 
 #include "common/status.h"
@@ -937,6 +938,30 @@ static void test_frame__device_tensors__read_and_checked_like_host_ones(void **s
 
 /* ---- SUBMIT tensors ---- */
 
+/* A descriptor's keys are found wherever they are, the first of a repeated one taking effect
+ * (as cJSON's lookup did), and region and data_offsets together are refused. */
+static void test_frame__tensor_keys__any_order_first_wins(void **state)
+{
+    (void)state;
+    epd_tensor_t t;
+    char err[EPD_ERR_LEN];
+    cJSON *d = cJSON_Parse("{\"offset\":64,\"region\":3,\"shape\":[2,4],\"dtype\":\"i32\"}");
+    assert_int_equal(epd_tensor_parse(d, "topk_ids", 0, &t, err), EPD_OK);
+    assert_true(t.in_region && t.region == 3 && t.begin == 64 && t.end == 64 + 32);
+    assert_int_equal(t.dtype, EPD_DTYPE_I32);
+    cJSON_Delete(d);
+    /* cJSON_Parse keeps repeated keys: the first one counts */
+    d = cJSON_Parse("{\"dtype\":\"f32\",\"dtype\":\"i32\",\"shape\":[1,2],\"shape\":[9],"
+                    "\"data_offsets\":[0,8],\"data_offsets\":[0,4]}");
+    assert_int_equal(epd_tensor_parse(d, "w", 8, &t, err), EPD_OK);
+    assert_true(t.dtype == EPD_DTYPE_F32 && t.ndim == 2 && t.end == 8);
+    cJSON_Delete(d);
+    d = cJSON_Parse("{\"dtype\":\"f32\",\"shape\":[1,2],\"data_offsets\":[0,8],\"region\":1}");
+    assert_int_equal(epd_tensor_parse(d, "w", 8, &t, err), EPD_ERR_BAD_TENSOR);
+    assert_non_null(strstr(err, "one or the other"));
+    cJSON_Delete(d);
+}
+
 static void test_frame__tensor_missing_or_unknown__is_bad_tensor(void **state)
 {
     (void)state;
@@ -1423,11 +1448,20 @@ static void test_frame__dtype_names__round_trip(void **state)
 {
     (void)state;
     for (int d = EPD_DTYPE_UNKNOWN + 1; d < EPD_DTYPE_MAX; d++) {
-        assert_int_equal(epd_dtype_from_name(epd_dtype_name((epd_dtype_t)d)), d);
+        const char *name = epd_dtype_name((epd_dtype_t)d);
+        char upper[16];
+        size_t n = strlen(name);
+        assert_true(n < sizeof upper);
+        for (size_t i = 0; i <= n; i++) upper[i] = (char)toupper((unsigned char)name[i]);
+        /* as written and in upper case (a SUBMIT's names are looked up before the table) */
+        assert_int_equal(epd_dtype_from_name(name), d);
+        assert_int_equal(epd_dtype_from_name(upper), d);
         assert_true(epd_dtype_size((epd_dtype_t)d) >= 1);
     }
-    assert_int_equal(epd_dtype_from_name("F8_E4M3"), EPD_DTYPE_F8_E4M3);
-    assert_int_equal(epd_dtype_from_name("bf17"), EPD_DTYPE_UNKNOWN);
+    static const char *const not_names[] = {"", "i3", "i322", "bf1", "bf166", "bf17", "f33",
+                                            "bf16 ", "i 32", "unknown"};
+    for (size_t i = 0; i < sizeof not_names / sizeof not_names[0]; i++)
+        assert_int_equal(epd_dtype_from_name(not_names[i]), EPD_DTYPE_UNKNOWN);
     assert_int_equal(epd_dtype_from_name(NULL), EPD_DTYPE_UNKNOWN);
     assert_string_equal(epd_frame_type_name(3), "error");
     assert_string_equal(epd_frame_type_name(9), "unknown");
@@ -1852,6 +1886,7 @@ int main(void)
         cmocka_unit_test(test_frame__header__encodes_little_endian),
         cmocka_unit_test(test_frame__submit__round_trips),
         cmocka_unit_test(test_frame__result__round_trips),
+        cmocka_unit_test(test_frame__tensor_keys__any_order_first_wins),
         cmocka_unit_test(test_frame__error__round_trips_with_and_without_id),
         cmocka_unit_test(test_frame__control_and_reply__round_trip),
         cmocka_unit_test(test_frame__every_split__yields_the_frame),
