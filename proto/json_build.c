@@ -379,15 +379,15 @@ cJSON *epd_json_build_arena(const char *text, size_t len)
 static cJSON *simple_value(reader_t *r, unsigned depth);
 
 /* A string of printable ASCII without escapes, into the arena; NULL otherwise. */
+/* The bytes a simple string holds as they are: printable ASCII but the quote and the escape. */
+static const uint8_t simple_plain[256] = {
+    [0x20 ... '"' - 1] = 1, ['"' + 1 ... '\\' - 1] = 1, ['\\' + 1 ... 0x7e] = 1};
+
 static char *simple_string(reader_t *r)
 {
     size_t start = ++r->at, end = start;
-    for (; end < r->len; end++) {
-        unsigned char c = (unsigned char)r->s[end];
-        if (c == '"') break;
-        if (c < 0x20 || c > 0x7e || c == '\\') return NULL;
-    }
-    if (end == r->len) return NULL;
+    while (end < r->len && simple_plain[(unsigned char)r->s[end]]) end++;
+    if (end == r->len || r->s[end] != '"') return NULL; /* control, escape, non-ASCII, cut */
     char *out = arena_take(r, end - start + 1);
     if (out == NULL) return NULL;
     memcpy(out, r->s + start, end - start);
