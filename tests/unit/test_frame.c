@@ -938,6 +938,33 @@ static void test_frame__device_tensors__read_and_checked_like_host_ones(void **s
 
 /* ---- SUBMIT tensors ---- */
 
+/* epd_json_to_u64: non-negative integers up to 2^53 (exact as doubles); no fraction, sign,
+ * larger value or other type. */
+static void test_frame__json_to_u64__integers_up_to_2_53(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text;
+        bool ok;
+        uint64_t v;
+    } cases[] = {{"0", true, 0},          {"7", true, 7},
+                 {"9007199254740992", true, 9007199254740992ull},
+                 {"9007199254740994", false, 0}, {"-1", false, 0}, {"-0.0", true, 0},
+                 {"0.5", false, 0},        {"1e300", false, 0}, {"-1e300", false, 0},
+                 {"\"1\"", false, 0},      {"[1]", false, 0},  {"true", false, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cJSON *j = cJSON_Parse(cases[i].text);
+        assert_non_null(j);
+        uint64_t v = 12345;
+        bool ok = epd_json_to_u64(j, &v);
+        if (ok != cases[i].ok || (ok && v != cases[i].v))
+            fail_msg("%s: %s %llu", cases[i].text, ok ? "ok" : "refused", (unsigned long long)v);
+        cJSON_Delete(j);
+    }
+    uint64_t v;
+    assert_false(epd_json_to_u64(NULL, &v));
+}
+
 /* A descriptor's keys are found wherever they are, the first of a repeated one taking effect
  * (as cJSON's lookup did), and region and data_offsets together are refused. */
 static void test_frame__tensor_keys__any_order_first_wins(void **state)
@@ -1887,6 +1914,7 @@ int main(void)
         cmocka_unit_test(test_frame__submit__round_trips),
         cmocka_unit_test(test_frame__result__round_trips),
         cmocka_unit_test(test_frame__tensor_keys__any_order_first_wins),
+        cmocka_unit_test(test_frame__json_to_u64__integers_up_to_2_53),
         cmocka_unit_test(test_frame__error__round_trips_with_and_without_id),
         cmocka_unit_test(test_frame__control_and_reply__round_trip),
         cmocka_unit_test(test_frame__every_split__yields_the_frame),
