@@ -565,7 +565,16 @@ static void solo_wait(epd_engine_t *engine)
                              !engine->shutdown_wanted && !atomic_load(&engine->exiting) &&
                              epd_now_ns() < until;
          tests++) {
-        if (!engine->oversubscribed) continue;
+        if (!engine->oversubscribed) {
+            /* a spin-wait hint: the core's other hardware thread (the loop thread, maybe)
+             * keeps its share of the pipeline */
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#elif defined(__aarch64__)
+            __asm__ __volatile__("yield");
+#endif
+            continue;
+        }
         if (tests < WAIT_SPINS)
             sched_yield();
         else
