@@ -378,11 +378,11 @@ cJSON *epd_json_build_arena(const char *text, size_t len)
 
 static cJSON *simple_value(reader_t *r, unsigned depth);
 
-/* A string of printable ASCII without escapes, into the arena; NULL otherwise. */
 /* The bytes a simple string holds as they are: printable ASCII but the quote and the escape. */
 static const uint8_t simple_plain[256] = {
     [0x20 ... '"' - 1] = 1, ['"' + 1 ... '\\' - 1] = 1, ['\\' + 1 ... 0x7e] = 1};
 
+/* A string of printable ASCII without escapes, into the arena; NULL otherwise. */
 static char *simple_string(reader_t *r)
 {
     size_t start = ++r->at, end = start;
