@@ -256,7 +256,7 @@ static void run_fini(run_t *run)
     for (int i = 0; i < run->n_exp; i++) free(run->exp[i].y);
 }
 
-/* Run 1: results, busy, bad requests, shutdown from the last rank only with work queued everywhere. */
+/* Run 1: results, busy, bad requests, shutdown from the last rank only, work queued on all. */
 static uint64_t run_shutdown(epd_ops_ctx_t *octx, epd_transport_ctx_t *tctx)
 {
     epd_config_t cfg;
