@@ -2096,7 +2096,7 @@ static epd_status_t cuda_ingest_scan_host(epd_ops_ctx_t *ctx, const uint16_t *x,
     if (copy != NULL && x_bytes >= INGEST_COPY_ENGINE_BYTES) {
         /* the copy and then the scan, in the ingest stream's order: once the scan's blocks
          * have reported, the copy the step reads next is complete */
-        cudaError_t rc = cudaMemcpyAsync(copy, mapped, x_bytes, cudaMemcpyHostToDevice,
+        cudaError_t rc = cudaMemcpyAsync(copy, x, x_bytes, cudaMemcpyHostToDevice,
                                          ctx->ingest);
         if (rc == cudaSuccess) {
             status = ingest_run(ctx, NULL, 0, NULL, NULL, 0, NULL, (const uint16_t *)copy, x_n,
