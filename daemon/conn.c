@@ -194,39 +194,47 @@ static size_t conn_output_len(const epd_conn_t *c)
     return evbuffer_get_length(bufferevent_get_output(c->bev)) + c->bulk_out_left;
 }
 
-/* Writes what the socket takes of the output now, unless a write job has the socket. */
-static void conn_write_now(epd_conn_t *c)
-{
-    if (!c->bulk_writing && c->state != CONN_CLOSED)
-        (void)evbuffer_write(bufferevent_get_output(c->bev), c->fd);
-}
-
 static bool conn_output_over_limit(const epd_conn_t *c)
 {
     return conn_output_len(c) > c->ctx->cfg->socket.max_output_bytes;
 }
 
-/* Appends an encoded frame; the head is copied, part 0 (if any) is referenced and released by
+/* Appends an encoded frame but for its first `written` bytes (sent already: they count as
+ * queued and written); the head is copied, part 0 (if any) is referenced and released by
  * release(release_arg) once written (or when the connection goes). */
-static void conn_queue_frame(epd_conn_t *c, epd_frame_out_t *out,
-                             evbuffer_ref_cleanup_cb release, void *release_arg)
+static void conn_queue_frame_rest(epd_conn_t *c, epd_frame_out_t *out,
+                                  evbuffer_ref_cleanup_cb release, void *release_arg,
+                                  size_t written)
 {
     struct evbuffer *output = bufferevent_get_output(c->bev);
     bool released = false;
-    size_t queued = 0;
+    size_t queued = written, skip = written;
+    int rc = 0;
 
-    int rc = evbuffer_add(output, out->head, out->head_len);
-    if (rc == 0) queued += out->head_len;
+    if (skip < out->head_len) {
+        rc = evbuffer_add(output, out->head + skip, out->head_len - skip);
+        if (rc == 0) queued += out->head_len - skip;
+        skip = 0;
+    } else {
+        skip -= out->head_len;
+    }
     for (size_t i = 0; rc == 0 && i < out->n_parts; i++) {
-        if (out->part_len[i] == 0) continue;
+        size_t len = out->part_len[i];
+        if (len == 0) continue;
+        if (skip >= len) { /* written whole: part 0 is released below */
+            skip -= len;
+            continue;
+        }
+        const uint8_t *from = (const uint8_t *)out->part[i] + skip;
+        len -= skip;
+        skip = 0;
         if (i == 0 && release != NULL) {
-            rc = evbuffer_add_reference(output, out->part[i], out->part_len[i], release,
-                                        release_arg);
+            rc = evbuffer_add_reference(output, from, len, release, release_arg);
             released = rc == 0;
         } else {
-            rc = evbuffer_add(output, out->part[i], out->part_len[i]);
+            rc = evbuffer_add(output, from, len);
         }
-        if (rc == 0) queued += out->part_len[i];
+        if (rc == 0) queued += len;
     }
     c->ctx->stats->bytes_out += queued;
     c->out_queued += queued;
@@ -236,6 +244,36 @@ static void conn_queue_frame(epd_conn_t *c, epd_frame_out_t *out,
     }
     if (!released && release != NULL) release(NULL, 0, release_arg);
     epd_frame_out_free(out);
+}
+
+/* Sends an encoded frame (as conn_queue_frame_rest): with nothing ahead of it in the output it is
+ * written at once, in one sendmsg(2), and only what the socket did not take is queued. Queueing
+ * it first would arm the bufferevent's write event and disarm it once drained: two epoll_ctl(2)
+ * calls on the way of every answer, one of them before its bytes left. */
+static void conn_send_frame(epd_conn_t *c, epd_frame_out_t *out, evbuffer_ref_cleanup_cb release,
+                            void *release_arg)
+{
+    size_t written = 0;
+
+    if (!c->bulk_writing && c->state != CONN_CLOSED && conn_output_len(c) == 0) {
+        struct iovec iov[1 + EPD_FRAME_OUT_PARTS];
+        size_t n_iov = 0;
+        iov[n_iov++] = (struct iovec){.iov_base = out->head, .iov_len = out->head_len};
+        for (size_t i = 0; i < out->n_parts; i++) {
+            if (out->part_len[i] > 0)
+                iov[n_iov++] = (struct iovec){.iov_base = (void *)out->part[i],
+                                              .iov_len = out->part_len[i]};
+        }
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = n_iov};
+        ssize_t n;
+        do {
+            n = sendmsg(c->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+        } while (n < 0 && errno == EINTR);
+        /* the socket full, or failed: all of it queued, the bufferevent meets the error (if
+         * any) as it would have */
+        if (n > 0) written = (size_t)n;
+    }
+    conn_queue_frame_rest(c, out, release, release_arg, written);
 }
 
 /* Remembers that an answer to a request ends at the current end of the output. Without memory for
@@ -304,7 +342,7 @@ static void conn_send_error(epd_conn_t *c, bool has_id, uint64_t id, epd_status_
                       epd_status_name(code), message);
     else
         epd_log_debug("conn %" PRIu64 ": %s: %s", c->id, epd_status_name(code), message);
-    conn_queue_frame(c, &out, NULL, NULL);
+    conn_send_frame(c, &out, NULL, NULL);
 }
 
 /* A framing error: answer it, then close once the answer is written. */
@@ -631,8 +669,8 @@ static void conn_handle_control(epd_conn_t *c, const epd_frame_t *frame)
         return;
     }
     c->ctx->stats->control_requests++;
-    /* The copy into the output buffer is fine: replies are small. */
-    conn_queue_frame(c, &out, NULL, NULL);
+    /* The copy of what the socket does not take is fine: replies are small. */
+    conn_send_frame(c, &out, NULL, NULL);
     free(payload);
 }
 
@@ -1337,7 +1375,7 @@ static void conn_bulk_write_end(epd_conn_t *c)
     if (c->state != CONN_CLOSED) bufferevent_enable(c->bev, EV_WRITE);
 }
 
-/* A write job is back (loop thread). Written whole: what was queued behind it goes out now. Else
+/* A write job is back (loop thread). Written whole: what was queued behind it goes out next. Else
  * it goes back to the pool once the socket takes more (the client reads slowly). */
 static void conn_bulk_write_done(epd_bulk_job_t *job)
 {
@@ -1361,8 +1399,7 @@ static void conn_bulk_write_done(epd_bulk_job_t *job)
         struct timeval tv = {CONN_FLUSH_TIMEOUT_S, 0};
         event_add(c->wev, conn_closing(c) ? &tv : NULL);
     } else {
-        conn_bulk_write_end(c);
-        conn_write_now(c);
+        conn_bulk_write_end(c); /* what was queued behind it: the bufferevent writes it */
     }
     conn_drive(c);
 }
@@ -1452,17 +1489,16 @@ void epd_conn_deliver(epd_conn_t *c, epd_result_t *result)
             conn_answer_queued(c, false);
             epd_result_free(result);
         } else {
-            bool was_empty = conn_output_len(c) == 0;
-            if (!conn_bulk_write(c, &out, result)) {
-                conn_queue_frame(c, &out, result_release, result);
-                /* Nothing ahead of it: write now rather than on the loop's next turn (a write
-                 * event and its epoll round); what the socket does not take the bufferevent
-                 * writes later. */
-                if (was_empty) conn_write_now(c);
-            }
+            /* nothing ahead of it: written now rather than on the loop's next turn (a write
+             * event and its epoll round); what the socket does not take the bufferevent writes
+             * later */
+            if (!conn_bulk_write(c, &out, result))
+                conn_send_frame(c, &out, result_release, result);
             conn_answer_queued(c, true);
         }
     }
+    /* written whole at once: the output never held it, so it counts as sent here */
+    (void)conn_answers_settle(c, false);
     /* Pauses reads if the client is now too far behind (or frees c if queueing failed). */
     conn_drive(c);
 }
@@ -1483,16 +1519,14 @@ epd_status_t epd_conn_send_text(epd_conn_t *c, epd_frame_type_t type, const char
                       epd_frame_type_name((int)type), err);
         return EPD_ERR_INTERNAL;
     }
-    bool was_empty = conn_output_len(c) == 0;
-    conn_queue_frame(c, &out, NULL, NULL);
+    /* Latency: written now rather than on the loop's next turn (the bufferevent writes the
+     * rest, if any). Only when nothing else was queued, so the stream's order stays as queued. */
+    conn_send_frame(c, &out, NULL, NULL);
     if (c->state == CONN_CLOSED) {
         conn_drive(c);
         return EPD_ERR_IO;
     }
     c->active_ns = epd_now_ns();
-    /* Latency: write now rather than on the loop's next turn (the bufferevent writes the rest,
-     * if any). Only when nothing else was queued, so the stream's order stays as queued. */
-    if (was_empty) conn_write_now(c);
     return EPD_OK;
 }
 

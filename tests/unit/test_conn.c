@@ -244,6 +244,9 @@ typedef struct {
     int by_type[8];
     int by_code[EPD_STATUS_MAX];
     uint64_t last_error_id;
+    uint64_t next_result; /* the id the next RESULT should have (results 0, 1, 2, ... in order) */
+    int results_out_of_order;
+    int want; /* > 0: stop once this many frames were seen */
     bool eof;
 } peer_seen_t;
 
@@ -255,7 +258,7 @@ static void peer_read(fixture_t *fx, int fd, int ms, bool to_eof, peer_seen_t *s
     uint64_t end = epd_now_ns() + (uint64_t)ms * 1000000u;
 
     epd_decoder_init(&dec, 1u << 30, EPD_FRAME_MAX_META);
-    while (epd_now_ns() < end) {
+    while (epd_now_ns() < end && (seen->want == 0 || seen->frames < seen->want)) {
         ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
         if (n == 0) {
             seen->eof = true;
@@ -283,6 +286,10 @@ static void peer_read(fixture_t *fx, int fd, int ms, bool to_eof, peer_seen_t *s
             if (status != EPD_OK) fail_msg("peer: %s", err);
             seen->frames++;
             seen->by_type[frame.type & 7]++;
+            if (frame.type == EPD_FRAME_RESULT) {
+                if (frame.id != seen->next_result) seen->results_out_of_order++;
+                seen->next_result = frame.id + 1;
+            }
             if (frame.type == EPD_FRAME_ERROR) {
                 const cJSON *code = cJSON_GetObjectItemCaseSensitive(frame.meta, "code");
                 for (int c = 0; c < EPD_STATUS_MAX; c++)
@@ -397,6 +404,74 @@ static void test_conn__results_unwritten_at_abort__counted_discarded_not_sent(vo
     assert_int_equal(fx->stats.results_sent + fx->stats.results_discarded, RESULTS);
     assert_true(fx->stats.results_discarded > 0);
     close(peer);
+    fx_free(fx);
+}
+
+static epd_result_t *result_new(uint64_t id, uint32_t tokens)
+{
+    epd_result_t *r = calloc(1, sizeof(*r));
+    assert_non_null(r);
+    r->id = id;
+    r->conn_id = 1;
+    r->n_tokens = tokens;
+    r->y = epd_pinned_alloc(NULL, (size_t)tokens * HIDDEN * 2);
+    assert_non_null(r->y);
+    memset(r->y, 0, (size_t)tokens * HIDDEN * 2);
+    r->status = EPD_OK;
+    return r;
+}
+
+/* Issue 25: an answer with nothing ahead of it is on the socket when deliver returns, not on
+ * the loop's next turn (libevent does not let evbuffer_write drain a bufferevent's output: the
+ * daemon's "write now" had been writing nothing), and counts as sent; the write jobs of socket
+ * copy threads write it from their thread, so there it comes once the loop runs. */
+static void test_conn__result_with_nothing_ahead__on_the_socket_at_once(void **state)
+{
+    (void)state;
+    fixture_t *fx = fx_new();
+    int peer;
+    epd_conn_t *c = fx_conn(fx, 1, &peer);
+
+    epd_conn_deliver(c, result_new(0, 1));
+    peer_seen_t seen = {0};
+    if (fx_io_threads == 0) {
+        peer_read(NULL, peer, 100, false, &seen); /* what is there now: no loop turn */
+        assert_int_equal(seen.by_type[EPD_FRAME_RESULT], 1);
+        assert_int_equal(fx->stats.results_sent, 1);
+    }
+    seen.want = 1;
+    if (seen.frames == 0) peer_read(fx, peer, 5000, false, &seen);
+    assert_int_equal(seen.by_type[EPD_FRAME_RESULT], 1);
+    assert_int_equal(fx->stats.results_sent, 1);
+    close(peer);
+    fx_run(fx, 1000, 1);
+    assert_int_equal(fx->closed, 1);
+    fx_free(fx);
+}
+
+/* Issue 25: answers delivered faster than the peer reads (the socket full, part of a frame
+ * written at once and the rest queued) reach it whole, once each and in order. */
+static void test_conn__results_past_the_socket_buffer__whole_and_in_order(void **state)
+{
+    (void)state;
+    fixture_t *fx = fx_new();
+    int peer;
+    epd_conn_t *c = fx_conn(fx, 1, &peer);
+    enum { RESULTS = 40, TOKENS = 64 }; /* 16 KB each, 640 KB in all */
+    int small = 4096;
+
+    fx->cfg.socket.max_output_bytes = 1u << 30;
+    setsockopt(peer, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    setsockopt(last_conn_fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof(small));
+    for (int i = 0; i < RESULTS; i++) epd_conn_deliver(c, result_new((uint64_t)i, TOKENS));
+    peer_seen_t seen = {.want = RESULTS};
+    peer_read(fx, peer, 5000, false, &seen);
+    assert_int_equal(seen.by_type[EPD_FRAME_RESULT], RESULTS);
+    assert_int_equal(seen.results_out_of_order, 0);
+    assert_int_equal(fx->stats.results_sent, RESULTS);
+    close(peer);
+    fx_run(fx, 1000, 1);
+    assert_int_equal(fx->closed, 1);
     fx_free(fx);
 }
 
@@ -725,6 +800,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conn__shutdown_with_frames_read__answers_each_shutting_down),
         cmocka_unit_test(test_conn__results_unwritten_at_abort__counted_discarded_not_sent),
+        cmocka_unit_test(test_conn__result_with_nothing_ahead__on_the_socket_at_once),
+        cmocka_unit_test(test_conn__results_past_the_socket_buffer__whole_and_in_order),
         cmocka_unit_test(test_conn__frame_over_buffer_budget__answered_busy_and_conn_stays),
         cmocka_unit_test(test_conn__idle_past_idle_timeout__closed_and_counted),
         cmocka_unit_test(test_conn__frame_incomplete_past_frame_timeout__closed_and_counted),
