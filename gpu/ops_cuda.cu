@@ -2082,7 +2082,8 @@ static epd_status_t ingest_run(epd_ops_ctx_t *ctx, const void *a, size_t a_bytes
         }
         pair += b_bytes / 4;
         for (uint64_t j = 0; j < blocks; j++) {
-            unsigned long long v = (uint32_t)pair[2 * j] | (unsigned long long)pair[2 * j + 1] << 32;
+            unsigned long long v = (uint32_t)pair[2 * j];
+            v |= (unsigned long long)pair[2 * j + 1] << 32; /* the flag shifted out */
             if (v < least) least = v;
         }
     } else {
