@@ -25,6 +25,14 @@ extern "C" {
 #define FLAT_THREADS 256      /* block size of the element-wise kernels */
 #define INGEST_BLOCKS 512u    /* most blocks of the ingest kernel (and its result slots) */
 #define INGEST_GRAPHS 8u      /* ingest launches kept as graphs, one per grid size */
+/* A page-locked host x of at least this many bytes (128 tokens of H 7168: 1.8 MB) comes to the
+ * device through the copy engine, then the ingest kernel scans the copy: a kernel reading host
+ * memory over the bus moved it at about 0.8 of cudaMemcpy's rate (H200, session 6). Below it
+ * the kernel reads x where it is: one launch instead of a copy and a launch. */
+#define INGEST_COPY_ENGINE_BYTES (256u << 10)
+/* Words of ids, weights and per-block results an ingest hands back as flagged pairs (see
+ * ingest_kernel): 128 tokens of top-8 with 448 blocks take 2944. */
+#define INGEST_LL_WORDS 8192u
 #define CHUNK 16              /* elements per thread and vector step (32 bytes of bf16) */
 #define TOKEN_MAX_THREADS 512 /* threads of one token in the per-token pack (registers: 128) */
 #define PACK_MAX_THREADS 256  /* block of the row-per-block pack */
@@ -34,6 +42,22 @@ extern "C" {
 #define SCALE_MAX_AT (2 * LAYOUT_MAX_WORLD + 2) /* in layout_dev */
 #define QE_SLOTS EPD_QE_SLOTS
 #define QE_SUMS EPD_QE_SUMS
+
+/* ingest_kernel's arguments, in its order (all 8 bytes wide: no padding, compared whole) */
+struct ingest_args {
+    const uint8_t *a;
+    size_t a_bytes;
+    uint8_t *a_dst;
+    const uint8_t *b;
+    size_t b_bytes;
+    uint8_t *b_dst;
+    const uint16_t *x;
+    uint64_t n;
+    uint16_t *x_dst;
+    unsigned long long *slots;
+    unsigned *done;
+    unsigned long long *ll;
+};
 
 struct epd_ops_ctx {
     int device;
@@ -57,20 +81,24 @@ struct epd_ops_ctx {
     bool ingest_ready;
     cudaStream_t ingest;
     unsigned long long *ingest_host; /* pinned, INGEST_BLOCKS slots: each block's least bad index */
-    unsigned *ingest_seq_host;       /* pinned, INGEST_BLOCKS: the launch each block is done with */
-    unsigned ingest_seq;             /* the number of the last launch */
+    unsigned *ingest_done_host;      /* pinned, INGEST_BLOCKS: 1 once a block is done (cleared
+                                      * by the host before each launch that reports) */
+    unsigned long long *ingest_ll;   /* pinned, INGEST_LL_WORDS flagged pairs (ingest_kernel) */
     uint8_t *ingest_stage;           /* pinned staging of ids and weights read back */
     size_t ingest_stage_bytes;
     cudaMemPool_t ingest_pool;       /* device copies of host x made at ingest (NULL: none yet) */
-    /* The ingest kernel as a one-node graph per grid size, its arguments set before each
-     * launch: a graph launch costs the loop thread about 1.4 us less than a kernel launch on an
-     * H200 node (.dbg probes, session 6). Filled as sizes come; past INGEST_GRAPHS, or when a
-     * graph call fails, the kernel is launched as before. */
+    /* The ingest kernel as a one-node graph per grid size, its arguments set before a launch
+     * only when they differ from the last launch's (a frontend that keeps its tensors in the
+     * same buffers, as CUDA-graph frontends do, sends the same ones every time): a graph
+     * launch costs the loop thread about 1.4 us less than a kernel launch on an H200 node, and
+     * setting the arguments 0.8 us (.dbg probes, session 6). Filled as sizes come; past
+     * INGEST_GRAPHS, or when a graph call fails, the kernel is launched as before. */
     struct {
         unsigned blocks; /* 0: unused */
         cudaGraph_t graph; /* kept: node is its node, which the exec's updates name */
         cudaGraphExec_t exec;
         cudaGraphNode_t node;
+        struct ingest_args args; /* of its last launch */
     } ingest_graph[INGEST_GRAPHS];
     bool ingest_graph_off; /* a graph call failed once: plain launches from then on */
 };
@@ -1103,7 +1131,8 @@ static void cuda_fini(epd_ops_ctx_t *ctx)
                 }
             if (ctx->ingest_pool != NULL) cudaMemPoolDestroy(ctx->ingest_pool);
             cudaFreeHost(ctx->ingest_host);
-            cudaFreeHost(ctx->ingest_seq_host);
+            cudaFreeHost(ctx->ingest_done_host);
+            cudaFreeHost(ctx->ingest_ll);
             if (ctx->ingest_stage != NULL) cudaFreeHost(ctx->ingest_stage);
             cudaStreamDestroy(ctx->ingest);
         }
@@ -1757,14 +1786,17 @@ static epd_status_t ingest_setup(epd_ops_ctx_t *ctx, char err[EPD_ERR_LEN])
         cudaStreamDestroy(ctx->ingest);
         return region_fail(err, rc, "cudaMallocHost");
     }
-    rc = cudaMallocHost(&ctx->ingest_seq_host, INGEST_BLOCKS * sizeof *ctx->ingest_seq_host);
+    rc = cudaMallocHost(&ctx->ingest_done_host, INGEST_BLOCKS * sizeof *ctx->ingest_done_host);
+    if (rc == cudaSuccess) {
+        rc = cudaMallocHost(&ctx->ingest_ll, INGEST_LL_WORDS * sizeof *ctx->ingest_ll);
+        if (rc != cudaSuccess) cudaFreeHost(ctx->ingest_done_host);
+    }
     if (rc != cudaSuccess) {
         cudaFreeHost(ctx->ingest_host);
         cudaStreamDestroy(ctx->ingest);
         return region_fail(err, rc, "cudaMallocHost");
     }
-    memset(ctx->ingest_seq_host, 0, INGEST_BLOCKS * sizeof *ctx->ingest_seq_host);
-    ctx->ingest_seq = 0;
+    memset(ctx->ingest_done_host, 0, INGEST_BLOCKS * sizeof *ctx->ingest_done_host);
     ctx->ingest_ready = true;
     return EPD_OK;
 }
@@ -1775,15 +1807,21 @@ static epd_status_t ingest_setup(epd_ops_ctx_t *ctx, char err[EPD_ERR_LEN])
  * unified addressing cudaMallocHost memory is mapped), word by word when both ends allow it,
  * and scan x[n] for a bf16 whose exponent is all ones; block j writes the least such index it
  * saw, or ~0, into slots[j] (every slot of the launch is written: nothing to clear first), and
- * then, when done is not NULL, the launch's number seq into done[j] once everything it wrote
+ * then, when done is not NULL, 1 into done[j] (which the host cleared) once everything it wrote
  * is visible to the host: the loop thread waits for those words rather than for the stream,
- * which reports a kernel's end several microseconds later. */
+ * which reports a kernel's end several microseconds later. No argument changes from one launch
+ * to the next of the same tensors, so a graph launch needs no update.
+ * With ll (a and b whole words, done and slots unused) everything goes back as flagged pairs
+ * instead, as NCCL's LL protocol does: word i of a then b, and then block j's least index as two
+ * words, each one 8-byte store of (1 << 32 | word) into ll[], which the host cleared. A pair is
+ * seen whole or not at all, so no system fence has to drain the stores before a done word: the
+ * host reads each value as soon as its flag is there. */
 __global__ void ingest_kernel(const uint8_t *__restrict__ a, size_t a_bytes,
                               uint8_t *__restrict__ a_dst, const uint8_t *__restrict__ b,
                               size_t b_bytes, uint8_t *__restrict__ b_dst,
                               const uint16_t *__restrict__ x, uint64_t n,
                               uint16_t *__restrict__ x_dst, unsigned long long *__restrict__ slots,
-                              unsigned *done, unsigned seq)
+                              unsigned *done, unsigned long long *ll)
 {
     __shared__ unsigned long long least;
     uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1794,7 +1832,15 @@ __global__ void ingest_kernel(const uint8_t *__restrict__ a, size_t a_bytes,
     uint8_t *dst[2] = {a_dst, b_dst};
     size_t bytes[2] = {a_bytes, b_bytes};
     bool staged = false; /* this thread wrote to the pinned stage */
-    for (int t = 0; t < 2; t++) {
+    const uint64_t ll_words = (a_bytes + b_bytes) / 4;
+    if (ll != NULL) {
+        const uint32_t *sa = (const uint32_t *)a, *sb = (const uint32_t *)b;
+        for (uint64_t i = tid; i < ll_words; i += stride) {
+            uint32_t v = i < a_bytes / 4 ? sa[i] : sb[i - a_bytes / 4];
+            *(volatile unsigned long long *)(ll + i) = 1ull << 32 | v;
+        }
+    }
+    for (int t = 0; t < 2 && ll == NULL; t++) {
         if (bytes[t] == 0) continue;
         if ((((uintptr_t)src[t] | (uintptr_t)dst[t] | bytes[t]) & 3u) == 0) {
             const uint32_t *s = (const uint32_t *)src[t];
@@ -1834,6 +1880,14 @@ __global__ void ingest_kernel(const uint8_t *__restrict__ a, size_t a_bytes,
         }
     }
     __syncthreads();
+    if (ll != NULL) {
+        if (threadIdx.x == 0) {
+            volatile unsigned long long *at = ll + ll_words + 2 * (uint64_t)blockIdx.x;
+            at[0] = 1ull << 32 | (uint32_t)least;
+            at[1] = 1ull << 32 | (uint32_t)(least >> 32);
+        }
+        return;
+    }
     if (threadIdx.x == 0) slots[blockIdx.x] = least;
     if (done != NULL) {
         /* the staged ids and weights and the slot visible before the block's word: a system
@@ -1842,23 +1896,23 @@ __global__ void ingest_kernel(const uint8_t *__restrict__ a, size_t a_bytes,
          * thread 0's way, not two) */
         if (staged || threadIdx.x == 0) __threadfence_system();
         __syncthreads();
-        if (threadIdx.x == 0) *(volatile unsigned *)(done + blockIdx.x) = seq;
+        if (threadIdx.x == 0) *(volatile unsigned *)(done + blockIdx.x) = 1u;
     }
 }
 
-/* Waits until the blocks of ingest launch seq have reported in done[] (see ingest_kernel), or
+/* Waits until the blocks of the ingest launch have reported in done[] (see ingest_kernel), or
  * the stream says the kernel ended (then its words are visible) or failed. */
-static cudaError_t ingest_wait(epd_ops_ctx_t *ctx, uint64_t blocks, unsigned seq)
+static cudaError_t ingest_wait(epd_ops_ctx_t *ctx, uint64_t blocks)
 {
-    const volatile unsigned *done = ctx->ingest_seq_host;
+    const volatile unsigned *done = ctx->ingest_done_host;
     uint64_t j = 0;
     for (uint32_t spins = 1;; spins++) {
-        while (j < blocks && done[j] == seq) j++;
+        while (j < blocks && done[j] != 0) j++;
         if (j == blocks) break;
         if ((spins & 255u) == 0) {
             cudaError_t rc = cudaStreamQuery(ctx->ingest);
             if (rc == cudaSuccess) {
-                while (j < blocks && done[j] == seq) j++;
+                while (j < blocks && done[j] != 0) j++;
                 if (j == blocks) break;
                 return cudaErrorUnknown; /* ended without reporting: not this kernel */
             }
@@ -1869,12 +1923,38 @@ static cudaError_t ingest_wait(epd_ops_ctx_t *ctx, uint64_t blocks, unsigned seq
     return cudaSuccess;
 }
 
+/* Waits until the first `words` pairs of ctx->ingest_ll carry their flag (see ingest_kernel),
+ * or the stream says the kernel ended or failed. */
+static cudaError_t ingest_wait_ll(epd_ops_ctx_t *ctx, uint64_t words)
+{
+    const volatile unsigned long long *ll = ctx->ingest_ll;
+    uint64_t j = 0;
+    for (uint32_t spins = 1;; spins++) {
+        while (j < words && ll[j] >> 32 != 0) j++;
+        if (j == words) break;
+        if ((spins & 255u) == 0) {
+            cudaError_t rc = cudaStreamQuery(ctx->ingest);
+            if (rc == cudaSuccess) {
+                while (j < words && ll[j] >> 32 != 0) j++;
+                if (j == words) break;
+                return cudaErrorUnknown; /* ended without reporting: not this kernel */
+            }
+            if (rc != cudaErrorNotReady) return rc;
+        }
+    }
+    __atomic_thread_fence(__ATOMIC_ACQUIRE); /* the values are read again after their flags */
+    return cudaSuccess;
+}
+
 /* Queues the ingest kernel on the ingest stream as the graph of its grid size with these
- * arguments (ingest_kernel's, in order), making that graph the first time. An error: nothing
- * was queued, launch the kernel instead (graphs stay off after the first failure). */
-static cudaError_t ingest_graph_launch(epd_ops_ctx_t *ctx, unsigned blocks, void **args)
+ * arguments, making that graph the first time. An error: nothing was queued, launch the kernel
+ * instead (graphs stay off after the first failure). */
+static cudaError_t ingest_graph_launch(epd_ops_ctx_t *ctx, unsigned blocks,
+                                       struct ingest_args *a)
 {
     if (ctx->ingest_graph_off) return cudaErrorNotSupported;
+    void *args[] = {&a->a, &a->a_bytes, &a->a_dst, &a->b, &a->b_bytes, &a->b_dst,
+                    &a->x, &a->n, &a->x_dst, &a->slots, &a->done, &a->ll};
     cudaKernelNodeParams params = {};
     params.func = (void *)ingest_kernel;
     params.gridDim = dim3(blocks);
@@ -1901,10 +1981,12 @@ static cudaError_t ingest_graph_launch(epd_ops_ctx_t *ctx, unsigned blocks, void
         ctx->ingest_graph[g].graph = graph;
         ctx->ingest_graph[g].exec = exec;
         ctx->ingest_graph[g].node = node;
-    } else if ((rc = cudaGraphExecKernelNodeSetParams(ctx->ingest_graph[g].exec,
-                                                      ctx->ingest_graph[g].node, &params)) !=
-               cudaSuccess) {
-        goto off;
+        ctx->ingest_graph[g].args = *a;
+    } else if (memcmp(&ctx->ingest_graph[g].args, a, sizeof *a) != 0) {
+        rc = cudaGraphExecKernelNodeSetParams(ctx->ingest_graph[g].exec,
+                                              ctx->ingest_graph[g].node, &params);
+        if (rc != cudaSuccess) goto off;
+        ctx->ingest_graph[g].args = *a;
     }
     if ((rc = cudaGraphLaunch(ctx->ingest_graph[g].exec, ctx->ingest)) == cudaSuccess)
         return cudaSuccess;
@@ -1950,35 +2032,67 @@ static epd_status_t ingest_run(epd_ops_ctx_t *ctx, const void *a, size_t a_bytes
     /* Without a device copy of x the loop thread waits for the blocks' words; a device copy is
      * read by the step's stream next, so the whole kernel must have finished: a stream sync. */
     const bool report = x_dst == NULL;
-    unsigned seq = ++ctx->ingest_seq;
-    if (seq == 0) {
-        /* wrapped: no word may still hold the number about to be reused */
-        memset(ctx->ingest_seq_host, 0, INGEST_BLOCKS * sizeof *ctx->ingest_seq_host);
-        seq = ctx->ingest_seq = 1;
-    }
-    const uint8_t *a8 = (const uint8_t *)a, *b8 = (const uint8_t *)b;
-    uint8_t *a_stage = ctx->ingest_stage + a_at, *b_stage = ctx->ingest_stage + b_at;
-    unsigned long long *slots = ctx->ingest_host;
-    unsigned *done = report ? ctx->ingest_seq_host : NULL;
-    void *args[] = {&a8, &a_bytes, &a_stage, &b8, &b_bytes, &b_stage, &x, &x_n,
-                    &x_dst, &slots, &done, &seq};
-    cudaError_t rc = ingest_graph_launch(ctx, (unsigned)blocks, args);
+    /* ids and weights of whole words, with the blocks' results, few enough: flagged pairs */
+    const uint64_t ll_words = (a_bytes + b_bytes) / 4 + 2 * blocks;
+    const bool ll = report && ll_words <= INGEST_LL_WORDS &&
+                    (((uintptr_t)a | (uintptr_t)b | a_bytes | b_bytes) & 3u) == 0;
+    /* the words of the last launch were all seen (or its stream had ended) before this one */
+    if (ll)
+        memset(ctx->ingest_ll, 0, ll_words * sizeof *ctx->ingest_ll);
+    else if (report)
+        memset(ctx->ingest_done_host, 0, blocks * sizeof *ctx->ingest_done_host);
+    struct ingest_args args;
+    memset(&args, 0, sizeof args);
+    args.a = (const uint8_t *)a;
+    args.a_bytes = a_bytes;
+    args.a_dst = ctx->ingest_stage + a_at;
+    args.b = (const uint8_t *)b;
+    args.b_bytes = b_bytes;
+    args.b_dst = ctx->ingest_stage + b_at;
+    args.x = x;
+    args.n = x_n;
+    args.x_dst = x_dst;
+    args.slots = ll ? NULL : ctx->ingest_host;
+    args.done = report && !ll ? ctx->ingest_done_host : NULL;
+    args.ll = ll ? ctx->ingest_ll : NULL;
+    cudaError_t rc = ingest_graph_launch(ctx, (unsigned)blocks, &args);
     if (rc != cudaSuccess) {
         ingest_kernel<<<(unsigned)blocks, FLAT_THREADS, 0, ctx->ingest>>>(
-            a8, a_bytes, a_stage, b8, b_bytes, b_stage, x, x_n, x_dst, slots, done, seq);
+            args.a, args.a_bytes, args.a_dst, args.b, args.b_bytes, args.b_dst, args.x, args.n,
+            args.x_dst, args.slots, args.done, args.ll);
         rc = cudaGetLastError();
     }
-    if (rc == cudaSuccess)
-        rc = report ? ingest_wait(ctx, blocks, seq) : cudaStreamSynchronize(ctx->ingest);
+    if (rc == cudaSuccess) {
+        rc = ll       ? ingest_wait_ll(ctx, ll_words)
+             : report ? ingest_wait(ctx, blocks)
+                      : cudaStreamSynchronize(ctx->ingest);
+    }
     if (rc != cudaSuccess) return region_fail(err, rc, "reading device tensors");
-    if (a_bytes > 0) memcpy(a_dst, ctx->ingest_stage + a_at, a_bytes);
-    if (b_bytes > 0) memcpy(b_dst, ctx->ingest_stage + b_at, b_bytes);
-    if (x != NULL && x_bad_p != NULL) {
-        unsigned long long least = ~0ull;
+    unsigned long long least = ~0ull;
+    if (ll) {
+        const unsigned long long *pair = ctx->ingest_ll;
+        for (uint64_t i = 0; i < a_bytes / 4; i++) {
+            uint32_t v = (uint32_t)pair[i];
+            memcpy((uint8_t *)a_dst + 4 * i, &v, 4);
+        }
+        pair += a_bytes / 4;
+        for (uint64_t i = 0; i < b_bytes / 4; i++) {
+            uint32_t v = (uint32_t)pair[i];
+            memcpy((uint8_t *)b_dst + 4 * i, &v, 4);
+        }
+        pair += b_bytes / 4;
+        for (uint64_t j = 0; j < blocks; j++) {
+            unsigned long long v = (uint32_t)pair[2 * j];
+            v |= (unsigned long long)pair[2 * j + 1] << 32; /* the flag shifted out */
+            if (v < least) least = v;
+        }
+    } else {
+        if (a_bytes > 0) memcpy(a_dst, ctx->ingest_stage + a_at, a_bytes);
+        if (b_bytes > 0) memcpy(b_dst, ctx->ingest_stage + b_at, b_bytes);
         for (uint64_t j = 0; j < blocks; j++)
             if (ctx->ingest_host[j] < least) least = ctx->ingest_host[j];
-        *x_bad_p = least == ~0ull ? -1 : (int64_t)least;
     }
+    if (x != NULL && x_bad_p != NULL) *x_bad_p = least == ~0ull ? -1 : (int64_t)least;
     return EPD_OK;
 }
 
@@ -2038,7 +2152,8 @@ static void *cuda_host_mapped(epd_ops_ctx_t *ctx, void *host, size_t bytes)
 
 /* A host x the device can read where it is (page-locked, mapped: with unified addressing every
  * cudaMallocHost block and registered range is) goes through the ingest kernel at its device
- * address; pageable memory is the host's to scan. */
+ * address; pageable memory is the host's to scan. A large x wanted on the device is copied
+ * there by the copy engine first and the kernel scans the copy (INGEST_COPY_ENGINE_BYTES). */
 static epd_status_t cuda_ingest_scan_host(epd_ops_ctx_t *ctx, const uint16_t *x, uint64_t x_n,
                                           int64_t *x_bad_p, void **x_copy_p,
                                           char err[EPD_ERR_LEN])
@@ -2059,8 +2174,22 @@ static epd_status_t cuda_ingest_scan_host(epd_ops_ctx_t *ctx, const uint16_t *x,
             copy = NULL;
         }
     }
-    status = ingest_run(ctx, NULL, 0, NULL, NULL, 0, NULL, mapped, x_n, (uint16_t *)copy, x_bad_p,
-                        err);
+    size_t x_bytes = (size_t)x_n * sizeof(uint16_t);
+    if (copy != NULL && x_bytes >= INGEST_COPY_ENGINE_BYTES) {
+        /* the copy and then the scan, in the ingest stream's order: once the scan's blocks
+         * have reported, the copy the step reads next is complete */
+        cudaError_t rc = cudaMemcpyAsync(copy, x, x_bytes, cudaMemcpyHostToDevice,
+                                         ctx->ingest);
+        if (rc == cudaSuccess) {
+            status = ingest_run(ctx, NULL, 0, NULL, NULL, 0, NULL, (const uint16_t *)copy, x_n,
+                                NULL, x_bad_p, err);
+        } else {
+            status = region_fail(err, rc, "copying x to the device");
+        }
+    } else {
+        status = ingest_run(ctx, NULL, 0, NULL, NULL, 0, NULL, mapped, x_n, (uint16_t *)copy,
+                            x_bad_p, err);
+    }
     if (status != EPD_OK || *x_bad_p >= 0) {
         if (copy != NULL) cudaFreeAsync(copy, ctx->ingest);
         copy = NULL;
