@@ -119,6 +119,45 @@ __device__ __forceinline__ uint4 epd_dev_requant16(uint4 v, float s, float inv)
     return o;
 }
 
+/* epd_dev_requant16's arithmetic on one word (4 codes), written in PTX: the word's halves are
+ * taken as 16-bit registers (no shift for the upper pair) and the two output pairs are joined by
+ * one mov (no shift-and-or), the rest being the same conversions and round-to-nearest multiplies
+ * (e4m3x2 -> f16x2 -> f32, * s, * inv, satfinite f32x2 -> e4m3x2, the first value in the lowest
+ * byte), so the same bits. */
+__device__ __forceinline__ uint32_t epd_dev_requant4(uint32_t w, float s, float inv)
+{
+    uint32_t out;
+    asm("{\n\t"
+        ".reg .b16 c0, c1, o0, o1;\n\t"
+        ".reg .b32 h0, h1;\n\t"
+        ".reg .f16 a0, a1, a2, a3;\n\t"
+        ".reg .f32 f0, f1, f2, f3;\n\t"
+        "mov.b32 {c0, c1}, %1;\n\t"
+        "cvt.rn.f16x2.e4m3x2 h0, c0;\n\t"
+        "cvt.rn.f16x2.e4m3x2 h1, c1;\n\t"
+        "mov.b32 {a0, a1}, h0;\n\t"
+        "mov.b32 {a2, a3}, h1;\n\t"
+        "cvt.f32.f16 f0, a0;\n\t"
+        "cvt.f32.f16 f1, a1;\n\t"
+        "cvt.f32.f16 f2, a2;\n\t"
+        "cvt.f32.f16 f3, a3;\n\t"
+        "mul.rn.f32 f0, f0, %2;\n\t"
+        "mul.rn.f32 f1, f1, %2;\n\t"
+        "mul.rn.f32 f2, f2, %2;\n\t"
+        "mul.rn.f32 f3, f3, %2;\n\t"
+        "mul.rn.f32 f0, f0, %3;\n\t"
+        "mul.rn.f32 f1, f1, %3;\n\t"
+        "mul.rn.f32 f2, f2, %3;\n\t"
+        "mul.rn.f32 f3, f3, %3;\n\t"
+        "cvt.rn.satfinite.e4m3x2.f32 o0, f1, f0;\n\t"
+        "cvt.rn.satfinite.e4m3x2.f32 o1, f3, f2;\n\t"
+        "mov.b32 %0, {o0, o1};\n\t"
+        "}"
+        : "=r"(out)
+        : "r"(w), "f"(s), "f"(inv));
+    return out;
+}
+
 /* Two fp32 -> two bf16, nearest even (the hardware conversion; for finite values it is
  * epd_f32_to_bf16, NaN payloads may differ). */
 __device__ __forceinline__ uint32_t epd_dev_bf16x2(float a, float b)
