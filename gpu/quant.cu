@@ -593,8 +593,8 @@ struct stream_cursor {
  * row is nvr vectors; group-128 has a scale every 8 vectors, nvr a multiple of 8), and block b
  * does the contiguous chunk b x chunk .. (b + 1) x chunk - 1 of it: every block the same bytes
  * whatever the counts, a grid of the blocks that are resident at once (no second round, no tail
- * of short blocks), and no table entry a block but one binary search over the experts' ends
- * before the first loads. A run of one expert is one contiguous range of q, walked in passes of
+ * of short blocks), and no table entry a block: the block finds its first expert from the
+ * experts' ends before the first loads. A run of one expert is one contiguous range of q, walked in passes of
  * blockDim.x x VPT vectors (all VPT loads of a thread leave before the first is used). PIPE: the
  * next pass's loads leave before this pass's math and stores (2 x VPT in flight a thread). The
  * math is epd_dev_requant4's. flags: EPD_QL_NC, EPD_QL_CS as in the part kernel. STEP as
@@ -655,13 +655,26 @@ __global__ void requant_stream_kernel(const uint4 *q, const float *__restrict__ 
             if (f < c.end) sc[j] = __ldg(c.sc + (per_token ? epd_fast_div_of(f, row_of) : f >> 3));
         }
     };
-    /* the expert of x0: the first e whose end is past x0's row (the experts' ends only go up) */
+    /* the expert of x0: the first e whose end is past x0's row, i.e. the number of experts whose
+     * end is not (the ends only go up). Up to 8 x blockDim.x experts, counted a word a thread:
+     * their loads leave together (one miss of the constant cache's lines, not one a step of a
+     * binary search, ~log2(experts) dependent misses before the first data load), and the table
+     * is then in the cache for the runs after; more experts: a binary search. */
     const uint32_t row0 = epd_fast_div_of(x0, row_of);
-    uint32_t lo = 0, hi = n_experts - 1;
-    while (lo < hi) {
-        const uint32_t mid = (lo + hi) / 2;
-        if (ends.end[mid] > row0) hi = mid;
-        else lo = mid + 1;
+    const uint32_t rounds = (n_experts + blockDim.x - 1) / blockDim.x;
+    uint32_t lo = 0;
+    if (rounds <= 8) {
+        for (uint32_t r = 0; r < rounds; r++) {
+            const uint32_t k = r * blockDim.x + threadIdx.x;
+            lo += (uint32_t)__syncthreads_count(k < n_experts && ends.end[k] <= row0);
+        }
+    } else {
+        uint32_t hi = n_experts - 1;
+        while (lo < hi) {
+            const uint32_t mid = (lo + hi) / 2;
+            if (ends.end[mid] > row0) hi = mid;
+            else lo = mid + 1;
+        }
     }
     stream_cursor c;
     enter(c, lo, x0);
