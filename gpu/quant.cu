@@ -594,10 +594,10 @@ struct stream_cursor {
  * does the contiguous chunk b x chunk .. (b + 1) x chunk - 1 of it: every block the same bytes
  * whatever the counts, a grid of the blocks that are resident at once (no second round, no tail
  * of short blocks), and no table entry a block: the block finds its first expert from the
- * experts' ends before the first loads. A run of one expert is one contiguous range of q, walked in passes of
- * blockDim.x x VPT vectors (all VPT loads of a thread leave before the first is used). PIPE: the
- * next pass's loads leave before this pass's math and stores (2 x VPT in flight a thread). The
- * math is epd_dev_requant4's. flags: EPD_QL_NC, EPD_QL_CS as in the part kernel. STEP as
+ * experts' ends before the first loads. A run of one expert is one contiguous range of q,
+ * walked in passes of blockDim.x x VPT vectors (all VPT loads of a thread leave before the
+ * first is used). PIPE: the next pass's loads leave before this pass's math and stores (2 x VPT
+ * in flight a thread). flags: EPD_QL_NC, EPD_QL_CS as in the part kernel. STEP as
  * requant_live_kernel. */
 template <int VPT, int TABLE, bool STEP, bool PIPE>
 __global__ void requant_stream_kernel(const uint4 *q, const float *__restrict__ scales,
@@ -694,12 +694,8 @@ __global__ void requant_stream_kernel(const uint4 *q, const float *__restrict__ 
         const uint32_t f0 = c.f0 + threadIdx.x;
 #pragma unroll
         for (int j = 0; j < VPT; j++) {
-            if (f0 + (uint32_t)j * blockDim.x < c.end) {
-                in[j].x = epd_dev_requant4(in[j].x, sc[j], inv);
-                in[j].y = epd_dev_requant4(in[j].y, sc[j], inv);
-                in[j].z = epd_dev_requant4(in[j].z, sc[j], inv);
-                in[j].w = epd_dev_requant4(in[j].w, sc[j], inv);
-            }
+            if (f0 + (uint32_t)j * blockDim.x < c.end)
+                in[j] = epd_dev_requant16(in[j], sc[j], inv);
         }
         if (cs) {
 #pragma unroll

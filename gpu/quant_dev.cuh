@@ -102,28 +102,11 @@ __device__ __forceinline__ void epd_dev_dequant16(uint4 v, float s, float out[16
     }
 }
 
-/* 16 e4m3 codes with scale s -> 16 codes of ((float)q * s) * inv, clamped (requantization). */
-__device__ __forceinline__ uint4 epd_dev_requant16(uint4 v, float s, float inv)
-{
-    float f[16];
-    epd_dev_dequant16(v, s, f);
-    uint4 o;
-    o.x = epd_dev_cvt4(__fmul_rn(f[0], inv), __fmul_rn(f[1], inv), __fmul_rn(f[2], inv),
-                       __fmul_rn(f[3], inv));
-    o.y = epd_dev_cvt4(__fmul_rn(f[4], inv), __fmul_rn(f[5], inv), __fmul_rn(f[6], inv),
-                       __fmul_rn(f[7], inv));
-    o.z = epd_dev_cvt4(__fmul_rn(f[8], inv), __fmul_rn(f[9], inv), __fmul_rn(f[10], inv),
-                       __fmul_rn(f[11], inv));
-    o.w = epd_dev_cvt4(__fmul_rn(f[12], inv), __fmul_rn(f[13], inv), __fmul_rn(f[14], inv),
-                       __fmul_rn(f[15], inv));
-    return o;
-}
-
-/* epd_dev_requant16's arithmetic on one word (4 codes), written in PTX: the word's halves are
- * taken as 16-bit registers (no shift for the upper pair) and the two output pairs are joined by
- * one mov (no shift-and-or), the rest being the same conversions and round-to-nearest multiplies
- * (e4m3x2 -> f16x2 -> f32, * s, * inv, satfinite f32x2 -> e4m3x2, the first value in the lowest
- * byte), so the same bits. */
+/* Requantization of one word (4 codes): ((float)q * s) * inv, clamped, as e4m3 codes. In PTX:
+ * the word's halves are taken as 16-bit registers (no shift for the upper pair) and the two
+ * output pairs are joined by one mov (no shift-and-or); the operations are epd_dev_dequant16's
+ * conversions (e4m3x2 -> f16x2 -> f32) and round-to-nearest multiplies, then * inv and the
+ * satfinite f32x2 -> e4m3x2 conversion of epd_dev_cvt4 (the first value in the lowest byte). */
 __device__ __forceinline__ uint32_t epd_dev_requant4(uint32_t w, float s, float inv)
 {
     uint32_t out;
@@ -156,6 +139,14 @@ __device__ __forceinline__ uint32_t epd_dev_requant4(uint32_t w, float s, float 
         : "=r"(out)
         : "r"(w), "f"(s), "f"(inv));
     return out;
+}
+
+/* 16 e4m3 codes with scale s -> 16 codes of ((float)q * s) * inv, clamped (requantization),
+ * a word at a time. */
+__device__ __forceinline__ uint4 epd_dev_requant16(uint4 v, float s, float inv)
+{
+    return make_uint4(epd_dev_requant4(v.x, s, inv), epd_dev_requant4(v.y, s, inv),
+                      epd_dev_requant4(v.z, s, inv), epd_dev_requant4(v.w, s, inv));
 }
 
 /* Two fp32 -> two bf16, nearest even (the hardware conversion; for finite values it is

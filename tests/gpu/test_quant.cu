@@ -527,10 +527,11 @@ __global__ void decode_all_kernel(uint32_t *bad)
     if (!ok0 || !ok1) atomicMin(bad, c);
 }
 
-/* epd_dev_requant4 (the stream kernel's math) against the formula, e4m3(((float)q * s) * inv),
- * on every code (words of 4) for one (s, inv) pair a thread: random fp32 bit patterns without
- * NaNs or infinities (subnormal, tiny and huge values, so that products overflow, underflow and
- * saturate), pairs of the requant's own range (1/S near 1/s) and a few fixed ones. *bad counts the mismatching codes, *first the first thread. */
+/* epd_dev_requant4 (every requant kernel's math, through epd_dev_requant16) against the
+ * formula, e4m3(((float)q * s) * inv), on every code (words of 4) for one (s, inv) pair a
+ * thread: random fp32 bit patterns without NaNs or infinities (subnormal, tiny and huge values,
+ * so that products overflow, underflow and saturate), pairs of the requant's own range (1/S
+ * near 1/s) and a few fixed ones. *bad counts the mismatching codes, *first the first thread. */
 __global__ void requant4_kernel(unsigned long long *bad, unsigned int *first)
 {
     const uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
@@ -615,7 +616,7 @@ static void case_conversions(void)
     CUDA_OK(cudaMemcpy(&first, dfirst, sizeof first, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaFree(dbad));
     CUDA_OK(cudaFree(dfirst));
-    report(n_bad == 0, "requant4 (stream kernel's math), 256 codes x 16384 (s, 1/S) pairs: %llu "
+    report(n_bad == 0, "requant4 (the requant kernels' math), 256 codes x 16384 (s, 1/S) pairs: %llu "
            "mismatches%s%u", n_bad, n_bad ? ", first pair " : "", n_bad ? first : 0u);
 }
 
