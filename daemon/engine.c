@@ -38,6 +38,11 @@
 #define IDLE_SLEEP_US 50u
 #define CROWDED_SLEEP_US 10u
 
+/* A rank alone agrees with itself: no MPI. While hot it waits for a submit on a counter (not
+ * on the mutex the loop thread takes to submit) for at most SOLO_WAIT_US, then goes round again
+ * (hot, shutdown and the queue looked at anew). */
+#define SOLO_WAIT_US 200u
+
 /* The contribution of a rank to an agreement, reduced with MPI_MAX. */
 enum {
     AGREE_QUEUED = 0, /* tokens queued */
@@ -105,6 +110,9 @@ struct epd_engine {
     atomic_uint_fast64_t last_work_ns; /* last submit accepted or step with work, this rank */
     atomic_bool exiting;           /* destroy wants the worker out, even mid-agreement */
     atomic_bool agreement_open;    /* an MPI_Iallreduce on agree_buf has not completed */
+    atomic_uint_fast64_t submits;  /* requests queued, ever (bumped under mu) */
+    uint64_t submits_seen;         /* worker: submits when it last read the queue */
+    bool solo;                     /* one rank: agreements without MPI */
     volatile sig_atomic_t shutdown_wanted;
     atomic_bool shutting_down;
     atomic_bool stopped;
@@ -545,6 +553,26 @@ static bool wait_agreement(epd_engine_t *engine, MPI_Request *req, bool hot)
     }
 }
 
+/* The wait of a lone rank's hot agreement: until a request was queued since the worker last
+ * read the queue, shutdown or destroy is asked, or SOLO_WAIT_US have passed. It spins where the
+ * node has a core for it, and yields, then naps, where it has not (as wait_agreement). */
+static void solo_wait(epd_engine_t *engine)
+{
+    struct timespec nap = {0, (long)CROWDED_SLEEP_US * 1000};
+    uint64_t until = epd_now_ns() + SOLO_WAIT_US * 1000u;
+
+    for (unsigned tests = 0; atomic_load(&engine->submits) == engine->submits_seen &&
+                             !engine->shutdown_wanted && !atomic_load(&engine->exiting) &&
+                             epd_now_ns() < until;
+         tests++) {
+        if (!engine->oversubscribed) continue;
+        if (tests < WAIT_SPINS)
+            sched_yield();
+        else
+            nanosleep(&nap, NULL);
+    }
+}
+
 static void engine_stop(epd_engine_t *engine)
 {
     set_activity(engine, EPD_ENGINE_STOPPED);
@@ -560,11 +588,15 @@ static void *worker_main(void *arg)
     uint64_t *sent = engine->agree_buf, *got = engine->agree_buf + AGREE_N;
     uint64_t hot_ns = (uint64_t)engine->cfg.dispatch.hot_ms * 1000000u;
     bool hot = true; /* the first agreement starts at once */
+    bool idle = false; /* the last agreement found nothing queued */
 
     for (;;) {
         if (!hot) {
             set_activity(engine, EPD_ENGINE_IDLE);
             wait_before_agreement(engine);
+        } else if (engine->solo && idle) {
+            set_activity(engine, EPD_ENGINE_AGREEING);
+            solo_wait(engine);
         }
         pthread_mutex_lock(&engine->mu);
         if (engine->worker_exit) {
@@ -572,6 +604,7 @@ static void *worker_main(void *arg)
             break;
         }
         engine->work_arrived = false;
+        engine->submits_seen = atomic_load(&engine->submits);
         sent[AGREE_QUEUED] = engine->queued_tokens;
         sent[AGREE_LAYER] = engine->queue_head != NULL ? UINT64_MAX - queued_min_layer(engine) : 0;
         pthread_mutex_unlock(&engine->mu);
@@ -580,12 +613,17 @@ static void *worker_main(void *arg)
         sent[AGREE_HOT] = now - atomic_load(&engine->last_work_ns) < hot_ns ? 1 : 0;
         bool after_shutdown = atomic_load(&engine->shutting_down);
 
-        set_activity(engine, EPD_ENGINE_AGREEING);
-        MPI_Request req;
-        atomic_store(&engine->agreement_open, true);
-        MPI_Iallreduce(sent, got, AGREE_N, MPI_UINT64_T, MPI_MAX, engine->comm, &req);
-        if (!wait_agreement(engine, &req, hot)) return NULL; /* destroy; got stays MPI's */
-        atomic_store(&engine->agreement_open, false);
+        if (engine->solo) {
+            memcpy(got, sent, AGREE_N * sizeof *got);
+        } else {
+            set_activity(engine, EPD_ENGINE_AGREEING);
+            MPI_Request req;
+            atomic_store(&engine->agreement_open, true);
+            MPI_Iallreduce(sent, got, AGREE_N, MPI_UINT64_T, MPI_MAX, engine->comm, &req);
+            if (!wait_agreement(engine, &req, hot)) return NULL; /* destroy; got stays MPI's */
+            atomic_store(&engine->agreement_open, false);
+        }
+        idle = got[AGREE_QUEUED] == 0;
 
         if (got[AGREE_SHUTDOWN] != 0 && !atomic_load(&engine->shutting_down)) {
             atomic_store(&engine->shutting_down, true);
@@ -722,6 +760,7 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
     atomic_init(&engine->activity, EPD_ENGINE_IDLE);
     atomic_init(&engine->activity_since_ns, epd_now_ns());
     atomic_init(&engine->last_work_ns, 0);
+    atomic_init(&engine->submits, 0);
     pthread_mutex_init(&engine->mu, NULL);
     {
         pthread_condattr_t attr;
@@ -739,6 +778,7 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
         goto out_free;
     }
     engine->oversubscribed = node_oversubscribed(comm, why);
+    engine->solo = world == 1;
     if (engine->oversubscribed) epd_log_info("engine: %s", why);
     CHECK_GOTO(epd_step_create(&engine->shape, cfg->dispatch.max_tokens_per_step, ops, ops_ctx,
                                transport, transport_ctx, engine->comm, &engine->step, err),
@@ -808,6 +848,7 @@ epd_status_t epd_engine_submit(epd_engine_t *engine, epd_request_t *req)
     engine->queue_tail = req;
     engine->queued_tokens += req->n_tokens;
     engine->queued_requests++;
+    atomic_fetch_add(&engine->submits, 1);
     /* work arrived: the worker does not sleep out a long back-off */
     engine->work_arrived = true;
     pthread_cond_signal(&engine->cv);
