@@ -567,6 +567,161 @@ __global__ void requant_part_kernel(const uint4 *q, const float *__restrict__ sc
     }
 }
 
+/* ---- layout-aware requantization, the stream kernel (EPD_QL_STREAM) ---- */
+
+/* The live rows per expert of a stream launch, in its parameters: end[e] = live rows of experts
+ * 0 .. e together (expert e's live rows are rows end[e - 1] .. end[e] - 1 of the sequence of live
+ * rows, expert after expert; end[-1] = 0). One word an expert, tables of 64 to 4096 words. */
+template <int TABLE>
+struct requant_ends {
+    uint32_t end[TABLE];
+};
+
+/* Where a block of the stream kernel is: the pass at f0 of the run of expert e that ends (for
+ * this block) at `end`; flat vector f of that run is vector f of qs and its scale is
+ * sc[f / 8] (group-128) or sc[f / nvr] (per token): qs and sc are the expert's q and scales moved
+ * back by the live rows before it, so that the flat index (live rows before it included) needs no
+ * subtraction. */
+struct stream_cursor {
+    uint32_t f0, end, e;
+    const uint4 *qs;
+    uint4 *qo;
+    const float *sc;
+};
+
+/* The stream kernel: the live rows' vectors, expert after expert, are one flat sequence (a live
+ * row is nvr vectors; group-128 has a scale every 8 vectors, nvr a multiple of 8), and block b
+ * does the contiguous chunk b x chunk .. (b + 1) x chunk - 1 of it: every block the same bytes
+ * whatever the counts, a grid of the blocks that are resident at once (no second round, no tail
+ * of short blocks), and no table entry a block: the block finds its first expert from the
+ * experts' ends before the first loads. A run of one expert is one contiguous range of q,
+ * walked in passes of blockDim.x x VPT vectors (all VPT loads of a thread leave before the
+ * first is used). PIPE: the next pass's loads leave before this pass's math and stores (2 x VPT
+ * in flight a thread). flags: EPD_QL_NC, EPD_QL_CS as in the part kernel. STEP as
+ * requant_live_kernel. */
+template <int VPT, int TABLE, bool STEP, bool PIPE>
+__global__ void requant_stream_kernel(const uint4 *q, const float *__restrict__ scales,
+                                      uint32_t n_experts, uint32_t capacity, uint32_t total_vec,
+                                      uint32_t chunk, uint32_t nvr, epd_fast_div row_of,
+                                      uint32_t ns, int per_token, float given_inv,
+                                      const float *s_dev, uint4 *q_out, uint32_t flags,
+                                      const __grid_constant__ requant_ends<TABLE> ends)
+{
+    const uint32_t x0 = blockIdx.x * chunk; /* the launcher keeps grid x chunk below 2^32 */
+    if (x0 >= total_vec) return;
+    const uint32_t x1 = min(x0 + chunk, total_vec), pass = blockDim.x * VPT;
+    const bool nc = (flags & EPD_QL_NC) != 0, cs = (flags & EPD_QL_CS) != 0;
+    /* the run of expert e from flat vector `from` (< its end): pointers moved back by the live
+     * rows before it (start <= e x capacity, so they stay within the layout's rows) */
+    auto enter = [&](stream_cursor &c, uint32_t e, uint32_t from) {
+        const uint32_t start = e > 0 ? ends.end[e - 1] : 0u;
+        const uint64_t back = (uint64_t)e * capacity - start; /* rows */
+        c.e = e;
+        c.f0 = from;
+        c.end = min(x1, ends.end[e] * nvr);
+        c.qs = q + back * nvr;
+        c.qo = q_out + back * nvr;
+        c.sc = scales + back * ns;
+    };
+    /* the next pass: on in this run, else the next expert with live rows (false: chunk done) */
+    auto next = [&](stream_cursor &c) -> bool {
+        const uint32_t f = c.f0 + pass;
+        if (f < c.end) {
+            c.f0 = f;
+            return true;
+        }
+        if (c.end >= x1) return false;
+        uint32_t e = c.e + 1;
+        while (ends.end[e] * nvr <= c.end) e++; /* experts without live rows */
+        enter(c, e, c.end);
+        return true;
+    };
+    auto load = [&](const stream_cursor &c, uint4 *in, float *sc) {
+        const uint32_t f0 = c.f0 + threadIdx.x;
+        if (nc) {
+#pragma unroll
+            for (int j = 0; j < VPT; j++)
+                if (f0 + (uint32_t)j * blockDim.x < c.end)
+                    in[j] = part_load(c.qs + f0 + (uint32_t)j * blockDim.x, true);
+        } else {
+#pragma unroll
+            for (int j = 0; j < VPT; j++)
+                if (f0 + (uint32_t)j * blockDim.x < c.end)
+                    in[j] = part_load(c.qs + f0 + (uint32_t)j * blockDim.x, false);
+        }
+#pragma unroll
+        for (int j = 0; j < VPT; j++) {
+            const uint32_t f = f0 + (uint32_t)j * blockDim.x;
+            if (f < c.end) sc[j] = __ldg(c.sc + (per_token ? epd_fast_div_of(f, row_of) : f >> 3));
+        }
+    };
+    /* the expert of x0: the first e whose end is past x0's row, i.e. the number of experts whose
+     * end is not (the ends only go up). Up to 8 x blockDim.x experts, counted a word a thread:
+     * their loads leave together (one miss of the constant cache's lines, not one a step of a
+     * binary search, ~log2(experts) dependent misses before the first data load), and the table
+     * is then in the cache for the runs after; more experts: a binary search. */
+    const uint32_t row0 = epd_fast_div_of(x0, row_of);
+    const uint32_t rounds = (n_experts + blockDim.x - 1) / blockDim.x;
+    uint32_t lo = 0;
+    if (rounds <= 8) {
+        for (uint32_t r = 0; r < rounds; r++) {
+            const uint32_t k = r * blockDim.x + threadIdx.x;
+            lo += (uint32_t)__syncthreads_count(k < n_experts && ends.end[k] <= row0);
+        }
+    } else {
+        uint32_t hi = n_experts - 1;
+        while (lo < hi) {
+            const uint32_t mid = (lo + hi) / 2;
+            if (ends.end[mid] > row0) hi = mid;
+            else lo = mid + 1;
+        }
+    }
+    stream_cursor c;
+    enter(c, lo, x0);
+    uint4 in[VPT], in2[VPT];
+    float sc[VPT], sc2[VPT];
+    float inv = given_inv;
+    load(c, in, sc);
+    if (STEP) {
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        const float big_s = *s_dev;
+        inv = big_s > 0.0f ? __fdiv_rn(1.0f, big_s) : 0.0f; /* as the host's */
+    }
+    for (;;) {
+        stream_cursor d = c;
+        const bool more = next(d);
+        if (PIPE && more) load(d, in2, sc2);
+        const uint32_t f0 = c.f0 + threadIdx.x;
+#pragma unroll
+        for (int j = 0; j < VPT; j++) {
+            if (f0 + (uint32_t)j * blockDim.x < c.end)
+                in[j] = epd_dev_requant16(in[j], sc[j], inv);
+        }
+        if (cs) {
+#pragma unroll
+            for (int j = 0; j < VPT; j++)
+                if (f0 + (uint32_t)j * blockDim.x < c.end)
+                    part_store(c.qo + f0 + (uint32_t)j * blockDim.x, in[j], true);
+        } else {
+#pragma unroll
+            for (int j = 0; j < VPT; j++)
+                if (f0 + (uint32_t)j * blockDim.x < c.end)
+                    part_store(c.qo + f0 + (uint32_t)j * blockDim.x, in[j], false);
+        }
+        if (!more) break;
+        if (PIPE) {
+#pragma unroll
+            for (int j = 0; j < VPT; j++) {
+                in[j] = in2[j];
+                sc[j] = sc2[j];
+            }
+        } else {
+            load(d, in, sc);
+        }
+        c = d;
+    }
+}
+
 /* ---- launchers ---- */
 
 static epd_status_t launch_result(const char *what, char err[EPD_ERR_LEN])
@@ -932,6 +1087,28 @@ struct requant_tile_list {
     uint16_t rows[EPD_REQUANT_LIVE_TILES];
 };
 
+/* Queues the step scale's reduction over the packed tiles (rbits bits for rows - 1) into
+ * *scale_dev, which it zeroes first. */
+template <int TABLE>
+static epd_status_t step_reduce(const requant_tiles<TABLE> &tiles, uint32_t n_tiles,
+                                uint32_t rbits, const float *scales, uint32_t ns, float *scale_dev,
+                                cudaStream_t st, char err[EPD_ERR_LEN])
+{
+    uint32_t sms = 0;
+    epd_status_t status = device_sms(&sms, err);
+    if (status != EPD_OK) return status;
+    cudaError_t rc = cudaMemsetAsync(scale_dev, 0, sizeof(float), st);
+    if (rc != cudaSuccess) {
+        snprintf(err, EPD_ERR_LEN, "step scale: %s", cudaGetErrorString(rc));
+        return EPD_ERR_CUDA;
+    }
+    /* a block a tile up to 8 an SM: each reads its tiles' scales once */
+    const uint32_t grid = n_tiles < sms * 8 ? n_tiles : sms * 8;
+    scale_max_tiles_kernel<TABLE><<<grid, 128, 0, st>>>(scales, n_tiles, ns, rbits, scale_dev,
+                                                        tiles);
+    return launch_result("step scale", err);
+}
+
 /* Queues the reduction (step) and the requant of the n_tiles tiles of all (TABLE >= n_tiles),
  * packed with rbits bits for rows - 1, tiles of up to rows_per_tile rows. The part kernel when
  * l asks for parts or a variant (l.split > 1 or l.flags), else requant_live_kernel. */
@@ -979,20 +1156,7 @@ static epd_status_t live_queue(const requant_tile_list &all, uint32_t n_tiles, u
             tiles.tile[i] = all.first[i] << rbits | (all.rows[i] - 1u);
     }
     for (uint32_t i = n_tiles; i < (uint32_t)TABLE; i++) tiles.tile[i] = 0; /* never read */
-    if (step) {
-        uint32_t sms = 0;
-        CHECK_GOTO(device_sms(&sms, err), out);
-        cudaError_t rc = cudaMemsetAsync(scale_dev, 0, sizeof(float), st);
-        if (rc != cudaSuccess) {
-            snprintf(err, EPD_ERR_LEN, "step scale: %s", cudaGetErrorString(rc));
-            return EPD_ERR_CUDA;
-        }
-        /* a block a tile up to 8 an SM: each reads its tiles' scales once */
-        const uint32_t grid = n_tiles < sms * 8 ? n_tiles : sms * 8;
-        scale_max_tiles_kernel<TABLE><<<grid, 128, 0, st>>>(scales, n_tiles, ns, rbits, scale_dev,
-                                                            tiles);
-        CHECK_GOTO(launch_result("step scale", err), out);
-    }
+    if (step) CHECK_GOTO(step_reduce<TABLE>(tiles, n_tiles, rbits, scales, ns, scale_dev, st, err), out);
     if (part) {
         const uint32_t n_items = parts.start[n_parts]; /* <= 4096 x 32 */
         const uint32_t flags = q == q_out ? l.flags & ~EPD_QL_NC : l.flags;
@@ -1049,6 +1213,104 @@ out:
     return status;
 }
 
+/* The stream kernel of a launch: vec x table size x step scale x pipelined. */
+template <int TABLE>
+static void (*stream_kernel(uint32_t vec, bool step, bool pipe))(
+    const uint4 *, const float *, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, epd_fast_div,
+    uint32_t, int, float, const float *, uint4 *, uint32_t, const requant_ends<TABLE>)
+{
+#define EPD_STREAM_KERNEL(S, P)                                                                \
+    return vec == 1 ? requant_stream_kernel<1, TABLE, S, P>                                     \
+         : vec == 2 ? requant_stream_kernel<2, TABLE, S, P>                                     \
+                    : requant_stream_kernel<4, TABLE, S, P>
+    if (step && pipe) EPD_STREAM_KERNEL(true, true);
+    if (step) EPD_STREAM_KERNEL(true, false);
+    if (pipe) EPD_STREAM_KERNEL(false, true);
+    EPD_STREAM_KERNEL(false, false);
+#undef EPD_STREAM_KERNEL
+}
+
+/* Queues the step scale's reduction over the n_tiles tiles of all (packed with rbits bits for
+ * rows - 1) in the smallest tile table that holds them. */
+static epd_status_t step_reduce_tiles(const requant_tile_list &all, uint32_t n_tiles,
+                                      uint32_t rbits, const float *scales, uint32_t ns,
+                                      float *scale_dev, cudaStream_t st, char err[EPD_ERR_LEN])
+{
+#define EPD_STEP_REDUCE(T)                                                                      \
+    if (n_tiles <= (T)) {                                                                       \
+        requant_tiles<(T)> tiles;                                                               \
+        for (uint32_t i = 0; i < (uint32_t)(T); i++)                                            \
+            tiles.tile[i] = i < n_tiles ? all.first[i] << rbits | (all.rows[i] - 1u) : 0u;      \
+        return step_reduce<(T)>(tiles, n_tiles, rbits, scales, ns, scale_dev, st, err);         \
+    }
+    EPD_STEP_REDUCE(64);
+    EPD_STEP_REDUCE(256);
+    EPD_STEP_REDUCE(1024);
+#undef EPD_STEP_REDUCE
+    requant_tiles<EPD_REQUANT_LIVE_TILES> tiles;
+    for (uint32_t i = 0; i < (uint32_t)EPD_REQUANT_LIVE_TILES; i++)
+        tiles.tile[i] = i < n_tiles ? all.first[i] << rbits | (all.rows[i] - 1u) : 0u;
+    return step_reduce<EPD_REQUANT_LIVE_TILES>(tiles, n_tiles, rbits, scales, ns, scale_dev, st,
+                                               err);
+}
+
+/* Queues the reduction (step: over the tiles of all) and the stream kernel over the live rows
+ * of counts_host (n_experts <= TABLE, live x hidden / 16 < 2^31: the caller checks). The grid:
+ * the blocks that fit at once (at most l.blocks an SM), fewer when the vectors make fewer than
+ * l.rows passes a block; the chunks a multiple of 8 vectors (128 bytes). */
+template <int TABLE>
+static epd_status_t stream_queue(const int32_t *counts_host, uint32_t n_experts, uint32_t capacity,
+                                 uint64_t live, const requant_tile_list &all, uint32_t n_tiles,
+                                 uint32_t rbits, const uint8_t *q, const float *scales,
+                                 uint32_t hidden, epd_scale_kind_t kind, float scale,
+                                 uint8_t *q_out, float *scale_dev, const epd_quant_launch_t &l,
+                                 cudaStream_t st, char err[EPD_ERR_LEN])
+{
+    epd_status_t status;
+    requant_ends<TABLE> ends;
+    const bool step = scale_dev != nullptr;
+    const uint32_t ns = epd_quant_n_scales(hidden, kind), nvr = hidden / 16;
+    const uint32_t total_vec = (uint32_t)(live * nvr);
+    uint32_t run = 0;
+    for (uint32_t e = 0; e < n_experts; e++) {
+        run += counts_host[e] > 0 ? (uint32_t)counts_host[e] : 0u;
+        ends.end[e] = run;
+    }
+    for (uint32_t e = n_experts; e < (uint32_t)TABLE; e++) ends.end[e] = run; /* never read */
+    if (step) CHECK_GOTO(step_reduce_tiles(all, n_tiles, rbits, scales, ns, scale_dev, st, err), out);
+    {
+        const uint32_t flags = q == q_out ? l.flags & ~EPD_QL_NC : l.flags;
+        auto kernel = stream_kernel<TABLE>(l.vec, step, (flags & EPD_QL_PIPE) != 0);
+        uint32_t resident;
+        CHECK_GOTO(device_blocks((const void *)kernel, l.threads, 0, l.blocks, &resident, err),
+                   out);
+        const uint64_t per_block = (uint64_t)l.threads * l.vec * (l.rows > 1 ? l.rows : 1);
+        const uint64_t want = (total_vec + per_block - 1) / per_block;
+        uint32_t grid = want < resident ? (uint32_t)want : resident;
+        if (grid == 0) grid = 1;
+        const uint32_t chunk = (total_vec / grid + (total_vec % grid != 0) + 7u) & ~7u;
+        grid = (total_vec + chunk - 1) / chunk;
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr[1];
+        cfg.gridDim = dim3(grid);
+        cfg.blockDim = dim3(l.threads);
+        cfg.dynamicSmemBytes = 0;
+        cfg.stream = st;
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = step ? 1 : 0; /* behind the reduction's kernel */
+        (void)cudaLaunchKernelEx(&cfg, kernel, reinterpret_cast<const uint4 *>(q), scales,
+                                 n_experts, capacity, total_vec, chunk, nvr,
+                                 epd_fast_div_make(nvr), ns, kind == EPD_SCALE_PER_TOKEN ? 1 : 0,
+                                 step ? 0.0f : 1.0f / scale, (const float *)scale_dev,
+                                 reinterpret_cast<uint4 *>(q_out), flags, ends);
+    }
+    return launch_result("requantize", err);
+out:
+    return status;
+}
+
 /* The layout-aware requant: tiles on the host, then live_queue with the smallest table that
  * holds them. scale_dev != NULL: the step scale reduced on the device (scale ignored). */
 static epd_status_t requant_live(const uint8_t *q, const float *scales, const int32_t *counts_host,
@@ -1098,6 +1360,23 @@ static epd_status_t requant_live(const uint8_t *q, const float *scales, const in
         }
         return EPD_OK;
     }
+    /* the stream kernel, where its table holds the experts and its flat index the vectors
+     * (else the same bytes from the tile or part kernel: the bit is a launch hint) */
+    if ((l.flags & EPD_QL_STREAM) != 0 && n_experts <= EPD_REQUANT_LIVE_TILES &&
+        live * (hidden / 16) < 0x80000000ull) {
+#define EPD_STREAM_QUEUE(T)                                                                     \
+    if (n_experts <= (T))                                                                       \
+        return stream_queue<(T)>(counts_host, n_experts, capacity, live, all, n_tiles, rbits, q, \
+                                 scales, hidden, kind, scale, q_out, scale_dev, l, st, err)
+        EPD_STREAM_QUEUE(64);
+        EPD_STREAM_QUEUE(256);
+        EPD_STREAM_QUEUE(1024);
+#undef EPD_STREAM_QUEUE
+        return stream_queue<EPD_REQUANT_LIVE_TILES>(counts_host, n_experts, capacity, live, all,
+                                                    n_tiles, rbits, q, scales, hidden, kind,
+                                                    scale, q_out, scale_dev, l, st, err);
+    }
+    l.flags &= ~EPD_QL_STREAM;
 #define EPD_LIVE_QUEUE(T)                                                                       \
     if (n_tiles <= (T))                                                                         \
         return live_queue<(T)>(all, n_tiles, rbits, rows_per_tile, q, scales, hidden, kind,     \

@@ -126,7 +126,8 @@ typedef struct epd_quant_launch {
     uint32_t rows;    /* per_token: rows per block (threads/rows lanes a row; 32 lanes = a row a
                          warp); group128: groups a thread's lanes do, loads all in flight first
                          (1|2|4); requant: rows per tile (consecutive live rows, expert after
-                         expert); requant_live: rows per tile (of one expert); unused by others */
+                         expert); requant_live: rows per tile (of one expert; EPD_QL_STREAM:
+                         the least passes a block); unused by others */
     uint32_t blocks;  /* requant, requant_live: at most this many blocks per SM (0: as many as
                          fit); requant_live's grid is the tiles, or fewer (then blocks stride over
                          them); unused by the others */
@@ -140,15 +141,21 @@ typedef struct epd_quant_launch {
 /* The most parts a tile of the layout-aware requant is cut into. */
 #define EPD_REQUANT_MAX_PARTS 32
 
-/* requant_live variants (epd_quant_launch_t.flags); any bit set (or split > 1) selects the
- * part kernel, which gives the same bytes. */
+/* requant_live variants (epd_quant_launch_t.flags); EPD_QL_STREAM selects the stream kernel,
+ * any other bit set (or split > 1) the part kernel; all give the same bytes. */
 #define EPD_QL_PIPE 1u    /* the next pass's loads are issued before this pass's math and stores */
 #define EPD_QL_NC 2u      /* q read through the read-only path without L1 allocation (ignored in
                              place, q_out == q) */
 #define EPD_QL_CS 4u      /* q_out written with streaming stores (st.global.cs) */
 #define EPD_QL_BALANCE 8u /* grid cut to an equal number of items a block (no short last round),
                              when that keeps 7/8 of the blocks that fit */
-#define EPD_QL_ALL 15u
+#define EPD_QL_STREAM 16u /* the stream kernel: the live rows' vectors as one flat sequence cut into
+                             one contiguous chunk a block, a grid of the blocks that fit at once;
+                             rows is then the least passes a block (fewer blocks when the vectors
+                             are fewer) and the step reduction's tile rows, split and
+                             EPD_QL_BALANCE are unused; the PIPE, NC and CS bits apply. More
+                             than 4096 experts, or 2^31 live vectors: the other kernels */
+#define EPD_QL_ALL 31u
 
 /* Name of a kernel kind ("quant_token", ...). */
 const char *epd_quant_kernel_name(epd_quant_kernel_t kernel);

@@ -102,21 +102,51 @@ __device__ __forceinline__ void epd_dev_dequant16(uint4 v, float s, float out[16
     }
 }
 
-/* 16 e4m3 codes with scale s -> 16 codes of ((float)q * s) * inv, clamped (requantization). */
+/* Requantization of one word (4 codes): ((float)q * s) * inv, clamped, as e4m3 codes. In PTX:
+ * the word's halves are taken as 16-bit registers (no shift for the upper pair) and the two
+ * output pairs are joined by one mov (no shift-and-or); the operations are epd_dev_dequant16's
+ * conversions (e4m3x2 -> f16x2 -> f32) and round-to-nearest multiplies, then * inv and the
+ * satfinite f32x2 -> e4m3x2 conversion of epd_dev_cvt4 (the first value in the lowest byte). */
+__device__ __forceinline__ uint32_t epd_dev_requant4(uint32_t w, float s, float inv)
+{
+    uint32_t out;
+    asm("{\n\t"
+        ".reg .b16 c0, c1, o0, o1;\n\t"
+        ".reg .b32 h0, h1;\n\t"
+        ".reg .f16 a0, a1, a2, a3;\n\t"
+        ".reg .f32 f0, f1, f2, f3;\n\t"
+        "mov.b32 {c0, c1}, %1;\n\t"
+        "cvt.rn.f16x2.e4m3x2 h0, c0;\n\t"
+        "cvt.rn.f16x2.e4m3x2 h1, c1;\n\t"
+        "mov.b32 {a0, a1}, h0;\n\t"
+        "mov.b32 {a2, a3}, h1;\n\t"
+        "cvt.f32.f16 f0, a0;\n\t"
+        "cvt.f32.f16 f1, a1;\n\t"
+        "cvt.f32.f16 f2, a2;\n\t"
+        "cvt.f32.f16 f3, a3;\n\t"
+        "mul.rn.f32 f0, f0, %2;\n\t"
+        "mul.rn.f32 f1, f1, %2;\n\t"
+        "mul.rn.f32 f2, f2, %2;\n\t"
+        "mul.rn.f32 f3, f3, %2;\n\t"
+        "mul.rn.f32 f0, f0, %3;\n\t"
+        "mul.rn.f32 f1, f1, %3;\n\t"
+        "mul.rn.f32 f2, f2, %3;\n\t"
+        "mul.rn.f32 f3, f3, %3;\n\t"
+        "cvt.rn.satfinite.e4m3x2.f32 o0, f1, f0;\n\t"
+        "cvt.rn.satfinite.e4m3x2.f32 o1, f3, f2;\n\t"
+        "mov.b32 %0, {o0, o1};\n\t"
+        "}"
+        : "=r"(out)
+        : "r"(w), "f"(s), "f"(inv));
+    return out;
+}
+
+/* 16 e4m3 codes with scale s -> 16 codes of ((float)q * s) * inv, clamped (requantization),
+ * a word at a time. */
 __device__ __forceinline__ uint4 epd_dev_requant16(uint4 v, float s, float inv)
 {
-    float f[16];
-    epd_dev_dequant16(v, s, f);
-    uint4 o;
-    o.x = epd_dev_cvt4(__fmul_rn(f[0], inv), __fmul_rn(f[1], inv), __fmul_rn(f[2], inv),
-                       __fmul_rn(f[3], inv));
-    o.y = epd_dev_cvt4(__fmul_rn(f[4], inv), __fmul_rn(f[5], inv), __fmul_rn(f[6], inv),
-                       __fmul_rn(f[7], inv));
-    o.z = epd_dev_cvt4(__fmul_rn(f[8], inv), __fmul_rn(f[9], inv), __fmul_rn(f[10], inv),
-                       __fmul_rn(f[11], inv));
-    o.w = epd_dev_cvt4(__fmul_rn(f[12], inv), __fmul_rn(f[13], inv), __fmul_rn(f[14], inv),
-                       __fmul_rn(f[15], inv));
-    return o;
+    return make_uint4(epd_dev_requant4(v.x, s, inv), epd_dev_requant4(v.y, s, inv),
+                      epd_dev_requant4(v.z, s, inv), epd_dev_requant4(v.w, s, inv));
 }
 
 /* Two fp32 -> two bf16, nearest even (the hardware conversion; for finite values it is

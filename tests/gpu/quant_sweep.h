@@ -4,7 +4,8 @@
  * thread a pass, R rows a tile (the launch carries one word a tile), B blocks an SM at most (0: as
  * many as fit), S parts a tile (a block's item: ceil(R / S) rows; 0 or 1: the tile), F variant
  * bits: 1 pipelined passes, 2 read-only loads without L1 allocation, 4 streaming stores, 8 a
- * balanced grid (EPD_QL_*). Any S > 1 or F != 0 runs the part kernel. */
+ * balanced grid, 16 the stream kernel (EPD_QL_*; R is then the least passes a block). F with 16
+ * runs the stream kernel, else any S > 1 or F != 0 the part kernel. */
 #ifndef EPD_TESTS_GPU_QUANT_SWEEP_H
 #define EPD_TESTS_GPU_QUANT_SWEEP_H
 
@@ -21,7 +22,10 @@
  * rows, 448 x 4 four. The first group is the tile kernel (the picks before the part kernel and
  * their neighbours); then parts of 1, 2 and 4 rows cut from 8- to 64-row tiles (tables 4 to 32
  * times smaller than a tile a block), each with and without the pipelined passes and the
- * balanced grid; then the cache hints and the blocks an SM on the 2-row parts. */
+ * balanced grid; then the cache hints and the blocks an SM on the 2-row parts; then the stream
+ * kernel (a contiguous chunk of the live vectors a block, all blocks resident at once): 1, 2 and
+ * 4 vectors a thread, with and without the pipelined passes, 1 or 2 passes a block at least,
+ * blocks an SM, the cache hints. */
 #define EPD_REQUANT_SWEEP                                                                         \
     "448:1:1:4,224:4:2:4,224:2:8:4,224:2:1:4,224:2:2:4,224:2:4:4,224:4:4:4,224:4:8:4,"           \
     "448:4:4:4,448:2:2:4,224:4:2:8,224:2:16:4,"                                                   \
@@ -32,7 +36,11 @@
     "224:2:16:4:8:9,224:2:32:4:16:8,224:2:32:4:16:9,224:2:32:4:8:9,224:2:64:4:32:9,"             \
     "448:2:32:4:16:9,"                                                                            \
     "224:4:8:4:4:10,224:4:8:4:4:12,224:2:32:4:16:11,224:2:32:4:16:13,224:2:32:4:16:15,"          \
-    "224:2:32:6:16:9,224:2:32:8:16:9,224:2:32:0:16:9,224:4:32:0:16:9"
+    "224:2:32:6:16:9,224:2:32:8:16:9,224:2:32:0:16:9,224:4:32:0:16:9,"                           \
+    "224:4:1:4:0:16,224:2:1:4:0:16,448:1:1:4:0:16,448:2:1:4:0:16,"                               \
+    "224:4:1:4:0:17,224:2:1:4:0:17,448:2:1:4:0:17,448:4:1:2:0:17,224:4:2:4:0:17,"               \
+    "224:2:2:4:0:17,224:4:1:0:0:17,224:4:1:3:0:17,128:4:1:8:0:17,256:4:1:4:0:17,"               \
+    "224:4:1:4:0:21,224:4:1:4:0:19"
 
 /* "a:b:c[:d[:e[:f]]],..." into launch parameters; with_kind: each item starts "group:" or
  * "token:" (the quantize kernels), kind 0 or 1 in .first. false on a malformed item. */

@@ -527,6 +527,45 @@ __global__ void decode_all_kernel(uint32_t *bad)
     if (!ok0 || !ok1) atomicMin(bad, c);
 }
 
+/* epd_dev_requant4 (every requant kernel's math, through epd_dev_requant16) against the
+ * formula, e4m3(((float)q * s) * inv), on every code (words of 4) for one (s, inv) pair a
+ * thread: random fp32 bit patterns without NaNs or infinities (subnormal, tiny and huge values,
+ * so that products overflow, underflow and saturate), pairs of the requant's own range (1/S
+ * near 1/s) and a few fixed ones. *bad counts the mismatching codes, *first the first thread. */
+__global__ void requant4_kernel(unsigned long long *bad, unsigned int *first)
+{
+    const uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
+    auto finite = [](uint32_t h) {
+        h &= 0x7fffffffu;
+        return __uint_as_float((h >> 23) == 0xffu ? h & ~0x00800000u : h);
+    };
+    uint32_t h1 = t * 2654435761u + 0x9e3779b9u, h2 = (t ^ 0x5bd1e995u) * 2246822519u;
+    h1 ^= h1 >> 15;
+    h2 ^= h2 >> 13;
+    float s = finite(h1 * 0x27d4eb2du), inv = finite(h2 * 0x165667b1u);
+    if (t & 1) { /* the requant's own regime: s of 2^-40 .. 2^10, 1/S near 1/s */
+        s = __uint_as_float((87u + h1 % 50u) << 23 | (h1 >> 9 & 0x7fffffu));
+        inv = __fdiv_rn(1.0f, __fmul_rn(s, 0.25f + (float)(h2 % 4096u) / 1024.0f));
+    }
+    if (t < 4) { /* ordinary scales; one that saturates; 1/S of a denormal-range S */
+        const float ss[4] = {1.0f, 0.0123f, 3.5f, 1e-30f}, is[4] = {1.0f, 37.2f, 1e6f, 1e30f};
+        s = ss[t];
+        inv = is[t];
+    }
+    for (uint32_t c = 0; c < 256; c += 4) {
+        const uint32_t w = c | (c + 1) << 8 | (c + 2) << 16 | (c + 3) << 24;
+        const uint32_t got = epd_dev_requant4(w, s, inv);
+        for (uint32_t k = 0; k < 4; k++) {
+            const uint8_t want =
+                epd_e4m3_from_f32(__fmul_rn(__fmul_rn(epd_e4m3_to_f32((uint8_t)(c + k)), s), inv));
+            if (((got >> (8 * k)) & 0xffu) != want) {
+                atomicAdd(bad, 1ull);
+                atomicMin(first, t);
+            }
+        }
+    }
+}
+
 __global__ void nan_probe_kernel(uint32_t *out)
 {
     out[0] = __nv_cvt_float2_to_fp8x2(make_float2(__uint_as_float(0xffc00000u), -0.0f),
@@ -564,6 +603,21 @@ static void case_conversions(void)
     CUDA_OK(cudaFree(db));
     printf("INFO  raw hardware SATFINITE: (-NaN, -0) -> 0x%04x, (+NaN, -1e-30) -> 0x%04x "
            "(the kernels only convert products, whose NaN is positive)\n", probe[0], probe[1]);
+
+    unsigned long long n_bad = 0, *dbad;
+    unsigned int first = 0xffffffffu, *dfirst;
+    CUDA_OK(cudaMalloc(&dbad, sizeof n_bad));
+    CUDA_OK(cudaMalloc(&dfirst, sizeof first));
+    CUDA_OK(cudaMemcpy(dbad, &n_bad, sizeof n_bad, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dfirst, &first, sizeof first, cudaMemcpyHostToDevice));
+    requant4_kernel<<<64, 256>>>(dbad, dfirst);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaMemcpy(&n_bad, dbad, sizeof n_bad, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(&first, dfirst, sizeof first, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaFree(dbad));
+    CUDA_OK(cudaFree(dfirst));
+    report(n_bad == 0, "requant4 (the requant kernels' math), 256 codes x 16384 (s, 1/S) pairs: %llu "
+           "mismatches%s%u", n_bad, n_bad ? ", first pair " : "", n_bad ? first : 0u);
 }
 
 /* ---- argument checks (no kernel runs) ---- */
@@ -782,6 +836,25 @@ int main(void)
             case_requant_live(256, 128, 7168, EPD_SCALE_GROUP128, 8, (k + 1) % 4, k == 1,
                               &parts[k]);
         }
+        /* the stream kernel: chunks across many experts with 0-1 live rows (many empty), one
+         * warp a block, a pass of 96 x 4 vectors (not a multiple of a row or of 8), every bit,
+         * the largest table (4096 experts), more experts than its table (the part kernel then),
+         * more passes a block than the layout has (one block), kbench's uniform layouts */
+        const epd_quant_launch_t streams[] = {{32, 1, 1, 1, 0, 16}, {96, 4, 3, 0, 0, 31},
+                                              {224, 4, 1, 4, 0, 17}, {1024, 2, 1, 0, 0, 21},
+                                              {224, 2, 64, 4, 0, 19}};
+        for (int k = 0; k < 5; k++) {
+            case_requant_live(300, 3, 896, (epd_scale_kind_t)(k % 2), -1, k % 4, k == 2,
+                              &streams[k]);
+            case_requant_live(64, 128, 7168, (epd_scale_kind_t)((k + 1) % 2), 32, (k + 1) % 4,
+                              false, &streams[k]);
+        }
+        case_requant_live(256, 128, 7168, EPD_SCALE_GROUP128, 32, 0, false, &streams[2]);
+        case_requant_live(128, 256, 7168, EPD_SCALE_PER_TOKEN, 64, 3, false, &streams[2]);
+        case_requant_live(4096, 2, 256, EPD_SCALE_GROUP128, -2, 3, false, &streams[2]);
+        case_requant_live(4096, 2, 128, EPD_SCALE_PER_TOKEN, -2, 0, true, &streams[3]);
+        case_requant_live(5000, 2, 128, EPD_SCALE_GROUP128, -1, 3, false, &streams[2]);
+        case_requant_live(5000, 2, 128, EPD_SCALE_PER_TOKEN, -1, 1, false, &streams[0]);
         const epd_quant_launch_t doubled = {128, 1, 1, 0, 0, 9};
         case_requant_live(4096, 2, 256, EPD_SCALE_GROUP128, -2, 3, false, &doubled);
         case_requant_live(4096, 2, 256, EPD_SCALE_PER_TOKEN, -2, 0, true, &doubled);
