@@ -343,28 +343,26 @@ static uint32_t token_lanes(uint32_t want)
 }
 
 /* The layout-aware requant's launch by live rows (all experts together) at H 7168: the first row
- * whose max_rows holds them. From kbench --sweep on one H200 (docs/notes/kernels.md):
- *   up to 128 rows: a row a pass of one vector a thread (448 threads), a row a tile;
- *   up to 1024 (decode): four vectors a thread (224 threads: two rows a pass), a pass a tile:
- *     twice the loads in flight of two vectors, every block's work one pass;
- *   up to 16384 (not measured yet: chosen from the tile kernel's shape there): the stream kernel,
- *     pipelined, four vectors a thread: one wave of resident blocks, each the same bytes (the
- *     tile kernel's 1024 one-pass tiles at 2048 rows are two rounds on 4 x 132 blocks, its 1024
- *     8-row tiles at 8192 rows two rounds of ~15 us blocks that end unevenly), 8 loads in
- *     flight a thread, and a table of one word an expert (1 KB at 256 experts, against 4 KB of
- *     tiles: the event-timed launch pays ~0.1 us a KB);
- *   more: two vectors a thread, 8-row tiles (at 0.90-1.02 of copy at 32768 rows).
- * At most 4 blocks an SM. tests/gpu/quant_gpu.sh prints, from a sweep, the best launch of each
- * class of live rows as rows of this table ("suggested requant_live_picks"). */
+ * whose max_rows holds them. The rows are the sweep's "suggested requant_live_picks" of one H200
+ * (kbench --sweep, S given, group128, the best of event and graph timing; docs/results.md, issue
+ * 18, session 9): every row is within 1.2% of the best launch measured for its layouts. Flags:
+ * 8 balanced grid, 9 = that and pipelined, 12 = balanced with streaming stores. The stream kernel
+ * (EPD_QL_STREAM) is in the sweep but was the best nowhere. At most 4 blocks an SM.
+ * tests/gpu/quant_gpu.sh prints this table from a sweep. */
 #define REQUANT_LIVE_PICK_HIDDEN 7168u
 static const struct requant_live_pick {
     uint32_t max_rows;    /* live rows, at most */
     epd_quant_launch_t l; /* threads, vec, rows (a tile), blocks (an SM), split, flags */
 } requant_live_picks[] = {
-    {128, {448, 1, 1, 4, 0, 0}},
-    {1024, {224, 4, 2, 4, 0, 0}},
-    {16384, {224, 4, 1, 4, 0, EPD_QL_STREAM | EPD_QL_PIPE}},
-    {UINT32_MAX, {224, 2, 8, 4, 0, 0}}, /* the last row takes every count */
+    {16, {448, 1, 1, 4, 0, 0}},
+    {32, {224, 2, 16, 4, 0, 0}},
+    {128, {224, 2, 1, 4, 0, 0}},
+    {512, {448, 2, 2, 4, 0, 0}},
+    {1024, {448, 4, 4, 4, 0, 0}},
+    {2048, {448, 2, 2, 4, 0, 0}},
+    {4096, {224, 4, 8, 4, 4, EPD_QL_BALANCE | EPD_QL_CS}},
+    {8192, {224, 2, 32, 4, 8, EPD_QL_BALANCE | EPD_QL_PIPE}},
+    {UINT32_MAX, {224, 2, 8, 4, 0, EPD_QL_BALANCE}}, /* the last row takes every count */
 };
 
 epd_quant_launch_t epd_quant_launch_pick(epd_quant_kernel_t kernel, uint32_t hidden, uint32_t rows,

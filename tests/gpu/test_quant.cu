@@ -431,7 +431,7 @@ static void case_requant_live_args(void)
     CUDA_OK(cudaMalloc(&dq, 4096));
     CUDA_OK(cudaMalloc(&ds, 4096));
     int32_t one[2] = {1, 0}, none[2] = {0, 0}, bad[2] = {3, 0};
-    epd_quant_launch_t badl = {224, 3, 1, 0}, badf = {224, 2, 1, 0, 0, 16},
+    epd_quant_launch_t badl = {224, 3, 1, 0}, badf = {224, 2, 1, 0, 0, EPD_QL_ALL + 1},
                        bads = {224, 2, 1, 0, EPD_REQUANT_MAX_PARTS + 1, 0};
     bool ok = epd_requant_given_cuda(dq, ds, one, 2, 2, 128, EPD_SCALE_GROUP128, 0.0f, dq, NULL,
                                      NULL, err) == EPD_ERR_INVALID_ARG &&

@@ -545,15 +545,17 @@ static void test_quant__requant_tiles__one_expert_each_and_doubled_when_too_many
 static void test_quant__launch_pick__requant_live_by_live_rows(void **state)
 {
     (void)state;
-    const uint32_t classes[] = {1,    16,   128,  129,   512,   1024,  1025,      2048,
-                                2049, 4096, 8192, 16384, 16385, 32768, 0xffffffffu};
+    const uint32_t classes[] = {1,    16,   17,   32,   33,    128,   129,  512,
+                                513,  1024, 1025, 2048, 2049,  4096,  4097, 8192,
+                                8193, 16384, 32768, 0xffffffffu};
     for (size_t k = 0; k < sizeof classes / sizeof classes[0]; k++) {
         epd_quant_launch_t l = epd_quant_launch_pick(EPD_QK_REQUANT_LIVE, 7168, classes[k], 132);
         assert_int_equal(l.threads * l.vec % 448, 0); /* a 7168-byte row is 448 vectors */
     }
     char err[EPD_ERR_LEN] = "";
     const uint32_t hs[] = {128, 256, 896, 2048, 4096, 5120, 7168};
-    const uint32_t rows[] = {1, 128, 129, 1024, 1025, 2048, 2049, 16384, 16385, 32768};
+    const uint32_t rows[] = {1, 16, 17, 32, 33, 128, 129, 512, 513, 1024, 1025, 2048, 2049, 4096,
+                             4097, 8192, 8193, 32768};
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
         for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++) {
             epd_quant_launch_t l = epd_quant_launch_pick(EPD_QK_REQUANT_LIVE, hs[i], rows[k], 132);
