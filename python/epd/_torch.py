@@ -2,6 +2,7 @@
 views of CPU tensors, and the CUDA IPC handle of a tensor's memory for device regions (DESIGN.md
 4b: `untyped_storage()._share_cuda_()`; torch 2.x gives 2 prefix bytes, version 2 and 'c' for a
 cudaMalloc'd block, then the 64-byte cudaIpcMemHandle_t)."""
+import collections
 import ctypes
 
 import numpy as np
@@ -10,6 +11,8 @@ import torch
 from .errors import InvalidArgument
 
 IPC_HANDLE_LEN = 64
+CU_POINTER_ATTRIBUTE_BUFFER_ID = 7  # cuda.h: unsigned long long, unique within a process
+MAX_KNOWN_ALLOCATIONS = 1024  # allocations whose handle is remembered
 
 _WIRE = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32", torch.float64: "f64",
          torch.int8: "i8", torch.uint8: "u8", torch.int16: "i16", torch.int32: "i32",
@@ -91,8 +94,8 @@ def torch_ipc_handle(storage):
 
 
 class _Driver:
-    """The two CUDA driver calls device regions need (libcuda.so.1 through ctypes): the
-    allocation a pointer lies in, and its IPC handle."""
+    """The CUDA driver calls device regions need (libcuda.so.1 through ctypes): the allocation a
+    pointer lies in, its IPC handle, and its buffer id, by which the first two are remembered."""
 
     def __init__(self):
         lib = ctypes.CDLL("libcuda.so.1")
@@ -103,15 +106,51 @@ class _Driver:
         self.get_handle = lib.cuIpcGetMemHandle
         self.get_handle.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
         self.get_handle.restype = ctypes.c_int
+        self.get_attribute = lib.cuPointerGetAttribute
+        self.get_attribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64]
+        self.get_attribute.restype = ctypes.c_int
         self.error_name = lib.cuGetErrorName
         self.error_name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         self.error_name.restype = ctypes.c_int
+        self.buffer_id = ctypes.c_uint64()
+        self.buffer_id_ref = ctypes.byref(self.buffer_id)
+        # buffer id -> (handle, base, bytes), least recently used first. The driver never gives
+        # a freed allocation's id to a later one, so an entry cannot describe other memory.
+        self.allocations = collections.OrderedDict()
 
     def name(self, rc):
         s = ctypes.c_char_p()
         if self.error_name(rc, ctypes.byref(s)) == 0 and s.value:
             return s.value.decode()
         return "CUDA error %d" % rc
+
+    def allocation(self, ptr):
+        """(handle, base, bytes) of the allocation ptr lies in, or None where the driver does
+        not know ptr. One driver call for an allocation seen before; the first time, its range
+        and its IPC handle (InvalidArgument where it has none)."""
+        if self.get_attribute(self.buffer_id_ref, CU_POINTER_ATTRIBUTE_BUFFER_ID, ptr) != 0:
+            return None
+        key = self.buffer_id.value
+        known = self.allocations.get(key)
+        if known is not None:
+            self.allocations.move_to_end(key)
+            return known
+        base, size = ctypes.c_uint64(), ctypes.c_size_t()
+        if self.get_range(ctypes.byref(base), ctypes.byref(size), ptr) != 0:
+            return None
+        handle = ctypes.create_string_buffer(IPC_HANDLE_LEN)
+        rc = self.get_handle(handle, base.value)
+        if rc != 0:
+            raise InvalidArgument(
+                "cuIpcGetMemHandle failed (%s): this CUDA tensor's memory cannot be shared with "
+                "the daemon. epd's device regions need cudaMalloc'd memory: torch's expandable "
+                "segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) and the "
+                "cudaMallocAsync backend are not" % self.name(rc))
+        known = (handle.raw, base.value, size.value)
+        self.allocations[key] = known
+        while len(self.allocations) > MAX_KNOWN_ALLOCATIONS:
+            self.allocations.popitem(last=False)
+        return known
 
 
 _driver_state = None
@@ -131,28 +170,19 @@ def device_allocation(t):
     """(the 64-byte cudaIpcMemHandle_t, base pointer, bytes) of the cudaMalloc'd allocation a
     CUDA tensor lives in. The CUDA driver answers (cuMemGetAddressRange, cuIpcGetMemHandle on
     the base: the handle torch's `_share_cuda_()` gives after its 2-byte prefix, without torch's
-    cross-process reference counting); without the driver library, torch's handle of the
+    cross-process reference counting), once an allocation: later tensors in it cost one
+    cuPointerGetAttribute (its buffer id). Without the driver library, torch's handle of the
     storage is used and the region covers the allocation up to the storage's end."""
     drv = _driver()
     if drv:
-        base, size = ctypes.c_uint64(), ctypes.c_size_t()
-        handle = ctypes.create_string_buffer(IPC_HANDLE_LEN)
         guard = torch.cuda.device(t.device) if t.device.index != torch.cuda.current_device() \
             else None
         if guard is not None:
             guard.__enter__()
         try:
-            rc = drv.get_range(ctypes.byref(base), ctypes.byref(size), t.data_ptr())
-            if rc == 0:
-                rc = drv.get_handle(handle, base.value)
-                if rc != 0:
-                    raise InvalidArgument(
-                        "cuIpcGetMemHandle failed (%s): this CUDA tensor's memory cannot be "
-                        "shared with the daemon. epd's device regions need cudaMalloc'd memory: "
-                        "torch's expandable segments (PYTORCH_CUDA_ALLOC_CONF="
-                        "expandable_segments:True) and the cudaMallocAsync backend are not"
-                        % drv.name(rc))
-                return handle.raw, base.value, size.value
+            known = drv.allocation(t.data_ptr())
+            if known is not None:
+                return known
         finally:
             if guard is not None:
                 guard.__exit__(None, None, None)

@@ -3,9 +3,9 @@
 a daemon on the GPU(s) (run by tests/gpu/python_cuda.sh): x bf16, topk_ids int64 (torch.topk's
 dtype), topk_weights and y on the device give the payload path's y and the pure-PyTorch
 reference (examples/moe_reference.py) bit for bit; one registration per allocation, reused;
-the driver's IPC handle is torch's own; bad values on the device get their codes; a tensor of
-another GPU is bad_region; expandable segments are refused with a clear error; AsyncClient and
-a Group of ranks sharing a GPU.
+the driver's IPC handle is torch's own, also for memory freed and allocated again; bad values
+on the device get their codes; a tensor of another GPU is bad_region; expandable segments are
+refused with a clear error; AsyncClient and a Group of ranks sharing a GPU.
 Exit 77 (skip, saying why) without torch, without CUDA in torch, or when the daemon does not
 serve regions. Environment: EPDPY_SOCKETS, EPDPY_DEVICES (the GPU of each rank, e.g. 0:1)."""
 import asyncio
@@ -98,6 +98,33 @@ class TestDeviceRegions(unittest.TestCase):
         h2, offset = _torch.torch_ipc_handle(t.untyped_storage())
         self.assertEqual((h2, base + offset), (handle, t.data_ptr()))
         self.assertLessEqual(offset + t.untyped_storage().nbytes(), nbytes)
+
+
+    def test_device_regions__memory_freed_and_reallocated__new_handle_right_result(self):
+        """The client remembers an allocation's handle by the driver's buffer id: memory given
+        back to CUDA and allocated again (often at the same address) is a new allocation, with
+        its own handle (torch's for it) and region, never the freed one's."""
+        device = torch.device("cuda", DEVICES[0])
+        n = 256  # x of 3.5 MiB: with the ids, weights and y, more than one of torch's blocks
+        with epd.Client(SOCKETS[0], timeout=60) as c:
+            bases = []
+            for seed in (21, 22, 23):
+                x, ids, w = batch(n, self.cfg, device, seed)
+                out = torch.empty_like(x)
+                y = c.submit(x, ids, w, out=out)
+                ref = moe_reference(XP, x, ids, w, self.cfg, self.world)
+                self.assertTrue(same(y, ref), "seed %d: device != reference" % seed)
+                handle, base, _ = _torch.device_allocation(x)
+                fresh, offset = _torch.torch_ipc_handle(x.untyped_storage())  # torch's, now
+                self.assertEqual((handle, base + offset), (fresh, x.data_ptr()),
+                                 "seed %d: the remembered handle is not the memory's" % seed)
+                bases.append(base)
+                del x, ids, w, out, y
+                torch.cuda.synchronize(device)
+                torch.cuda.empty_cache()  # cudaFree: the next batch gets new allocations
+            reused = len(set(bases)) < len(bases)
+        print("freed and reallocated (%s): each time the memory's own handle, results right"
+              % ("the same address again" if reused else "new addresses"))
 
     def test_device_regions__bad_values_on_the_device__get_their_codes(self):
         device = torch.device("cuda", DEVICES[0])
