@@ -300,14 +300,26 @@ static uint64_t run_shutdown(epd_ops_ctx_t *octx, epd_transport_ctx_t *tctx)
     if (rank == world - 1) {
         /* the shutdown is asked on the last rank only */
         epd_engine_request_shutdown(run.engine);
-        /* only a flag until the next agreement: a submit is still accepted (fits the queue) */
+        /* only a flag until the next agreement: a submit is still accepted (fits the queue),
+         * unless the worker agreed the shutdown in between (a lone rank agrees at once): then
+         * it is refused as after any agreement, and the caller keeps it */
         if (queued < 96) {
             /* up to the queue's limit, and one request's (32) */
             uint32_t n = 96 - queued < 32 ? 96 - queued : 32;
             epd_request_t *req = make_request(id++, n, &seed);
             expect(&run, req);
             s = epd_engine_submit(run.engine, req);
-            CHECK(s == EPD_OK, "a submit before the agreement gave %s", epd_status_name(s));
+            if (s == EPD_ERR_SHUTTING_DOWN) {
+                epd_engine_stats_t st;
+                epd_engine_get_stats(run.engine, &st);
+                CHECK(st.shutting_down, "a submit was refused as shutting_down before the "
+                                        "shutdown was agreed");
+                free(run.exp[--run.n_exp].y);
+                free(req->storage);
+                free(req);
+            } else {
+                CHECK(s == EPD_OK, "a submit before the agreement gave %s", epd_status_name(s));
+            }
         }
     }
     event_base_dispatch(run.base);
