@@ -21,13 +21,22 @@ _NP_WIRE = {np.dtype(np.uint16): "bf16", np.dtype(np.float16): "f16",
 _I32 = (-(1 << 31), (1 << 31) - 1)
 
 
+_torch_glue = None  # epd._torch, once a torch tensor has been seen
+
+
 def torch_module(obj):
     """The epd._torch module when obj is a torch tensor, else None (torch is never imported for
-    numpy callers)."""
+    numpy callers). After the first tensor, one isinstance (it runs a dozen times a SUBMIT)."""
+    global _torch_glue
+    if _torch_glue is not None:
+        return _torch_glue if isinstance(obj, _torch_glue.torch.Tensor) else None
     if type(obj).__module__.split(".")[0] != "torch":
         return None
     from . import _torch
-    return _torch if _torch.is_tensor(obj) else None
+    if not _torch.is_tensor(obj):
+        return None
+    _torch_glue = _torch
+    return _torch
 
 
 class Pending:
