@@ -329,15 +329,16 @@ class Session:
                   "topk_weights": self.place(topk_weights, "topk_weights", needs)}
         if out is not None:
             tm = torch_module(out)
-            in_region = tm is not None and out.is_cuda
-            if not in_region:
+            if tm is None or not out.is_cuda:
                 arr = tm.host_array(out) if tm is not None else out
                 if not isinstance(arr, np.ndarray):
                     raise InvalidArgument("out must be a numpy uint16 array or a torch bfloat16 "
                                           "tensor")
-                in_region = arr.flags.c_contiguous and self._host_place(arr, "bf16") is not None
-            if in_region:
-                placed["y"] = self.place(out, "y", needs)
+                y = self._host_place(arr, "bf16") if arr.flags.c_contiguous else None
+                if y is not None:
+                    placed["y"] = y  # its dtype is checked with the rest of out in submit()
+                return placed, needs
+            placed["y"] = self.place(out, "y", needs)
         return placed, needs
 
     def submit(self, placed, x, out, layer):
