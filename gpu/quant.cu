@@ -1156,7 +1156,8 @@ static epd_status_t live_queue(const requant_tile_list &all, uint32_t n_tiles, u
             tiles.tile[i] = all.first[i] << rbits | (all.rows[i] - 1u);
     }
     for (uint32_t i = n_tiles; i < (uint32_t)TABLE; i++) tiles.tile[i] = 0; /* never read */
-    if (step) CHECK_GOTO(step_reduce<TABLE>(tiles, n_tiles, rbits, scales, ns, scale_dev, st, err), out);
+    if (step)
+        CHECK_GOTO(step_reduce<TABLE>(tiles, n_tiles, rbits, scales, ns, scale_dev, st, err), out);
     if (part) {
         const uint32_t n_items = parts.start[n_parts]; /* <= 4096 x 32 */
         const uint32_t flags = q == q_out ? l.flags & ~EPD_QL_NC : l.flags;
@@ -1277,7 +1278,8 @@ static epd_status_t stream_queue(const int32_t *counts_host, uint32_t n_experts,
         ends.end[e] = run;
     }
     for (uint32_t e = n_experts; e < (uint32_t)TABLE; e++) ends.end[e] = run; /* never read */
-    if (step) CHECK_GOTO(step_reduce_tiles(all, n_tiles, rbits, scales, ns, scale_dev, st, err), out);
+    if (step)
+        CHECK_GOTO(step_reduce_tiles(all, n_tiles, rbits, scales, ns, scale_dev, st, err), out);
     {
         const uint32_t flags = q == q_out ? l.flags & ~EPD_QL_NC : l.flags;
         auto kernel = stream_kernel<TABLE>(l.vec, step, (flags & EPD_QL_PIPE) != 0);

@@ -99,7 +99,6 @@ class TestDeviceRegions(unittest.TestCase):
         self.assertEqual((h2, base + offset), (handle, t.data_ptr()))
         self.assertLessEqual(offset + t.untyped_storage().nbytes(), nbytes)
 
-
     def test_device_regions__memory_freed_and_reallocated__new_handle_right_result(self):
         """The client remembers an allocation's handle by the driver's buffer id: memory given
         back to CUDA and allocated again (often at the same address) is a new allocation, with

@@ -616,7 +616,8 @@ static void case_conversions(void)
     CUDA_OK(cudaMemcpy(&first, dfirst, sizeof first, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaFree(dbad));
     CUDA_OK(cudaFree(dfirst));
-    report(n_bad == 0, "requant4 (the requant kernels' math), 256 codes x 16384 (s, 1/S) pairs: %llu "
+    report(n_bad == 0,
+           "requant4 (the requant kernels' math), 256 codes x 16384 (s, 1/S) pairs: %llu "
            "mismatches%s%u", n_bad, n_bad ? ", first pair " : "", n_bad ? first : 0u);
 }
 
