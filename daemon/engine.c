@@ -518,7 +518,8 @@ static bool step_layer(epd_engine_t *engine, uint32_t layer)
 }
 
 /* Sleeps out the wait before the next agreement: at most poll_us, cut short by a submit, a
- * shutdown request or destroy. */
+ * shutdown request or destroy. A lone rank has no other rank whose work the agreement could
+ * bring, so it waits for one of those three alone: no timer, no wake-ups while idle. */
 static void wait_before_agreement(epd_engine_t *engine)
 {
     /* the condition variable runs on CLOCK_MONOTONIC, as epd_now_ns */
@@ -528,8 +529,11 @@ static void wait_before_agreement(epd_engine_t *engine)
 
     pthread_mutex_lock(&engine->mu);
     while (!engine->work_arrived && !engine->worker_exit && !engine->shutdown_wanted &&
-           epd_now_ns() < deadline) {
-        if (pthread_cond_timedwait(&engine->cv, &engine->mu, &ts) == ETIMEDOUT) break;
+           (engine->solo || epd_now_ns() < deadline)) {
+        if (engine->solo)
+            pthread_cond_wait(&engine->cv, &engine->mu);
+        else if (pthread_cond_timedwait(&engine->cv, &engine->mu, &ts) == ETIMEDOUT)
+            break;
     }
     pthread_mutex_unlock(&engine->mu);
 }
@@ -879,7 +883,12 @@ epd_result_t *epd_engine_take_results(epd_engine_t *engine)
 
 void epd_engine_request_shutdown(epd_engine_t *engine)
 {
+    /* from the loop thread (a libevent signal callback), never a signal handler: the worker
+     * waiting out a back-off is woken, not left to its timer */
+    pthread_mutex_lock(&engine->mu);
     engine->shutdown_wanted = 1;
+    pthread_cond_signal(&engine->cv);
+    pthread_mutex_unlock(&engine->mu);
 }
 
 bool epd_engine_stopped(epd_engine_t *engine)
