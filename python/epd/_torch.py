@@ -133,7 +133,10 @@ class _Driver:
         key = self.buffer_id.value
         known = self.allocations.get(key)
         if known is not None:
-            self.allocations.move_to_end(key)
+            try:
+                self.allocations.move_to_end(key)
+            except KeyError:  # another thread's client evicted it meanwhile: still right
+                pass
             return known
         base, size = ctypes.c_uint64(), ctypes.c_size_t()
         if self.get_range(ctypes.byref(base), ctypes.byref(size), ptr) != 0:
