@@ -38,7 +38,7 @@
 #define IDLE_SLEEP_US 50u
 #define CROWDED_SLEEP_US 10u
 
-/* A rank alone agrees with itself: no MPI. While hot it waits for a submit on a counter (not
+/* A rank alone agrees with itself: no MPI. While hot it waits for a submit on work_arrived (not
  * on the mutex the loop thread takes to submit) for at most SOLO_WAIT_US, then goes round again
  * (hot, shutdown and the queue looked at anew). */
 #define SOLO_WAIT_US 200u
@@ -87,7 +87,9 @@ struct epd_engine {
     epd_request_t *queue_head, *queue_tail;
     uint64_t queued_tokens, queued_requests;
     epd_result_t *results_head, *results_tail;
-    bool work_arrived; /* a submit since the worker last looked: cut the back-off short */
+    /* a submit since the worker last looked: cut the back-off short (set and cleared under mu;
+     * a lone rank's hot wait reads it without) */
+    atomic_bool work_arrived;
     bool worker_exit;
     epd_engine_stats_t stats;
     epd_engine_step_observer_fn observe; /* set before the first step */
@@ -110,8 +112,6 @@ struct epd_engine {
     atomic_uint_fast64_t last_work_ns; /* last submit accepted or step with work, this rank */
     atomic_bool exiting;           /* destroy wants the worker out, even mid-agreement */
     atomic_bool agreement_open;    /* an MPI_Iallreduce on agree_buf has not completed */
-    atomic_uint_fast64_t submits;  /* requests queued, ever (bumped under mu) */
-    uint64_t submits_seen;         /* worker: submits when it last read the queue */
     bool solo;                     /* one rank: agreements without MPI */
     volatile sig_atomic_t shutdown_wanted;
     atomic_bool shutting_down;
@@ -528,8 +528,8 @@ static void wait_before_agreement(epd_engine_t *engine)
                           .tv_nsec = (long)(deadline % 1000000000u)};
 
     pthread_mutex_lock(&engine->mu);
-    while (!engine->work_arrived && !engine->worker_exit && !engine->shutdown_wanted &&
-           (engine->solo || epd_now_ns() < deadline)) {
+    while (!atomic_load(&engine->work_arrived) && !engine->worker_exit &&
+           !engine->shutdown_wanted && (engine->solo || epd_now_ns() < deadline)) {
         if (engine->solo)
             pthread_cond_wait(&engine->cv, &engine->mu);
         else if (pthread_cond_timedwait(&engine->cv, &engine->mu, &ts) == ETIMEDOUT)
@@ -565,7 +565,7 @@ static void solo_wait(epd_engine_t *engine)
     struct timespec nap = {0, (long)CROWDED_SLEEP_US * 1000};
     uint64_t until = epd_now_ns() + SOLO_WAIT_US * 1000u;
 
-    for (unsigned tests = 0; atomic_load(&engine->submits) == engine->submits_seen &&
+    for (unsigned tests = 0; !atomic_load(&engine->work_arrived) &&
                              !engine->shutdown_wanted && !atomic_load(&engine->exiting) &&
                              epd_now_ns() < until;
          tests++) {
@@ -616,8 +616,7 @@ static void *worker_main(void *arg)
             pthread_mutex_unlock(&engine->mu);
             break;
         }
-        engine->work_arrived = false;
-        engine->submits_seen = atomic_load(&engine->submits);
+        atomic_store(&engine->work_arrived, false);
         sent[AGREE_QUEUED] = engine->queued_tokens;
         sent[AGREE_LAYER] = engine->queue_head != NULL ? UINT64_MAX - queued_min_layer(engine) : 0;
         pthread_mutex_unlock(&engine->mu);
@@ -773,7 +772,7 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
     atomic_init(&engine->activity, EPD_ENGINE_IDLE);
     atomic_init(&engine->activity_since_ns, epd_now_ns());
     atomic_init(&engine->last_work_ns, 0);
-    atomic_init(&engine->submits, 0);
+    atomic_init(&engine->work_arrived, false);
     pthread_mutex_init(&engine->mu, NULL);
     {
         pthread_condattr_t attr;
@@ -861,9 +860,8 @@ epd_status_t epd_engine_submit(epd_engine_t *engine, epd_request_t *req)
     engine->queue_tail = req;
     engine->queued_tokens += req->n_tokens;
     engine->queued_requests++;
-    atomic_fetch_add(&engine->submits, 1);
     /* work arrived: the worker does not sleep out a long back-off */
-    engine->work_arrived = true;
+    atomic_store(&engine->work_arrived, true);
     pthread_cond_signal(&engine->cv);
     pthread_mutex_unlock(&engine->mu);
     atomic_store(&engine->last_work_ns, epd_now_ns());
