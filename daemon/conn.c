@@ -140,9 +140,9 @@ struct epd_conn {
      * written whole (bulk_writing): nothing else is written meanwhile, and the bytes it has left
      * count in conn_output_len; between its runs on the pool (wjob_busy) it waits for the socket
      * to take more (wev). A closed connection is freed once no job is on the pool (closed_told:
-     * the server was told already). */
+     * the server was told already; settled: its answers are counted). */
     epd_bulk_job_t rjob, wjob;
-    bool bulk_reading, bulk_writing, wjob_busy, closed_told;
+    bool bulk_reading, bulk_writing, wjob_busy, closed_told, settled;
     struct event *wev;          /* the socket is writable again, for the write job */
     uint64_t bulk_out_left;     /* bytes the write job has not written yet */
     uint8_t *bulk_head;         /* the head of the frame it writes (malloc'ed) */
@@ -895,11 +895,16 @@ static void conn_drive(epd_conn_t *c)
         case CONN_CLOSED:
         case CONN_STATE_MAX:
         default:
-            if (!c->closed_told) {
+            /* Answers are counted sent or discarded once no write job is on the pool: one that
+             * runs at the close may still finish its frame, which then reaches the client. */
+            if (!c->settled && !c->wjob_busy) {
                 uint64_t unwritten = conn_answers_settle(c, true);
                 if (unwritten > 0)
                     epd_log_info("conn %" PRIu64 " closed with %" PRIu64 " requests in flight to "
                                  "it: answered, not written whole; discarded", c->id, unwritten);
+                c->settled = true;
+            }
+            if (!c->closed_told) {
                 conn_set_reading(c, false);
                 bufferevent_disable(c->bev, EV_READ | EV_WRITE);
                 if (c->deadline != NULL) evtimer_del(c->deadline);

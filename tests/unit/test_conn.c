@@ -448,6 +448,31 @@ static void test_conn__result_with_nothing_ahead__on_the_socket_at_once(void **s
     fx_free(fx);
 }
 
+/* A connection closed at once while its write job is done on the pool but not yet back on the
+ * loop: the frame reached the client, so it counts sent, not discarded (the answers are counted
+ * once the job is back). Without socket copy threads it is written in deliver and counted there. */
+static void test_conn__write_job_not_back_at_abort__its_frame_counted_sent(void **state)
+{
+    (void)state;
+    fixture_t *fx = fx_new();
+    int peer;
+    epd_conn_t *c = fx_conn(fx, 1, &peer);
+
+    epd_conn_deliver(c, result_new(7, 16));
+    peer_seen_t seen = {.want = 1};
+    uint64_t end = epd_now_ns() + 5000000000u;
+    while (seen.frames == 0 && epd_now_ns() < end) /* no loop turn: the job stays out */
+        peer_read(NULL, peer, 100, false, &seen);
+    assert_int_equal(seen.by_type[EPD_FRAME_RESULT], 1);
+    epd_conn_abort(c);
+    assert_int_equal(fx->closed, 1);
+    fx_run(fx, 200, 1 << 30); /* the job comes back, the connection is freed */
+    assert_int_equal(fx->stats.results_sent, 1);
+    assert_int_equal(fx->stats.results_discarded, 0);
+    close(peer);
+    fx_free(fx);
+}
+
 /* Issue 25: answers delivered faster than the peer reads (the socket full, part of a frame
  * written at once and the rest queued) reach it whole, once each and in order. */
 static void test_conn__results_past_the_socket_buffer__whole_and_in_order(void **state)
@@ -801,6 +826,7 @@ int main(void)
         cmocka_unit_test(test_conn__shutdown_with_frames_read__answers_each_shutting_down),
         cmocka_unit_test(test_conn__results_unwritten_at_abort__counted_discarded_not_sent),
         cmocka_unit_test(test_conn__result_with_nothing_ahead__on_the_socket_at_once),
+        cmocka_unit_test(test_conn__write_job_not_back_at_abort__its_frame_counted_sent),
         cmocka_unit_test(test_conn__results_past_the_socket_buffer__whole_and_in_order),
         cmocka_unit_test(test_conn__frame_over_buffer_budget__answered_busy_and_conn_stays),
         cmocka_unit_test(test_conn__idle_past_idle_timeout__closed_and_counted),
