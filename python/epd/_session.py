@@ -18,7 +18,6 @@ _NP_WIRE = {np.dtype(np.uint16): "bf16", np.dtype(np.float16): "f16",
             np.dtype(np.uint8): "u8", np.dtype(np.int16): "i16", np.dtype(np.int32): "i32",
             np.dtype(np.uint32): "u32", np.dtype(np.int64): "i64", np.dtype(np.uint64): "u64",
             np.dtype(np.bool_): "bool"}
-_I32 = (-(1 << 31), (1 << 31) - 1)
 
 
 _torch_glue = None  # epd._torch, once a torch tensor has been seen
@@ -105,11 +104,12 @@ class Pending:
 
 
 class _Placement:
-    """How one tensor travels: in the payload (data: its bytes) or in a region."""
-    __slots__ = ("dtype", "shape", "data", "region", "offset")
+    """How one tensor travels: in the payload (data: its bytes; owner: what must live while they
+    are read) or in a region."""
+    __slots__ = ("dtype", "shape", "data", "owner", "region", "offset")
 
-    def __init__(self, dtype, shape, data=None, region=None, offset=None):
-        self.dtype, self.shape, self.data = dtype, [int(d) for d in shape], data
+    def __init__(self, dtype, shape, data=None, region=None, offset=None, owner=None):
+        self.dtype, self.shape, self.data, self.owner = dtype, tuple(shape), data, owner
         self.region, self.offset = region, offset
 
     def descriptor(self, begin=None):
@@ -261,11 +261,16 @@ class Session:
         return out
 
     def _host_place(self, arr, dtype_name):
-        address = arr.__array_interface__["data"][0]
+        if not self.host:
+            return None
+        return self._host_place_at(arr.__array_interface__["data"][0], arr.nbytes, dtype_name,
+                                   arr.shape)
+
+    def _host_place_at(self, address, nbytes, dtype_name, shape):
         for region, rid in self.host:
-            off = region.contains(address, arr.nbytes)
+            off = region.contains(address, nbytes)
             if off is not None:
-                return _Placement(dtype_name, arr.shape, region=rid, offset=off)
+                return _Placement(dtype_name, shape, region=rid, offset=off)
         return None
 
     def _device_place(self, t, tm, needs):
@@ -299,13 +304,21 @@ class Session:
                 if not obj.is_contiguous():
                     raise InvalidArgument("%s: a CUDA tensor must be contiguous" % role)
                 return self._device_place(obj, tm, needs)
-            arr = tm.host_array(obj)
-            name = tm.wire_dtype(obj)
-        else:
-            arr = _as_array(obj, role)
-            name = _NP_WIRE.get(arr.dtype)
-            if name is None:
-                raise InvalidArgument("%s: numpy dtype %s has no wire name" % (role, arr.dtype))
+            # a CPU tensor: its bytes straight from torch (no numpy view on the way)
+            t = tm.host_tensor(obj)
+            name = tm.wire_dtype(t)
+            address, nbytes = t.data_ptr(), t.numel() * t.element_size()
+            if self.host:
+                placed = self._host_place_at(address, nbytes, name, t.shape)
+                if placed is not None:
+                    return placed
+            if role == "y":
+                raise InvalidArgument("y (out=) must be in a registered region")
+            return _Placement(name, t.shape, data=tm.host_bytes(address, nbytes), owner=t)
+        arr = _as_array(obj, role)
+        name = _NP_WIRE.get(arr.dtype)
+        if name is None:
+            raise InvalidArgument("%s: numpy dtype %s has no wire name" % (role, arr.dtype))
         if arr.flags.c_contiguous:
             placed = self._host_place(arr, name)
             if placed is not None:
@@ -314,10 +327,6 @@ class Session:
             raise InvalidArgument("y (out=) must be in a registered region, or a contiguous "
                                   "numpy uint16 array for a payload result")
         arr = np.ascontiguousarray(arr)
-        if role == "topk_ids" and arr.dtype == np.int64 and arr.size:
-            lo, hi = int(arr.min()), int(arr.max())
-            if _I32[0] <= lo and hi <= _I32[1]:
-                arr, name = arr.astype(np.int32), "i32"
         return _Placement(name, arr.shape, data=byte_view(arr))
 
     def plan_submit(self, x, topk_ids, topk_weights, out):
@@ -390,7 +399,7 @@ class Session:
             raise InvalidArgument("meta of %d bytes is over the protocol's %d"
                                   % (len(head_meta), fr.MAX_META))
         bufs = [fr.encode_header(fr.SUBMIT, len(head_meta), at) + head_meta] + parts
-        p.keep = tuple(parts)
+        p.keep = tuple(parts) + tuple(placed[k].owner for k in order)
         return self._track(p), bufs
 
     # ---- frames from the daemon ------------------------------------------------------------

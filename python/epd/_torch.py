@@ -33,16 +33,40 @@ def wire_dtype(t):
         raise InvalidArgument("tensor dtype %s has no wire name" % t.dtype) from None
 
 
-def host_array(t):
-    """A numpy view of a CPU tensor (bf16 as uint16 bit patterns); contiguous (copied if not)."""
-    t = t.detach()
+# dtypes numpy has no type for: (the torch dtype of the same width, the numpy view of it)
+_HOST_AS = {torch.bfloat16: (torch.int16, np.uint16)}
+for _name in ("float8_e4m3fn", "float8_e5m2"):
+    if hasattr(torch, _name):
+        _HOST_AS[getattr(torch, _name)] = (torch.uint8, np.uint8)
+
+
+def host_tensor(t):
+    """A CPU tensor as it is sent: without autograd, contiguous (copied if not)."""
+    if t.requires_grad:
+        t = t.detach()
     if not t.is_contiguous():
         t = t.contiguous()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(np.uint16)
-    if t.dtype in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)):
-        return t.view(torch.uint8).numpy()
-    return t.numpy()
+    return t
+
+
+def host_bytes(address, nbytes):
+    """A writable memoryview of nbytes at address (a CPU tensor's data: its owner must outlive
+    the view)."""
+    if nbytes == 0:
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
+
+
+def host_array(t):
+    """A numpy view of a CPU tensor (bf16 as uint16 bit patterns); contiguous (copied if not)."""
+    if t.requires_grad:
+        t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    as_ = _HOST_AS.get(t.dtype)
+    if as_ is None:
+        return t.numpy()
+    return t.view(as_[0]).numpy().view(as_[1])
 
 
 def from_host(a, like):

@@ -85,6 +85,7 @@ class Client:
         self._stage_view = memoryview(self._stage)
         self._s0 = self._s1 = 0
         self._sock = connect_unix(self.path, connect_timeout)
+        self._poller, self._poll_events = None, 0
         self._config = None
         self._sending = False   # inside _send: an EXPERTS read meanwhile waits for its end
         self._serving = False   # inside an experts callback
@@ -382,9 +383,16 @@ class Client:
         return False
 
     def _wait_io(self, events, deadline):
-        poller = select.poll()
-        poller.register(self._sock, events)
-        ready = poller.poll(_left_ms(deadline))
+        # one poll object a connection, its events set again each wait (modify: no new object
+        # and no register a wait)
+        if self._poller is None:
+            self._poller = select.poll()
+            self._poller.register(self._sock, events)
+            self._poll_events = events
+        elif self._poll_events != events:
+            self._poller.modify(self._sock, events)
+            self._poll_events = events
+        ready = self._poller.poll(_left_ms(deadline))
         if not ready:
             raise Timeout("no answer from %s within the timeout" % self.path)
         return ready[0][1]

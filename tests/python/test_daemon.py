@@ -114,6 +114,57 @@ class TestPayload(unittest.TestCase):
         self.assertTrue((y == c_side(SOCKETS[0], x, ids, w)[1]).all())
 
 
+class TestTorchCpu(unittest.TestCase):
+    """CPU torch tensors (bytes sent from torch's own memory) give the numpy path's y, bit for
+    bit: bf16 x (also a strided view, sent from a contiguous copy), int64 ids, float32 weights
+    that require grad; through AsyncClient with six requests in flight at once. Needs torch:
+    skipped, and said so, where it is not installed."""
+
+    def setUp(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed for %s" % sys.executable)
+        self.torch = torch
+
+    def as_torch(self, x, ids, w):
+        t = self.torch
+        return (t.from_numpy(x.view(np.int16)).view(t.bfloat16), t.from_numpy(ids.astype(np.int64)),
+                t.from_numpy(w).requires_grad_(True))
+
+    def test_torch_cpu__tensors__give_the_numpy_y_bit_for_bit(self):
+        t = self.torch
+        with epd.Client(SOCKETS[0], timeout=20) as c:
+            for i, n in enumerate([1, 5, MAX_N]):
+                x, ids, w = make_batch(n, 500 + i)
+                want = c.submit(x, ids, w)
+                tx, tids, tw = self.as_torch(x, ids, w)
+                y = c.submit(tx, tids, tw)
+                self.assertEqual(y.dtype, t.bfloat16)
+                self.assertTrue((y.view(t.int16).numpy().view(np.uint16) == want).all())
+                # a strided x: every other row of a tensor twice as long
+                wide = t.zeros((2 * n, H), dtype=t.bfloat16)
+                wide[::2] = tx
+                y2 = c.submit(wide[::2], tids, tw)
+                self.assertTrue((y2.view(t.int16).numpy().view(np.uint16) == want).all())
+
+    def test_torch_cpu__async_requests_in_flight_together__give_the_numpy_y(self):
+        t = self.torch
+        batches = [make_batch(1 + 9 * i, 600 + i) for i in range(6)]
+
+        async def main():
+            c = await epd.AsyncClient.connect(SOCKETS[0], timeout=20)
+            try:
+                futs = [await c.submit_async(*self.as_torch(*b)) for b in batches]
+                return [await f for f in futs]
+            finally:
+                await c.close()
+        ys = asyncio.run(main())
+        with epd.Client(SOCKETS[0], timeout=20) as c:
+            for b, y in zip(batches, ys):
+                self.assertTrue((y.view(t.int16).numpy().view(np.uint16) == c.submit(*b)).all())
+
+
 class TestPipelining(unittest.TestCase):
     def test_pipelining__errors_overtake_results__every_answer_matched_by_id(self):
         # 32 good requests of 8 tokens stay under the 512-token queue: no busy here

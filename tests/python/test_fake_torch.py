@@ -4,7 +4,8 @@ are only pointers, storages whose `_share_cuda_()` gives torch 2.x's 66-byte han
 epd._torch and the session through the path torch takes when the CUDA driver library is absent:
 the handle's prefix parsed, torch's reference count given back, one registration per allocation
 reused, tensors named by offset, y written in its region, the current streams synchronized,
-expandable segments and unknown handle formats refused before anything is sent. A scripted
+expandable segments and unknown handle formats refused before anything is sent; CPU tensors
+(numpy arrays behind the stand-in) sent from their own memory. A scripted
 daemon (fake_daemon.py) checks every frame. The driver path itself runs on the GPU machine
 (tests/gpu/test_python_cuda.py)."""
 import asyncio
@@ -13,6 +14,8 @@ import os
 import sys
 import types
 import unittest
+
+import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
@@ -105,8 +108,51 @@ class _DeviceGuard:
         return False
 
 
+_NP = {"bfloat16": np.uint16, "int16": np.int16, "int64": np.int64, "int32": np.int32,
+       "float32": np.float32}
+
+
+class CpuTensor(Tensor):
+    """A CPU tensor over a numpy array (its memory): as much of torch's API as the client uses."""
+
+    def __init__(self, arr, dtype, requires_grad=False):
+        self.arr, self.dtype, self.shape = arr, dtype, tuple(arr.shape)
+        self.is_cuda, self.requires_grad = False, requires_grad
+
+    def is_contiguous(self):
+        return self.arr.flags.c_contiguous
+
+    def contiguous(self):
+        return CpuTensor(np.ascontiguousarray(self.arr), self.dtype)
+
+    def detach(self):
+        return CpuTensor(self.arr, self.dtype)
+
+    def data_ptr(self):
+        return self.arr.__array_interface__["data"][0]
+
+    def element_size(self):
+        return self.arr.itemsize
+
+    def numel(self):
+        return self.arr.size
+
+    def view(self, dtype):
+        return CpuTensor(self.arr.view(_NP[dtype.name]), dtype)
+
+    def numpy(self):
+        return self.arr
+
+
+def _from_numpy(a):
+    names = {np.dtype(v): k for k, v in _NP.items() if k != "bfloat16"}
+    return CpuTensor(a, getattr(torch, names[a.dtype]))
+
+
 Tensor.__module__ = "torch"  # as torch.Tensor says of itself
+CpuTensor.__module__ = "torch"
 torch.Tensor = Tensor
+torch.from_numpy = _from_numpy
 torch.cuda = types.SimpleNamespace(current_device=lambda: 0, device=_DeviceGuard,
                                    current_stream=_Stream)
 sys.modules["torch"] = torch
@@ -114,7 +160,7 @@ sys.modules["torch"] = torch
 import epd  # noqa: E402
 from epd import _torch  # noqa: E402
 from epd import frame as fr  # noqa: E402
-from fake_daemon import FakeDaemon  # noqa: E402
+from fake_daemon import FakeDaemon, x_bytes  # noqa: E402
 
 H, K = 256, 4
 BLOCK_A, BLOCK_B = bytes(range(64)), bytes(range(64, 128))
@@ -158,6 +204,38 @@ class TestFakeTorch(unittest.TestCase):
         self.assertEqual(fake.errors, [])
         self.assertTrue(all(y is out for y in ys))
         self.assertEqual(got, ["config", "register", "submit", "submit"])
+
+    def test_cpu_tensors__bytes_sent_from_their_memory__a_strided_one_from_a_copy(self):
+        seen = []
+
+        def handler(peer):
+            while True:
+                ftype, meta, payload = peer.read()
+                t = meta["tensors"]
+                seen.append({k: (d["dtype"], payload[d["data_offsets"][0]:d["data_offsets"][1]])
+                             for k, d in t.items()})
+                n, h = t["x"]["shape"]
+                peer.result(meta["id"], x_bytes(meta, payload), n, h)
+
+        rng = np.random.default_rng(5)
+        x = rng.integers(0, 0x7f00, (3, H), dtype=np.uint16)
+        ids = rng.integers(-1, 16, (3, K)).astype(np.int64)
+        w = rng.random((3, K)).astype(np.float32)
+        wide = np.zeros((6, H), np.uint16)
+        wide[::2] = x
+        fake = FakeDaemon(handler)
+        with fake as path:
+            with epd.Client(path, timeout=10) as c:
+                tids, tw = CpuTensor(ids, torch.int64), CpuTensor(w, torch.float32, True)
+                for tx in (CpuTensor(x, torch.bfloat16), CpuTensor(wide[::2], torch.bfloat16)):
+                    y = c.submit(tx, tids, tw)
+                    self.assertIsInstance(y, CpuTensor)
+                    self.assertIs(y.dtype, torch.bfloat16)
+                    self.assertTrue((y.arr == x).all())
+        self.assertEqual(fake.errors, [])
+        want = {"x": ("bf16", x.tobytes()), "topk_ids": ("i64", ids.tobytes()),
+                "topk_weights": ("f32", w.tobytes())}
+        self.assertEqual(seen, [want, want])
 
     def test_device_regions__one_block__registered_once_and_named_by_offset(self):
         seen = {"registers": [], "submits": []}

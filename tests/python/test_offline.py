@@ -272,14 +272,14 @@ class TestClientFake(unittest.TestCase):
                     c.submit(x, ids, w, out=np.zeros((3, H + 1), np.uint16))
         self.run_fake(lambda peer: echo(peer), body)
 
-    def test_client__i64_ids__travel_as_i32_in_the_payload(self):
+    def test_client__i64_ids__travel_as_i64_in_the_payload(self):
         seen = []
 
         def handler(peer):
             ftype, meta, payload = peer.read()
             seen.append(meta["tensors"]["topk_ids"]["dtype"])
             b, e = meta["tensors"]["topk_ids"]["data_offsets"]
-            seen.append(np.frombuffer(payload[b:e], np.int32).tolist())
+            seen.append(np.frombuffer(payload[b:e], np.int64).tolist())
             n, h = meta["tensors"]["x"]["shape"]
             peer.result(meta["id"], x_bytes(meta, payload), n, h)
 
@@ -288,7 +288,7 @@ class TestClientFake(unittest.TestCase):
             with epd.Client(path, timeout=10) as c:
                 c.submit(x, np.array([[3, -1, 7, 0]], np.int64), w, layer=2)
         self.run_fake(handler, body)
-        self.assertEqual(seen, ["i32", [3, -1, 7, 0]])
+        self.assertEqual(seen, ["i64", [3, -1, 7, 0]])
 
     def test_client__replies_with_and_without_id__go_to_their_control(self):
         def handler(peer):
