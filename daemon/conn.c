@@ -1,14 +1,15 @@
 /* One client connection: an explicit state machine (memcached's conn_states / drive_machine) over a
  * bufferevent. Bytes go to the frame decoder as they arrive, a bounded number of frames per event;
  * a payload being collected is read straight into its buffer (one copy, the kernel's: page-locked
- * memory on a daemon with a pool), headers and meta through the input buffer;
- * SUBMITs are validated at ingest and queued on the engine, CONTROLs answered at once; framing
- * errors are answered, then the connection closes once its output is flushed; unsent output above
- * socket.max_output_bytes pauses reading until the client catches up. A frame whose payload would
- * take all connections together over socket.max_buffered_bytes is read, thrown away and answered
- * busy; idle connections and frames that take too long are closed (socket.idle_timeout_ms,
- * socket.frame_timeout_ms). Answers count as sent once written whole, as discarded otherwise. */
-#include "daemon/conn.h"
+ * memory on a daemon with a pool), headers and meta through the input buffer; each whole frame
+ * goes to daemon/conn_frames.c (SUBMIT validated and queued on the engine, CONTROL answered at
+ * once). Framing errors are answered, then the connection closes once its output is flushed;
+ * unsent output above socket.max_output_bytes pauses reading until the client catches up. A
+ * frame whose payload would take all connections together over socket.max_buffered_bytes is
+ * read, thrown away and answered busy; idle connections and frames that take too long are closed
+ * (socket.idle_timeout_ms, socket.frame_timeout_ms). Answers count as sent once written whole,
+ * as discarded otherwise. */
+#include "daemon/conn_int.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -29,7 +30,6 @@
 #include "daemon/log.h"
 #include "daemon/pinned.h"
 #include "daemon/region.h"
-#include "proto/base64.h"
 #include "proto/frame.h"
 
 /* How long a closing connection (framing error, daemon stopping) may take to read its answers. */
@@ -46,10 +46,8 @@
  * clients and collective agreements wait meanwhile. */
 #define CONN_FRAMES_PER_EVENT 16
 
-/* Bytes one read asks the socket for, and file descriptors (SCM_RIGHTS, for CONTROL register)
- * a connection may have received and not yet claimed. */
+/* Bytes one read asks the socket for. */
 #define CONN_READ_BYTES (256u * 1024u)
-#define CONN_MAX_FDS 4
 
 /* recvmsg calls one readable event may make into a payload while each fills its window (the
  * socket had more, or came while it was tried again): a large payload takes fewer loop rounds,
@@ -61,16 +59,6 @@
 #define CONN_SPIN_MIN_READ (64u * 1024u)
 #define CONN_SPIN_NS (100u * 1000u)
 
-typedef enum {
-    CONN_READING = 0, /* reads on: bytes go to the decoder, whole frames are answered or queued */
-    CONN_YIELDED,     /* frame budget of this event used up, input left: reads off, resume queued */
-    CONN_PAUSED,      /* unsent output above socket.max_output_bytes: reads off until it drains */
-    CONN_CLOSING,     /* framing error answered or daemon stopping: drop unread input, arm the
-                       * flush timeout, then flushing */
-    CONN_FLUSHING,    /* reads off: waits until the output is written, then closes */
-    CONN_CLOSED,      /* peer gone, flushed or timed out: freed; its pending answers are dropped */
-    CONN_STATE_MAX
-} conn_state_t;
 
 static const char *const conn_state_names[CONN_STATE_MAX] = {
     [CONN_READING] = "reading",
@@ -94,60 +82,6 @@ static const unsigned conn_next_states[CONN_STATE_MAX] = {
     [CONN_CLOSED] = 0,
 };
 
-struct epd_conn {
-    uint64_t id;
-    epd_payload_alloc_t payload_alloc; /* payloads in the engine's page-locked pool */
-    conn_state_t state;
-    const epd_conn_ctx_t *ctx;
-    struct bufferevent *bev; /* output only: input is read with recvmsg (file descriptors) */
-    struct event *rev;       /* readable socket */
-    struct evbuffer *input;
-    int fd;
-    bool reading;
-    int fds[CONN_MAX_FDS];   /* received with the input, oldest first, not claimed yet */
-    unsigned n_fds;
-    epd_region_table_t *regions; /* created by the first register */
-    void *x_copy; /* the device copy of the SUBMIT being validated (conn_host_scan) */
-    uint64_t scan_ns; /* time in conn_host_scan for that SUBMIT (EPD_TRACE) */
-    struct event *resume; /* brings a yielded connection back to reading */
-    epd_decoder_t decoder;
-    uint64_t in_flight; /* requests on the engine, not answered yet */
-    uid_t uid;
-    pid_t pid;
-    bool driving;       /* inside conn_drive: callbacks re-entering it only mark work */
-    bool answer_input;  /* closing for the shutdown: frames already read are still answered */
-
-    uint64_t reserved;  /* payload bytes of the frame being read, in stats->buffered_bytes */
-
-    /* the timeouts: one timer, armed for the earliest deadline (deadline_ns, 0: not armed) */
-    struct event *deadline;
-    uint64_t deadline_ns;
-    uint64_t active_ns;      /* last byte read, answer queued or output written */
-    uint64_t frame_start_ns; /* the frame being read started (0: between frames) */
-    uint64_t recv_ns;        /* the last read of the socket that returned bytes (EPD_TRACE) */
-    uint64_t decoded_ns;     /* the decoder returned the frame being handled (EPD_TRACE) */
-
-    /* Answers queued and not yet written whole, oldest first: the output stream offset where
-     * each ends, the top bit set for a RESULT (a ring of answers_cap entries). */
-    uint64_t out_queued;     /* bytes ever added to the output */
-    struct evbuffer_cb_entry *output_cb; /* settles the answers as the output is written */
-    uint64_t *answers;
-    size_t answers_cap, answers_head, answers_count;
-
-    /* Socket copies on the pool (ctx->bulk, daemon/bulk.h), at most one each way. While the read
-     * job runs (bulk_reading) the loop does not read this socket (reads stay off) and does not
-     * touch the decoder's window. A write job owns the output from its start until its frame is
-     * written whole (bulk_writing): nothing else is written meanwhile, and the bytes it has left
-     * count in conn_output_len; between its runs on the pool (wjob_busy) it waits for the socket
-     * to take more (wev). A closed connection is freed once no job is on the pool (closed_told:
-     * the server was told already; settled: its answers are counted). */
-    epd_bulk_job_t rjob, wjob;
-    bool bulk_reading, bulk_writing, wjob_busy, closed_told, settled;
-    struct event *wev;          /* the socket is writable again, for the write job */
-    uint64_t bulk_out_left;     /* bytes the write job has not written yet */
-    uint8_t *bulk_head;         /* the head of the frame it writes (malloc'ed) */
-    epd_result_t *bulk_result;  /* whose y it writes after the head */
-};
 
 #define CONN_ANSWER_RESULT (UINT64_C(1) << 63)
 
@@ -250,8 +184,8 @@ static void conn_queue_frame_rest(epd_conn_t *c, epd_frame_out_t *out,
  * written at once, in one sendmsg(2), and only what the socket did not take is queued. Queueing
  * it first would arm the bufferevent's write event and disarm it once drained: two epoll_ctl(2)
  * calls on the way of every answer, one of them before its bytes left. */
-static void conn_send_frame(epd_conn_t *c, epd_frame_out_t *out, evbuffer_ref_cleanup_cb release,
-                            void *release_arg)
+void epd_conn_send_frame(epd_conn_t *c, epd_frame_out_t *out, evbuffer_ref_cleanup_cb release,
+                         void *release_arg)
 {
     size_t written = 0;
 
@@ -324,8 +258,8 @@ static uint64_t conn_answers_settle(epd_conn_t *c, bool discard_rest)
 }
 
 /* Queues an ERROR frame and counts it by code. */
-static void conn_send_error(epd_conn_t *c, bool has_id, uint64_t id, epd_status_t code,
-                            const char *message)
+void epd_conn_send_error(epd_conn_t *c, bool has_id, uint64_t id, epd_status_t code,
+                         const char *message)
 {
     epd_frame_out_t out;
     char err[EPD_ERR_LEN];
@@ -342,380 +276,22 @@ static void conn_send_error(epd_conn_t *c, bool has_id, uint64_t id, epd_status_
                       epd_status_name(code), message);
     else
         epd_log_debug("conn %" PRIu64 ": %s: %s", c->id, epd_status_name(code), message);
-    conn_send_frame(c, &out, NULL, NULL);
+    epd_conn_send_frame(c, &out, NULL, NULL);
 }
 
 /* A framing error: answer it, then close once the answer is written. */
-static void conn_fail_framing(epd_conn_t *c, bool has_id, uint64_t id, epd_status_t code,
-                              const char *message)
+void epd_conn_fail_framing(epd_conn_t *c, bool has_id, uint64_t id, epd_status_t code,
+                           const char *message)
 {
     epd_log_info("conn %" PRIu64 " (pid %ld, uid %ld): %s: %s; closing", c->id, (long)c->pid,
                  (long)c->uid, epd_status_name(code), message);
-    conn_send_error(c, has_id, id, code, message);
+    epd_conn_send_error(c, has_id, id, code, message);
     if (!conn_closing(c)) conn_set_state(c, CONN_CLOSING);
 }
 
 static void *conn_payload_resize(void *pool, void *p, size_t keep, size_t bytes)
 {
     return epd_pinned_resize(pool, p, keep, bytes);
-}
-
-static void region_unref_cb(void *region)
-{
-    epd_region_unref(region);
-}
-
-/* The device scans a large host x, and leaves a copy of it in device memory for the step
- * (c->x_copy, taken by the request or given back by conn_handle_submit). */
-static epd_status_t conn_host_scan(void *arg, const uint16_t *x, uint64_t x_n, int64_t *x_bad_p,
-                                   char err[EPD_ERR_LEN])
-{
-    epd_conn_t *c = arg;
-    const epd_ops_t *ops;
-    epd_ops_ctx_t *ops_ctx;
-    epd_engine_ops(c->ctx->engine, &ops, &ops_ctx);
-    uint64_t start = epd_now_ns();
-    epd_status_t status = ops->ingest_scan_host(ops_ctx, x, x_n, x_bad_p, &c->x_copy, err);
-    c->scan_ns += epd_now_ns() - start;
-    return status;
-}
-
-static void conn_x_copy_free(void *arg, void *copy)
-{
-    const epd_ops_t *ops;
-    epd_ops_ctx_t *ops_ctx;
-    epd_engine_ops(arg, &ops, &ops_ctx);
-    ops->ingest_free(ops_ctx, copy);
-}
-
-/* SUBMIT: full validation by the codec (one pass: shapes, dtypes, regions, ids, weights, x
- * finite), then the engine. The request keeps the frame's payload as its storage (no copy) and a
- * reference on each region it names. */
-static void conn_handle_submit(epd_conn_t *c, epd_frame_t *frame)
-{
-    epd_submit_view_t view;
-    epd_submit_regions_t hooks;
-    char err[EPD_ERR_LEN];
-    epd_status_t status;
-    uint64_t read_ns = epd_now_ns();
-
-    memset(&view, 0, sizeof(view));
-    memset(&hooks, 0, sizeof(hooks));
-    if (c->regions != NULL) epd_region_submit_hooks(c->regions, &hooks);
-    /* a large x in page-locked memory (a pooled payload, a host region) is scanned by the device */
-    const epd_ops_t *ops = NULL;
-    epd_ops_ctx_t *ops_ctx;
-    if (c->ctx->engine != NULL) epd_engine_ops(c->ctx->engine, &ops, &ops_ctx);
-    if (ops != NULL && ops->ingest_scan_host != NULL) {
-        hooks.host_scan = conn_host_scan;
-        hooks.scan_arg = c;
-    }
-    c->x_copy = NULL;
-    c->scan_ns = 0;
-    status = epd_submit_validate_regions(frame, c->ctx->limits, &hooks, &view, err);
-    void *x_copy = c->x_copy;
-    c->x_copy = NULL;
-    uint64_t ingest_ns = c->scan_ns + (c->regions != NULL ? epd_region_take_fetch_ns(c->regions) : 0);
-    bool has_id = frame->id_kind == EPD_FRAME_ID_VALID;
-    if (status != EPD_OK && x_copy != NULL) conn_x_copy_free(c->ctx->engine, x_copy);
-    if (status != EPD_OK) {
-        free(view.owned);
-        if (epd_status_is_framing(status) || !epd_status_is_wire_code(status))
-            conn_fail_framing(c, has_id, frame->id, status, err);
-        else
-            conn_send_error(c, has_id, frame->id, status, err);
-        return;
-    }
-
-    epd_request_t *req = calloc(1, sizeof(*req));
-    if (req == NULL) {
-        if (x_copy != NULL) conn_x_copy_free(c->ctx->engine, x_copy);
-        free(view.owned);
-        conn_send_error(c, true, view.id, EPD_ERR_INTERNAL, "out of memory");
-        return;
-    }
-    req->id = view.id;
-    req->conn_id = c->id;
-    req->n_tokens = view.n_tokens;
-    req->layer = view.layer;
-    req->x = x_copy != NULL ? x_copy : view.x;
-    req->x_device = view.x_device || x_copy != NULL;
-    req->x_copy = x_copy;
-    req->x_copy_free = conn_x_copy_free;
-    req->x_copy_arg = c->ctx->engine;
-    req->topk_ids = view.topk_ids;
-    req->topk_weights = view.topk_weights;
-    req->y_dst = view.y;
-    req->y_device = view.y_device;
-    req->y_region = view.y_region;
-    req->y_offset = view.y_offset;
-    req->storage = frame->payload;
-    req->storage_release = frame->payload_release;
-    req->owned = view.owned;
-    req->unref = region_unref_cb;
-    for (int k = 0; k < EPD_SUBMIT_TENSORS; k++) {
-        req->regions[k] = view.regions[k];
-        if (view.regions[k] != NULL) epd_region_ref(view.regions[k]);
-    }
-    req->arrived_ns = c->recv_ns;
-    req->decoded_ns = c->decoded_ns;
-    req->read_ns = read_ns;
-    req->ingest_ns = ingest_ns;
-    req->enqueued_ns = epd_now_ns();
-    frame->payload = NULL; /* the request owns it now */
-
-    status = epd_engine_submit(c->ctx->engine, req);
-    if (status != EPD_OK) {
-        const char *why = status == EPD_ERR_BUSY
-                              ? "the queue is full (dispatch.max_queued_tokens); retry later"
-                          : status == EPD_ERR_SHUTTING_DOWN ? "the daemon is shutting down"
-                                                            : "the engine refused the request";
-        conn_send_error(c, true, view.id, status, why);
-        epd_request_free(req);
-        return;
-    }
-    c->in_flight++;
-    c->ctx->request_accepted(c->ctx->arg);
-}
-
-/* CONTROL register (DESIGN.md section 4b): a host region from the oldest file descriptor that
- * came with the input, or a device region from a CUDA IPC handle. The REPLY meta in *reply_p. */
-static epd_status_t conn_register(epd_conn_t *c, const cJSON *meta, char **reply_p,
-                                  char err[EPD_ERR_LEN])
-{
-    const cJSON *kind = cJSON_GetObjectItemCaseSensitive(meta, "kind");
-    uint64_t bytes = 0, offset = 0;
-    uint32_t id = 0;
-    epd_status_t status;
-
-    bool host = cJSON_IsString(kind) && strcmp(kind->valuestring, "host") == 0;
-    bool cuda = cJSON_IsString(kind) && strcmp(kind->valuestring, "cuda") == 0;
-    if (!host && !cuda) {
-        snprintf(err, EPD_ERR_LEN, "register needs \"kind\": \"host\" or \"cuda\"");
-        return EPD_ERR_BAD_REGION;
-    }
-    if (!epd_json_to_u64(cJSON_GetObjectItemCaseSensitive(meta, "bytes"), &bytes) || bytes == 0) {
-        snprintf(err, EPD_ERR_LEN, "register needs \"bytes\", an integer >= 1");
-        return EPD_ERR_BAD_REGION;
-    }
-    if (c->ctx->cfg->socket.max_regions == 0) {
-        snprintf(err, EPD_ERR_LEN, "regions are off on this daemon (socket.max_regions = 0)");
-        return EPD_ERR_BAD_REGION;
-    }
-    if (c->regions == NULL) {
-        const epd_ops_t *ops;
-        epd_ops_ctx_t *ops_ctx;
-        epd_engine_ops(c->ctx->engine, &ops, &ops_ctx);
-        c->regions = epd_region_table_create(c->ctx->cfg->socket.max_regions, ops, ops_ctx);
-        if (c->regions == NULL) {
-            snprintf(err, EPD_ERR_LEN, "out of memory");
-            return EPD_ERR_INTERNAL;
-        }
-    }
-    if (host) {
-        if (c->n_fds == 0) {
-            snprintf(err, EPD_ERR_LEN,
-                     "a host region needs a file descriptor (a memfd) in the SCM_RIGHTS data of "
-                     "the frame's first byte; none came");
-            return EPD_ERR_BAD_REGION;
-        }
-        int fd = c->fds[0];
-        memmove(c->fds, c->fds + 1, (c->n_fds - 1) * sizeof c->fds[0]);
-        c->n_fds--;
-        status = epd_region_register_host(c->regions, fd, bytes, &id, err);
-    } else {
-        const cJSON *handle = cJSON_GetObjectItemCaseSensitive(meta, "handle");
-        const cJSON *off = cJSON_GetObjectItemCaseSensitive(meta, "offset");
-        uint8_t raw[64];
-        if (!cJSON_IsString(handle) || !epd_base64_decode(handle->valuestring, raw, sizeof raw)) {
-            snprintf(err, EPD_ERR_LEN,
-                     "a cuda region needs \"handle\": the base64 of the 64-byte "
-                     "cudaIpcMemHandle_t");
-            return EPD_ERR_BAD_REGION;
-        }
-        if (off != NULL && !epd_json_to_u64(off, &offset)) {
-            snprintf(err, EPD_ERR_LEN, "\"offset\" must be a non-negative integer");
-            return EPD_ERR_BAD_REGION;
-        }
-        status = epd_region_register_cuda(c->regions, raw, offset, bytes, &id, err);
-    }
-    if (status != EPD_OK) return status;
-    char text[160];
-    snprintf(text, sizeof text, "{\"region\":%" PRIu32 ",\"kind\":\"%s\",\"bytes\":%" PRIu64 "}",
-             id, host ? "host" : "cuda", bytes);
-    epd_log_debug("conn %" PRIu64 ": region %" PRIu32 ": %s, %" PRIu64 " bytes", c->id, id,
-                  host ? "host" : "cuda", bytes);
-    *reply_p = strdup(text);
-    return *reply_p != NULL ? EPD_OK : EPD_ERR_INTERNAL;
-}
-
-static epd_status_t conn_unregister(epd_conn_t *c, const cJSON *meta, char **reply_p,
-                                    char err[EPD_ERR_LEN])
-{
-    uint64_t id;
-
-    const cJSON *region = cJSON_GetObjectItemCaseSensitive(meta, "region");
-    if (!epd_json_to_u64(region, &id) || id > UINT32_MAX) {
-        snprintf(err, EPD_ERR_LEN, "unregister needs \"region\", a region id");
-        return EPD_ERR_BAD_REGION;
-    }
-    if (c->regions == NULL) {
-        snprintf(err, EPD_ERR_LEN, "region %" PRIu64 " is not registered on this connection", id);
-        return EPD_ERR_BAD_REGION;
-    }
-    epd_status_t status = epd_region_unregister(c->regions, (uint32_t)id, err);
-    if (status != EPD_OK) return status;
-    char text[64];
-    snprintf(text, sizeof text, "{\"region\":%" PRIu64 "}", id);
-    *reply_p = strdup(text);
-    return *reply_p != NULL ? EPD_OK : EPD_ERR_INTERNAL;
-}
-
-/* CONTROL serve_experts (DESIGN.md section 9): the regions named "input" and "output" must be
- * this connection's; the rest is the experts' (ctx->serve_experts). */
-static epd_status_t conn_serve_experts(epd_conn_t *c, const cJSON *meta, char **reply_p,
-                                       char err[EPD_ERR_LEN])
-{
-    const char *keys[2] = {"input", "output"};
-    epd_region_t *regions[2] = {NULL, NULL};
-
-    for (int i = 0; i < 2; i++) {
-        uint64_t id;
-        if (!epd_json_to_u64(cJSON_GetObjectItemCaseSensitive(meta, keys[i]), &id) ||
-            id > UINT32_MAX) {
-            snprintf(err, EPD_ERR_LEN, "serve_experts needs \"input\" and \"output\": the ids "
-                     "of two regions registered on this connection");
-            return EPD_ERR_BAD_REGION;
-        }
-        regions[i] = epd_region_find(c->regions, (uint32_t)id);
-        if (regions[i] == NULL) {
-            snprintf(err, EPD_ERR_LEN, "serve_experts: %s region %" PRIu64 " is not registered "
-                     "on this connection", keys[i], id);
-            return EPD_ERR_BAD_REGION;
-        }
-    }
-    return c->ctx->serve_experts(c->ctx->arg, c, regions[0], regions[1], meta, reply_p, err);
-}
-
-/* The reply meta with the CONTROL's "id" put first, when it had one (DESIGN.md section 4). */
-static char *meta_with_id(char *meta, bool has_id, uint64_t id)
-{
-    if (!has_id || meta == NULL || meta[0] != '{') return meta;
-    size_t len = strlen(meta);
-    char *out = malloc(len + 32);
-    if (out == NULL) {
-        free(meta);
-        return NULL;
-    }
-    snprintf(out, len + 32, "{\"id\":%" PRIu64 "%s%s", id, meta[1] == '}' ? "" : ",", meta + 1);
-    free(meta);
-    return out;
-}
-
-/* CONTROL: answered at once, in order with the other replies of this connection. */
-static void conn_handle_control(epd_conn_t *c, const epd_frame_t *frame)
-{
-    const cJSON *op = cJSON_GetObjectItemCaseSensitive(frame->meta, "op");
-    const char *name = cJSON_IsString(op) ? op->valuestring : NULL;
-    bool has_id = frame->id_kind == EPD_FRAME_ID_VALID;
-    char *meta = NULL, *payload = NULL;
-    size_t payload_len = 0;
-    char err[EPD_ERR_LEN];
-    epd_frame_out_t out;
-    epd_status_t status;
-
-    if (name != NULL && (strcmp(name, "register") == 0 || strcmp(name, "unregister") == 0)) {
-        status = name[0] == 'r' ? conn_register(c, frame->meta, &meta, err)
-                                : conn_unregister(c, frame->meta, &meta, err);
-        if (status != EPD_OK) {
-            conn_send_error(c, has_id, frame->id, status, err);
-            return;
-        }
-    } else if (name != NULL && strcmp(name, "serve_experts") == 0) {
-        if (c->ctx->serve_experts == NULL) {
-            snprintf(err, sizeof err, "serve_experts needs experts.kind = external (this "
-                     "daemon runs its own experts)");
-            conn_send_error(c, has_id, frame->id, EPD_ERR_UNKNOWN_OP, err);
-            return;
-        }
-        status = conn_serve_experts(c, frame->meta, &meta, err);
-        if (status != EPD_OK) {
-            conn_send_error(c, has_id, frame->id, status, err);
-            return;
-        }
-    } else {
-        status = c->ctx->control(c->ctx->arg, name, &meta, &payload, &payload_len, err);
-        if (status == EPD_ERR_UNKNOWN_OP) {
-            conn_send_error(c, has_id, frame->id, status, err);
-            return;
-        }
-        if (status != EPD_OK) {
-            conn_send_error(c, has_id, frame->id, EPD_ERR_INTERNAL,
-                            "out of memory building the reply");
-            return;
-        }
-    }
-    meta = meta_with_id(meta, has_id, frame->id);
-    if (meta == NULL) {
-        free(payload);
-        conn_send_error(c, has_id, frame->id, EPD_ERR_INTERNAL, "out of memory building the reply");
-        return;
-    }
-    status = epd_frame_encode_reply(meta, payload, payload_len, &out, err);
-    free(meta);
-    if (status != EPD_OK) {
-        free(payload);
-        conn_send_error(c, has_id, frame->id, EPD_ERR_INTERNAL, err);
-        return;
-    }
-    c->ctx->stats->control_requests++;
-    /* The copy of what the socket does not take is fine: replies are small. */
-    conn_send_frame(c, &out, NULL, NULL);
-    free(payload);
-}
-
-static void conn_handle_frame(epd_conn_t *c, epd_frame_t *frame)
-{
-    char err[EPD_ERR_LEN];
-
-    c->ctx->stats->frames_in++;
-    if (frame->dropped && (frame->type == EPD_FRAME_SUBMIT || frame->type == EPD_FRAME_CONTROL)) {
-        snprintf(err, sizeof(err), "the daemon holds too many unfinished frames (a payload of %"
-                 PRIu64 " bytes would take all connections over socket.max_buffered_bytes = %"
-                 PRIu64 "); retry later", frame->payload_len, c->ctx->cfg->socket.max_buffered_bytes);
-        conn_send_error(c, frame->id_kind == EPD_FRAME_ID_VALID, frame->id, EPD_ERR_BUSY, err);
-        return;
-    }
-    switch (frame->type) {
-    case EPD_FRAME_SUBMIT:
-        conn_handle_submit(c, frame);
-        break;
-    case EPD_FRAME_CONTROL:
-        conn_handle_control(c, frame);
-        break;
-    case EPD_FRAME_EXPERTS_DONE:
-        if (c->ctx->experts_done != NULL) {
-            epd_status_t status = c->ctx->experts_done(c->ctx->arg, c, frame, err);
-            if (status != EPD_OK)
-                conn_fail_framing(c, false, 0, epd_status_is_wire_code(status) ? status
-                                                                           : EPD_ERR_INTERNAL,
-                                  err);
-            break;
-        }
-        conn_fail_framing(c, false, 0, EPD_ERR_BAD_TYPE,
-                          "EXPERTS_DONE from a connection that serves no experts (this daemon's "
-                          "experts.kind is not external)");
-        break;
-    case EPD_FRAME_RESULT:
-    case EPD_FRAME_ERROR:
-    case EPD_FRAME_REPLY:
-    default:
-        snprintf(err, sizeof(err), "a client may send SUBMIT, CONTROL or EXPERTS_DONE frames, "
-                 "not %s", epd_frame_type_name((int)frame->type));
-        conn_fail_framing(c, frame->id_kind == EPD_FRAME_ID_VALID, frame->id, EPD_ERR_BAD_TYPE,
-                          err);
-        break;
-    }
 }
 
 /* The decoder's admit callback: reserves the frame's payload in the budget of all connections
@@ -743,7 +319,7 @@ static void conn_frame_read(epd_conn_t *c, epd_frame_t *frame)
 {
     conn_release_reserved(c);
     c->frame_start_ns = 0;
-    conn_handle_frame(c, frame);
+    epd_conn_handle_frame(c, frame);
     epd_frame_free(frame);
 }
 
@@ -752,10 +328,10 @@ static void conn_fail_decoding(epd_conn_t *c, epd_status_t status, const char *e
 {
     if (status == EPD_ERR_NO_MEMORY) {
         epd_log_error("conn %" PRIu64 ": out of memory decoding a frame: %s", c->id, err);
-        conn_fail_framing(c, false, 0, EPD_ERR_INTERNAL, "out of memory decoding the frame");
+        epd_conn_fail_framing(c, false, 0, EPD_ERR_INTERNAL, "out of memory decoding the frame");
         return;
     }
-    conn_fail_framing(c, false, 0, status, err);
+    epd_conn_fail_framing(c, false, 0, status, err);
 }
 
 /* Feeds buffered input to the decoder and handles whole frames, until the input is used up, the
@@ -814,12 +390,12 @@ static void conn_answer_read_input(epd_conn_t *c)
         c->ctx->stats->bytes_in += used;
         if (status == EPD_ERR_AGAIN) continue;
         if (status != EPD_OK) {
-            conn_send_error(c, false, 0, epd_status_is_wire_code(status) ? status
+            epd_conn_send_error(c, false, 0, epd_status_is_wire_code(status) ? status
                                                                          : EPD_ERR_INTERNAL, err);
             return;
         }
         conn_release_reserved(c);
-        conn_handle_frame(c, &frame);
+        epd_conn_handle_frame(c, &frame);
         epd_frame_free(&frame);
     }
 }
@@ -1477,7 +1053,7 @@ void epd_conn_deliver(epd_conn_t *c, epd_result_t *result)
     }
     c->active_ns = epd_now_ns();
     if (result->status != EPD_OK) {
-        conn_send_error(c, true, result->id, result->status, result->message);
+        epd_conn_send_error(c, true, result->id, result->status, result->message);
         conn_answer_queued(c, false);
         epd_result_free(result);
     } else {
@@ -1490,7 +1066,7 @@ void epd_conn_deliver(epd_conn_t *c, epd_result_t *result)
                 : epd_frame_encode_result(result->id, result->step, result->n_tokens,
                                           cfg->model.hidden, result->y, &out, err);
         if (status != EPD_OK) {
-            conn_send_error(c, true, result->id, EPD_ERR_INTERNAL, err);
+            epd_conn_send_error(c, true, result->id, EPD_ERR_INTERNAL, err);
             conn_answer_queued(c, false);
             epd_result_free(result);
         } else {
@@ -1498,7 +1074,7 @@ void epd_conn_deliver(epd_conn_t *c, epd_result_t *result)
              * event and its epoll round); what the socket does not take the bufferevent writes
              * later */
             if (!conn_bulk_write(c, &out, result))
-                conn_send_frame(c, &out, result_release, result);
+                epd_conn_send_frame(c, &out, result_release, result);
             conn_answer_queued(c, true);
         }
     }
@@ -1526,7 +1102,7 @@ epd_status_t epd_conn_send_text(epd_conn_t *c, epd_frame_type_t type, const char
     }
     /* Latency: written now rather than on the loop's next turn (the bufferevent writes the
      * rest, if any). Only when nothing else was queued, so the stream's order stays as queued. */
-    conn_send_frame(c, &out, NULL, NULL);
+    epd_conn_send_frame(c, &out, NULL, NULL);
     if (c->state == CONN_CLOSED) {
         conn_drive(c);
         return EPD_ERR_IO;

@@ -2,6 +2,7 @@
 # documents, engine, bench, stats, log, notify),
 # its unit tests, and the C clients of the integration tests (build/tests/<name>).
 DAEMON_SRCS := daemon/main.c daemon/daemon.c daemon/server.c daemon/listener.c daemon/conn.c \
+               daemon/conn_frames.c \
                daemon/conn_table.c daemon/control.c daemon/stats.c daemon/quant_stats.c \
                daemon/log.c daemon/notify.c daemon/engine.c daemon/bench.c daemon/bench_ffn.c \
                daemon/accuracy.c daemon/experts.c daemon/region.c daemon/http.c daemon/watchdog.c \
@@ -42,7 +43,7 @@ test_stats_SRCS = daemon/stats.c daemon/quant_stats.c comm/phase.c $(COMMON_SRCS
 
 # One connection on a socketpair with a stub engine (tests/unit/test_conn.c).
 UNIT_TESTS += conn
-test_conn_SRCS = daemon/conn.c daemon/bulk.c daemon/pinned.c daemon/region.c daemon/log.c $(PROTO_SRCS) common/status.c common/parse.c
+test_conn_SRCS = daemon/conn.c daemon/conn_frames.c daemon/bulk.c daemon/pinned.c daemon/region.c daemon/log.c $(PROTO_SRCS) common/status.c common/parse.c
 UNIT_TESTS += trim
 test_trim_SRCS = daemon/trim.c daemon/log.c
 UNIT_TESTS += pinned
