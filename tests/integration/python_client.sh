@@ -25,6 +25,10 @@ echo "== against a 2-rank daemon ($(date +%T))"
 epd_start 2 "${opts[@]}"
 EPDPY_SOCKETS="$(sock 0):$(sock 1)" timeout 240 "$PY" tests/python/test_daemon.py 2>&1 \
     || die "daemon tests"
+# the client benchmark runs (its numbers are not judged here)
+bench=$(timeout 60 "$PY" scripts/py-client-bench.py --socket "$(sock 0)" --epctl "$BUILD/epctl" \
+    --calls 200 --rounds 1 2>&1) && grep -q "client alone, numpy" <<<"$bench" ||
+    die "py-client-bench.py: $bench"
 for r in 0 1; do
     $WIRE health "$(sock $r)" | grep -q '"status": "ok"' || die "rank $r does not answer health"
 done
