@@ -362,11 +362,10 @@ class AsyncClient:
                     continue
                 at = 0
                 while at < n:
-                    target = self._rx.want()
-                    k = min(len(target), n - at)
-                    target[:k] = view[at:at + k]
-                    at += k
-                    self._got(k)
+                    used, frame = self._rx.take(view[at:n])
+                    at += used
+                    if frame is not None:
+                        self._handle(frame)
         except ProtocolError as e:
             self._s.fail(e)
             why = "protocol error: %s" % e.message
@@ -381,6 +380,9 @@ class AsyncClient:
     def _got(self, n):
         frame = self._rx.got(n)
         if frame is not None:
-            self._s.on_frame(*frame)
-            if frame[0] == fr.EXPERTS:
-                self._serve_soon()
+            self._handle(frame)
+
+    def _handle(self, frame):
+        self._s.on_frame(*frame)
+        if frame[0] == fr.EXPERTS:
+            self._serve_soon()

@@ -417,16 +417,24 @@ class Client:
                 return True
             self._s0, self._s1 = 0, n
         while self._s0 < self._s1 and self._sock is not None:
-            target = self._rx.want()
-            n = min(len(target), self._s1 - self._s0)
-            target[:n] = self._stage_view[self._s0:self._s0 + n]
-            self._s0 += n
-            self._got(n)
+            self._take()
         return True
 
     def _got(self, n):
+        """n bytes were read straight into the receiver's want()."""
         try:
             frame = self._rx.got(n)
+            if frame is not None:
+                self._s.on_frame(*frame)
+        except ProtocolError as e:
+            self._s.fail(e)
+            self._lost("protocol error: %s" % e.message)
+
+    def _take(self):
+        """The receiver takes what it can of the staged bytes (a whole frame at once)."""
+        try:
+            used, frame = self._rx.take(self._stage_view[self._s0:self._s1])
+            self._s0 += used
             if frame is not None:
                 self._s.on_frame(*frame)
         except ProtocolError as e:

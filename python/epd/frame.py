@@ -121,6 +121,33 @@ class Receiver:
             return None
         return self._advance()
 
+    def take(self, view):
+        """Consumes the start of view (bytes read, which the caller reuses afterwards): (bytes
+        used, a whole frame or None). A frame wholly in view, with none in progress, is decoded
+        from view itself (its payload copied once, into place_payload's target or a new buffer);
+        else the bytes go through want() and got() as far as the frame's current part reaches."""
+        n = len(view)
+        if self._phase == 0 and self._have == 0 and n >= HEADER_LEN:
+            ftype, meta_len, payload_len = decode_header(view[:HEADER_LEN])
+            end = HEADER_LEN + meta_len + payload_len
+            if meta_len >= 2 and payload_len <= MAX_PAYLOAD and n >= end:
+                meta = decode_meta(view[HEADER_LEN:HEADER_LEN + meta_len])
+                target = None
+                if payload_len and self.place_payload is not None:
+                    target = self.place_payload(ftype, meta, payload_len)
+                if target is None:
+                    target = memoryview(bytearray(payload_len))
+                elif len(target) != payload_len:
+                    raise ProtocolError("payload target of %d bytes for %d" % (len(target),
+                                                                              payload_len))
+                if payload_len:
+                    target[:] = view[end - payload_len:end]
+                return end, (ftype, meta, target)
+        target = self.want()
+        k = min(len(target), n)
+        target[:k] = view[:k]
+        return k, self.got(k)
+
     def _advance(self):
         while True:
             if self._phase == 0:

@@ -156,6 +156,41 @@ class TestFrame(unittest.TestCase):
             self.assertTrue(rx.idle())
 
 
+    def test_frame__receiver_take__chunks_of_any_size_give_the_frames_of_want_and_got(self):
+        frames = [fr.encode(fr.REPLY, {"id": 1, "op": "health"}),
+                  fr.encode(fr.RESULT, {"id": 2}, bytes(range(256)) * 3),
+                  fr.encode(fr.RESULT, {"id": 3}, b""),
+                  fr.encode(fr.ERROR, {"id": None, "code": "busy", "message": "m"}),
+                  fr.encode(fr.RESULT, {"id": 4}, bytes(range(7)))]
+        stream = b"".join(frames)
+        placed = bytearray(7)
+        rng = random.Random(4)
+        for chunk_max in (1, 30, 200, len(stream)):  # whole frames at once, and split ones
+            rx = fr.Receiver(lambda t, m, n: memoryview(placed) if m.get("id") == 4 else None)
+            out, at = [], 0
+            while at < len(stream):
+                chunk = memoryview(bytearray(stream[at:at + rng.randint(1, chunk_max)]))
+                used_all = 0
+                while used_all < len(chunk):
+                    used, f = rx.take(chunk[used_all:])
+                    self.assertGreater(used, 0)
+                    used_all += used
+                    if f is not None:
+                        out.append((f[0], f[1], bytes(f[2]), f[2].obj is placed))
+                chunk[:] = bytes(len(chunk))  # the caller reuses its buffer: frames keep theirs
+                at += len(chunk)
+            self.assertEqual([(t, m["id"]) for t, m, _, _ in out],
+                             [(fr.REPLY, 1), (fr.RESULT, 2), (fr.RESULT, 3), (fr.ERROR, None),
+                              (fr.RESULT, 4)])
+            self.assertEqual(out[1][2], bytes(range(256)) * 3)
+            self.assertEqual(out[2][2], b"")
+            self.assertEqual((out[4][2], out[4][3]), (bytes(range(7)), True))
+            self.assertTrue(rx.idle())
+        for bad in (b"XPD1" + stream[4:24], fr.encode_header(fr.RESULT, 1, 0) + b"{"):
+            with self.assertRaises(epd.ProtocolError):
+                fr.Receiver().take(memoryview(bad + bytes(64)))
+
+
 class TestErrors(unittest.TestCase):
     def test_errors__every_wire_code__has_its_class(self):
         self.assertEqual(sorted(epd.WIRE_ERRORS), sorted(FRAMING + REQUEST))
