@@ -59,7 +59,6 @@
 #define CONN_SPIN_MIN_READ (64u * 1024u)
 #define CONN_SPIN_NS (100u * 1000u)
 
-
 static const char *const conn_state_names[CONN_STATE_MAX] = {
     [CONN_READING] = "reading",
     [CONN_YIELDED] = "yielded",
@@ -82,14 +81,11 @@ static const unsigned conn_next_states[CONN_STATE_MAX] = {
     [CONN_CLOSED] = 0,
 };
 
-
 #define CONN_ANSWER_RESULT (UINT64_C(1) << 63)
 
 /* Timeout closes logged since the last line (loop thread only, like every connection). */
 static uint64_t conn_timeout_log_ns;
 static uint64_t conn_timeout_unlogged;
-
-
 
 static void conn_drive(epd_conn_t *c);
 static void conn_arm_deadline(epd_conn_t *c, uint64_t now);
