@@ -59,10 +59,7 @@ def host_bytes(address, nbytes):
 
 def host_array(t):
     """A numpy view of a CPU tensor (bf16 as uint16 bit patterns); contiguous (copied if not)."""
-    if t.requires_grad:
-        t = t.detach()
-    if not t.is_contiguous():
-        t = t.contiguous()
+    t = host_tensor(t)
     as_ = _HOST_AS.get(t.dtype)
     if as_ is None:
         return t.numpy()
