@@ -277,7 +277,8 @@ class Session:
         """The placement of a CUDA tensor in the registered region of its allocation, or None
         after adding that allocation to needs."""
         handle, base, nbytes = tm.device_allocation(t)
-        ptr, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+        ptr = t.data_ptr()
+        end = ptr + t.numel() * t.element_size()
         entry = self.device.get(handle)
         if entry is not None and entry[1] == base and end <= base + entry[2]:
             self.device.move_to_end(handle)
@@ -379,8 +380,7 @@ class Session:
             if got != want:
                 raise InvalidArgument("out has shape %s, y is %s" % (list(got), list(want)))
             if tm is not None:
-                import torch
-                if out.dtype != torch.bfloat16:
+                if out.dtype != tm.torch.bfloat16:
                     raise InvalidArgument("out must be a torch.bfloat16 tensor")
             elif out.dtype != np.uint16:
                 raise InvalidArgument("out must be uint16 (bf16 bit patterns)")

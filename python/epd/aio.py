@@ -258,8 +258,8 @@ class AsyncClient:
                 if inspect.isawaitable(answer):
                     await answer
                 if batch.on_device:
-                    import torch
-                    torch.cuda.current_stream(batch.y.device).synchronize()
+                    from . import _torch
+                    _torch.stream_sync((batch.y,))
             except asyncio.CancelledError:
                 raise
             except BaseException as e:  # no answer for this batch; serve() raises it

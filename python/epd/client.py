@@ -326,8 +326,8 @@ class Client:
             try:
                 self._s.experts[0](batch)
                 if batch.on_device:
-                    import torch
-                    torch.cuda.current_stream(batch.y.device).synchronize()
+                    from . import _torch
+                    _torch.stream_sync((batch.y,))
             finally:
                 self._serving = False
             meta = ex.done_meta(batch, time.monotonic_ns())

@@ -301,6 +301,45 @@ class TestFakeTorch(unittest.TestCase):
         self.assertEqual(h, BLOCK_A)
         self.assertEqual(_torch.wire_dtype(Tensor(None, 0, (1,), torch.int64)), "i64")
 
+    def test_stream_sync__driver_and_torch_entry_points__current_device_by_driver_else_torch(self):
+        """With the driver library and torch's C entry points: cuStreamSynchronize on the
+        current device's raw stream, once a device; another device's stream through torch's
+        public call; a failed sync raised with the driver's error name."""
+        calls = []
+
+        class Drv:
+            rc = 0
+
+            def stream_sync(self, handle):
+                calls.append(("driver", handle))
+                return self.rc
+
+            def name(self, rc):
+                return "CUDA_ERROR_LAUNCH_FAILED"
+
+        drv = Drv()
+        saved = (_torch._driver, _torch._get_device, _torch._raw_stream)
+        _torch._driver = lambda: drv
+        _torch._get_device = lambda: 0
+        _torch._raw_stream = lambda index: 0x5000 + index
+        events["synced"].clear()
+        try:
+            a = Tensor(Storage(BLOCK_A, 1 << 40, 0, 64), 0, (4,), torch.float32)
+            b = Tensor(Storage(BLOCK_A, 1 << 40, 64, 64), 0, (4,), torch.float32)
+            c = Tensor(Storage(BLOCK_B, 1 << 41, 0, 64), 0, (4,), torch.float32)
+            c.device = Device(1)
+            _torch.stream_sync([a, b, c, c])
+            self.assertEqual(calls, [("driver", 0x5000)])  # cuda:0 once, by the driver
+            self.assertEqual(events["synced"], [1])        # cuda:1 is not current: torch's call
+            drv.rc = 719
+            with self.assertRaisesRegex(RuntimeError, "CUDA_ERROR_LAUNCH_FAILED"):
+                _torch.stream_sync([a])
+            _torch._raw_stream = None  # a torch without the entry point: its public call
+            _torch.stream_sync([a])
+            self.assertEqual(events["synced"], [1, 0])
+        finally:
+            _torch._driver, _torch._get_device, _torch._raw_stream = saved
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
