@@ -273,12 +273,20 @@ class Session:
                 return _Placement(dtype_name, shape, region=rid, offset=off)
         return None
 
-    def _device_place(self, t, tm, needs):
+    def _device_place(self, t, tm, needs, seen):
         """The placement of a CUDA tensor in the registered region of its allocation, or None
-        after adding that allocation to needs."""
-        handle, base, nbytes = tm.device_allocation(t)
+        after adding that allocation to needs. seen: the allocations found for this SUBMIT's
+        earlier tensors; a tensor within one of them is in it (the caller holds those tensors,
+        so their memory is live, and live allocations do not overlap), without asking again."""
         ptr = t.data_ptr()
         end = ptr + t.numel() * t.element_size()
+        for known in seen:
+            if known[1] <= ptr and end <= known[1] + known[2]:
+                break
+        else:
+            known = tm.device_allocation(t)
+            seen.append(known)
+        handle, base, nbytes = known
         entry = self.device.get(handle)
         if entry is not None and entry[1] == base and end <= base + entry[2]:
             self.device.move_to_end(handle)
@@ -297,14 +305,15 @@ class Session:
 
     # ---- SUBMIT ----------------------------------------------------------------------------
 
-    def place(self, obj, role, needs):
-        """The _Placement of one tensor, or None after appending a DeviceNeed to needs."""
+    def place(self, obj, role, needs, seen):
+        """The _Placement of one tensor, or None after appending a DeviceNeed to needs (seen:
+        the CUDA allocations of this SUBMIT so far, see _device_place)."""
         tm = torch_module(obj)
         if tm is not None:
             if obj.is_cuda:
                 if not obj.is_contiguous():
                     raise InvalidArgument("%s: a CUDA tensor must be contiguous" % role)
-                return self._device_place(obj, tm, needs)
+                return self._device_place(obj, tm, needs, seen)
             # a CPU tensor: its bytes straight from torch (no numpy view on the way)
             t = tm.host_tensor(obj)
             name = tm.wire_dtype(t)
@@ -333,10 +342,10 @@ class Session:
     def plan_submit(self, x, topk_ids, topk_weights, out):
         """The placements of x, topk_ids, topk_weights (and out when it is in a region), and
         the DeviceNeeds to register first (plan again after registering them)."""
-        needs = []
-        placed = {"x": self.place(x, "x", needs), "topk_ids": self.place(topk_ids, "topk_ids",
-                                                                      needs),
-                  "topk_weights": self.place(topk_weights, "topk_weights", needs)}
+        needs, seen = [], []
+        placed = {"x": self.place(x, "x", needs, seen),
+                  "topk_ids": self.place(topk_ids, "topk_ids", needs, seen),
+                  "topk_weights": self.place(topk_weights, "topk_weights", needs, seen)}
         if out is not None:
             tm = torch_module(out)
             if tm is None or not out.is_cuda:
@@ -348,7 +357,7 @@ class Session:
                 if y is not None:
                     placed["y"] = y  # its dtype is checked with the rest of out in submit()
                 return placed, needs
-            placed["y"] = self.place(out, "y", needs)
+            placed["y"] = self.place(out, "y", needs, seen)
         return placed, needs
 
     def submit(self, placed, x, out, layer):

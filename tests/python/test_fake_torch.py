@@ -301,6 +301,63 @@ class TestFakeTorch(unittest.TestCase):
         self.assertEqual(h, BLOCK_A)
         self.assertEqual(_torch.wire_dtype(Tensor(None, 0, (1,), torch.int64)), "i64")
 
+    def test_device_regions__driver__one_query_a_submit_for_tensors_of_one_allocation(self):
+        """With the driver library: the allocation of a SUBMIT's first CUDA tensor answers for
+        the others inside it (one query a SUBMIT, not four); a tensor outside it is asked
+        about; every tensor named by its offset in its own allocation's region."""
+        queries = []
+        blocks = {BLOCK_A: (1 << 40, 4 << 20), BLOCK_B: (1 << 41, 4 << 20)}
+
+        class Drv:
+            def allocation(self, ptr):
+                queries.append(ptr)
+                for handle, (base, size) in blocks.items():
+                    if base <= ptr < base + size:
+                        return handle, base, size
+                return None
+
+            def stream_sync(self, handle):
+                return 0
+
+        submits = []
+
+        def handler(peer):
+            while True:
+                ftype, meta, _ = peer.read()
+                if ftype == fr.SUBMIT:
+                    submits.append(meta["tensors"])
+                    peer.send(fr.RESULT, {"id": meta["id"], "step": 1,
+                                          "tensors": {"y": meta["tensors"]["y"]}})
+                elif ftype == fr.CONTROL and meta["op"] == "register":
+                    region = 20 if base64.b64decode(meta["handle"]) == BLOCK_A else 21
+                    peer.send(fr.REPLY, {"id": meta["id"], "region": region,
+                                         "bytes": meta["bytes"]})
+                else:
+                    peer.send(fr.REPLY, {"id": meta["id"], "socket.max_regions": 8})
+
+        saved = _torch._driver
+        _torch._driver = lambda: drv
+        drv = Drv()
+        try:
+            fake = FakeDaemon(handler)
+            with fake as path:
+                with epd.Client(path, timeout=10) as c:
+                    x, ids, w, out = tensors(8)
+                    for _ in range(2):
+                        c.submit(x, ids, w, out=out)
+                    self.assertEqual(queries, [x.data_ptr()] * 3)  # planned twice, then once
+                    queries.clear()
+                    out_b = tensors(8, BLOCK_B, base=1 << 41)[3]
+                    c.submit(x, ids, w, out=out_b)
+                    self.assertEqual(queries, [x.data_ptr(), out_b.data_ptr()] * 2)
+            self.assertEqual(fake.errors, [])
+        finally:
+            _torch._driver = saved
+        self.assertEqual(submits[1]["topk_weights"],
+                         fr.region_tensor("f32", [8, K], 20, w.data_ptr() - (1 << 40)))
+        self.assertEqual(submits[2]["y"],
+                         fr.region_tensor("bf16", [8, H], 21, out_b.data_ptr() - (1 << 41)))
+
     def test_stream_sync__driver_and_torch_entry_points__current_device_by_driver_else_torch(self):
         """With the driver library and torch's C entry points: cuStreamSynchronize on the
         current device's raw stream, once a device; another device's stream through torch's
