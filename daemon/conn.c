@@ -330,6 +330,26 @@ static void conn_fail_decoding(epd_conn_t *c, epd_status_t status, const char *e
     epd_conn_fail_framing(c, false, 0, status, err);
 }
 
+/* Feeds the first contiguous piece of the buffered input to the decoder (what it used is drained
+ * and counted): EPD_OK with a whole frame, EPD_ERR_AGAIN for more input, else the decoder's error.
+ * The input must not be empty (libevent then always has a first piece: not finding one is an
+ * internal error, not a wait that would never end). */
+static epd_status_t conn_decode_some(epd_conn_t *c, epd_frame_t *frame, char *err)
+{
+    struct evbuffer_iovec vec;
+    if (evbuffer_peek(c->input, -1, NULL, &vec, 1) < 1) {
+        snprintf(err, EPD_ERR_LEN, "buffered input of %zu bytes has no first piece",
+                 evbuffer_get_length(c->input));
+        return EPD_ERR_INTERNAL;
+    }
+    size_t used = 0;
+    epd_status_t status = epd_decoder_feed(&c->decoder, vec.iov_base, vec.iov_len, &used, frame,
+                                           err);
+    evbuffer_drain(c->input, used);
+    c->ctx->stats->bytes_in += used;
+    return status;
+}
+
 /* Feeds buffered input to the decoder and handles whole frames, until the input is used up, the
  * frame budget of this event is spent (yielded) or the state changes (output over the limit,
  * framing error). */
@@ -348,14 +368,8 @@ static void conn_read_frames(epd_conn_t *c)
             conn_set_state(c, CONN_PAUSED);
             return;
         }
-        struct evbuffer_iovec vec;
-        if (evbuffer_peek(input, -1, NULL, &vec, 1) < 1) return;
-        size_t used = 0;
         epd_frame_t frame;
-        epd_status_t status = epd_decoder_feed(&c->decoder, vec.iov_base, vec.iov_len, &used,
-                                               &frame, err);
-        evbuffer_drain(input, used);
-        c->ctx->stats->bytes_in += used;
+        epd_status_t status = conn_decode_some(c, &frame, err);
         if (status == EPD_ERR_AGAIN) continue;
         if (status == EPD_OK) {
             c->decoded_ns = epd_now_ns();
@@ -376,14 +390,8 @@ static void conn_answer_read_input(epd_conn_t *c)
     char err[EPD_ERR_LEN];
 
     while (c->state == CONN_CLOSING && evbuffer_get_length(input) > 0) {
-        struct evbuffer_iovec vec;
-        if (evbuffer_peek(input, -1, NULL, &vec, 1) < 1) return;
-        size_t used = 0;
         epd_frame_t frame;
-        epd_status_t status = epd_decoder_feed(&c->decoder, vec.iov_base, vec.iov_len, &used,
-                                               &frame, err);
-        evbuffer_drain(input, used);
-        c->ctx->stats->bytes_in += used;
+        epd_status_t status = conn_decode_some(c, &frame, err);
         if (status == EPD_ERR_AGAIN) continue;
         if (status != EPD_OK) {
             epd_conn_send_error(c, false, 0, epd_status_is_wire_code(status) ? status
