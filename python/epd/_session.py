@@ -38,6 +38,14 @@ def torch_module(obj):
     return _torch
 
 
+def sync_cuda_inputs(tensors):
+    """Before a SUBMIT goes: the current stream of every CUDA device the tensors (None for
+    absent ones) live on is synchronized (DESIGN.md 4b: the inputs are complete)."""
+    cuda = [t for t in tensors if torch_module(t) is not None and t.is_cuda]
+    if cuda:
+        torch_module(cuda[0]).stream_sync(cuda)
+
+
 class Pending:
     """One request in flight: a SUBMIT (its result is y) or a CONTROL (its result is (meta,
     payload)). result(timeout) waits for the answer and returns it or raises its EpdError;

@@ -11,7 +11,7 @@ import time
 
 from . import experts as ex
 from . import frame as fr
-from ._session import Session, torch_module
+from ._session import Session, sync_cuda_inputs, torch_module
 from .client import DEFAULT_SOCKET, connect_unix
 from .errors import ConnectionClosed, ProtocolError, Timeout, UnknownOp
 from .regions import HostRegion
@@ -114,10 +114,7 @@ class AsyncClient:
                 placed, needs = self._s.plan_submit(x, topk_ids, topk_weights, out)
             if needs:
                 raise ProtocolError("device regions registered, yet still unknown")
-        cuda = [t for t in (x, topk_ids, topk_weights, out)
-                if torch_module(t) is not None and t.is_cuda]
-        if cuda:
-            torch_module(cuda[0]).stream_sync(cuda)
+        sync_cuda_inputs((x, topk_ids, topk_weights, out))
         p, bufs = self._s.submit(placed, x, out, layer)
         fut = self._future(p)
         await self._send(bufs)
