@@ -5,7 +5,7 @@
 
 On one rank's socket: `epctl bench` (libepd, the baseline) and then epd.Client.submit in a loop
 with numpy arrays and, where torch is installed, CPU torch tensors (payload path, one call in
-flight); then the client's own work without a daemon (submit_async and result() over a
+flight), each as a plain submit and as a prepared call (Client.prepare); then the client's own work without a daemon (submit_async and result() over a
 socketpair whose peer answers at once). Prints p50s, the ratio to epctl's p50, and the client's
 own microseconds; the daemon must take the batch (model.hidden, topk and num_experts are read
 from its config). Where the microseconds of a call go is in docs/python.md."""
@@ -47,15 +47,22 @@ def p50_us(samples_ns):
 
 
 def loop(sock, args, kind, dims):
-    """p50 of Client.submit over args.calls calls (after 200 warm-up calls)."""
-    x, ids, w = batch(kind, args.tokens, *dims)
+    """p50 of Client.submit over args.calls calls (after 200 warm-up calls); of a prepared
+    call's submit() for the kinds "... prepared"."""
+    x, ids, w = batch(kind.split()[0], args.tokens, *dims)
     with epd.Client(sock, timeout=30) as c:
+        if kind.endswith(" prepared"):
+            call = c.prepare(x, ids, w)
+            one = call.submit
+        else:
+            def one():
+                c.submit(x, ids, w)
         for _ in range(200):
-            c.submit(x, ids, w)
+            one()
         ts = []
         for _ in range(args.calls):
             t0 = time.perf_counter_ns()
-            c.submit(x, ids, w)
+            one()
             ts.append(time.perf_counter_ns() - t0)
     return p50_us(ts)
 
@@ -76,14 +83,15 @@ def own_cost(args, kind, dims):
     c._s0 = c._s1 = 0
     c._sock, c._poller, c._poll_events, c._config = a, None, 0, None
     c._sending = c._serving = False
-    x, ids, w = batch(kind, args.tokens, *dims)
+    x, ids, w = batch(kind.split()[0], args.tokens, *dims)
     n, hidden = args.tokens, dims[0]
+    call = c.prepare(x, ids, w) if kind.endswith(" prepared") else None
     y = bytes(2 * n * hidden)
     sink = bytearray(8 << 20)
     ts, tr = [], []
     for i in range(args.calls + 200):
         t0 = time.perf_counter_ns()
-        p = c.submit_async(x, ids, w)
+        p = call.submit_async() if call is not None else c.submit_async(x, ids, w)
         t1 = time.perf_counter_ns()
         while True:
             try:
@@ -116,10 +124,10 @@ def main(argv=None):
     with epd.Client(args.socket, timeout=30) as c:
         cfg = c.config()
     dims = (cfg["model.hidden"], cfg["model.num_experts"], cfg["model.topk"])
-    kinds = ["numpy"]
+    kinds = ["numpy", "numpy prepared"]
     try:
         import torch  # noqa: F401
-        kinds.append("torch")
+        kinds += ["torch", "torch prepared"]
     except ImportError:
         print("torch is not installed for %s: CPU torch tensors not timed" % sys.executable)
     # rounds of each client in turn: a daemon's own latency drifts over a run, so the ratio is

@@ -7,8 +7,8 @@ CUDA through device regions) when torch is installed.
         y = c.submit(x, topk_ids, topk_weights)     # x bf16 [N, H] -> y bf16 [N, H]
 """
 from . import bf16, frame
-from .aio import AsyncClient
-from .client import DEFAULT_SOCKET, Client
+from .aio import AsyncClient, AsyncPrepared
+from .client import DEFAULT_SOCKET, Client, Prepared
 from .errors import (CLIENT_ERRORS, WIRE_ERRORS, BadHeader, BadJson, BadMagic, BadRegion,
                      BadTensor, BadType, BadVersion, Busy, ClientError, ConnectError,
                      ConnectionClosed, DaemonError, EpdError, ExpertOutOfRange,
@@ -23,11 +23,11 @@ from ._session import Pending
 __version__ = "0.1.0"
 
 __all__ = [
-    "AsyncClient", "BadHeader", "BadJson", "BadMagic", "BadRegion", "BadTensor", "BadType",
-    "BadVersion", "Busy", "CLIENT_ERRORS", "Client", "ClientError", "ConnectError",
+    "AsyncClient", "AsyncPrepared", "BadHeader", "BadJson", "BadMagic", "BadRegion", "BadTensor",
+    "BadType", "BadVersion", "Busy", "CLIENT_ERRORS", "Client", "ClientError", "ConnectError",
     "ConnectionClosed", "DEFAULT_SOCKET", "DaemonError", "EpdError", "ExpertOutOfRange",
     "ExpertsUnavailable", "FrameTooLarge", "FramingError", "Group", "HostRegion", "Internal",
-    "InvalidArgument", "InvalidTopk", "NonFiniteInput", "Pending", "ProtocolError",
+    "InvalidArgument", "InvalidTopk", "NonFiniteInput", "Pending", "Prepared", "ProtocolError",
     "RequestError", "ShapeMismatch", "ShuttingDown", "Timeout", "TooManyTokens", "UnknownLayer",
     "UnknownOp", "UnsupportedDtype", "WIRE_ERRORS", "bf16", "error_from_meta", "frame",
 ]

@@ -38,10 +38,79 @@ def torch_module(obj):
     return _torch
 
 
+def is_cuda(obj):
+    """True for a torch CUDA tensor."""
+    return torch_module(obj) is not None and obj.is_cuda
+
+
+def default_out(x, out):
+    """out, or for a 2-D CUDA x a new bf16 y on its device (y never travels in the payload
+    then)."""
+    if out is None and is_cuda(x) and x.dim() == 2:
+        return torch_module(x).empty_like_y(x, x.shape[0], x.shape[1])
+    return out
+
+
+def check_prepared(placed, tensors):
+    """InvalidArgument when a prepared call's payload tensor is not the caller's own memory
+    (a list, a strided array, a converted dtype: its copy would be sent every call)."""
+    for (name, pl), obj in zip(((k, placed[k]) for k in ("x", "topk_ids", "topk_weights")),
+                               tensors):
+        if pl.data is None:
+            continue
+        tm = torch_module(obj)
+        if tm is not None:
+            own = obj.is_contiguous() and pl.owner is not None and \
+                pl.owner.data_ptr() == obj.data_ptr()
+        else:
+            own = isinstance(obj, np.ndarray) and obj.flags.c_contiguous and \
+                _NP_WIRE.get(obj.dtype) is not None
+        if not own:
+            raise InvalidArgument("a prepared call's %s must be a contiguous numpy array or "
+                                  "torch tensor of a wire dtype: a copy of it would be sent "
+                                  "every call" % name)
+
+
+class PreparedCall:
+    """What a prepared call is on either client (Client.prepare, AsyncClient.prepare): its
+    tensors, held for as long as it lives, and the SubmitPlan it sends each time."""
+
+    def __init__(self, session, tensors):
+        session.check_usable()
+        self._s = session
+        self._tensors = tensors                      # x, topk_ids, topk_weights, out
+        self._cuda = tuple(t for t in tensors if is_cuda(t))
+        self._plan = None
+
+    @property
+    def out(self):
+        """Where y goes (None: a new y each call, in the payload)."""
+        return self._tensors[3]
+
+    def _set_plan(self, placed):
+        check_prepared(placed, self._tensors)
+        self._plan = self._s.prepared_plan(placed, self._tensors[0], self._tensors[3])
+
+    def _stale(self):
+        """True when the plan must be made again (a region it names was let go)."""
+        self._s.check_usable()
+        return self._plan is None or not self._s.plan_current(self._plan)
+
+    def _frame(self, layer):
+        """(Pending, buffers) of this call's next SUBMIT, its CUDA inputs' streams synced."""
+        if self._cuda:
+            torch_module(self._cuda[0]).stream_sync(self._cuda)
+        return self._s.submit_planned(self._plan, layer)
+
+    def __repr__(self):
+        return "<epd.%s %s>" % (type(self).__name__,
+                                self._plan.tensors_text if self._plan else "(no plan)")
+
+
 def sync_cuda_inputs(tensors):
     """Before a SUBMIT goes: the current stream of every CUDA device the tensors (None for
     absent ones) live on is synchronized (DESIGN.md 4b: the inputs are complete)."""
-    cuda = [t for t in tensors if torch_module(t) is not None and t.is_cuda]
+    cuda = [t for t in tensors if is_cuda(t)]
     if cuda:
         torch_module(cuda[0]).stream_sync(cuda)
 
@@ -144,6 +213,17 @@ class DeviceNeed:
         self.base = self.nbytes = None
 
 
+class SubmitPlan:
+    """A SUBMIT's frame but its id and layer (the tensors' meta text, the payload views), and
+    what its Pending holds; made once for a prepared call, which sends it again and again."""
+    __slots__ = ("n_tokens", "hidden", "tensors_text", "parts", "payload_len", "out", "out_view",
+                 "y_region", "y_torch", "keep", "device_keys", "regions_gen")
+
+    def __init__(self):
+        self.out = self.out_view = None
+        self.y_region = self.y_torch = False
+
+
 class Session:
     """One connection's protocol state; the clients own the socket and call in."""
 
@@ -154,6 +234,7 @@ class Session:
         self.host = []                                 # [(HostRegion, region id)]
         self.device = collections.OrderedDict()        # handle -> (region id, base, bytes)
         self.stale = []                                # device region ids to unregister
+        self.regions_gen = 0                           # +1 whenever a region is let go
         self.max_device_regions = 32
         self.failure = None
         self.arrivals = 0
@@ -228,6 +309,7 @@ class Session:
         if rid is None:
             raise InvalidArgument("this host region is not registered on this connection")
         self.host = [(r, i) for r, i in self.host if r is not region]
+        self.regions_gen += 1
         return self.control("unregister", {"region": rid})
 
     def register_device(self, need):
@@ -238,6 +320,7 @@ class Session:
             old = self.device.pop(need.key, None)
             if old is not None:
                 self.stale.append(old[0])  # a smaller region of the same allocation
+                self.regions_gen += 1
             self.device[need.key] = (rid, need.base, need.nbytes)
             return rid
         p.on_result = registered
@@ -255,6 +338,7 @@ class Session:
         under the limit (their unregister frames come from evictions())."""
         while self.device and len(self.device) + n_new > self.max_device_regions:
             self.stale.append(self.device.popitem(last=False)[1][0])
+            self.regions_gen += 1
 
     def evictions(self):
         """CONTROL unregister frames for the least recently used device regions over the
@@ -262,6 +346,7 @@ class Session:
         out = []
         while len(self.device) > self.max_device_regions:
             self.stale.append(self.device.popitem(last=False)[1][0])
+            self.regions_gen += 1
         while self.stale:
             p, data = self.control("unregister", {"region": self.stale.pop()})
             p.on_result = lambda meta: None
@@ -370,10 +455,15 @@ class Session:
 
     def submit(self, placed, x, out, layer):
         """(Pending, list of buffers of the SUBMIT frame) once every placement is known."""
+        return self.submit_planned(self.submit_plan(placed, x, out), layer)
+
+    def submit_plan(self, placed, x, out):
+        """The SubmitPlan of a SUBMIT whose placements are known: all of its frame but the id
+        and the layer, and what its Pending is to hold (out checked against x here)."""
+        plan = SubmitPlan()
         shape = placed["x"].shape
         n_tokens, hidden = (shape[0], shape[1]) if len(shape) == 2 else (None, None)
-        p = Pending(self.new_id(), "submit")
-        p.n_tokens, p.hidden = n_tokens, hidden
+        plan.n_tokens, plan.hidden = n_tokens, hidden
         tensors, parts, at = [], [], 0
         # payload tensors by decreasing element size: every offset aligned, no gap
         order = sorted((k for k in ("x", "topk_ids", "topk_weights") if placed[k].data is not None),
@@ -385,11 +475,7 @@ class Session:
             tensors.append('"%s":%s' % (name, placed[name].text(at)))
             parts.append(placed[name].data)
             at += len(placed[name].data)
-        text = '{"id":%d,"tensors":{%s}' % (p.id, ",".join(tensors))
-        if layer is not None:
-            if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < 1 << 31:
-                raise InvalidArgument("layer must be an integer in [0, 2^31), got %r" % (layer,))
-            text += ',"layer":%d' % layer
+        plan.tensors_text, plan.parts, plan.payload_len = ",".join(tensors), parts, at
         if out is not None:
             tm = torch_module(out)
             want = (n_tokens, hidden)
@@ -401,23 +487,56 @@ class Session:
                     raise InvalidArgument("out must be a torch.bfloat16 tensor")
             elif out.dtype != np.uint16:
                 raise InvalidArgument("out must be uint16 (bf16 bit patterns)")
-            p.out = out
+            plan.out = out
             if "y" in placed:
-                p.y_region = True
+                plan.y_region = True
             else:
                 host = tm.host_array(out) if tm is not None else out
                 if not host.flags.c_contiguous or (tm is not None and not out.is_contiguous()):
                     raise InvalidArgument("out must be contiguous")
-                p.out_view = byte_view(host)
+                plan.out_view = byte_view(host)
         else:
-            p.y_torch = torch_module(x) is not None
-        head_meta = (text + "}").encode()
+            plan.y_torch = torch_module(x) is not None
+        plan.keep = tuple(parts) + tuple(placed[k].owner for k in order)
+        return plan
+
+    def prepared_plan(self, placed, x, out):
+        """submit_plan for a prepared call, with the device regions it names and the region
+        generation it was made in (plan_current)."""
+        plan = self.submit_plan(placed, x, out)
+        regions = {pl.region for pl in placed.values() if pl.region is not None}
+        plan.device_keys = tuple(k for k, e in self.device.items() if e[0] in regions)
+        plan.regions_gen = self.regions_gen
+        return plan
+
+    def submit_planned(self, plan, layer):
+        """(Pending, list of buffers of the SUBMIT frame) of a SubmitPlan, with a new id."""
+        if layer is not None and (not isinstance(layer, int) or isinstance(layer, bool)
+                                  or not 0 <= layer < 1 << 31):
+            raise InvalidArgument("layer must be an integer in [0, 2^31), got %r" % (layer,))
+        p = Pending(self.new_id(), "submit")
+        if layer is None:
+            head_meta = ('{"id":%d,"tensors":{%s}}' % (p.id, plan.tensors_text)).encode()
+        else:
+            head_meta = ('{"id":%d,"tensors":{%s},"layer":%d}'
+                         % (p.id, plan.tensors_text, layer)).encode()
         if len(head_meta) > fr.MAX_META:
             raise InvalidArgument("meta of %d bytes is over the protocol's %d"
                                   % (len(head_meta), fr.MAX_META))
-        bufs = [fr.encode_header(fr.SUBMIT, len(head_meta), at) + head_meta] + parts
-        p.keep = tuple(parts) + tuple(placed[k].owner for k in order)
+        p.n_tokens, p.hidden, p.out, p.out_view = plan.n_tokens, plan.hidden, plan.out, plan.out_view
+        p.y_region, p.y_torch, p.keep = plan.y_region, plan.y_torch, plan.keep
+        bufs = [fr.encode_header(fr.SUBMIT, len(head_meta), plan.payload_len) + head_meta]
+        bufs.extend(plan.parts)
         return self._track(p), bufs
+
+    def plan_current(self, plan):
+        """True while every region a SubmitPlan names is still this connection's (nothing let
+        go since it was made); its device regions then count as just used."""
+        if plan.regions_gen != self.regions_gen:
+            return False
+        for key in plan.device_keys:
+            self.device.move_to_end(key)
+        return True
 
     # ---- frames from the daemon ------------------------------------------------------------
 

@@ -11,12 +11,35 @@ import time
 
 from . import experts as ex
 from . import frame as fr
-from ._session import Session, sync_cuda_inputs, torch_module
+from ._session import PreparedCall, Session, default_out, sync_cuda_inputs
 from .client import DEFAULT_SOCKET, connect_unix
 from .errors import ConnectionClosed, ProtocolError, Timeout, UnknownOp
 from .regions import HostRegion
 
 _STAGE = 65536
+
+
+class AsyncPrepared(PreparedCall):
+    """Client.prepare's Prepared on an AsyncClient (`await AsyncClient.prepare(...)`): await
+    submit(layer) for y, or await submit_async(layer) for its Future."""
+
+    def __init__(self, client, x, topk_ids, topk_weights, out=None):
+        super().__init__(client._s, (x, topk_ids, topk_weights, default_out(x, out)))
+        self._c = client
+
+    async def _make(self):
+        self._set_plan(await self._c._placements(*self._tensors))
+
+    async def submit(self, layer=None, timeout=None):
+        return await self._c._await(await self.submit_async(layer), timeout)
+
+    async def submit_async(self, layer=None):
+        if self._stale():
+            await self._make()
+        p, bufs = self._frame(layer)
+        fut = self._c._future(p)
+        await self._c._send(bufs)
+        return fut
 
 
 class AsyncClient:
@@ -89,9 +112,22 @@ class AsyncClient:
     async def submit_async(self, x, topk_ids, topk_weights, layer=None, out=None):
         """Sends one SUBMIT; returns an asyncio Future of y (its .epd_pending is the Pending)."""
         self._s.check_usable()
-        tm = torch_module(x)
-        if out is None and tm is not None and x.is_cuda and x.dim() == 2:
-            out = tm.empty_like_y(x, x.shape[0], x.shape[1])
+        out = default_out(x, out)
+        placed = await self._placements(x, topk_ids, topk_weights, out)
+        sync_cuda_inputs((x, topk_ids, topk_weights, out))
+        p, bufs = self._s.submit(placed, x, out, layer)
+        fut = self._future(p)
+        await self._send(bufs)
+        return fut
+
+    async def prepare(self, x, topk_ids, topk_weights, out=None):
+        """As Client.prepare: an AsyncPrepared (await its submit(layer))."""
+        call = AsyncPrepared(self, x, topk_ids, topk_weights, out)
+        await call._make()
+        return call
+
+    async def _placements(self, x, topk_ids, topk_weights, out):
+        """The tensors' placements, after registering the device allocations they need."""
         placed, needs = self._s.plan_submit(x, topk_ids, topk_weights, out)
         if needs:
             if self._config is None:
@@ -114,11 +150,7 @@ class AsyncClient:
                 placed, needs = self._s.plan_submit(x, topk_ids, topk_weights, out)
             if needs:
                 raise ProtocolError("device regions registered, yet still unknown")
-        sync_cuda_inputs((x, topk_ids, topk_weights, out))
-        p, bufs = self._s.submit(placed, x, out, layer)
-        fut = self._future(p)
-        await self._send(bufs)
-        return fut
+        return placed
 
     async def control(self, op, timeout=None, **fields):
         """A CONTROL query: (REPLY meta dict, payload bytes)."""

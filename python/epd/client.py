@@ -11,7 +11,7 @@ import time
 
 from . import experts as ex
 from . import frame as fr
-from ._session import Session, sync_cuda_inputs, torch_module
+from ._session import PreparedCall, Session, default_out, sync_cuda_inputs
 from .errors import ConnectError, ConnectionClosed, ProtocolError, Timeout, UnknownOp
 from .regions import HostRegion
 
@@ -64,6 +64,34 @@ def _default_spin_s():
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
     return 200e-6 if cpus >= 4 else 0.0
+
+
+class Prepared(PreparedCall):
+    """A SUBMIT prepared once on a Client (Client.prepare) and sent by each call: submit(layer)
+    returns y as Client.submit does; submit_async(layer) its Pending. The tensors are read at
+    each call; their buffers are fixed (the call holds them). Payload tensors must be the
+    caller's own contiguous arrays or tensors (a copy made at prepare time would be sent every
+    call). When a region the frame names is let go (evicted for another, unregistered), the next
+    call makes the frame again."""
+
+    def __init__(self, client, x, topk_ids, topk_weights, out=None):
+        super().__init__(client._s, (x, topk_ids, topk_weights, default_out(x, out)))
+        self._c = client
+        self._make()
+
+    def _make(self):
+        self._set_plan(self._c._placements(*self._tensors))
+
+    def submit(self, layer=None, timeout=None):
+        return self.submit_async(layer).result(self._c.timeout if timeout is None else timeout)
+
+    def submit_async(self, layer=None):
+        if self._stale():
+            self._make()
+        p, bufs = self._frame(layer)
+        p._wait = self._c._wait_for
+        self._c._send(bufs)
+        return p
 
 
 class Client:
@@ -125,20 +153,30 @@ class Client:
     def submit_async(self, x, topk_ids, topk_weights, layer=None, out=None):
         """Sends one SUBMIT and returns its Pending at once (result() waits for y)."""
         self._s.check_usable()
-        tm = torch_module(x)
-        if out is None and tm is not None and x.is_cuda and x.dim() == 2:
-            out = tm.empty_like_y(x, x.shape[0], x.shape[1])
+        out = default_out(x, out)
+        placed = self._placements(x, topk_ids, topk_weights, out)
+        sync_cuda_inputs((x, topk_ids, topk_weights, out))
+        p, bufs = self._s.submit(placed, x, out, layer)
+        p._wait = self._wait_for
+        self._send(bufs)
+        return p
+
+    def prepare(self, x, topk_ids, topk_weights, out=None):
+        """A Prepared call: this SUBMIT's frame made once (placements, device registrations,
+        meta) and sent again by each call, with the tensors' contents at that moment. For
+        frontends whose inputs are the same buffers call after call, refilled in place (static
+        buffers, CUDA graphs). Without out, CUDA inputs get one y buffer that every call writes."""
+        return Prepared(self, x, topk_ids, topk_weights, out)
+
+    def _placements(self, x, topk_ids, topk_weights, out):
+        """The tensors' placements, after registering the device allocations they need."""
         placed, needs = self._s.plan_submit(x, topk_ids, topk_weights, out)
         if needs:
             self._register_devices(needs)
             placed, needs = self._s.plan_submit(x, topk_ids, topk_weights, out)
             if needs:
                 raise ProtocolError("device regions registered, yet still unknown")
-        sync_cuda_inputs((x, topk_ids, topk_weights, out))
-        p, bufs = self._s.submit(placed, x, out, layer)
-        p._wait = self._wait_for
-        self._send(bufs)
-        return p
+        return placed
 
     def as_completed(self, pendings, timeout=None):
         """Yields the given Pendings as their answers arrive (in arrival order: errors can

@@ -2,7 +2,8 @@
 """The Python client against the real daemon (started by tests/integration/python_client.sh:
 2 ranks, H 256, E 16, K 4, scale experts, FP8 dispatch, max_tokens_per_request 64,
 max_queued_tokens 512, max_frame_bytes 1 MiB). Payload results equal libepd's and the host
-reference's bit for bit (py_ref), on both ranks, from Client, AsyncClient and Group; pipelining
+reference's bit for bit (py_ref), on both ranks, from Client, AsyncClient and Group, and from
+prepared calls refilled in place (copies refused before anything is sent); pipelining
 with errors overtaking results; every code a client can provoke surfaced as its exception, the
 connection kept for request errors and closed for framing errors; CONTROL queries.
 Environment: EPDPY_SOCKETS (colon-separated, rank order), EPDPY_REF, EPDPY_TMP."""
@@ -163,6 +164,60 @@ class TestTorchCpu(unittest.TestCase):
         with epd.Client(SOCKETS[0], timeout=20) as c:
             for b, y in zip(batches, ys):
                 self.assertTrue((y.view(t.int16).numpy().view(np.uint16) == c.submit(*b)).all())
+
+
+class TestPrepared(unittest.TestCase):
+    def test_prepared__buffers_refilled_in_place__each_call_sends_their_contents(self):
+        """A prepared payload call on each rank: refilled in place between calls, every y equals
+        Client.submit's and the reference of that call's contents; layers as given; out= gets y;
+        async calls in flight together; AsyncClient's prepared call the same."""
+        checked = 0
+        for rank, sock in enumerate(SOCKETS):
+            with epd.Client(sock, timeout=20) as c:
+                x, ids, w = make_batch(9, 1300 + rank, ids_dtype=np.int64)
+                call = c.prepare(x, ids, w)
+                out = np.zeros_like(x)
+                into = c.prepare(x, ids, w, out=out)
+                for i in range(4):
+                    nx, nids, nw = make_batch(9, 1310 + 10 * rank + i, ids_dtype=np.int64)
+                    x[:], ids[:], w[:] = nx, nids, nw
+                    y = call.submit(layer=i % 2)
+                    self.assertTrue((y == c.submit(nx, nids, nw, layer=i % 2)).all())
+                    self.assertTrue((y == c_side(sock, nx, nids, nw)[1]).all())
+                    self.assertIs(into.submit(), out)
+                    self.assertTrue((out == y).all())
+                    checked += 1
+                ps = [call.submit_async(layer=3) for _ in range(3)]
+                self.assertTrue(all((p.result(20) == y).all() for p in ps))
+                self.assertEqual(c.in_flight, 0)
+
+            async def run():
+                ac = await epd.AsyncClient.connect(sock, timeout=20)
+                acall = await ac.prepare(x, ids, w)
+                got = await asyncio.gather(*[acall.submit(layer=k) for k in range(3)])
+                await ac.close()
+                return got
+            self.assertTrue(all((g == y).all() for g in asyncio.run(run())))
+        self.assertEqual(checked, 4 * len(SOCKETS))
+
+    def test_prepared__copies_refused__nothing_sent_and_the_connection_serves(self):
+        """Inputs that would be sent as a copy made at prepare time (a strided array, a list,
+        a dtype the wire has no name for) are refused before anything is sent; a bad layer
+        is refused at the call."""
+        x, ids, w = make_batch(4, 1400)
+        with epd.Client(SOCKETS[0], timeout=20) as c:
+            wide = np.zeros((4, 2 * H), np.uint16)
+            for bad in ((wide[:, ::2], ids, w), (x, ids.tolist(), w),
+                        (x, ids, w.astype(np.float16).astype(object))):
+                with self.assertRaises(epd.InvalidArgument):
+                    c.prepare(*bad)
+            call = c.prepare(x, ids, w)
+            for layer in (-1, 1 << 31, True, "1"):
+                with self.assertRaises(epd.InvalidArgument):
+                    call.submit(layer=layer)
+            self.assertEqual(c.in_flight, 0)
+            self.assertTrue((call.submit() == c_side(c.path, x, ids, w)[1]).all())
+            good_client(self, c)
 
 
 class TestPipelining(unittest.TestCase):

@@ -4,7 +4,9 @@ are only pointers, storages whose `_share_cuda_()` gives torch 2.x's 66-byte han
 epd._torch and the session through the path torch takes when the CUDA driver library is absent:
 the handle's prefix parsed, torch's reference count given back, one registration per allocation
 reused, tensors named by offset, y written in its region, the current streams synchronized,
-expandable segments and unknown handle formats refused before anything is sent; CPU tensors
+expandable segments and unknown handle formats refused before anything is sent; with a
+stand-in driver, one allocation query a SUBMIT and the stream synchronized by the driver; a
+prepared call registered once and made again after an eviction; CPU tensors
 (numpy arrays behind the stand-in) sent from their own memory. A scripted
 daemon (fake_daemon.py) checks every frame. The driver path itself runs on the GPU machine
 (tests/gpu/test_python_cuda.py)."""
@@ -149,10 +151,22 @@ def _from_numpy(a):
     return CpuTensor(a, getattr(torch, names[a.dtype]))
 
 
+def _empty(shape, dtype, device):
+    """A new CUDA tensor, as the caching allocator would place it: in the 2 MiB block of the
+    tensors() made before it (block A at 1 << 40), from 1 MiB on."""
+    n = SIZES[dtype.name]
+    for d in shape:
+        n *= d
+    t = Tensor(Storage(BLOCK_A, 1 << 40, 1 << 20, n), 0, tuple(shape), dtype)
+    t.device = device
+    return t
+
+
 Tensor.__module__ = "torch"  # as torch.Tensor says of itself
 CpuTensor.__module__ = "torch"
 torch.Tensor = Tensor
 torch.from_numpy = _from_numpy
+torch.empty = _empty
 torch.cuda = types.SimpleNamespace(current_device=lambda: 0, device=_DeviceGuard,
                                    current_stream=_Stream)
 sys.modules["torch"] = torch
@@ -357,6 +371,60 @@ class TestFakeTorch(unittest.TestCase):
                          fr.region_tensor("f32", [8, K], 20, w.data_ptr() - (1 << 40)))
         self.assertEqual(submits[2]["y"],
                          fr.region_tensor("bf16", [8, H], 21, out_b.data_ptr() - (1 << 41)))
+
+    def test_device_regions__prepared_call__registered_once_synced_each_call_remade_on_eviction(
+            self):
+        """A prepared call on CUDA tensors: its allocation registered once, each call the same
+        tensors' text under a new id with the current stream synchronized; without out, one y
+        made at prepare time gets every answer; when other allocations evict its region, the
+        next call registers it again and names the new region."""
+        log = []
+        regions = iter(range(40, 60))
+
+        def handler(peer):
+            while True:
+                ftype, meta, _ = peer.read()
+                if ftype == fr.SUBMIT:
+                    log.append(("submit", meta["id"], meta["tensors"], meta.get("layer")))
+                    peer.send(fr.RESULT, {"id": meta["id"], "step": 1,
+                                          "tensors": {"y": meta["tensors"]["y"]}})
+                elif ftype == fr.CONTROL and meta["op"] == "config":
+                    peer.send(fr.REPLY, {"id": meta["id"], "socket.max_regions": 2})
+                elif ftype == fr.CONTROL and meta["op"] == "register":
+                    rid = next(regions)
+                    log.append(("register", base64.b64decode(meta["handle"]), rid))
+                    peer.send(fr.REPLY, {"id": meta["id"], "region": rid, "bytes": meta["bytes"]})
+                else:
+                    log.append((meta["op"], meta.get("region")))
+                    peer.send(fr.REPLY, {"id": meta["id"]})
+
+        events["synced"].clear()
+        fake = FakeDaemon(handler)
+        with fake as path:
+            with epd.Client(path, timeout=10) as c:
+                x, ids, w, _ = tensors(5)
+                call = c.prepare(x, ids, w)
+                ys = [call.submit(layer=k) for k in range(3)]
+                self.assertTrue(all(y is call.out for y in ys))
+                self.assertEqual(len(events["synced"]), 3)
+                # max_regions 2: one device region a connection; another allocation evicts it
+                x2, ids2, w2, out2 = tensors(5, BLOCK_B, base=1 << 41)
+                c.submit(x2, ids2, w2, out=out2)
+                self.assertIs(call.submit(), call.out)
+                c.health()
+        self.assertEqual(fake.errors, [])
+        kinds = [e[0] for e in log]
+        self.assertEqual(kinds, ["register", "submit", "submit", "submit", "unregister",
+                                 "register", "submit", "unregister", "register", "submit",
+                                 "health"], log)
+        first = [e for e in log if e[0] == "submit"]
+        self.assertEqual([e[3] for e in first[:3]], [0, 1, 2])
+        self.assertEqual(len({e[1] for e in first}), len(first))  # a new id each call
+        self.assertEqual(first[0][2], first[2][2])                # the same tensors
+        self.assertEqual({d["region"] for d in first[0][2].values()}, {40})
+        self.assertEqual([e[1:] for e in log if e[0] == "register"],
+                         [(BLOCK_A, 40), (BLOCK_B, 41), (BLOCK_A, 42)])
+        self.assertEqual({d["region"] for d in first[4][2].values()}, {42})
 
     def test_stream_sync__driver_and_torch_entry_points__current_device_by_driver_else_torch(self):
         """With the driver library and torch's C entry points: cuStreamSynchronize on the

@@ -2,7 +2,8 @@
 """Host regions (DESIGN.md section 4b) through the Python client against the real daemon (run by
 tests/integration/python_regions.sh, same daemon shape as test_daemon.py): x, topk_ids (i32 and
 i64), topk_weights and y in a memfd registered over SCM_RIGHTS give the payload path's y bit for
-bit; pipelined; one region on every rank of a Group; bad regions, unregistered regions and bad
+bit; pipelined; a prepared call named in the region, made again once it is unregistered; one
+region on every rank of a Group; bad regions, unregistered regions and bad
 registrations are bad_region; non-finite values in a region are non_finite_input.
 When the daemon does not serve regions (register answered unknown_op), it exits 77 (skip) saying
 so; when it does, every case must pass."""
@@ -59,6 +60,30 @@ class TestHostRegions(unittest.TestCase):
                 c.unregister(region)
                 region.close()
         print("host regions: %d batches equal to the payload path and the reference" % checked)
+
+    def test_host_region__prepared_call__named_in_it_then_made_again_once_let_go(self):
+        """A prepared call on tensors in a host region names them there (no payload); refilled
+        in place, each y right; once the region is unregistered, the next call makes its frame
+        again (the tensors then travel in the payload) and is still right."""
+        sock = SOCKETS[0]
+        with epd.Client(sock, timeout=20) as c:
+            region = c.host_region(1 << 20)
+            x, ids, w = make_batch(7, 1500, ids_dtype=np.int64)
+            rx, rids, rw, ry = in_region(region, x, ids, w)
+            call = c.prepare(rx, rids, rw, out=ry)
+            self.assertIn('"region"', repr(call))
+            self.assertNotIn("data_offsets", repr(call))
+            for i in range(3):
+                nx, nids, nw = make_batch(7, 1510 + i, ids_dtype=np.int64)
+                rx[:], rids[:], rw[:] = nx, nids, nw
+                self.assertIs(call.submit(layer=i), ry)
+                self.assertTrue((ry == c_side(sock, nx, nids, nw)[1]).all())
+            c.unregister(region)
+            ry[:] = 0
+            self.assertIs(call.submit(), ry)  # y in the payload now, into the same array
+            self.assertIn("data_offsets", repr(call))
+            self.assertTrue((ry == c_side(sock, nx, nids, nw)[1]).all())
+            region.close()
 
     def test_host_region__pipelined_slices__every_answer_right(self):
         with epd.Client(SOCKETS[0], timeout=30) as c:
