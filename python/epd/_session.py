@@ -455,15 +455,30 @@ class Session:
 
     def submit(self, placed, x, out, layer):
         """(Pending, list of buffers of the SUBMIT frame) once every placement is known."""
-        return self.submit_planned(self.submit_plan(placed, x, out), layer)
+        p = Pending(self.new_id(), "submit")
+        text, parts, at = self._frame_parts(placed, x, out, p)
+        return self._frame(p, text, parts, at, layer)
 
     def submit_plan(self, placed, x, out):
         """The SubmitPlan of a SUBMIT whose placements are known: all of its frame but the id
-        and the layer, and what its Pending is to hold (out checked against x here)."""
+        and the layer, and what its Pending is to hold."""
         plan = SubmitPlan()
+        plan.tensors_text, plan.parts, plan.payload_len = self._frame_parts(placed, x, out, plan)
+        return plan
+
+    def submit_planned(self, plan, layer):
+        """(Pending, list of buffers of the SUBMIT frame) of a SubmitPlan, with a new id."""
+        p = Pending(self.new_id(), "submit")
+        p.n_tokens, p.hidden, p.out, p.out_view = plan.n_tokens, plan.hidden, plan.out, plan.out_view
+        p.y_region, p.y_torch, p.keep = plan.y_region, plan.y_torch, plan.keep
+        return self._frame(p, plan.tensors_text, plan.parts, plan.payload_len, layer)
+
+    def _frame_parts(self, placed, x, out, into):
+        """(the tensors' meta text, the payload buffers, their length) of a SUBMIT; sets what
+        its Pending holds on into (a Pending, or a SubmitPlan for them), out checked against x."""
         shape = placed["x"].shape
         n_tokens, hidden = (shape[0], shape[1]) if len(shape) == 2 else (None, None)
-        plan.n_tokens, plan.hidden = n_tokens, hidden
+        into.n_tokens, into.hidden = n_tokens, hidden
         tensors, parts, at = [], [], 0
         # payload tensors by decreasing element size: every offset aligned, no gap
         order = sorted((k for k in ("x", "topk_ids", "topk_weights") if placed[k].data is not None),
@@ -475,7 +490,6 @@ class Session:
             tensors.append('"%s":%s' % (name, placed[name].text(at)))
             parts.append(placed[name].data)
             at += len(placed[name].data)
-        plan.tensors_text, plan.parts, plan.payload_len = ",".join(tensors), parts, at
         if out is not None:
             tm = torch_module(out)
             want = (n_tokens, hidden)
@@ -487,18 +501,33 @@ class Session:
                     raise InvalidArgument("out must be a torch.bfloat16 tensor")
             elif out.dtype != np.uint16:
                 raise InvalidArgument("out must be uint16 (bf16 bit patterns)")
-            plan.out = out
+            into.out = out
             if "y" in placed:
-                plan.y_region = True
+                into.y_region = True
             else:
                 host = tm.host_array(out) if tm is not None else out
                 if not host.flags.c_contiguous or (tm is not None and not out.is_contiguous()):
                     raise InvalidArgument("out must be contiguous")
-                plan.out_view = byte_view(host)
+                into.out_view = byte_view(host)
         else:
-            plan.y_torch = torch_module(x) is not None
-        plan.keep = tuple(parts) + tuple(placed[k].owner for k in order)
-        return plan
+            into.y_torch = torch_module(x) is not None
+        into.keep = tuple(parts) + tuple(placed[k].owner for k in order)
+        return ",".join(tensors), parts, at
+
+    def _frame(self, p, tensors_text, parts, payload_len, layer):
+        """The SUBMIT frame of Pending p (tracked from here on)."""
+        text = '{"id":%d,"tensors":{%s}' % (p.id, tensors_text)
+        if layer is not None:
+            if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < 1 << 31:
+                raise InvalidArgument("layer must be an integer in [0, 2^31), got %r" % (layer,))
+            text += ',"layer":%d' % layer
+        head_meta = (text + "}").encode()
+        if len(head_meta) > fr.MAX_META:
+            raise InvalidArgument("meta of %d bytes is over the protocol's %d"
+                                  % (len(head_meta), fr.MAX_META))
+        bufs = [fr.encode_header(fr.SUBMIT, len(head_meta), payload_len) + head_meta]
+        bufs.extend(parts)
+        return self._track(p), bufs
 
     def prepared_plan(self, placed, x, out):
         """submit_plan for a prepared call, with the device regions it names and the region
@@ -508,26 +537,6 @@ class Session:
         plan.device_keys = tuple(k for k, e in self.device.items() if e[0] in regions)
         plan.regions_gen = self.regions_gen
         return plan
-
-    def submit_planned(self, plan, layer):
-        """(Pending, list of buffers of the SUBMIT frame) of a SubmitPlan, with a new id."""
-        if layer is not None and (not isinstance(layer, int) or isinstance(layer, bool)
-                                  or not 0 <= layer < 1 << 31):
-            raise InvalidArgument("layer must be an integer in [0, 2^31), got %r" % (layer,))
-        p = Pending(self.new_id(), "submit")
-        if layer is None:
-            head_meta = ('{"id":%d,"tensors":{%s}}' % (p.id, plan.tensors_text)).encode()
-        else:
-            head_meta = ('{"id":%d,"tensors":{%s},"layer":%d}'
-                         % (p.id, plan.tensors_text, layer)).encode()
-        if len(head_meta) > fr.MAX_META:
-            raise InvalidArgument("meta of %d bytes is over the protocol's %d"
-                                  % (len(head_meta), fr.MAX_META))
-        p.n_tokens, p.hidden, p.out, p.out_view = plan.n_tokens, plan.hidden, plan.out, plan.out_view
-        p.y_region, p.y_torch, p.keep = plan.y_region, plan.y_torch, plan.keep
-        bufs = [fr.encode_header(fr.SUBMIT, len(head_meta), plan.payload_len) + head_meta]
-        bufs.extend(plan.parts)
-        return self._track(p), bufs
 
     def plan_current(self, plan):
         """True while every region a SubmitPlan names is still this connection's (nothing let
