@@ -16,7 +16,7 @@ from .errors import (CLIENT_ERRORS, WIRE_ERRORS, BadHeader, BadJson, BadMagic, B
                      InvalidTopk, NonFiniteInput, ProtocolError, RequestError, ShapeMismatch,
                      ShuttingDown, Timeout, TooManyTokens, UnknownLayer, UnknownOp,
                      UnsupportedDtype, error_from_meta)
-from .group import Group
+from .group import Group, GroupPrepared
 from .regions import HostRegion
 from ._session import Pending
 
@@ -26,8 +26,9 @@ __all__ = [
     "AsyncClient", "AsyncPrepared", "BadHeader", "BadJson", "BadMagic", "BadRegion", "BadTensor",
     "BadType", "BadVersion", "Busy", "CLIENT_ERRORS", "Client", "ClientError", "ConnectError",
     "ConnectionClosed", "DEFAULT_SOCKET", "DaemonError", "EpdError", "ExpertOutOfRange",
-    "ExpertsUnavailable", "FrameTooLarge", "FramingError", "Group", "HostRegion", "Internal",
-    "InvalidArgument", "InvalidTopk", "NonFiniteInput", "Pending", "Prepared", "ProtocolError",
-    "RequestError", "ShapeMismatch", "ShuttingDown", "Timeout", "TooManyTokens", "UnknownLayer",
-    "UnknownOp", "UnsupportedDtype", "WIRE_ERRORS", "bf16", "error_from_meta", "frame",
+    "ExpertsUnavailable", "FrameTooLarge", "FramingError", "Group", "GroupPrepared", "HostRegion",
+    "Internal", "InvalidArgument", "InvalidTopk", "NonFiniteInput", "Pending", "Prepared",
+    "ProtocolError", "RequestError", "ShapeMismatch", "ShuttingDown", "Timeout", "TooManyTokens",
+    "UnknownLayer", "UnknownOp", "UnsupportedDtype", "WIRE_ERRORS", "bf16", "error_from_meta",
+    "frame",
 ]

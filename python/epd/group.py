@@ -67,6 +67,11 @@ class Group:
         pendings = []
         for c, b, out in zip(self.clients, batches, outs):
             pendings.append(None if b is None else c.submit_async(*b, layer=layer, out=out))
+        return self._gather(pendings)
+
+    def _gather(self, pendings):
+        """The answers of one Pending (or None) a rank, once all are in; the first error
+        raised then."""
         results, first = [], None
         for c, p in zip(self.clients, pendings):
             if p is None:
@@ -80,15 +85,23 @@ class Group:
             raise first
         return results
 
+    def prepare(self, x, topk_ids, topk_weights, out=None):
+        """A prepared submit() (Client.prepare's, a rank at a time): each rank's share of the
+        rows prepared on its Client, as row slices of the buffers; call.submit(layer) sends every
+        share, then waits for all, and returns y: out, or the one y [N, H] made here (numpy
+        uint16, or bf16 on x's device for torch) that every call writes."""
+        return GroupPrepared(self, x, topk_ids, topk_weights, out)
+
+    def _cuts(self, n):
+        w = len(self.clients)
+        cuts = [n * r // w for r in range(w + 1)]
+        return [(cuts[r], cuts[r + 1]) for r in range(w)]
+
     def submit(self, x, topk_ids, topk_weights, layer=None, out=None):
         """One batch spread over the ranks: rank r gets rows [r*N/W, (r+1)*N/W) (ranks whose
         share is empty get nothing); returns y [N, H] in the rows' order."""
-        n = int(x.shape[0])
-        w = len(self.clients)
-        cuts = [n * r // w for r in range(w + 1)]
         batches, outs = [], []
-        for r in range(w):
-            lo, hi = cuts[r], cuts[r + 1]
+        for lo, hi in self._cuts(int(x.shape[0])):
             if lo == hi:
                 batches.append(None)
                 outs.append(None)
@@ -104,3 +117,24 @@ class Group:
             import torch
             return torch.cat(parts)
         return np.concatenate(parts)
+
+
+class GroupPrepared:
+    """Group.prepare's call: a Prepared a rank with a share of the rows."""
+
+    def __init__(self, group, x, topk_ids, topk_weights, out=None):
+        self._g = group
+        if out is None:
+            n, hidden = int(x.shape[0]), int(x.shape[1])
+            tm = torch_module(x)
+            out = tm.empty_like_y(x, n, hidden) if tm is not None else np.empty((n, hidden),
+                                                                                 np.uint16)
+        self.out = out
+        self._calls = []
+        for c, (lo, hi) in zip(group.clients, group._cuts(int(x.shape[0]))):
+            self._calls.append(None if lo == hi else c.prepare(
+                x[lo:hi], topk_ids[lo:hi], topk_weights[lo:hi], out=out[lo:hi]))
+
+    def submit(self, layer=None):
+        self._g._gather([None if p is None else p.submit_async(layer) for p in self._calls])
+        return self.out

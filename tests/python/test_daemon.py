@@ -200,6 +200,25 @@ class TestPrepared(unittest.TestCase):
             self.assertTrue(all((g == y).all() for g in asyncio.run(run())))
         self.assertEqual(checked, 4 * len(SOCKETS))
 
+    def test_prepared__group__shares_over_the_ranks_equal_group_submit(self):
+        """Group.prepare: refilled in place, each call's y (the one out it made, or the given
+        out) equals Group.submit's of the same contents, a batch shorter than the group
+        included."""
+        with epd.Group(SOCKETS, timeout=20) as g:
+            for n in (13, 1):
+                x, ids, w = make_batch(n, 1600 + n)
+                call = g.prepare(x, ids, w)
+                out = np.zeros_like(x)
+                into = g.prepare(x, ids, w, out=out)
+                for i in range(3):
+                    nx, nids, nw = make_batch(n, 1610 + 10 * n + i)
+                    x[:], ids[:], w[:] = nx, nids, nw
+                    want = g.submit(nx, nids, nw, layer=i)
+                    self.assertIs(call.submit(layer=i), call.out)
+                    self.assertTrue((call.out == want).all())
+                    self.assertIs(into.submit(layer=i), out)
+                    self.assertTrue((out == want).all())
+
     def test_prepared__copies_refused__nothing_sent_and_the_connection_serves(self):
         """Inputs that would be sent as a copy made at prepare time (a strided array, a list,
         a dtype the wire has no name for) are refused before anything is sent; a bad layer
