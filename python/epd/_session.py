@@ -469,8 +469,9 @@ class Session:
     def submit_planned(self, plan, layer):
         """(Pending, list of buffers of the SUBMIT frame) of a SubmitPlan, with a new id."""
         p = Pending(self.new_id(), "submit")
-        p.n_tokens, p.hidden, p.out, p.out_view = plan.n_tokens, plan.hidden, plan.out, plan.out_view
-        p.y_region, p.y_torch, p.keep = plan.y_region, plan.y_torch, plan.keep
+        p.n_tokens, p.hidden, p.out = plan.n_tokens, plan.hidden, plan.out
+        p.out_view, p.y_region, p.y_torch, p.keep = (plan.out_view, plan.y_region, plan.y_torch,
+                                                     plan.keep)
         return self._frame(p, plan.tensors_text, plan.parts, plan.payload_len, layer)
 
     def _frame_parts(self, placed, x, out, into):
