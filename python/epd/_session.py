@@ -79,7 +79,9 @@ class PreparedCall:
         session.check_usable()
         self._s = session
         self._tensors = tensors                      # x, topk_ids, topk_weights, out
-        self._cuda = tuple(t for t in tensors if is_cuda(t))
+        cuda = [t for t in tensors if is_cuda(t)]
+        self._tm = torch_module(cuda[0]) if cuda else None
+        self._devices = self._tm.cuda_devices(cuda) if cuda else ()
         self._plan = None
 
     @property
@@ -98,8 +100,8 @@ class PreparedCall:
 
     def _frame(self, layer):
         """(Pending, buffers) of this call's next SUBMIT, its CUDA inputs' streams synced."""
-        if self._cuda:
-            torch_module(self._cuda[0]).stream_sync(self._cuda)
+        if self._devices:
+            self._tm.sync_devices(self._devices)
         return self._s.submit_planned(self._plan, layer)
 
     def __repr__(self):

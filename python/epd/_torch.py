@@ -92,17 +92,23 @@ def current_device():
 def stream_sync(tensors):
     """Waits for the current stream of every CUDA device the tensors live on (DESIGN.md 4b: the
     inputs are complete before SUBMIT is sent)."""
-    seen = None
+    sync_devices(cuda_devices(tensors))
+
+
+def cuda_devices(tensors):
+    """The CUDA devices the tensors live on, each once, in order."""
+    devices = {}
     for t in tensors:
         if t.is_cuda:
-            index = t.device.index
-            if seen is None:
-                seen = {index}
-            elif index in seen:
-                continue
-            else:
-                seen.add(index)
-            _sync_current_stream(t.device)
+            device = t.device
+            devices.setdefault(device.index, device)
+    return tuple(devices.values())
+
+
+def sync_devices(devices):
+    """Waits for the current stream of each device."""
+    for device in devices:
+        _sync_current_stream(device)
 
 
 def _sync_current_stream(device):
