@@ -722,6 +722,92 @@ __global__ void requant_stream_kernel(const uint4 *q, const float *__restrict__ 
     }
 }
 
+/* ---- layout-aware requantization, the grid kernel (EPD_QL_GRID) ---- */
+
+/* The live rows of a grid launch as runs: the experts with live rows, in order. Flat vectors
+ * end[k - 1] .. end[k] - 1 of the sequence of live vectors (end[-1] = 0) are run k's, and flat
+ * vector f of run k lies at vector f + back[k] of the layout (back[k]: the layout's vectors
+ * before the run's expert's first row, less the live vectors before the run). first[b] is the
+ * run of flat vector b << shift, so that a vector's run is a table look-up and a step or two
+ * on. RUNS is the most a launch holds, RUNS buckets too (10 bytes a run: the parameters travel
+ * with each launch). */
+template <int RUNS>
+struct requant_runs {
+    uint32_t end[RUNS];
+    uint32_t back[RUNS];
+    uint16_t first[RUNS];
+};
+
+/* The grid kernel: the copy kernel's shape over the live vectors. Thread t of block b does flat
+ * vectors (b x blockDim.x x VPT + t) + j x blockDim.x for j < VPT, then the same a grid further
+ * on: at any moment the grid works on one dense window of the live vectors, every block the same
+ * number of vectors. Each vector's address comes from its run (requant_runs); a pass's VPT loads
+ * (indices clamped to the last vector, so that none waits on a branch) leave before the first
+ * is used; the stores of the clamped ones are skipped. Group-128 scale of layout vector a:
+ * scales[a / 8] (a row is ns x 8 vectors); per token: scales[a / nvr]. flags: EPD_QL_NC,
+ * EPD_QL_CS as in the part kernel. STEP as requant_live_kernel. */
+template <int VPT, int RUNS, bool STEP>
+__global__ void requant_grid_kernel(const uint4 *q, const float *__restrict__ scales,
+                                    uint32_t total_vec, uint32_t shift, epd_fast_div row_of,
+                                    int per_token, float given_inv, const float *s_dev,
+                                    uint4 *q_out, uint32_t flags, uint32_t keep,
+                                    const __grid_constant__ requant_runs<RUNS> runs)
+{
+    const uint32_t pass = gridDim.x * blockDim.x * VPT; /* < 2^31 (the launcher) */
+    const bool nc = (flags & EPD_QL_NC) != 0, cs = (flags & EPD_QL_CS) != 0;
+    float inv = given_inv;
+    bool have_s = !STEP;
+    for (uint32_t i0 = blockIdx.x * blockDim.x * VPT + threadIdx.x; i0 < total_vec; i0 += pass) {
+        uint32_t at[VPT];
+#pragma unroll
+        for (int j = 0; j < VPT; j++) {
+            uint32_t f = i0 + (uint32_t)j * blockDim.x;
+            f = f < total_vec ? f : total_vec - 1u;
+            uint32_t k = runs.first[f >> shift];
+            while (runs.end[k] <= f) k++;
+            at[j] = f + runs.back[k];
+        }
+        uint4 in[VPT];
+        float sc[VPT];
+        if (nc) {
+#pragma unroll
+            for (int j = 0; j < VPT; j++) in[j] = part_load(q + at[j], true);
+        } else {
+#pragma unroll
+            for (int j = 0; j < VPT; j++) in[j] = part_load(q + at[j], false);
+        }
+#pragma unroll
+        for (int j = 0; j < VPT; j++)
+            sc[j] = __ldg(scales + (per_token ? epd_fast_div_of(at[j], row_of) : at[j] >> 3));
+        /* Left alone, ptxas issues the later loads after the first vector's math (a load's
+         * latency a vector, measured). The first vector's word and scale take a byte permute with
+         * each later load whose selector, keep = 0x3210 from the launch, keeps their own bytes:
+         * no change, but ptxas cannot see that, so every load leaves before any math. */
+#pragma unroll
+        for (int j = 1; j < VPT; j++) {
+            in[0].x = __byte_perm(in[0].x, in[j].x, keep);
+            sc[0] = __uint_as_float(__byte_perm(__float_as_uint(sc[0]), __float_as_uint(sc[j]), keep));
+        }
+        if (STEP && !have_s) {
+            asm volatile("griddepcontrol.wait;" ::: "memory");
+            const float big_s = *s_dev;
+            inv = big_s > 0.0f ? __fdiv_rn(1.0f, big_s) : 0.0f; /* as the host's */
+            have_s = true;
+        }
+#pragma unroll
+        for (int j = 0; j < VPT; j++) in[j] = epd_dev_requant16(in[j], sc[j], inv);
+        if (cs) {
+#pragma unroll
+            for (int j = 0; j < VPT; j++)
+                if (i0 + (uint32_t)j * blockDim.x < total_vec) part_store(q_out + at[j], in[j], true);
+        } else {
+#pragma unroll
+            for (int j = 0; j < VPT; j++)
+                if (i0 + (uint32_t)j * blockDim.x < total_vec) part_store(q_out + at[j], in[j], false);
+        }
+    }
+}
+
 /* ---- launchers ---- */
 
 static epd_status_t launch_result(const char *what, char err[EPD_ERR_LEN])
@@ -1313,6 +1399,89 @@ out:
     return status;
 }
 
+/* The grid kernel of a launch: vec x runs table x step scale. */
+template <int RUNS>
+static void (*grid_kernel(uint32_t vec, bool step))(const uint4 *, const float *, uint32_t,
+                                                    uint32_t, epd_fast_div, int, float,
+                                                    const float *, uint4 *, uint32_t, uint32_t,
+                                                    const requant_runs<RUNS>)
+{
+    if (step)
+        return vec == 1 ? requant_grid_kernel<1, RUNS, true>
+             : vec == 2 ? requant_grid_kernel<2, RUNS, true>
+                        : requant_grid_kernel<4, RUNS, true>;
+    return vec == 1 ? requant_grid_kernel<1, RUNS, false>
+         : vec == 2 ? requant_grid_kernel<2, RUNS, false>
+                    : requant_grid_kernel<4, RUNS, false>;
+}
+
+/* Queues the reduction (step: over the tiles of all) and the grid kernel over the live rows of
+ * counts_host, n_runs of them (experts with live rows, n_runs <= RUNS; the layout's vectors and
+ * the live ones < 2^31: the caller checks). The grid: a pass of threads x vec vectors a block
+ * over all the live vectors, at most the blocks that fit at once (at most l.blocks an SM). */
+template <int RUNS>
+static epd_status_t grid_queue(const int32_t *counts_host, uint32_t n_experts, uint32_t capacity,
+                               uint64_t live, const requant_tile_list &all, uint32_t n_tiles,
+                               uint32_t rbits, const uint8_t *q, const float *scales,
+                               uint32_t hidden, epd_scale_kind_t kind, float scale,
+                               uint8_t *q_out, float *scale_dev, const epd_quant_launch_t &l,
+                               cudaStream_t st, char err[EPD_ERR_LEN])
+{
+    epd_status_t status;
+    requant_runs<RUNS> runs;
+    const bool step = scale_dev != nullptr;
+    const uint32_t ns = epd_quant_n_scales(hidden, kind), nvr = hidden / 16;
+    const uint32_t total_vec = (uint32_t)(live * nvr);
+    uint32_t n_runs = 0, done = 0; /* live vectors before the run */
+    for (uint32_t e = 0; e < n_experts; e++) {
+        if (counts_host[e] <= 0) continue;
+        runs.back[n_runs] = e * capacity * nvr - done;
+        done += (uint32_t)counts_host[e] * nvr;
+        runs.end[n_runs++] = done;
+    }
+    for (uint32_t k = n_runs; k < (uint32_t)RUNS; k++) {
+        runs.end[k] = total_vec; /* never passed: every vector is below */
+        runs.back[k] = 0;
+    }
+    uint32_t shift = 0;
+    while (((total_vec - 1u) >> shift) >= (uint32_t)RUNS) shift++;
+    for (uint32_t b = 0, k = 0; b < (uint32_t)RUNS; b++) {
+        const uint64_t f = (uint64_t)b << shift;
+        while (k + 1 < n_runs && runs.end[k] <= f) k++;
+        runs.first[b] = (uint16_t)k;
+    }
+    if (step)
+        CHECK_GOTO(step_reduce_tiles(all, n_tiles, rbits, scales, ns, scale_dev, st, err), out);
+    {
+        const uint32_t flags = q == q_out ? l.flags & ~EPD_QL_NC : l.flags;
+        auto kernel = grid_kernel<RUNS>(l.vec, step);
+        uint32_t resident;
+        CHECK_GOTO(device_blocks((const void *)kernel, l.threads, 0, l.blocks, &resident, err),
+                   out);
+        const uint64_t per_block = (uint64_t)l.threads * l.vec;
+        const uint64_t want = (total_vec + per_block - 1) / per_block;
+        const uint32_t grid = want < resident ? (uint32_t)want : resident;
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr[1];
+        cfg.gridDim = dim3(grid);
+        cfg.blockDim = dim3(l.threads);
+        cfg.dynamicSmemBytes = 0;
+        cfg.stream = st;
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = step ? 1 : 0; /* behind the reduction's kernel */
+        (void)cudaLaunchKernelEx(&cfg, kernel, reinterpret_cast<const uint4 *>(q), scales,
+                                 total_vec, shift, epd_fast_div_make(nvr),
+                                 kind == EPD_SCALE_PER_TOKEN ? 1 : 0, step ? 0.0f : 1.0f / scale,
+                                 (const float *)scale_dev, reinterpret_cast<uint4 *>(q_out), flags,
+                                 0x3210u, runs);
+    }
+    return launch_result("requantize", err);
+out:
+    return status;
+}
+
 /* The layout-aware requant: tiles on the host, then live_queue with the smallest table that
  * holds them. scale_dev != NULL: the step scale reduced on the device (scale ignored). */
 static epd_status_t requant_live(const uint8_t *q, const float *scales, const int32_t *counts_host,
@@ -1362,6 +1531,23 @@ static epd_status_t requant_live(const uint8_t *q, const float *scales, const in
         }
         return EPD_OK;
     }
+    /* the grid kernel, where its table holds the experts with rows and a 32-bit index every
+     * vector of the layout (else the stream, tile or part kernel: the bit is a launch hint) */
+    if ((l.flags & EPD_QL_GRID) != 0 &&
+        (uint64_t)n_experts * capacity * (hidden / 16) < 0x80000000ull) {
+        uint32_t n_runs = 0;
+        for (uint32_t e = 0; e < n_experts; e++) n_runs += counts_host[e] > 0;
+#define EPD_GRID_QUEUE(T)                                                                       \
+    if (n_runs <= (T))                                                                          \
+        return grid_queue<(T)>(counts_host, n_experts, capacity, live, all, n_tiles, rbits, q,  \
+                               scales, hidden, kind, scale, q_out, scale_dev, l, st, err)
+        EPD_GRID_QUEUE(16);
+        EPD_GRID_QUEUE(64);
+        EPD_GRID_QUEUE(256);
+        EPD_GRID_QUEUE(1024);
+#undef EPD_GRID_QUEUE
+    }
+    l.flags &= ~EPD_QL_GRID;
     /* the stream kernel, where its table holds the experts and its flat index the vectors
      * (else the same bytes from the tile or part kernel: the bit is a launch hint) */
     if ((l.flags & EPD_QL_STREAM) != 0 && n_experts <= EPD_REQUANT_LIVE_TILES &&

@@ -141,8 +141,9 @@ typedef struct epd_quant_launch {
 /* The most parts a tile of the layout-aware requant is cut into. */
 #define EPD_REQUANT_MAX_PARTS 32
 
-/* requant_live variants (epd_quant_launch_t.flags); EPD_QL_STREAM selects the stream kernel,
- * any other bit set (or split > 1) the part kernel; all give the same bytes. */
+/* requant_live variants (epd_quant_launch_t.flags); EPD_QL_GRID selects the grid kernel,
+ * EPD_QL_STREAM the stream kernel, any other bit set (or split > 1) the part kernel; all give
+ * the same bytes. */
 #define EPD_QL_PIPE 1u    /* the next pass's loads are issued before this pass's math and stores */
 #define EPD_QL_NC 2u      /* q read through the read-only path without L1 allocation (ignored in
                              place, q_out == q) */
@@ -155,7 +156,13 @@ typedef struct epd_quant_launch {
                              are fewer) and the step reduction's tile rows, split and
                              EPD_QL_BALANCE are unused; the PIPE, NC and CS bits apply. More
                              than 4096 experts, or 2^31 live vectors: the other kernels */
-#define EPD_QL_ALL 31u
+#define EPD_QL_GRID 32u  /* the grid kernel: the copy kernel's shape over the live vectors (a
+                             thread vec vectors blockDim.x apart a pass, the grid's passes one
+                             window after the next), up to 1024 experts with rows and a layout
+                             of fewer than 2^31 vectors (else the kernels above); rows is then
+                             only the step reduction's tile rows; split, EPD_QL_BALANCE,
+                             EPD_QL_PIPE and EPD_QL_STREAM are unused; NC and CS apply */
+#define EPD_QL_ALL 63u
 
 /* Name of a kernel kind ("quant_token", ...). */
 const char *epd_quant_kernel_name(epd_quant_kernel_t kernel);

@@ -163,11 +163,13 @@ for (lay, kind), gs in sorted(best_geoms.items()):
 
 # Per layout and mode (S given, group128), the best geometry of each variant class of the
 # sweep: the tile kernel (T:V:R:B), the part kernel without and with pipelined passes, and with
-# a cache hint (flags 2 = read-only loads without L1 allocation, 4 = streaming stores), and the
-# stream kernel (flags 16, any other bits with it).
+# a cache hint (flags 2 = read-only loads without L1 allocation, 4 = streaming stores), the
+# stream kernel (flags 16, any other bits with it) and the grid kernel (flags 32, likewise).
 def geom_class(g):
     f = g.split(':')
     split, flags = (int(f[4]), int(f[5])) if len(f) == 6 else (0, 0)
+    if flags & 32:
+        return 'grid'
     if flags & 16:
         return 'stream'
     if flags & 6:
@@ -177,10 +179,10 @@ def geom_class(g):
     if split > 1 or flags:
         return 'part'
     return 'tile'
-classes = ('tile', 'part', 'pipe', 'hints', 'stream')
+classes = ('tile', 'part', 'pipe', 'hints', 'stream', 'grid')
 print()
 print('best of each variant class, S given, group128 (us, /copyk, /memcpy; flags: 1 pipelined, '
-      '2 read-only loads, 4 streaming stores, 8 balanced grid, 16 stream kernel):')
+      '2 read-only loads, 4 streaming stores, 8 balanced grid, 16 stream kernel, 32 grid kernel):')
 print('%-22s %-5s %5s %6s %7s | %s' % ('layout', 'mode', 'rows', 'copyk', 'memcpy',
                                      ' | '.join('%-34s' % c for c in classes)))
 for sec, lay, mode in layouts:

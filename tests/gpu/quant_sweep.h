@@ -4,8 +4,9 @@
  * thread a pass, R rows a tile (the launch carries one word a tile), B blocks an SM at most (0: as
  * many as fit), S parts a tile (a block's item: ceil(R / S) rows; 0 or 1: the tile), F variant
  * bits: 1 pipelined passes, 2 read-only loads without L1 allocation, 4 streaming stores, 8 a
- * balanced grid, 16 the stream kernel (EPD_QL_*; R is then the least passes a block). F with 16
- * runs the stream kernel, else any S > 1 or F != 0 the part kernel. */
+ * balanced grid, 16 the stream kernel (EPD_QL_*; R is then the least passes a block), 32 the
+ * grid kernel (R then only the step reduction's tile rows). F with 32 runs the grid kernel, with
+ * 16 the stream kernel, else any S > 1 or F != 0 the part kernel. */
 #ifndef EPD_TESTS_GPU_QUANT_SWEEP_H
 #define EPD_TESTS_GPU_QUANT_SWEEP_H
 
@@ -25,7 +26,9 @@
  * balanced grid; then the cache hints and the blocks an SM on the 2-row parts; then the stream
  * kernel (a contiguous chunk of the live vectors a block, all blocks resident at once): 1, 2 and
  * 4 vectors a thread, with and without the pipelined passes, 1 or 2 passes a block at least,
- * blocks an SM, the cache hints. */
+ * blocks an SM, the cache hints; then the grid kernel (the copy kernel's shape over the live
+ * vectors): 1, 2 and 4 vectors a thread, 128 to 448 threads, 2 to 8 blocks an SM or as many as
+ * fit, streaming stores and read-only loads. */
 #define EPD_REQUANT_SWEEP                                                                         \
     "448:1:1:4,224:4:2:4,224:2:8:4,224:2:1:4,224:2:2:4,224:2:4:4,224:4:4:4,224:4:8:4,"           \
     "448:4:4:4,448:2:2:4,224:4:2:8,224:2:16:4,"                                                   \
@@ -40,7 +43,10 @@
     "224:4:1:4:0:16,224:2:1:4:0:16,448:1:1:4:0:16,448:2:1:4:0:16,"                               \
     "224:4:1:4:0:17,224:2:1:4:0:17,448:2:1:4:0:17,448:4:1:2:0:17,224:4:2:4:0:17,"               \
     "224:2:2:4:0:17,224:4:1:0:0:17,224:4:1:3:0:17,128:4:1:8:0:17,256:4:1:4:0:17,"               \
-    "224:4:1:4:0:21,224:4:1:4:0:19"
+    "224:4:1:4:0:21,224:4:1:4:0:19,"                                                              \
+    "224:1:8:8:0:32,448:1:8:4:0:32,224:2:8:4:0:32,224:2:8:8:0:32,448:2:8:4:0:32,224:4:8:4:0:32,"  \
+    "224:4:8:2:0:32,448:4:8:2:0:32,256:2:8:4:0:32,128:2:8:8:0:32,224:2:8:6:0:32,224:1:8:0:0:32,"  \
+    "224:2:8:4:0:36,224:1:8:8:0:36,224:2:8:4:0:34,448:1:8:4:0:36"
 
 /* "a:b:c[:d[:e[:f]]],..." into launch parameters; with_kind: each item starts "group:" or
  * "token:" (the quantize kernels), kind 0 or 1 in .first. false on a malformed item. */

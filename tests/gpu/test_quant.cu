@@ -856,6 +856,27 @@ int main(void)
         case_requant_live(4096, 2, 128, EPD_SCALE_PER_TOKEN, -2, 0, true, &streams[3]);
         case_requant_live(5000, 2, 128, EPD_SCALE_GROUP128, -1, 3, false, &streams[2]);
         case_requant_live(5000, 2, 128, EPD_SCALE_PER_TOKEN, -1, 1, false, &streams[0]);
+        /* the grid kernel: many experts with 0-1 live rows (runs that start inside a bucket, a
+         * bucket table longer than the runs), one warp a block, a pass of 96 x 4 vectors with
+         * every other bit (read-only loads dropped in place), H 128 (a row is 8 vectors), the
+         * largest runs table (1024 experts with rows) and more (the tile kernels then), the
+         * step scale on the device, kbench's uniform layouts */
+        const epd_quant_launch_t grids[] = {{32, 1, 1, 1, 0, 32}, {96, 4, 3, 0, 0, 63},
+                                            {224, 2, 8, 4, 0, 32}, {448, 4, 8, 2, 0, 38},
+                                            {1024, 1, 2, 0, 0, 34}};
+        for (int k = 0; k < 5; k++) {
+            case_requant_live(300, 3, 896, (epd_scale_kind_t)(k % 2), -1, k % 4, k == 1,
+                              &grids[k]);
+            case_requant_live(64, 128, 7168, (epd_scale_kind_t)((k + 1) % 2), 32, (k + 1) % 4,
+                              k == 3, &grids[k]);
+            case_requant_live(40, 6, 128, (epd_scale_kind_t)(k % 2), -6, (k + 2) % 4, k == 4,
+                              &grids[k]);
+        }
+        case_requant_live(256, 128, 7168, EPD_SCALE_GROUP128, 32, 2, false, &grids[2]);
+        case_requant_live(128, 256, 7168, EPD_SCALE_PER_TOKEN, 64, 3, true, &grids[2]);
+        case_requant_live(1024, 2, 256, EPD_SCALE_GROUP128, 1, 1, false, &grids[2]);
+        case_requant_live(1025, 2, 128, EPD_SCALE_PER_TOKEN, 1, 0, false, &grids[0]);
+        case_requant_live(4096, 2, 128, EPD_SCALE_GROUP128, -2, 3, true, &grids[3]);
         const epd_quant_launch_t doubled = {128, 1, 1, 0, 0, 9};
         case_requant_live(4096, 2, 256, EPD_SCALE_GROUP128, -2, 3, false, &doubled);
         case_requant_live(4096, 2, 256, EPD_SCALE_PER_TOKEN, -2, 0, true, &doubled);
