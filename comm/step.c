@@ -331,6 +331,7 @@ static epd_status_t run_experts_hook(epd_step_t *step, uint64_t n_recv, char err
     call.n_segments = EPD_EXTERNAL_SEGMENTS;
     call.n_records = (uint32_t)n_recv;
     call.expert_rows = step->local_rows; /* every sender's rows: the count exchange's sums */
+    call.scale = step->scale;
     epd_status_t status = step->experts_hook(step->experts_arg, &step->shape, &call, &failure, why);
     if (status != EPD_OK) {
         snprintf(err, EPD_ERR_LEN, "step: experts: %s: %.200s", epd_status_name(status), why);

@@ -156,6 +156,8 @@ typedef struct epd_step_experts {
     uint32_t n_segments;
     uint32_t n_records;
     const uint32_t *expert_rows; /* [E/W] host */
+    float scale; /* with the scale exchange (epd_step_set_scale_exchange), the step scale S of
+                    the records this rank received, from the count exchange; else 0 */
 } epd_step_experts_t;
 
 typedef epd_status_t (*epd_step_experts_fn)(void *arg, const epd_moe_shape_t *shape,

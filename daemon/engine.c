@@ -795,6 +795,13 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
     CHECK_GOTO(epd_step_create(&engine->shape, cfg->dispatch.max_tokens_per_step, ops, ops_ctx,
                                transport, transport_ctx, engine->comm, &engine->step, err),
                out_free);
+    /* external experts fed FP8 at one scale: the senders' scale maxima travel with the counts,
+     * so S is known before the rows are written (no reduction over them). Every rank has the
+     * same config, so all agree on the count exchange's size; a worker's static input scale
+     * still takes precedence (external.c). */
+    epd_step_set_scale_exchange(engine->step,
+                                engine->experts_external &&
+                                    cfg->experts.external_input == EPD_EXTERNAL_FP8_PER_TENSOR);
     {
         size_t per_token = (size_t)engine->shape.topk * (sizeof(int32_t) + sizeof(float));
         size_t bytes = (size_t)cfg->dispatch.max_tokens_per_step * per_token;

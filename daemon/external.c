@@ -571,13 +571,15 @@ static float static_scale(const epd_external_t *ext, uint32_t layer)
     return ext->scale_all;
 }
 
-/* S of a step's fp8_per_tensor rows: the configured static scale, else (0) the step scale, the
- * largest scale of the rows this rank received, which the requantization reduces itself (host:
- * epd_requant_step_scale_host, CUDA: epd_requant_cuda's reduction). The one place it is decided:
- * once the count exchange carries the senders' scale maxima, the step scale comes from there. */
-static float per_tensor_scale(const epd_external_t *ext, uint32_t layer)
+/* S of a step's fp8_per_tensor rows, the one place it is decided: the worker's static scale of
+ * the layer, else the step scale (the largest scale of the records this rank received), which
+ * the count exchange carries (step_scale, the engine turns the exchange on for this input).
+ * 0 where neither is known (a BF16 wire sends no scales): the requantization then reduces it
+ * over the rows itself (host: epd_requant_step_scale_host, CUDA: epd_requant_cuda's). */
+static float per_tensor_scale(const epd_external_t *ext, uint32_t layer, float step_scale)
 {
-    return static_scale(ext, layer);
+    float s = static_scale(ext, layer);
+    return s > 0.0f ? s : step_scale;
 }
 
 #ifdef EPD_HAVE_CUDA
@@ -595,7 +597,7 @@ static bool grow_ops(epd_external_t *ext, scratch_t *m, size_t need)
 /* Host ops: writes the planned rows in the configured format into in (host memory laid out as
  * l), with the fp8 formats' scales or S and the counts. *s_p gets S (fp8_per_tensor). */
 static epd_status_t write_input_host(epd_external_t *ext, const epd_external_plan_t *plan,
-                                     float static_s, const io_layout_t *l, uint8_t *in,
+                                     float known_s, const io_layout_t *l, uint8_t *in,
                                      float *s_p, char err[EPD_ERR_LEN])
 {
     const epd_moe_shape_t *shape = &ext->shape;
@@ -623,7 +625,7 @@ static epd_status_t write_input_host(epd_external_t *ext, const epd_external_pla
     int32_t all = (int32_t)plan->n_rows;
     status = epd_requant_host(in + l->x_off, ext->scales_stage, masked ? counts : &all,
                               masked ? plan->n_local : 1, masked ? plan->capacity : plan->n_rows,
-                              shape->hidden, kind, static_s, in + l->x_off, s_p, err);
+                              shape->hidden, kind, known_s, in + l->x_off, s_p, err);
     if (status != EPD_OK) return status;
     memcpy(in + l->scales_off, s_p, sizeof *s_p);
     return EPD_OK;
@@ -633,7 +635,7 @@ static epd_status_t write_input_host(epd_external_t *ext, const epd_external_pla
 /* Device ops: the same into in (device memory laid out as l), on the ops' stream, complete on
  * return (the EXPERTS follows). */
 static epd_status_t write_input_cuda(epd_external_t *ext, const epd_external_plan_t *plan,
-                                     float static_s, const io_layout_t *l, uint8_t *in,
+                                     float known_s, const io_layout_t *l, uint8_t *in,
                                      float *s_p, char err[EPD_ERR_LEN])
 {
     const epd_moe_shape_t *shape = &ext->shape;
@@ -663,13 +665,31 @@ static epd_status_t write_input_cuda(epd_external_t *ext, const epd_external_pla
     if (status != EPD_OK) return status;
     bool masked = plan->layout == EPD_EXTERNAL_MASKED;
     int32_t all = (int32_t)plan->n_rows;
+    if (known_s > 0.0f) {
+        /* S known: the layout-aware requant, its live rows from the host counts (no reduction,
+         * no counts read on the device), and S into the region behind it */
+        status = epd_requant_given_cuda(in + l->x_off, ext->scales_ops.ptr, masked ? counts : &all,
+                                        masked ? plan->n_local : 1,
+                                        masked ? plan->capacity : plan->n_rows, shape->hidden,
+                                        kind, known_s, in + l->x_off, NULL, stream, err);
+        if (status != EPD_OK) return status;
+        CHECK_GOTO(ext->ops->copy_queued != NULL
+                       ? ext->ops->copy_queued(ext->ops_ctx, in + l->scales_off, &known_s,
+                                               sizeof known_s)
+                       : ext->ops->copy_to_ops(ext->ops_ctx, in + l->scales_off, &known_s,
+                                               sizeof known_s),
+                   copy_failed);
+        CHECK_GOTO(ext->ops->sync(ext->ops_ctx), copy_failed);
+        *s_p = known_s;
+        return EPD_OK;
+    }
     if (!masked)
         CHECK_GOTO(ext->ops->copy_to_ops(ext->ops_ctx, ext->one_ops.ptr, &all, sizeof all),
                    copy_failed);
     const int32_t *live = masked ? (const int32_t *)(in + l->counts_off) : ext->one_ops.ptr;
     status = epd_requant_cuda(in + l->x_off, ext->scales_ops.ptr, live, masked ? plan->n_local : 1,
                               masked ? plan->capacity : plan->n_rows, shape->hidden, kind,
-                              static_s, in + l->x_off, (float *)(in + l->scales_off), NULL,
+                              known_s, in + l->x_off, (float *)(in + l->scales_off), NULL,
                               stream, err);
     if (status != EPD_OK) return status;
     CHECK_GOTO(ext->ops->sync(ext->ops_ctx), copy_failed);
@@ -687,7 +707,7 @@ copy_failed:
  * slot), then the rows themselves in the configured format (through device staging when the
  * ops are a device's and the region is host memory). *s_p gets S. */
 static epd_status_t write_input(epd_external_t *ext, epd_external_plan_t *plan,
-                                const epd_moe_shape_t *shape, epd_region_t *in, float static_s,
+                                const epd_moe_shape_t *shape, epd_region_t *in, float known_s,
                                 const io_layout_t *l, float *s_p, char err[EPD_ERR_LEN])
 {
     size_t n_ids = (size_t)plan->n_records * shape->topk;
@@ -708,7 +728,7 @@ static epd_status_t write_input(epd_external_t *ext, epd_external_plan_t *plan,
         status = epd_external_map(shape, plan, ext->ids, ext->row_of, err);
         if (status != EPD_OK) return status;
         plan->row_of = ext->row_of;
-        return write_input_host(ext, plan, static_s, l, epd_region_base(in), s_p, err);
+        return write_input_host(ext, plan, known_s, l, epd_region_base(in), s_p, err);
     }
 #ifdef EPD_HAVE_CUDA
     status = epd_external_ids_cuda(shape, plan, ext->ids, ext->ops->stream(ext->ops_ctx), err);
@@ -729,7 +749,7 @@ static epd_status_t write_input(epd_external_t *ext, epd_external_plan_t *plan,
         return EPD_ERR_NO_MEMORY;
     }
     uint8_t *dst = staged ? ext->in_ops.ptr : epd_region_base(in);
-    status = write_input_cuda(ext, plan, static_s, l, dst, s_p, err);
+    status = write_input_cuda(ext, plan, known_s, l, dst, s_p, err);
     if (status == EPD_OK && staged)
         status = ext->ops->copy_to_host(ext->ops_ctx, epd_region_base(in), dst, l->in_bytes);
     return status;
@@ -946,7 +966,7 @@ epd_status_t epd_external_run(void *arg, uint64_t step, const epd_moe_shape_t *s
 
     pthread_mutex_lock(&ext->mu);
     uint64_t gen = ext->worker_gen;
-    float static_s = per_tensor_scale(ext, shape->layer);
+    float known_s = per_tensor_scale(ext, shape->layer, call->scale);
     uint32_t in_id = ext->in_id, out_id = ext->out_id;
     if (ext->worker == NULL) {
         failure = EPD_EXTERNAL_NO_WORKER;
@@ -971,7 +991,7 @@ epd_status_t epd_external_run(void *arg, uint64_t step, const epd_moe_shape_t *s
 
     /* the rows, into the input region */
     float s = 0.0f;
-    status = write_input(ext, &plan, shape, in, static_s, &l, &s, detail);
+    status = write_input(ext, &plan, shape, in, known_s, &l, &s, detail);
     if (status == EPD_ERR_CUDA) {
         snprintf(err, EPD_ERR_LEN, "%s", detail); /* the device failed: the step fails */
         goto out;

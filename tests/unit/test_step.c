@@ -19,6 +19,7 @@
 #include "common/rng.h"
 #include "gpu/fp8.h"
 #include "gpu/ops.h"
+#include "gpu/quant.h"
 #include "tests/unit/mpi_main.h"
 
 static epd_moe_shape_t world1_shape(epd_wire_dtype_t dtype, epd_expert_kind_t kind)
@@ -291,6 +292,74 @@ static void test_step__one_rank__calls_no_transport(void **state)
     epd_step_destroy(step);
 }
 
+/* The experts hook of the scale-exchange test: keeps the call's S, zero partials. */
+static float hook_scale;
+static int hook_calls;
+
+static epd_status_t keep_scale_hook(void *arg, const epd_moe_shape_t *shape,
+                                    const epd_step_experts_t *call, uint8_t *failure_p,
+                                    char err[EPD_ERR_LEN])
+{
+    (void)arg;
+    (void)err;
+    for (uint32_t i = 0; i < call->n_segments; i++)
+        if (call->segments[i].count > 0)
+            memset(call->segments[i].partials, 0,
+                   (size_t)call->segments[i].count * shape->hidden * 2);
+    hook_scale = call->scale;
+    hook_calls++;
+    *failure_p = 0;
+    return EPD_OK;
+}
+
+/* The experts hook gets the step scale of the count exchange (what external experts requantize
+ * to one scale with): the largest group scale of the records received, computed here from the
+ * tokens themselves; 0 with the exchange off, and on a BF16 wire (no scales travel). */
+static void test_step__experts_hook__gets_the_exchange_scale_only_when_on(void **state)
+{
+    fixture_t *f = *state;
+    char err[EPD_ERR_LEN] = "";
+
+    for (int c = 0; c < 3; c++) {
+        const bool on = c != 1, fp8 = c != 2;
+        epd_moe_shape_t s = world1_shape(fp8 ? EPD_WIRE_FP8 : EPD_WIRE_BF16, EPD_EXPERTS_SCALE);
+        epd_step_t *step = NULL;
+        assert_int_equal(epd_step_create(&s, 32, &epd_ops_host, f->ops_ctx, &epd_transport_mpi,
+                                         f->tctx, MPI_COMM_WORLD, &step, err),
+                         EPD_OK);
+        epd_step_set_scale_exchange(step, on);
+        epd_step_set_experts_hook(step, keep_scale_hook, NULL);
+        const epd_step_io_t *io = epd_step_io(step);
+        fill_batch(&s, io, 32, 77 + (uint64_t)c);
+        /* an outlier in a token that is sent, one in a token that is not (all slots empty) */
+        io->x[3 * s.hidden + 200] = epd_f32_to_bf16(900.0f);
+        for (uint32_t k = 0; k < s.topk; k++) io->topk_ids[5 * s.topk + k] = -1;
+        io->x[5 * s.hidden + 7] = epd_f32_to_bf16(-30000.0f);
+        float want = 0.0f;
+        for (uint32_t t = 0; t < 32; t++) {
+            bool sent = false;
+            for (uint32_t k = 0; k < s.topk; k++) sent |= io->topk_ids[t * s.topk + k] >= 0;
+            if (!sent) continue;
+            uint8_t q[256];
+            float sc[2];
+            epd_quant_row_host(io->x + (size_t)t * s.hidden, s.hidden, EPD_SCALE_GROUP128,
+                               EPD_SCALE_FMT_FP32, q, sc);
+            for (int g = 0; g < 2; g++) want = sc[g] > want ? sc[g] : want;
+        }
+        if (!on || !fp8) want = 0.0f;
+        hook_calls = 0;
+        hook_scale = -1.0f;
+        assert_int_equal(epd_step_run(step, 32, io->x, io->topk_ids, io->topk_weights, io->y,
+                                      NULL, err),
+                         EPD_OK);
+        assert_int_equal(hook_calls, 1);
+        assert_memory_equal(&hook_scale, &want, sizeof want);
+        assert_float_equal(epd_step_scale(step), want, 0.0f);
+        if (on && fp8) assert_true(want > 900.0f / 448.0f * 0.99f);
+        epd_step_destroy(step);
+    }
+}
+
 static int run_group(void)
 {
     const struct CMUnitTest tests[] = {
@@ -301,6 +370,7 @@ static int run_group(void)
         cmocka_unit_test(test_step__counts_to_int__fit_and_overflow),
         cmocka_unit_test(test_step__alltoallv_large_items__bytes_beyond_int_counts),
         cmocka_unit_test(test_step__one_rank__calls_no_transport),
+        cmocka_unit_test(test_step__experts_hook__gets_the_exchange_scale_only_when_on),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
