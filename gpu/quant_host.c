@@ -345,24 +345,27 @@ static uint32_t token_lanes(uint32_t want)
 /* The layout-aware requant's launch by live rows (all experts together) at H 7168: the first row
  * whose max_rows holds them. The rows are the sweep's "suggested requant_live_picks" of one H200
  * (kbench --sweep, S given, group128, the best of event and graph timing; docs/results.md, issue
- * 18, session 9): every row is within 1.2% of the best launch measured for its layouts. Flags:
- * 8 balanced grid, 9 = that and pipelined, 12 = balanced with streaming stores. The stream kernel
- * (EPD_QL_STREAM) is in the sweep but was the best nowhere. At most 4 blocks an SM.
- * tests/gpu/quant_gpu.sh prints this table from a sweep. */
+ * 18, session 12): every row is within 1.6% of the best launch measured for its layouts. Flags:
+ * 9 = balanced grid and pipelined; 32 the grid kernel, 36 = that with streaming stores (it is
+ * the best from 1980 live rows up, but for the 8192-row layouts, where the part kernel stays).
+ * The stream kernel (EPD_QL_STREAM) is in the sweep but was the best nowhere. At most 8 blocks
+ * an SM. tests/gpu/quant_gpu.sh prints this table from a sweep. */
 #define REQUANT_LIVE_PICK_HIDDEN 7168u
 static const struct requant_live_pick {
     uint32_t max_rows;    /* live rows, at most */
     epd_quant_launch_t l; /* threads, vec, rows (a tile), blocks (an SM), split, flags */
 } requant_live_picks[] = {
     {16, {448, 1, 1, 4, 0, 0}},
-    {32, {224, 2, 16, 4, 0, 0}},
+    {32, {224, 1, 8, 8, 0, EPD_QL_GRID}},
+    {64, {448, 1, 1, 4, 0, 0}},
     {128, {224, 2, 1, 4, 0, 0}},
     {512, {448, 2, 2, 4, 0, 0}},
     {1024, {448, 4, 4, 4, 0, 0}},
-    {2048, {448, 2, 2, 4, 0, 0}},
-    {4096, {224, 4, 8, 4, 4, EPD_QL_BALANCE | EPD_QL_CS}},
+    {1980, {448, 1, 8, 4, 0, EPD_QL_GRID | EPD_QL_CS}},
+    {2048, {224, 1, 8, 8, 0, EPD_QL_GRID | EPD_QL_CS}},
+    {4096, {448, 1, 8, 4, 0, EPD_QL_GRID | EPD_QL_CS}},
     {8192, {224, 2, 32, 4, 8, EPD_QL_BALANCE | EPD_QL_PIPE}},
-    {UINT32_MAX, {224, 2, 8, 4, 0, EPD_QL_BALANCE}}, /* the last row takes every count */
+    {UINT32_MAX, {448, 1, 8, 4, 0, EPD_QL_GRID | EPD_QL_CS}}, /* the last row takes every count */
 };
 
 epd_quant_launch_t epd_quant_launch_pick(epd_quant_kernel_t kernel, uint32_t hidden, uint32_t rows,
