@@ -796,9 +796,10 @@ epd_status_t epd_engine_create(const epd_config_t *cfg, MPI_Comm comm, const epd
                                transport, transport_ctx, engine->comm, &engine->step, err),
                out_free);
     /* external experts fed FP8 at one scale: the senders' scale maxima travel with the counts,
-     * so S is known before the rows are written (no reduction over them). Every rank has the
-     * same config, so all agree on the count exchange's size; a worker's static input scale
-     * still takes precedence (external.c). */
+     * so S is known before the rows are written (no reduction over them; the price is that the
+     * count exchange waits for the pack instead of overlapping it). Every rank has the same
+     * config, so all agree on the count exchange's size; a worker's static input scale still
+     * takes precedence (external.c). */
     epd_step_set_scale_exchange(engine->step,
                                 engine->experts_external &&
                                     cfg->experts.external_input == EPD_EXTERNAL_FP8_PER_TENSOR);

@@ -686,11 +686,11 @@ static epd_status_t write_input_cuda(epd_external_t *ext, const epd_external_pla
     if (!masked)
         CHECK_GOTO(ext->ops->copy_to_ops(ext->ops_ctx, ext->one_ops.ptr, &all, sizeof all),
                    copy_failed);
+    /* S unknown (a BF16 wire): reduced over the rows on the device, then the requant */
     const int32_t *live = masked ? (const int32_t *)(in + l->counts_off) : ext->one_ops.ptr;
     status = epd_requant_cuda(in + l->x_off, ext->scales_ops.ptr, live, masked ? plan->n_local : 1,
-                              masked ? plan->capacity : plan->n_rows, shape->hidden, kind,
-                              known_s, in + l->x_off, (float *)(in + l->scales_off), NULL,
-                              stream, err);
+                              masked ? plan->capacity : plan->n_rows, shape->hidden, kind, 0.0f,
+                              in + l->x_off, (float *)(in + l->scales_off), NULL, stream, err);
     if (status != EPD_OK) return status;
     CHECK_GOTO(ext->ops->sync(ext->ops_ctx), copy_failed);
     CHECK_GOTO(ext->ops->copy_to_host(ext->ops_ctx, s_p, in + l->scales_off, sizeof *s_p),

@@ -786,7 +786,8 @@ __global__ void requant_grid_kernel(const uint4 *q, const float *__restrict__ sc
 #pragma unroll
         for (int j = 1; j < VPT; j++) {
             in[0].x = __byte_perm(in[0].x, in[j].x, keep);
-            sc[0] = __uint_as_float(__byte_perm(__float_as_uint(sc[0]), __float_as_uint(sc[j]), keep));
+            sc[0] = __uint_as_float(
+                __byte_perm(__float_as_uint(sc[0]), __float_as_uint(sc[j]), keep));
         }
         if (STEP && !have_s) {
             asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -799,11 +800,13 @@ __global__ void requant_grid_kernel(const uint4 *q, const float *__restrict__ sc
         if (cs) {
 #pragma unroll
             for (int j = 0; j < VPT; j++)
-                if (i0 + (uint32_t)j * blockDim.x < total_vec) part_store(q_out + at[j], in[j], true);
+                if (i0 + (uint32_t)j * blockDim.x < total_vec)
+                    part_store(q_out + at[j], in[j], true);
         } else {
 #pragma unroll
             for (int j = 0; j < VPT; j++)
-                if (i0 + (uint32_t)j * blockDim.x < total_vec) part_store(q_out + at[j], in[j], false);
+                if (i0 + (uint32_t)j * blockDim.x < total_vec)
+                    part_store(q_out + at[j], in[j], false);
         }
     }
 }
