@@ -885,6 +885,29 @@ static epd_status_t device_blocks(const void *kernel, uint32_t threads, size_t s
     return EPD_OK;
 }
 
+/* The launch of a requant kernel on st: grid x threads blocks, smem bytes of dynamic shared
+ * memory, and, when behind (the step scale's reduction was queued just before it), a programmatic
+ * dependent launch: its blocks start while the reduction ends and wait for it where they read S.
+ * cfg points into the object, so it is made where it is used and never copied. */
+struct requant_launch {
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute attr[1];
+    requant_launch(uint32_t grid, uint32_t threads, size_t smem, cudaStream_t st, bool behind)
+        : cfg(), attr()
+    {
+        cfg.gridDim = dim3(grid);
+        cfg.blockDim = dim3(threads);
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = st;
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = behind ? 1 : 0;
+    }
+    requant_launch(const requant_launch &) = delete;
+    requant_launch &operator=(const requant_launch &) = delete;
+};
+
 extern "C" epd_status_t epd_quant_cuda(const uint16_t *x, uint32_t rows, uint32_t hidden,
                                        size_t x_stride, epd_scale_kind_t kind, epd_scale_fmt_t fmt,
                                        uint8_t *q, size_t q_stride, float *scales,
@@ -1115,21 +1138,14 @@ extern "C" epd_status_t epd_requant_cuda(const uint8_t *q, const float *scales,
         uint32_t resident;
         CHECK_GOTO(device_blocks((const void *)kernel, l.threads, smem, l.blocks, &resident, err), out);
         const uint64_t max_tiles = ((uint64_t)n_experts * capacity + l.rows - 1) / l.rows;
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr[1];
-        cfg.gridDim = dim3((unsigned)(max_tiles < resident ? (max_tiles ? max_tiles : 1) : resident));
-        cfg.blockDim = dim3(l.threads);
-        cfg.dynamicSmemBytes = smem;
-        cfg.stream = st;
-        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = s_dev != nullptr ? 1 : 0; /* behind the step scale's kernel */
+        const uint32_t grid = (uint32_t)(max_tiles < resident ? (max_tiles ? max_tiles : 1)
+                                                               : resident);
+        requant_launch rl(grid, l.threads, smem, st, s_dev != nullptr); /* behind the step scale */
         /* a failed launch is also the last error, which launch_result reports and clears */
-        (void)cudaLaunchKernelEx(&cfg, kernel, reinterpret_cast<const uint4 *>(q), scales, counts,
-                                 n_experts, capacity, hidden / 16, epd_fast_div_make(hidden / 16),
-                                 ns, per_token, l.rows, static_scale, s_dev, scale_dev,
-                                 reinterpret_cast<uint4 *>(q_out));
+        (void)cudaLaunchKernelEx(&rl.cfg, kernel, reinterpret_cast<const uint4 *>(q), scales,
+                                 counts, n_experts, capacity, hidden / 16,
+                                 epd_fast_div_make(hidden / 16), ns, per_token, l.rows,
+                                 static_scale, s_dev, scale_dev, reinterpret_cast<uint4 *>(q_out));
     }
     return launch_result("requantize", err);
 out:
@@ -1262,18 +1278,9 @@ static epd_status_t live_queue(const requant_tile_list &all, uint32_t n_tiles, u
             const uint32_t even = (n_items + rounds - 1) / rounds;
             if (even >= grid - grid / 8) grid = even;
         }
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr[1];
-        cfg.gridDim = dim3(grid);
-        cfg.blockDim = dim3(l.threads);
-        cfg.dynamicSmemBytes = 0;
-        cfg.stream = st;
-        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = step ? 1 : 0; /* behind the reduction's kernel */
-        (void)cudaLaunchKernelEx(&cfg, kernel, reinterpret_cast<const uint4 *>(q), scales, n_items,
-                                 n_parts, rows_per_part, nvr, epd_fast_div_make(nvr), ns,
+        requant_launch rl(grid, l.threads, 0, st, step); /* behind the reduction's kernel */
+        (void)cudaLaunchKernelEx(&rl.cfg, kernel, reinterpret_cast<const uint4 *>(q), scales,
+                                 n_items, n_parts, rows_per_part, nvr, epd_fast_div_make(nvr), ns,
                                  kind == EPD_SCALE_PER_TOKEN ? 1 : 0, rbits,
                                  step ? 0.0f : 1.0f / scale, (const float *)scale_dev,
                                  reinterpret_cast<uint4 *>(q_out), flags, parts, tiles);
@@ -1281,19 +1288,10 @@ static epd_status_t live_queue(const requant_tile_list &all, uint32_t n_tiles, u
         auto kernel = live_kernel<TABLE>(l.vec, step);
         uint32_t resident;
         CHECK_GOTO(device_blocks((const void *)kernel, l.threads, 0, l.blocks, &resident, err), out);
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr[1];
-        cfg.gridDim = dim3(n_tiles < resident ? n_tiles : resident);
-        cfg.blockDim = dim3(l.threads);
-        cfg.dynamicSmemBytes = 0;
-        cfg.stream = st;
-        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = step ? 1 : 0; /* behind the reduction's kernel */
+        requant_launch rl(n_tiles < resident ? n_tiles : resident, l.threads, 0, st, step);
         /* a failed launch is also the last error, which launch_result reports and clears */
-        (void)cudaLaunchKernelEx(&cfg, kernel, reinterpret_cast<const uint4 *>(q), scales, n_tiles,
-                                 nvr, epd_fast_div_make(nvr), ns,
+        (void)cudaLaunchKernelEx(&rl.cfg, kernel, reinterpret_cast<const uint4 *>(q), scales,
+                                 n_tiles, nvr, epd_fast_div_make(nvr), ns,
                                  kind == EPD_SCALE_PER_TOKEN ? 1 : 0, rbits,
                                  step ? 0.0f : 1.0f / scale, /* scale > 0 when given */
                                  (const float *)scale_dev, reinterpret_cast<uint4 *>(q_out), tiles);
@@ -1381,17 +1379,8 @@ static epd_status_t stream_queue(const int32_t *counts_host, uint32_t n_experts,
         if (grid == 0) grid = 1;
         const uint32_t chunk = (total_vec / grid + (total_vec % grid != 0) + 7u) & ~7u;
         grid = (total_vec + chunk - 1) / chunk;
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr[1];
-        cfg.gridDim = dim3(grid);
-        cfg.blockDim = dim3(l.threads);
-        cfg.dynamicSmemBytes = 0;
-        cfg.stream = st;
-        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = step ? 1 : 0; /* behind the reduction's kernel */
-        (void)cudaLaunchKernelEx(&cfg, kernel, reinterpret_cast<const uint4 *>(q), scales,
+        requant_launch rl(grid, l.threads, 0, st, step); /* behind the reduction's kernel */
+        (void)cudaLaunchKernelEx(&rl.cfg, kernel, reinterpret_cast<const uint4 *>(q), scales,
                                  n_experts, capacity, total_vec, chunk, nvr,
                                  epd_fast_div_make(nvr), ns, kind == EPD_SCALE_PER_TOKEN ? 1 : 0,
                                  step ? 0.0f : 1.0f / scale, (const float *)scale_dev,
@@ -1464,17 +1453,8 @@ static epd_status_t grid_queue(const int32_t *counts_host, uint32_t n_experts, u
         const uint64_t per_block = (uint64_t)l.threads * l.vec;
         const uint64_t want = (total_vec + per_block - 1) / per_block;
         const uint32_t grid = want < resident ? (uint32_t)want : resident;
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr[1];
-        cfg.gridDim = dim3(grid);
-        cfg.blockDim = dim3(l.threads);
-        cfg.dynamicSmemBytes = 0;
-        cfg.stream = st;
-        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = step ? 1 : 0; /* behind the reduction's kernel */
-        (void)cudaLaunchKernelEx(&cfg, kernel, reinterpret_cast<const uint4 *>(q), scales,
+        requant_launch rl(grid, l.threads, 0, st, step); /* behind the reduction's kernel */
+        (void)cudaLaunchKernelEx(&rl.cfg, kernel, reinterpret_cast<const uint4 *>(q), scales,
                                  total_vec, shift, epd_fast_div_make(nvr),
                                  kind == EPD_SCALE_PER_TOKEN ? 1 : 0, step ? 0.0f : 1.0f / scale,
                                  (const float *)scale_dev, reinterpret_cast<uint4 *>(q_out), flags,
