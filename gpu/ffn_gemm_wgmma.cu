@@ -14,8 +14,13 @@
  * run the stage's 4 wgmmas (K 16 or 32 each) and arrive on the empty barrier once those wgmmas
  * are done (BF16: one wgmma group stays in flight, the previous stage's slot is released after
  * wgmma.wait_group 1; FP8: each stage's products are summed in a fresh fragment, waited for,
- * then promoted into the accumulators as acc += part * w_scale[n block][k block] *
- * x_scale[row][k block], DeepGEMM's promotion once per 128-K block).
+ * then promoted into the accumulators as acc = fma(part, w_scale[n block][k block] *
+ * x_scale[row][k block], acc), DeepGEMM's promotion once per 128-K block).
+ *
+ * The kernel is persistent: the launch gives one CTA an SM (one an item where there are fewer
+ * items), and each CTA goes through the work items (feature block, row tile, K range) blockIdx.x,
+ * + gridDim.x, ..., its ring running on from one item to the next: the producer loads the next
+ * item's first stages while the consumers finish this one and write its D.
  *
  * Split-K (a short grid) as in gpu/ffn_gemm.cu: each K range's fp32 sums to a workspace, then
  * one more launch adds them in range order: the same bits run to run.
@@ -67,6 +72,7 @@ struct wg_params {
     float *part;        /* split-K: [K range][total_rows][n] fp32; NULL: D directly */
     size_t part_stride; /* elements of one K range's sums */
     uint32_t n, k, n_experts, w_scale_ld, row_tile;
+    uint32_t n_tiles, splits; /* the work items: (feature block, row tile, K range) */
     int out_bf16;
     uint32_t launch; /* this launch's number (never 0): its waits give up once one of its own has */
     uint16_t *h;     /* SwiGLU fused (BF16 gate/up): [rows][n / 2] bf16(silu(gate) * up), D not
@@ -215,6 +221,41 @@ __device__ static __forceinline__ uint32_t find_base(const uint32_t *base, uint3
     return lo;
 }
 
+/* Work item w of a launch: (feature block, row tile, K range), the feature block fastest as a
+ * grid's CTAs would be, so that the CTAs at work together share a row tile's activations. */
+struct wg_item {
+    uint32_t fb, z;        /* feature block, K range */
+    uint32_t e, rt;        /* expert, its row tile */
+    uint32_t rb, mpad;     /* the expert's first row and padded rows */
+    uint32_t count;        /* its rows (within mpad) */
+    uint32_t kb0, n_kb;    /* the K range's first stage and stages */
+    uint32_t sc_rows;      /* FP8: the tile's activation scales within mpad */
+    uint32_t stage_bytes;  /* the bytes a stage's copies bring */
+    bool live;             /* the tile has rows (false: counts that disagree with tile_base) */
+};
+
+template <bool FP8, uint32_t BN>
+__device__ static __forceinline__ wg_item item_at(const wg_params &p, uint32_t w)
+{
+    wg_item it;
+    const uint32_t n_fb = p.n / EPD_FFN_GEMM_BN, kstage = FP8 ? 128u : 64u;
+    const uint32_t y = (w / n_fb) % p.n_tiles;
+    it.fb = w % n_fb;
+    it.z = w / (n_fb * p.n_tiles);
+    it.e = find_base(p.tile_base, p.n_experts, y);
+    it.rt = y - p.tile_base[it.e];
+    it.rb = p.row_base[it.e];
+    it.mpad = p.row_base[it.e + 1] - it.rb;
+    it.count = min(p.counts[it.e], it.mpad);
+    it.live = it.rt * BN < it.count;
+    uint32_t kb1;
+    epd_ffn_gemm_split_range(it.z, p.splits, p.k / kstage, &it.kb0, &kb1);
+    it.n_kb = kb1 - it.kb0;
+    it.sc_rows = it.live ? min(BN, it.mpad - it.rt * BN) : 0;
+    it.stage_bytes = epd_wgmma_stage_bytes(FP8, BN, it.mpad, it.live ? it.rt : 0);
+    return it;
+}
+
 /* ---- the kernels ------------------------------------------------------------------------- */
 
 template <bool FP8, uint32_t BN>
@@ -236,22 +277,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     const uint32_t full = base + at.full, empty = base + at.empty;
 
     const uint32_t tid = threadIdx.x, wg = tid / WG_THREADS;
-    /* the grid is (feature blocks, row tiles, K ranges): the CTAs of one row tile run together,
-     * its activations read once from memory and from L2 then; the next tile of the expert soon
-     * after, its weights from L2 */
-    const uint32_t fb = blockIdx.x;
-    const uint32_t e = find_base(p.tile_base, p.n_experts, blockIdx.y);
-    const uint32_t rt = blockIdx.y - p.tile_base[e];
-    const uint32_t rb = p.row_base[e], mpad = p.row_base[e + 1] - rb;
-    const uint32_t count = min(p.counts[e], mpad);
-    if (rt * BN >= count) return; /* counts that disagree with tile_base: nothing (uniform) */
     const uint32_t kstage = FP8 ? 128u : 64u; /* K elements a stage */
-    uint32_t kb0, kb1;
-    epd_ffn_gemm_split_range(blockIdx.z, gridDim.z, p.k / kstage, &kb0, &kb1);
-    const uint32_t n_kb = kb1 - kb0;
-    /* FP8: the stage's activation scales, the rows of the tile within the expert's padded rows */
-    const uint32_t sc_rows = min(BN, mpad - rt * BN);
-    const uint32_t stage_bytes = epd_wgmma_stage_bytes(FP8, BN, mpad, rt);
+    const uint32_t items = p.n / BM * p.n_tiles * p.splits;
 
     if (tid == 0) {
         for (uint32_t s = 0; s < STAGES; s++) {
@@ -267,136 +294,155 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (tid != 0) return;
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tw) : "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tx) : "memory");
-        /* the weights as two boxes of 64 rows, one a consumer: the CTA's 128 features, or with
-         * SwiGLU fused the 64 gate features fb * 64 .. and their 64 up features n / 2 on */
-        const bool fused = !FP8 && p.h != nullptr;
-        const int32_t w_row0 = (int32_t)(e * p.n + epd_wgmma_feature(p.n, fb, 0, fused));
-        const int32_t w_row1 = (int32_t)(e * p.n + epd_wgmma_feature(p.n, fb, 1, fused));
-        const int32_t x_row = (int32_t)(rb + rt * BN);
-        for (uint32_t s = 0; s < n_kb; s++) {
-            uint32_t slot, ph, empty_ph;
-            epd_wgmma_ring(s, STAGES, &slot, &ph, &empty_ph);
-            (void)ph;
-            mbar_wait(empty + 8 * slot, empty_ph, s, stage_bytes, p.launch);
-            const uint32_t bar = full + 8 * slot;
-            mbar_expect_tx(bar, stage_bytes);
-            const int32_t k0 = (int32_t)((kb0 + s) * kstage);
-            tma_load(w_s + slot * W_TILE, &tw, k0, w_row0, bar);
-            tma_load(w_s + slot * W_TILE + W_TILE / 2, &tw, k0, w_row1, bar);
-            tma_load(x_s + slot * C::X_TILE, &tx, k0, x_row, bar);
-            if (FP8)
-                bulk_load(sc_s + slot * C::SCALES,
-                          p.x_scale + epd_wgmma_x_scale_at(rb, p.k, mpad, rt, BN, kb0 + s),
-                          sc_rows * 4, bar);
+        uint32_t it = 0; /* the ring's stages so far */
+        for (uint32_t w = blockIdx.x; w < items; w += gridDim.x) {
+            const wg_item I = item_at<FP8, BN>(p, w);
+            if (!I.live) continue;
+            /* the weights as two boxes of 64 rows, one a consumer: the item's 128 features, or
+             * with SwiGLU fused the 64 gate features fb * 64 .. and their 64 up features n / 2
+             * on */
+            const bool fused = !FP8 && p.h != nullptr;
+            const int32_t w_row0 = (int32_t)(I.e * p.n + epd_wgmma_feature(p.n, I.fb, 0, fused));
+            const int32_t w_row1 = (int32_t)(I.e * p.n + epd_wgmma_feature(p.n, I.fb, 1, fused));
+            const int32_t x_row = (int32_t)(I.rb + I.rt * BN);
+            for (uint32_t s = 0; s < I.n_kb; s++) {
+                uint32_t slot, ph, empty_ph;
+                epd_wgmma_ring(it + s, STAGES, &slot, &ph, &empty_ph);
+                (void)ph;
+                mbar_wait(empty + 8 * slot, empty_ph, it + s, I.stage_bytes, p.launch);
+                const uint32_t bar = full + 8 * slot;
+                mbar_expect_tx(bar, I.stage_bytes);
+                const int32_t k0 = (int32_t)((I.kb0 + s) * kstage);
+                tma_load(w_s + slot * W_TILE, &tw, k0, w_row0, bar);
+                tma_load(w_s + slot * W_TILE + W_TILE / 2, &tw, k0, w_row1, bar);
+                tma_load(x_s + slot * C::X_TILE, &tx, k0, x_row, bar);
+                if (FP8)
+                    bulk_load(sc_s + slot * C::SCALES,
+                              p.x_scale +
+                                  epd_wgmma_x_scale_at(I.rb, p.k, I.mpad, I.rt, BN, I.kb0 + s),
+                              I.sc_rows * 4, bar);
+            }
+            it += I.n_kb;
         }
         return;
     }
 
     /* a consumer: features (wg - 1) * 64 .. + 64 of the CTA's 128, every row of the tile */
     const uint32_t half = wg - 1, wt = tid % WG_THREADS, warp = wt / 32, lane = wt % 32;
-    float acc[R];
+    uint32_t it = 0;
+    for (uint32_t w = blockIdx.x; w < items; w += gridDim.x) {
+        const wg_item I = item_at<FP8, BN>(p, w);
+        if (!I.live) continue;
+        float acc[R];
 #pragma unroll
-    for (uint32_t i = 0; i < R; i++) acc[i] = 0.0f;
-    const float *wsg =
-        FP8 ? p.w_scale + epd_wgmma_w_scale_at(e, p.n, fb, p.w_scale_ld, kb0) : nullptr;
-    float ws_next = FP8 && n_kb > 0 ? __ldg(wsg) : 1.0f;
-    uint32_t prev_slot = 0;
-    for (uint32_t s = 0; s < n_kb; s++) {
-        uint32_t slot, ph, empty_ph;
-        epd_wgmma_ring(s, STAGES, &slot, &ph, &empty_ph);
-        (void)empty_ph;
-        mbar_wait(full + 8 * slot, ph, s, stage_bytes, p.launch);
-        const uint32_t a0 = w_s + slot * W_TILE + half * 64u * EPD_WGMMA_ROW_BYTES;
-        const uint32_t b0 = x_s + slot * C::X_TILE;
-        if constexpr (!FP8) {
-            fence_regs(acc);
-            wgmma_fence();
+        for (uint32_t i = 0; i < R; i++) acc[i] = 0.0f;
+        const float *wsg =
+            FP8 ? p.w_scale + epd_wgmma_w_scale_at(I.e, p.n, I.fb, p.w_scale_ld, I.kb0) : nullptr;
+        float ws_next = FP8 && I.n_kb > 0 ? __ldg(wsg) : 1.0f;
+        uint32_t prev_slot = 0;
+        for (uint32_t s = 0; s < I.n_kb; s++) {
+            uint32_t slot, ph, empty_ph;
+            epd_wgmma_ring(it + s, STAGES, &slot, &ph, &empty_ph);
+            (void)empty_ph;
+            mbar_wait(full + 8 * slot, ph, it + s, I.stage_bytes, p.launch);
+            const uint32_t a0 = w_s + slot * W_TILE + half * 64u * EPD_WGMMA_ROW_BYTES;
+            const uint32_t b0 = x_s + slot * C::X_TILE;
+            if constexpr (!FP8) {
+                fence_regs(acc);
+                wgmma_fence();
 #pragma unroll
-            for (uint32_t kk = 0; kk < EPD_WGMMA_ROW_BYTES / EPD_WGMMA_K_BYTES; kk++)
-                wgmma<false, BN>(acc, epd_wgmma_desc_step(a0, kk), epd_wgmma_desc_step(b0, kk), 1);
-            wgmma_commit();
-            fence_regs(acc);
-            /* the previous stage's wgmmas are done: its slot is free */
-            if (s > 0) {
-                wgmma_wait<1>();
-                mbar_arrive(empty + 8 * prev_slot);
+                for (uint32_t kk = 0; kk < EPD_WGMMA_ROW_BYTES / EPD_WGMMA_K_BYTES; kk++)
+                    wgmma<false, BN>(acc, epd_wgmma_desc_step(a0, kk),
+                                     epd_wgmma_desc_step(b0, kk), 1);
+                wgmma_commit();
+                fence_regs(acc);
+                /* the previous stage's wgmmas are done: its slot is free */
+                if (s > 0) {
+                    wgmma_wait<1>();
+                    mbar_arrive(empty + 8 * prev_slot);
+                }
+                prev_slot = slot;
+            } else {
+                float part[R];
+                const float ws = ws_next;
+                if (s + 1 < I.n_kb) ws_next = __ldg(wsg + s + 1);
+                wgmma_fence();
+#pragma unroll
+                for (uint32_t kk = 0; kk < EPD_WGMMA_ROW_BYTES / EPD_WGMMA_K_BYTES; kk++)
+                    wgmma<true, BN>(part, epd_wgmma_desc_step(a0, kk), epd_wgmma_desc_step(b0, kk),
+                                    kk > 0);
+                wgmma_commit();
+                wgmma_wait<0>();
+                fence_regs(part);
+                const float *sc = xsc + slot * BN;
+                /* registers 4q .. 4q + 3 hold rows 8q + (lane % 4) * 2 + {0, 1} of features m and
+                 * m + 8 (epd_wgmma_acc_pos): the two rows' scales once, then one fused
+                 * multiply-add a register */
+#pragma unroll
+                for (uint32_t q = 0; q < R / 4; q++) {
+                    const float2 s2 = *(const float2 *)(sc + q * 8 + (lane % 4) * 2);
+                    const float s0 = ws * s2.x, s1 = ws * s2.y;
+                    acc[4 * q + 0] = __fmaf_rn(part[4 * q + 0], s0, acc[4 * q + 0]);
+                    acc[4 * q + 1] = __fmaf_rn(part[4 * q + 1], s1, acc[4 * q + 1]);
+                    acc[4 * q + 2] = __fmaf_rn(part[4 * q + 2], s0, acc[4 * q + 2]);
+                    acc[4 * q + 3] = __fmaf_rn(part[4 * q + 3], s1, acc[4 * q + 3]);
+                }
+                mbar_arrive(empty + 8 * slot);
             }
-            prev_slot = slot;
-        } else {
-            float part[R];
-            const float ws = ws_next;
-            if (s + 1 < n_kb) ws_next = __ldg(wsg + s + 1);
-            wgmma_fence();
-#pragma unroll
-            for (uint32_t kk = 0; kk < EPD_WGMMA_ROW_BYTES / EPD_WGMMA_K_BYTES; kk++)
-                wgmma<true, BN>(part, epd_wgmma_desc_step(a0, kk), epd_wgmma_desc_step(b0, kk),
-                                kk > 0);
-            wgmma_commit();
+        }
+        if (!FP8) {
             wgmma_wait<0>();
-            fence_regs(part);
-            /* register j holds row (j / 4) * 8 + (lane % 4) * 2 + j % 2 of the tile */
-            const float *sc = xsc + slot * BN;
-#pragma unroll
-            for (uint32_t j = 0; j < R; j++) {
-                uint32_t m, n;
-                epd_wgmma_acc_pos(warp, lane, j, &m, &n);
-                acc[j] += part[j] * (ws * sc[n]);
-            }
-            mbar_arrive(empty + 8 * slot);
+            fence_regs(acc);
+            if (I.n_kb > 0) mbar_arrive(empty + 8 * prev_slot);
         }
-    }
-    if (!FP8) {
-        wgmma_wait<0>();
-        fence_regs(acc);
-        if (n_kb > 0) mbar_arrive(empty + 8 * prev_slot);
-    }
+        it += I.n_kb;
 
-    /* D[row][feature] for the rows the kernel writes (the count rounded up to 8, within mpad) */
-    const uint32_t tiles = p.tile_base[e + 1] - p.tile_base[e];
-    const uint32_t wrows = epd_ffn_gemm_written_rows(count, mpad, tiles, BN);
-    if (!FP8 && p.h != nullptr) {
-        /* SwiGLU fused: the up half's sums through shared memory (the ring's weight tiles, free
-         * once both consumers' wgmmas are done) to the gate half, which writes
-         * h = bf16(silu(g) * u) with the SwiGLU kernel's operations */
-        float *up = (float *)(smem_raw + (w_s - raw));
-        asm volatile("bar.sync 1, 256;\n" ::: "memory");
-        if (half == 1) {
+        /* D[row][feature] for the rows the kernel writes (the count rounded up to 8, within
+         * mpad) */
+        const uint32_t tiles = p.tile_base[I.e + 1] - p.tile_base[I.e];
+        const uint32_t wrows = epd_ffn_gemm_written_rows(I.count, I.mpad, tiles, BN);
+        if (!FP8 && p.h != nullptr) {
+            /* (one item a CTA with SwiGLU fused, the launch makes it so: the ring is idle) */
+            float *up = (float *)(smem_raw + (w_s - raw));
+            asm volatile("bar.sync 1, 256;\n" ::: "memory");
+            if (half == 1) {
+#pragma unroll
+                for (uint32_t j = 0; j < R; j++) {
+                    uint32_t m, n;
+                    epd_wgmma_acc_pos(warp, lane, j, &m, &n);
+                    up[m * BN + n] = acc[j];
+                }
+            }
+            asm volatile("bar.sync 1, 256;\n" ::: "memory");
+            if (half == 1) return;
+            const uint32_t inter = p.n / 2, g0 = epd_wgmma_feature(p.n, I.fb, 0, true);
 #pragma unroll
             for (uint32_t j = 0; j < R; j++) {
                 uint32_t m, n;
                 epd_wgmma_acc_pos(warp, lane, j, &m, &n);
-                up[m * BN + n] = acc[j];
+                const uint32_t r = I.rt * BN + n;
+                if (r >= wrows) continue;
+                const float g = acc[j], u = up[m * BN + n];
+                const float silu = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
+                p.h[(size_t)(I.rb + r) * inter + g0 + m] = epd_f32_to_bf16(__fmul_rn(silu, u));
             }
+            return;
         }
-        asm volatile("bar.sync 1, 256;\n" ::: "memory");
-        if (half == 1) return;
-        const uint32_t inter = p.n / 2, g0 = epd_wgmma_feature(p.n, fb, 0, true);
+        const size_t f0 = epd_wgmma_feature(p.n, I.fb, half, false);
 #pragma unroll
         for (uint32_t j = 0; j < R; j++) {
             uint32_t m, n;
             epd_wgmma_acc_pos(warp, lane, j, &m, &n);
-            const uint32_t r = rt * BN + n;
+            const uint32_t r = I.rt * BN + n;
             if (r >= wrows) continue;
-            const float g = acc[j], u = up[m * BN + n];
-            const float silu = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
-            p.h[(size_t)(rb + r) * inter + g0 + m] = epd_f32_to_bf16(__fmul_rn(silu, u));
+            const size_t i = (size_t)(I.rb + r) * p.n + f0 + m;
+            if (p.part != nullptr)
+                p.part[(size_t)I.z * p.part_stride + i] = acc[j];
+            else if (p.out_bf16)
+                ((uint16_t *)p.d)[i] = epd_f32_to_bf16(acc[j]);
+            else
+                ((float *)p.d)[i] = acc[j];
         }
-        return;
-    }
-    const size_t f0 = epd_wgmma_feature(p.n, fb, half, false);
-#pragma unroll
-    for (uint32_t j = 0; j < R; j++) {
-        uint32_t m, n;
-        epd_wgmma_acc_pos(warp, lane, j, &m, &n);
-        const uint32_t r = rt * BN + n;
-        if (r >= wrows) continue;
-        const size_t i = (size_t)(rb + r) * p.n + f0 + m;
-        if (p.part != nullptr)
-            p.part[(size_t)blockIdx.z * p.part_stride + i] = acc[j];
-        else if (p.out_bf16)
-            ((uint16_t *)p.d)[i] = epd_f32_to_bf16(acc[j]);
-        else
-            ((float *)p.d)[i] = acc[j];
     }
 #else
     (void)tw;
@@ -806,7 +852,13 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
     const bool fuse = a->swiglu_h != NULL && !a->fp8 && splits == 1;
     if (fuse) p.h = (uint16_t *)a->swiglu_h;
     if (a->swiglu_done_p != NULL) *a->swiglu_done_p = false;
-    dim3 grid(a->n / BM, a->n_tiles, splits);
+    p.n_tiles = a->n_tiles;
+    p.splits = splits;
+    const uint64_t items = (uint64_t)(a->n / BM) * a->n_tiles * splits;
+    /* persistent: one CTA an SM going through the items (its ring runs on from one item to the
+     * next: the next item's loads go out during this one's last stages and its epilogue); with
+     * SwiGLU fused one CTA an item (its epilogue uses the ring's shared memory) */
+    dim3 grid((unsigned)(!fuse && sms > 0 && items > sms ? sms : items));
     cudaStream_t s = (cudaStream_t)stream;
     if (rc == cudaSuccess) {
         k<<<grid, THREADS, smem, s>>>(tw, tx, p);
