@@ -45,6 +45,7 @@ extern "C" {
 #include "gpu/ffn_path.h"
 #include "gpu/fp8.h"
 #include "gpu/partial_dev.cuh"
+#include "gpu/quant_dev.cuh"
 
 #define WORKSPACE_BYTES (32u << 20)   /* cuBLASLt workspace of each stream, allocated once */
 #define PLAN_CACHE 128                /* GEMM plans kept per projection (by rows and batch) */
@@ -245,17 +246,6 @@ __device__ static __forceinline__ float load_d(const void *d, size_t i, bool bf1
     return bf16 ? epd_bf16_to_f32(((const uint16_t *)d)[i]) : ((const float *)d)[i];
 }
 
-/* max over the 128 threads of a block (4 warps) */
-__device__ static float block_max128(float v, float *sh)
-{
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float m = fmaxf(fmaxf(sh[0], sh[1]), fmaxf(sh[2], sh[3]));
-    __syncthreads();
-    return m;
-}
-
 /* ---- kernels ----------------------------------------------------------------------------- */
 
 struct rec_args {
@@ -309,49 +299,106 @@ struct gather_args {
     float *act_scale;
 };
 
-/* One block per (row, group of 128): the row's activation as its GEMM reads it; padding rows
- * get zeros (their GEMM columns are computed and never read). */
-__global__ void __launch_bounds__(GROUP) gather_kernel(gather_args a)
-{
-    __shared__ float sh[4];
-    uint32_t r = blockIdx.x, g = blockIdx.y, i = g * GROUP + threadIdx.x;
-    uint32_t e = expert_of(a.row_base, a.r.n_local, r);
-    uint32_t m = r - a.row_base[e], mpad = a.row_base[e + 1] - a.row_base[e];
-    int32_t j = a.row_src[r];
-    float v = 0.0f, s = 1.0f;
-    uint8_t q = 0;
+/* The row kernels (gather, SwiGLU): one block of ROW_THREADS a row, a thread CHUNK consecutive
+ * elements at a time with 16-byte loads and stores, so that a group of 128 is 8 consecutive
+ * lanes (its amax by three shuffles). Every lane of the block runs the same passes (the shuffles
+ * need the whole warp), the lanes past the row's end without loads or stores. */
+#define ROW_THREADS 128u
+#define CHUNK 16u
 
-    if (j >= 0) {
-        const uint8_t *rec = a.r.recv + (size_t)j * a.r.rec_size;
-        if (a.wire_fp8) {
-            const float *sc = (const float *)(rec + a.r.rec_scales);
-            q = rec[i];
-            s = a.per_token ? sc[0] : sc[g];
-            v = __fmul_rn(epd_e4m3_to_f32(q), s);
-        } else {
-            v = epd_bf16_to_f32(((const uint16_t *)rec)[i]);
+/* max over the 8 lanes of a lane's group of 128 (lanes 8i .. 8i + 7) */
+__device__ static __forceinline__ float group_max8(float v)
+{
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+}
+
+/* 16 fp32 -> 16 e4m3 codes of v * mult */
+__device__ static __forceinline__ uint4 quant16(const float v[16], float mult)
+{
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        w[k] = epd_dev_cvt4(__fmul_rn(v[4 * k], mult), __fmul_rn(v[4 * k + 1], mult),
+                            __fmul_rn(v[4 * k + 2], mult), __fmul_rn(v[4 * k + 3], mult));
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+/* 16 fp32 -> 16 bf16 at d (16-byte aligned) */
+__device__ static __forceinline__ void store_bf16x16(uint16_t *d, const float v[16])
+{
+    uint4 *o = (uint4 *)d;
+    o[0] = make_uint4(epd_dev_bf16x2(v[0], v[1]), epd_dev_bf16x2(v[2], v[3]),
+                      epd_dev_bf16x2(v[4], v[5]), epd_dev_bf16x2(v[6], v[7]));
+    o[1] = make_uint4(epd_dev_bf16x2(v[8], v[9]), epd_dev_bf16x2(v[10], v[11]),
+                      epd_dev_bf16x2(v[12], v[13]), epd_dev_bf16x2(v[14], v[15]));
+}
+
+/* 8 bf16 (a 16-byte vector) -> v[0..7] */
+__device__ static __forceinline__ void unpack_bf16x8(uint4 q, float *v)
+{
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        v[2 * k] = epd_dev_bf16_lo(w[k]);
+        v[2 * k + 1] = epd_dev_bf16_hi(w[k]);
+    }
+}
+
+/* One block per row: the row's activation as its GEMM reads it; padding rows get zeros (their
+ * GEMM columns are computed and never read). FP8 weights: the wire's codes and group scales as
+ * they came (an FP8 wire), else group128 with fp32 scales as dispatch quantizes (gpu/ffn.c does
+ * the same); then requantized to the layer's static input_scale where it has one. */
+__global__ void __launch_bounds__(ROW_THREADS) gather_kernel(gather_args a)
+{
+    const uint32_t r = blockIdx.x;
+    const uint32_t e = expert_of(a.row_base, a.r.n_local, r);
+    const uint32_t m = r - a.row_base[e], mpad = a.row_base[e + 1] - a.row_base[e];
+    const int32_t j = a.row_src[r];
+    const uint8_t *rec = j >= 0 ? a.r.recv + (size_t)j * a.r.rec_size : nullptr;
+    const uint32_t chunks = a.hidden / CHUNK;
+    for (uint32_t c0 = 0; c0 < chunks; c0 += ROW_THREADS) {
+        const uint32_t c = c0 + threadIdx.x, g = c / (GROUP / CHUNK);
+        const bool on = c < chunks;
+        float v[16];
+        uint4 q = make_uint4(0, 0, 0, 0);
+        float s = 1.0f;
+#pragma unroll
+        for (int t = 0; t < 16; t++) v[t] = 0.0f;
+        if (on && rec != nullptr) {
+            if (a.wire_fp8) {
+                const float *sc = (const float *)(rec + a.r.rec_scales);
+                q = *(const uint4 *)(rec + (size_t)c * CHUNK);
+                s = a.per_token ? sc[0] : sc[g];
+                if (!a.weights_fp8) epd_dev_dequant16(q, s, v);
+            } else {
+                const uint4 *x = (const uint4 *)(rec + (size_t)c * CHUNK * 2);
+                unpack_bf16x8(x[0], v);
+                unpack_bf16x8(x[1], v + 8);
+            }
         }
+        if (!a.weights_fp8) {
+            if (on) store_bf16x16(a.act_bf16 + (size_t)r * a.hidden + (size_t)c * CHUNK, v);
+            continue;
+        }
+        if (!a.wire_fp8 || rec == nullptr) {
+            float amax = 0.0f, mult;
+#pragma unroll
+            for (int t = 0; t < 16; t++) amax = fmaxf(amax, fabsf(v[t]));
+            epd_quant_scale(group_max8(amax), 0, &s, &mult);
+            q = quant16(v, mult);
+        }
+        if (a.input_scale != NULL) {
+            const float S = a.input_scale[2 * e];
+            q = epd_dev_requant16(q, s, __fdiv_rn(1.0f, S));
+            s = S;
+        }
+        if (!on) continue;
+        *(uint4 *)(a.act_q + (size_t)r * a.hidden + (size_t)c * CHUNK) = q;
+        if (c % (GROUP / CHUNK) == 0)
+            a.act_scale[(size_t)a.row_base[e] * (a.hidden / GROUP) + (size_t)g * mpad + m] = s;
     }
-    if (!a.weights_fp8) {
-        a.act_bf16[(size_t)r * a.hidden + i] = epd_f32_to_bf16(v);
-        return;
-    }
-    if (!a.wire_fp8 || j < 0) {
-        /* group128 with fp32 scales, as dispatch quantizes (gpu/ffn.c does the same) */
-        float amax = block_max128(fabsf(v), sh);
-        float mult;
-        epd_quant_scale(amax, 0, &s, &mult);
-        q = epd_e4m3_from_f32(__fmul_rn(v, mult));
-    }
-    if (a.input_scale != NULL) {
-        float S = a.input_scale[2 * e];
-        float back = __fmul_rn(epd_e4m3_to_f32(q), s);
-        q = epd_e4m3_from_f32(__fmul_rn(back, __fdiv_rn(1.0f, S)));
-        s = S;
-    }
-    a.act_q[(size_t)r * a.hidden + i] = q;
-    if (threadIdx.x == 0)
-        a.act_scale[(size_t)a.row_base[e] * (a.hidden / GROUP) + (size_t)g * mpad + m] = s;
 }
 
 struct swiglu_args {
@@ -366,52 +413,101 @@ struct swiglu_args {
     float *h_scale;
 };
 
-/* One block per (row from row_begin, group of 128 of I): h = silu(g) * u in fp32, rounded to
+/* One block per row from row_begin (the row kernels above): h = silu(g) * u in fp32, rounded to
  * BF16, or quantized group128 (and requantized to the static input_scale when there is one) in
  * the down GEMM's activation layout. */
-__global__ void __launch_bounds__(GROUP) swiglu_kernel(swiglu_args a)
+__global__ void __launch_bounds__(ROW_THREADS) swiglu_kernel(swiglu_args a)
 {
-    __shared__ float sh[4];
-    uint32_t r = a.row_begin + blockIdx.x, g = blockIdx.y, i = g * GROUP + threadIdx.x;
-    size_t base = (size_t)r * 2 * a.inter;
-    float gv = load_d(a.gu, base + i, a.gu_bf16), uv = load_d(a.gu, base + a.inter + i, a.gu_bf16);
-    float silu = __fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv)));
-    float h = __fmul_rn(silu, uv);
-    if (!a.fp8) {
-        a.h_bf16[(size_t)r * a.inter + i] = epd_f32_to_bf16(h);
-        return;
+    const uint32_t r = a.row_begin + blockIdx.x;
+    const size_t base = (size_t)r * 2 * a.inter;
+    uint32_t e = 0, m = 0, mpad = 0;
+    if (a.fp8) {
+        e = expert_of(a.row_base, a.n_local, r);
+        m = r - a.row_base[e];
+        mpad = a.row_base[e + 1] - a.row_base[e];
     }
-    uint32_t e = expert_of(a.row_base, a.n_local, r);
-    uint32_t m = r - a.row_base[e], mpad = a.row_base[e + 1] - a.row_base[e];
-    float amax = block_max128(fabsf(h), sh);
-    float s, mult;
-    epd_quant_scale(amax, 0, &s, &mult);
-    uint8_t q = epd_e4m3_from_f32(__fmul_rn(h, mult));
-    if (a.input_scale != NULL) {
-        float S = a.input_scale[2 * e + 1];
-        q = epd_e4m3_from_f32(__fmul_rn(__fmul_rn(epd_e4m3_to_f32(q), s), __fdiv_rn(1.0f, S)));
-        s = S;
+    const uint32_t chunks = a.inter / CHUNK;
+    for (uint32_t c0 = 0; c0 < chunks; c0 += ROW_THREADS) {
+        const uint32_t c = c0 + threadIdx.x, g = c / (GROUP / CHUNK);
+        const bool on = c < chunks;
+        float gv[16], uv[16], h[16];
+        if (on && a.gu_bf16) {
+            const uint4 *gp = (const uint4 *)((const uint16_t *)a.gu + base + (size_t)c * CHUNK);
+            const uint4 *up = (const uint4 *)((const uint16_t *)a.gu + base + a.inter +
+                                              (size_t)c * CHUNK);
+            unpack_bf16x8(gp[0], gv);
+            unpack_bf16x8(gp[1], gv + 8);
+            unpack_bf16x8(up[0], uv);
+            unpack_bf16x8(up[1], uv + 8);
+        } else if (on) {
+            const float4 *gp = (const float4 *)((const float *)a.gu + base + (size_t)c * CHUNK);
+            const float4 *up = (const float4 *)((const float *)a.gu + base + a.inter +
+                                                (size_t)c * CHUNK);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float4 x = gp[k], y = up[k];
+                gv[4 * k] = x.x, gv[4 * k + 1] = x.y, gv[4 * k + 2] = x.z, gv[4 * k + 3] = x.w;
+                uv[4 * k] = y.x, uv[4 * k + 1] = y.y, uv[4 * k + 2] = y.z, uv[4 * k + 3] = y.w;
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < 16; t++) {
+            const float silu = on ? __fdiv_rn(gv[t], __fadd_rn(1.0f, expf(-gv[t]))) : 0.0f;
+            h[t] = on ? __fmul_rn(silu, uv[t]) : 0.0f;
+        }
+        if (!a.fp8) {
+            if (on) store_bf16x16(a.h_bf16 + (size_t)r * a.inter + (size_t)c * CHUNK, h);
+            continue;
+        }
+        float amax = 0.0f, s, mult;
+#pragma unroll
+        for (int t = 0; t < 16; t++) amax = fmaxf(amax, fabsf(h[t]));
+        epd_quant_scale(group_max8(amax), 0, &s, &mult);
+        uint4 q = quant16(h, mult);
+        if (a.input_scale != NULL) {
+            const float S = a.input_scale[2 * e + 1];
+            q = epd_dev_requant16(q, s, __fdiv_rn(1.0f, S));
+            s = S;
+        }
+        if (!on) continue;
+        *(uint4 *)(a.h_q + (size_t)r * a.inter + (size_t)c * CHUNK) = q;
+        if (c % (GROUP / CHUNK) == 0)
+            a.h_scale[(size_t)a.row_base[e] * (a.inter / GROUP) + (size_t)g * mpad + m] = s;
     }
-    a.h_q[(size_t)r * a.inter + i] = q;
-    if (threadIdx.x == 0)
-        a.h_scale[(size_t)a.row_base[e] * (a.inter / GROUP) + (size_t)g * mpad + m] = s;
 }
 
-/* partial[j][i] = bf16(sum over ascending k with a local expert of w_k * y[row(j, k)][i]) */
+/* partial[j][i] = bf16(sum over ascending k with a local expert of w_k * y[row(j, k)][i]), a
+ * thread 8 elements of a record (16-byte loads of BF16 y, two of fp32) */
 __global__ void combine_kernel(rec_args a, const int32_t *pair_row, const void *y, bool y_bf16,
                                uint32_t hidden, uint16_t *partials)
 {
-    uint64_t t = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= (uint64_t)a.n_records * hidden) return;
-    uint32_t j = (uint32_t)(t / hidden), i = (uint32_t)(t % hidden);
+    const uint32_t h8 = hidden / 8;
+    const uint64_t t = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (uint64_t)a.n_records * h8) return;
+    const uint32_t j = (uint32_t)(t / h8), c = (uint32_t)(t % h8);
     const float *w = (const float *)(a.recv + (size_t)j * a.rec_size + a.rec_weights);
-    float acc = 0.0f;
+    float acc[8], v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) acc[i] = 0.0f;
     for (uint32_t k = 0; k < a.k_count; k++) {
-        int32_t pos = pair_row[(size_t)j * a.k_count + k];
+        const int32_t pos = pair_row[(size_t)j * a.k_count + k];
         if (pos < 0) continue;
-        acc = __fadd_rn(acc, __fmul_rn(w[k], load_d(y, (size_t)pos * hidden + i, y_bf16)));
+        const size_t at = (size_t)pos * hidden + (size_t)c * 8;
+        if (y_bf16) {
+            unpack_bf16x8(*(const uint4 *)((const uint16_t *)y + at), v);
+        } else {
+            const float4 lo = ((const float4 *)((const float *)y + at))[0];
+            const float4 hi = ((const float4 *)((const float *)y + at))[1];
+            v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w;
+            v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+        }
+        const float wk = w[k];
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(wk, v[i]));
     }
-    partials[t] = epd_f32_to_bf16(acc);
+    *(uint4 *)(partials + (size_t)j * hidden + (size_t)c * 8) =
+        make_uint4(epd_dev_bf16x2(acc[0], acc[1]), epd_dev_bf16x2(acc[2], acc[3]),
+                   epd_dev_bf16x2(acc[4], acc[5]), epd_dev_bf16x2(acc[6], acc[7]));
 }
 
 /* The same sums stored as FP8 partials (part_size bytes each, epd_partial_layout): one thread
@@ -1340,7 +1436,7 @@ static epd_status_t probe_swiglu(epd_ffn_cuda_t *f, uint32_t row_tile, char err[
         sa.inter = f->inter;
         sa.fp8 = false;
         sa.h_bf16 = (uint16_t *)h2;
-        swiglu_kernel<<<dim3(total, f->inter / GROUP), GROUP, 0, f->stream>>>(sa);
+        swiglu_kernel<<<total, ROW_THREADS, 0, f->stream>>>(sa);
         if (cudaGetLastError() != cudaSuccess ||
             cudaMemcpyAsync(c1, h1, h_bytes, cudaMemcpyDeviceToHost, f->stream) != cudaSuccess ||
             cudaMemcpyAsync(c2, h2, h_bytes, cudaMemcpyDeviceToHost, f->stream) != cudaSuccess ||
@@ -1839,7 +1935,8 @@ static epd_status_t queue_partials(epd_ffn_cuda_t *f, const epd_moe_shape_t *sha
            "cudaMemsetAsync");
         return EPD_OK;
     }
-    combine_kernel<<<blocks_for((uint64_t)ra.n_records * f->hidden, 256), 256, 0, f->stream>>>(
+    combine_kernel<<<blocks_for((uint64_t)ra.n_records * (f->hidden / 8), 256), 256, 0,
+                     f->stream>>>(
         ra, pair_row, f->y, y_bf16, f->hidden, (uint16_t *)partials);
     CU(cudaGetLastError(), "combine kernel");
     return EPD_OK;
@@ -1861,7 +1958,7 @@ static epd_status_t queue_swiglu(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32
     sa.h_bf16 = (uint16_t *)f->h;
     sa.h_q = (uint8_t *)f->h;
     sa.h_scale = f->h_scale;
-    swiglu_kernel<<<dim3(rows, f->inter / GROUP), GROUP, 0, f->streams[s]>>>(sa);
+    swiglu_kernel<<<rows, ROW_THREADS, 0, f->streams[s]>>>(sa);
     CU(cudaGetLastError(), "swiglu kernel");
     return EPD_OK;
 }
@@ -2214,6 +2311,12 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
     f->gemm_calls = f->plans_made = 0;
     if (n_records == 0) return EPD_OK;
     epd_record_layout(shape, &rec);
+    if (((uintptr_t)recv_buf | rec.size) % 16 != 0) {
+        /* the row kernels read records in 16-byte vectors (device allocations and the record
+         * layout are aligned so) */
+        snprintf(err, EPD_ERR_LEN, "ffn experts: the records are not 16-byte aligned");
+        return EPD_ERR_INVALID_ARG;
+    }
     ra.recv = (const uint8_t *)recv_buf;
     ra.n_records = n_records;
     ra.rec_size = (uint32_t)rec.size;
@@ -2315,7 +2418,7 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
     ga.act_bf16 = (uint16_t *)f->act;
     ga.act_q = (uint8_t *)f->act;
     ga.act_scale = f->act_scale;
-    gather_kernel<<<dim3(total, f->hidden / GROUP), GROUP, 0, f->stream>>>(ga);
+    gather_kernel<<<total, ROW_THREADS, 0, f->stream>>>(ga);
     CU(cudaGetLastError(), "gather kernel");
 
     if (kernel)
