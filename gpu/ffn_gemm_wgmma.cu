@@ -224,14 +224,13 @@ __device__ static __forceinline__ uint32_t find_base(const uint32_t *base, uint3
 /* Work item w of a launch: (feature block, row tile, K range), the feature block fastest as a
  * grid's CTAs would be, so that the CTAs at work together share a row tile's activations. */
 struct wg_item {
-    uint32_t fb, z;        /* feature block, K range */
-    uint32_t e, rt;        /* expert, its row tile */
-    uint32_t rb, mpad;     /* the expert's first row and padded rows */
-    uint32_t count;        /* its rows (within mpad) */
-    uint32_t kb0, n_kb;    /* the K range's first stage and stages */
-    uint32_t sc_rows;      /* FP8: the tile's activation scales within mpad */
-    uint32_t stage_bytes;  /* the bytes a stage's copies bring */
-    bool live;             /* the tile has rows (false: counts that disagree with tile_base) */
+    uint32_t fb, z;       /* feature block, K range */
+    uint32_t e;           /* expert */
+    uint32_t rb, mpad;    /* the expert's first row and padded rows */
+    uint32_t row0, rows;  /* the tile's rows of the expert (epd_wgmma_tile_rows; 0: none) */
+    uint32_t n;           /* the rows it computes: the wgmma's N (epd_wgmma_item_n) */
+    uint32_t kb0, n_kb;   /* the K range's first stage and stages */
+    uint32_t stage_bytes; /* the bytes a stage's copies bring */
 };
 
 template <bool FP8, uint32_t BN>
@@ -243,17 +242,119 @@ __device__ static __forceinline__ wg_item item_at(const wg_params &p, uint32_t w
     it.fb = w % n_fb;
     it.z = w / (n_fb * p.n_tiles);
     it.e = find_base(p.tile_base, p.n_experts, y);
-    it.rt = y - p.tile_base[it.e];
     it.rb = p.row_base[it.e];
     it.mpad = p.row_base[it.e + 1] - it.rb;
-    it.count = min(p.counts[it.e], it.mpad);
-    it.live = it.rt * BN < it.count;
+    /* rows past mpad are none of the expert's; counts that disagree with tile_base leave tiles
+     * without rows (skipped) */
+    epd_wgmma_tile_rows(min(p.counts[it.e], it.mpad), BN, y - p.tile_base[it.e], &it.row0,
+                        &it.rows);
+    it.n = epd_wgmma_item_n(it.rows);
     uint32_t kb1;
     epd_ffn_gemm_split_range(it.z, p.splits, p.k / kstage, &it.kb0, &kb1);
     it.n_kb = kb1 - it.kb0;
-    it.sc_rows = it.live ? min(BN, it.mpad - it.rt * BN) : 0;
-    it.stage_bytes = epd_wgmma_stage_bytes(FP8, BN, it.mpad, it.live ? it.rt : 0);
+    it.stage_bytes = epd_wgmma_stage_bytes(FP8, it.n);
     return it;
+}
+
+/* The shared memory of a CTA's pipeline (the kernel's tile_cfg) and the ring's stages so far. */
+struct wg_ring {
+    uint32_t w_s, x_s, full, empty; /* [STAGES] weight tiles, activation tiles, mbarriers */
+    const float *xsc;               /* FP8: [STAGES][BN] activation scales */
+    uint32_t it;                    /* the stages of the items before this one */
+};
+
+/* A consumer's K loop over item I with N = I.n (the rows it computes): acc[0 .. N / 2) the sums
+ * of its half of the features (zero before), every stage's slot released once its wgmmas are
+ * done (BF16: one group left in flight, the previous stage's slot released after wait_group 1;
+ * FP8: each stage summed in a fresh fragment, waited for, then promoted). */
+template <bool FP8, uint32_t BN, uint32_t N>
+__device__ static __forceinline__ void wg_mainloop(float (&acc)[BN / 2], const wg_params &p,
+                                                   const wg_item &I, const wg_ring &g,
+                                                   uint32_t half, uint32_t lane)
+{
+#if WG_ARCH
+    using C = tile_cfg<BN>;
+    const float *wsg =
+        FP8 ? p.w_scale + epd_wgmma_w_scale_at(I.e, p.n, I.fb, p.w_scale_ld, I.kb0) : nullptr;
+    float ws_next = FP8 && I.n_kb > 0 ? __ldg(wsg) : 1.0f;
+    uint32_t prev_slot = 0;
+    for (uint32_t s = 0; s < I.n_kb; s++) {
+        uint32_t slot, ph, empty_ph;
+        epd_wgmma_ring(g.it + s, C::STAGES, &slot, &ph, &empty_ph);
+        (void)empty_ph;
+        mbar_wait(g.full + 8 * slot, ph, g.it + s, I.stage_bytes, p.launch);
+        const uint32_t a0 = g.w_s + slot * W_TILE + half * 64u * EPD_WGMMA_ROW_BYTES;
+        const uint32_t b0 = g.x_s + slot * C::X_TILE;
+        if constexpr (!FP8) {
+            fence_regs(acc);
+            wgmma_fence();
+#pragma unroll
+            for (uint32_t kk = 0; kk < EPD_WGMMA_ROW_BYTES / EPD_WGMMA_K_BYTES; kk++)
+                wgmma<false, N>(acc, epd_wgmma_desc_step(a0, kk), epd_wgmma_desc_step(b0, kk), 1);
+            wgmma_commit();
+            fence_regs(acc);
+            /* the previous stage's wgmmas are done: its slot is free */
+            if (s > 0) {
+                wgmma_wait<1>();
+                mbar_arrive(g.empty + 8 * prev_slot);
+            }
+            prev_slot = slot;
+        } else {
+            float part[N / 2];
+            const float ws = ws_next;
+            if (s + 1 < I.n_kb) ws_next = __ldg(wsg + s + 1);
+            wgmma_fence();
+#pragma unroll
+            for (uint32_t kk = 0; kk < EPD_WGMMA_ROW_BYTES / EPD_WGMMA_K_BYTES; kk++)
+                wgmma<true, N>(part, epd_wgmma_desc_step(a0, kk), epd_wgmma_desc_step(b0, kk),
+                               kk > 0);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(part);
+            const float *sc = g.xsc + slot * BN;
+            /* registers 4q .. 4q + 3 hold rows 8q + (lane % 4) * 2 + {0, 1} of features m and
+             * m + 8 (epd_wgmma_acc_pos): the two rows' scales once, then one fused
+             * multiply-add a register */
+#pragma unroll
+            for (uint32_t q = 0; q < N / 8; q++) {
+                const float2 s2 = *(const float2 *)(sc + q * 8 + (lane % 4) * 2);
+                const float s0 = ws * s2.x, s1 = ws * s2.y;
+                acc[4 * q + 0] = __fmaf_rn(part[4 * q + 0], s0, acc[4 * q + 0]);
+                acc[4 * q + 1] = __fmaf_rn(part[4 * q + 1], s1, acc[4 * q + 1]);
+                acc[4 * q + 2] = __fmaf_rn(part[4 * q + 2], s0, acc[4 * q + 2]);
+                acc[4 * q + 3] = __fmaf_rn(part[4 * q + 3], s1, acc[4 * q + 3]);
+            }
+            mbar_arrive(g.empty + 8 * slot);
+        }
+    }
+    if (!FP8) {
+        wgmma_wait<0>();
+        fence_regs(acc);
+        if (I.n_kb > 0) mbar_arrive(g.empty + 8 * prev_slot);
+    }
+#else
+    (void)acc;
+    (void)p;
+    (void)I;
+    (void)g;
+    (void)half;
+    (void)lane;
+#endif
+}
+
+/* wg_mainloop with N = I.n (a multiple of 16 up to BN): one instance for each */
+template <bool FP8, uint32_t BN, uint32_t N = 16u>
+__device__ static __forceinline__ void wg_mainloop_n(float (&acc)[BN / 2], const wg_params &p,
+                                                     const wg_item &I, const wg_ring &g,
+                                                     uint32_t half, uint32_t lane)
+{
+    if constexpr (N < BN) {
+        if (I.n > N) {
+            wg_mainloop_n<FP8, BN, N + 16u>(acc, p, I, g, half, lane);
+            return;
+        }
+    }
+    wg_mainloop<FP8, BN, N>(acc, p, I, g, half, lane);
 }
 
 /* ---- the kernels ------------------------------------------------------------------------- */
@@ -261,20 +362,25 @@ __device__ static __forceinline__ wg_item item_at(const wg_params &p, uint32_t w
 template <bool FP8, uint32_t BN>
 __global__ void __launch_bounds__(THREADS, 1)
     wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx,
-                 wg_params p)
+                 const __grid_constant__ CUtensorMap tx64, wg_params p)
 {
 #if WG_ARCH
     using C = tile_cfg<BN>;
     constexpr uint32_t STAGES = C::STAGES;
     constexpr uint32_t R = BN / 2; /* accumulator registers a thread */
+    static_assert(BN % 16 == 0, "work items compute multiples of 16 rows");
     extern __shared__ uint8_t smem_raw[];
     const uint32_t raw = smem_u32(smem_raw);
     const uint32_t base = (raw + EPD_WGMMA_ATOM_BYTES - 1) & ~(EPD_WGMMA_ATOM_BYTES - 1);
     const epd_wgmma_smem_t at = epd_wgmma_smem_at(BN);
-    const uint32_t w_s = base + at.w, x_s = base + at.x; /* [STAGES] tiles each */
-    const uint32_t sc_s = base + at.sc;                  /* [STAGES][BN] fp32 */
-    const float *const xsc = (const float *)(smem_raw + (sc_s - raw));
-    const uint32_t full = base + at.full, empty = base + at.empty;
+    wg_ring g;
+    g.w_s = base + at.w;
+    g.x_s = base + at.x;
+    const uint32_t sc_s = base + at.sc;
+    g.xsc = (const float *)(smem_raw + (sc_s - raw));
+    g.full = base + at.full;
+    g.empty = base + at.empty;
+    g.it = 0;
 
     const uint32_t tid = threadIdx.x, wg = tid / WG_THREADS;
     const uint32_t kstage = FP8 ? 128u : 64u; /* K elements a stage */
@@ -282,8 +388,8 @@ __global__ void __launch_bounds__(THREADS, 1)
 
     if (tid == 0) {
         for (uint32_t s = 0; s < STAGES; s++) {
-            mbar_init(full + 8 * s, 1);
-            mbar_init(empty + 8 * s, EPD_WGMMA_CONSUMERS);
+            mbar_init(g.full + 8 * s, 1);
+            mbar_init(g.empty + 8 * s, EPD_WGMMA_CONSUMERS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -294,116 +400,63 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (tid != 0) return;
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tw) : "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tx) : "memory");
-        uint32_t it = 0; /* the ring's stages so far */
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tx64) : "memory");
         for (uint32_t w = blockIdx.x; w < items; w += gridDim.x) {
             const wg_item I = item_at<FP8, BN>(p, w);
-            if (!I.live) continue;
+            if (I.rows == 0) continue;
             /* the weights as two boxes of 64 rows, one a consumer: the item's 128 features, or
              * with SwiGLU fused the 64 gate features fb * 64 .. and their 64 up features n / 2
-             * on */
+             * on; the activations in the boxes of epd_wgmma_x_box */
             const bool fused = !FP8 && p.h != nullptr;
             const int32_t w_row0 = (int32_t)(I.e * p.n + epd_wgmma_feature(p.n, I.fb, 0, fused));
             const int32_t w_row1 = (int32_t)(I.e * p.n + epd_wgmma_feature(p.n, I.fb, 1, fused));
-            const int32_t x_row = (int32_t)(I.rb + I.rt * BN);
+            const int32_t x_row = (int32_t)(I.rb + I.row0);
             for (uint32_t s = 0; s < I.n_kb; s++) {
                 uint32_t slot, ph, empty_ph;
-                epd_wgmma_ring(it + s, STAGES, &slot, &ph, &empty_ph);
+                epd_wgmma_ring(g.it + s, STAGES, &slot, &ph, &empty_ph);
                 (void)ph;
-                mbar_wait(empty + 8 * slot, empty_ph, it + s, I.stage_bytes, p.launch);
-                const uint32_t bar = full + 8 * slot;
+                mbar_wait(g.empty + 8 * slot, empty_ph, g.it + s, I.stage_bytes, p.launch);
+                const uint32_t bar = g.full + 8 * slot;
                 mbar_expect_tx(bar, I.stage_bytes);
                 const int32_t k0 = (int32_t)((I.kb0 + s) * kstage);
-                tma_load(w_s + slot * W_TILE, &tw, k0, w_row0, bar);
-                tma_load(w_s + slot * W_TILE + W_TILE / 2, &tw, k0, w_row1, bar);
-                tma_load(x_s + slot * C::X_TILE, &tx, k0, x_row, bar);
+                tma_load(g.w_s + slot * W_TILE, &tw, k0, w_row0, bar);
+                tma_load(g.w_s + slot * W_TILE + W_TILE / 2, &tw, k0, w_row1, bar);
+                for (uint32_t b = 0; b < epd_wgmma_x_boxes(I.n); b++) {
+                    uint32_t r, rows;
+                    epd_wgmma_x_box(I.n, b, &r, &rows);
+                    tma_load(g.x_s + slot * C::X_TILE + r * EPD_WGMMA_ROW_BYTES,
+                             rows == EPD_WGMMA_X_BIG ? &tx64 : &tx, k0, x_row + (int32_t)r, bar);
+                }
                 if (FP8)
                     bulk_load(sc_s + slot * C::SCALES,
                               p.x_scale +
-                                  epd_wgmma_x_scale_at(I.rb, p.k, I.mpad, I.rt, BN, I.kb0 + s),
-                              I.sc_rows * 4, bar);
+                                  epd_wgmma_x_scale_at(I.rb, p.k, I.mpad, I.row0, I.kb0 + s),
+                              I.n * 4, bar);
             }
-            it += I.n_kb;
+            g.it += I.n_kb;
         }
         return;
     }
 
-    /* a consumer: features (wg - 1) * 64 .. + 64 of the CTA's 128, every row of the tile */
+    /* a consumer: features (wg - 1) * 64 .. + 64 of the item's 128, every row of the tile */
     const uint32_t half = wg - 1, wt = tid % WG_THREADS, warp = wt / 32, lane = wt % 32;
-    uint32_t it = 0;
     for (uint32_t w = blockIdx.x; w < items; w += gridDim.x) {
         const wg_item I = item_at<FP8, BN>(p, w);
-        if (!I.live) continue;
+        if (I.rows == 0) continue;
         float acc[R];
 #pragma unroll
         for (uint32_t i = 0; i < R; i++) acc[i] = 0.0f;
-        const float *wsg =
-            FP8 ? p.w_scale + epd_wgmma_w_scale_at(I.e, p.n, I.fb, p.w_scale_ld, I.kb0) : nullptr;
-        float ws_next = FP8 && I.n_kb > 0 ? __ldg(wsg) : 1.0f;
-        uint32_t prev_slot = 0;
-        for (uint32_t s = 0; s < I.n_kb; s++) {
-            uint32_t slot, ph, empty_ph;
-            epd_wgmma_ring(it + s, STAGES, &slot, &ph, &empty_ph);
-            (void)empty_ph;
-            mbar_wait(full + 8 * slot, ph, it + s, I.stage_bytes, p.launch);
-            const uint32_t a0 = w_s + slot * W_TILE + half * 64u * EPD_WGMMA_ROW_BYTES;
-            const uint32_t b0 = x_s + slot * C::X_TILE;
-            if constexpr (!FP8) {
-                fence_regs(acc);
-                wgmma_fence();
-#pragma unroll
-                for (uint32_t kk = 0; kk < EPD_WGMMA_ROW_BYTES / EPD_WGMMA_K_BYTES; kk++)
-                    wgmma<false, BN>(acc, epd_wgmma_desc_step(a0, kk),
-                                     epd_wgmma_desc_step(b0, kk), 1);
-                wgmma_commit();
-                fence_regs(acc);
-                /* the previous stage's wgmmas are done: its slot is free */
-                if (s > 0) {
-                    wgmma_wait<1>();
-                    mbar_arrive(empty + 8 * prev_slot);
-                }
-                prev_slot = slot;
-            } else {
-                float part[R];
-                const float ws = ws_next;
-                if (s + 1 < I.n_kb) ws_next = __ldg(wsg + s + 1);
-                wgmma_fence();
-#pragma unroll
-                for (uint32_t kk = 0; kk < EPD_WGMMA_ROW_BYTES / EPD_WGMMA_K_BYTES; kk++)
-                    wgmma<true, BN>(part, epd_wgmma_desc_step(a0, kk), epd_wgmma_desc_step(b0, kk),
-                                    kk > 0);
-                wgmma_commit();
-                wgmma_wait<0>();
-                fence_regs(part);
-                const float *sc = xsc + slot * BN;
-                /* registers 4q .. 4q + 3 hold rows 8q + (lane % 4) * 2 + {0, 1} of features m and
-                 * m + 8 (epd_wgmma_acc_pos): the two rows' scales once, then one fused
-                 * multiply-add a register */
-#pragma unroll
-                for (uint32_t q = 0; q < R / 4; q++) {
-                    const float2 s2 = *(const float2 *)(sc + q * 8 + (lane % 4) * 2);
-                    const float s0 = ws * s2.x, s1 = ws * s2.y;
-                    acc[4 * q + 0] = __fmaf_rn(part[4 * q + 0], s0, acc[4 * q + 0]);
-                    acc[4 * q + 1] = __fmaf_rn(part[4 * q + 1], s1, acc[4 * q + 1]);
-                    acc[4 * q + 2] = __fmaf_rn(part[4 * q + 2], s0, acc[4 * q + 2]);
-                    acc[4 * q + 3] = __fmaf_rn(part[4 * q + 3], s1, acc[4 * q + 3]);
-                }
-                mbar_arrive(empty + 8 * slot);
-            }
-        }
-        if (!FP8) {
-            wgmma_wait<0>();
-            fence_regs(acc);
-            if (I.n_kb > 0) mbar_arrive(empty + 8 * prev_slot);
-        }
-        it += I.n_kb;
+        wg_mainloop_n<FP8, BN>(acc, p, I, g, half, lane);
+        g.it += I.n_kb;
 
-        /* D[row][feature] for the rows the kernel writes (the count rounded up to 8, within
-         * mpad) */
-        const uint32_t tiles = p.tile_base[I.e + 1] - p.tile_base[I.e];
-        const uint32_t wrows = epd_ffn_gemm_written_rows(I.count, I.mpad, tiles, BN);
+        /* D[row][feature] for the rows the item writes (its rows rounded up to 8) */
+        const uint32_t wrows = epd_wgmma_item_written(I.rows);
         if (!FP8 && p.h != nullptr) {
-            /* (one item a CTA with SwiGLU fused, the launch makes it so: the ring is idle) */
-            float *up = (float *)(smem_raw + (w_s - raw));
+            /* SwiGLU fused: the up half's sums through shared memory (the ring's weight tiles:
+             * one item a CTA with SwiGLU fused, the launch makes it so, so the ring is idle once
+             * both consumers' wgmmas are done) to the gate half, which writes h = bf16(silu(g) *
+             * u) with the SwiGLU kernel's operations */
+            float *up = (float *)(smem_raw + (g.w_s - raw));
             asm volatile("bar.sync 1, 256;\n" ::: "memory");
             if (half == 1) {
 #pragma unroll
@@ -420,11 +473,11 @@ __global__ void __launch_bounds__(THREADS, 1)
             for (uint32_t j = 0; j < R; j++) {
                 uint32_t m, n;
                 epd_wgmma_acc_pos(warp, lane, j, &m, &n);
-                const uint32_t r = I.rt * BN + n;
-                if (r >= wrows) continue;
-                const float g = acc[j], u = up[m * BN + n];
-                const float silu = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
-                p.h[(size_t)(I.rb + r) * inter + g0 + m] = epd_f32_to_bf16(__fmul_rn(silu, u));
+                if (n >= wrows) continue;
+                const float gv = acc[j], u = up[m * BN + n];
+                const float silu = __fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv)));
+                p.h[(size_t)(I.rb + I.row0 + n) * inter + g0 + m] =
+                    epd_f32_to_bf16(__fmul_rn(silu, u));
             }
             return;
         }
@@ -433,9 +486,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (uint32_t j = 0; j < R; j++) {
             uint32_t m, n;
             epd_wgmma_acc_pos(warp, lane, j, &m, &n);
-            const uint32_t r = I.rt * BN + n;
-            if (r >= wrows) continue;
-            const size_t i = (size_t)(I.rb + r) * p.n + f0 + m;
+            if (n >= wrows) continue;
+            const size_t i = (size_t)(I.rb + I.row0 + n) * p.n + f0 + m;
             if (p.part != nullptr)
                 p.part[(size_t)I.z * p.part_stride + i] = acc[j];
             else if (p.out_bf16)
@@ -447,6 +499,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #else
     (void)tw;
     (void)tx;
+    (void)tx64;
     (void)p;
     __trap(); /* the host refuses the kernel where this is reached (epd_ffn_wgmma_supported) */
 #endif
@@ -544,7 +597,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 
 /* ---- host -------------------------------------------------------------------------------- */
 
-typedef void (*wg_kernel_t)(const CUtensorMap, const CUtensorMap, wg_params);
+typedef void (*wg_kernel_t)(const CUtensorMap, const CUtensorMap, const CUtensorMap, wg_params);
 
 /* the kernel of a format and row tile, and its shared memory; NULL for a tile it lacks */
 static wg_kernel_t wg_kernel(bool fp8, uint32_t row_tile, uint32_t *smem_p)
@@ -803,11 +856,15 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
                  a->n, a->k, a->n_experts, a->total_rows, a->row_tile);
         return EPD_ERR_INVALID_ARG;
     }
-    CUtensorMap tw, tx;
+    CUtensorMap tw, tx, tx64;
     epd_status_t status = make_map(&tw, a->w, a->fp8, (uint64_t)a->n_experts * a->n, a->k, 64,
                                    "weights", err);
     if (status == EPD_OK)
-        status = make_map(&tx, a->x, a->fp8, a->total_rows, a->k, a->row_tile, "activations", err);
+        status = make_map(&tx, a->x, a->fp8, a->total_rows, a->k, EPD_WGMMA_X_BOX, "activations",
+                          err);
+    if (status == EPD_OK)
+        status = make_map(&tx64, a->x, a->fp8, a->total_rows, a->k, EPD_WGMMA_X_BIG,
+                          "activations", err);
     if (status != EPD_OK) return status;
 
     memset(&p, 0, sizeof p);
@@ -861,7 +918,7 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
     dim3 grid((unsigned)(!fuse && sms > 0 && items > sms ? sms : items));
     cudaStream_t s = (cudaStream_t)stream;
     if (rc == cudaSuccess) {
-        k<<<grid, THREADS, smem, s>>>(tw, tx, p);
+        k<<<grid, THREADS, smem, s>>>(tw, tx, tx64, p);
         rc = cudaGetLastError();
     }
     if (rc == cudaSuccess && splits > 1) {

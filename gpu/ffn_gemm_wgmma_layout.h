@@ -131,15 +131,57 @@ EPD_WGMMA_HD static inline void epd_wgmma_ring(uint32_t s, uint32_t stages, uint
     *empty_parity_p = *full_parity_p ^ 1u;
 }
 
-/* The bytes a stage's copies bring (its full mbarrier's expect_tx) for row tile rt of bn rows of
- * an expert of mpad padded rows: the two weight boxes and the activation box whole (the TMA counts
- * a box's bytes past the tensor's end, zero-filled, too), FP8 the tile's activation scales within
- * the expert's padded rows (a plain bulk copy: exactly those). */
-EPD_WGMMA_HD static inline uint32_t epd_wgmma_stage_bytes(int fp8, uint32_t bn, uint32_t mpad,
-                                                          uint32_t rt)
+/* A stage's activation rows of a work item of n rows (a multiple of 16) come in boxes of
+ * EPD_WGMMA_X_BIG rows, then of EPD_WGMMA_X_BOX for the rest (two tensor maps: few copies a
+ * stage, 16 KB of 128 rows in two). epd_wgmma_x_boxes: how many; epd_wgmma_x_box: box i's first
+ * row (from the item's first) and rows. */
+#define EPD_WGMMA_X_BOX 16u
+#define EPD_WGMMA_X_BIG 64u
+EPD_WGMMA_HD static inline uint32_t epd_wgmma_x_boxes(uint32_t n)
 {
-    const uint32_t left = mpad - rt * bn, sc_rows = left < bn ? left : bn;
-    return EPD_WGMMA_W_TILE + bn * EPD_WGMMA_ROW_BYTES + (fp8 ? sc_rows * 4u : 0u);
+    return n / EPD_WGMMA_X_BIG + (n % EPD_WGMMA_X_BIG) / EPD_WGMMA_X_BOX;
+}
+
+EPD_WGMMA_HD static inline void epd_wgmma_x_box(uint32_t n, uint32_t i, uint32_t *row_p,
+                                                uint32_t *rows_p)
+{
+    const uint32_t big = n / EPD_WGMMA_X_BIG;
+    *row_p = i < big ? i * EPD_WGMMA_X_BIG : big * EPD_WGMMA_X_BIG + (i - big) * EPD_WGMMA_X_BOX;
+    *rows_p = i < big ? EPD_WGMMA_X_BIG : EPD_WGMMA_X_BOX;
+}
+
+/* The bytes a stage's copies bring (its full mbarrier's expect_tx) for a work item of n rows (its
+ * rows rounded up to 16, epd_wgmma_item_n): the two weight boxes and n activation rows (the boxes
+ * of epd_wgmma_x_box, within the expert's padded rows), FP8 the n rows' activation scales. */
+EPD_WGMMA_HD static inline uint32_t epd_wgmma_stage_bytes(int fp8, uint32_t n)
+{
+    return EPD_WGMMA_W_TILE + n * EPD_WGMMA_ROW_BYTES + (fp8 ? n * 4u : 0u);
+}
+
+/* Row tile rt of an expert of c rows in tiles of at most bn rows (bn a multiple of 16): the tiles
+ * share the rows evenly, each but the last `chunk` rows (ceil(c / tiles) rounded up to 16, at
+ * most bn), the last the rest. Its rows are [*row0_p, *row0_p + *rows_p) (0 rows: a tile past
+ * the count). The tiles are always ceil(c / bn). */
+EPD_WGMMA_HD static inline void epd_wgmma_tile_rows(uint32_t c, uint32_t bn, uint32_t rt,
+                                                    uint32_t *row0_p, uint32_t *rows_p)
+{
+    const uint32_t tiles = (c + bn - 1u) / bn;
+    const uint32_t chunk = tiles == 0 ? 0 : ((c + tiles - 1u) / tiles + 15u) / 16u * 16u;
+    const uint32_t r0 = rt * chunk;
+    *row0_p = r0;
+    *rows_p = r0 < c ? (c - r0 < chunk ? c - r0 : chunk) : 0u;
+}
+
+/* The rows a work item of `rows` rows computes (the wgmma's N: rounded up to 16) and writes (the
+ * rows rounded up to 8: the expert's padding rows up to that are written too) */
+EPD_WGMMA_HD static inline uint32_t epd_wgmma_item_n(uint32_t rows)
+{
+    return (rows + 15u) / 16u * 16u;
+}
+
+EPD_WGMMA_HD static inline uint32_t epd_wgmma_item_written(uint32_t rows)
+{
+    return (rows + 7u) / 8u * 8u;
 }
 
 /* The feature (row of the expert's [n][k] weights, and D's column) of row 0 of consumer half
@@ -154,12 +196,13 @@ EPD_WGMMA_HD static inline uint32_t epd_wgmma_feature(uint32_t n, uint32_t fb, u
 }
 
 /* FP8: the index in x_scale (per expert [k / 128][mpad] fp32 from row_base * k / 128, the
- * requant's layout) of the first of K block kb's scales of row tile rt (bn rows), and the index
- * in w_scale ([n_experts][n / 128][ld]) of expert e's feature block fb at K block kb. */
+ * requant's layout) of the first of K block kb's scales of the rows from row0 of the expert
+ * whose rows start at rb, and the index in w_scale ([n_experts][n / 128][ld]) of expert e's
+ * feature block fb at K block kb. */
 EPD_WGMMA_HD static inline uint64_t epd_wgmma_x_scale_at(uint32_t rb, uint32_t k, uint32_t mpad,
-                                                         uint32_t rt, uint32_t bn, uint32_t kb)
+                                                         uint32_t row0, uint32_t kb)
 {
-    return (uint64_t)rb * (k / 128u) + (uint64_t)kb * mpad + (uint64_t)rt * bn;
+    return (uint64_t)rb * (k / 128u) + (uint64_t)kb * mpad + row0;
 }
 
 EPD_WGMMA_HD static inline uint64_t epd_wgmma_w_scale_at(uint32_t e, uint32_t n, uint32_t fb,
@@ -200,8 +243,9 @@ EPD_WGMMA_HD static inline uint32_t epd_wgmma_tile_index(uint32_t t)
 #define EPD_WGMMA_TILE_COST 48u
 
 /* The row tile for a launch over n experts with counts[e] rows: 32 when no expert has more, else
- * the tile above 32 (FP8: up to 128) with the least sum over the experts of their tiles times
- * (tile + EPD_WGMMA_TILE_COST) (rows computed in vain against tiles), ties to the larger tile. */
+ * the tile above 32 (FP8: up to 128) with the least sum over the experts of the rows their work
+ * items compute (epd_wgmma_tile_rows, each rounded up to 16) plus EPD_WGMMA_TILE_COST a tile,
+ * ties to the smaller tile (its ring has more stages: tile_cfg). */
 EPD_WGMMA_HD static inline uint32_t epd_wgmma_pick_row_tile(int fp8, const uint32_t *counts,
                                                           uint32_t n)
 {
@@ -213,9 +257,15 @@ EPD_WGMMA_HD static inline uint32_t epd_wgmma_pick_row_tile(int fp8, const uint3
     for (uint32_t i = epd_wgmma_tile_count(fp8); i-- > 1;) {
         const uint32_t t = epd_wgmma_tile_at(i);
         uint64_t cost = 0;
-        for (uint32_t e = 0; e < n; e++)
-            cost += (uint64_t)((counts[e] + t - 1u) / t) * (t + EPD_WGMMA_TILE_COST);
-        if (best == 0 || cost < best_cost) {
+        for (uint32_t e = 0; e < n; e++) {
+            const uint32_t tiles = (counts[e] + t - 1u) / t;
+            for (uint32_t rt = 0; rt < tiles; rt++) {
+                uint32_t row0, rows;
+                epd_wgmma_tile_rows(counts[e], t, rt, &row0, &rows);
+                cost += epd_wgmma_item_n(rows) + EPD_WGMMA_TILE_COST;
+            }
+        }
+        if (best == 0 || cost <= best_cost) {
             best = t;
             best_cost = cost;
         }

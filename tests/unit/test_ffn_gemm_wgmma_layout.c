@@ -407,15 +407,17 @@ static void emu_cta(emu_t *m, uint32_t fb, uint32_t y, uint32_t z)
     const uint32_t rt = y - m->tile_base[e], rb = m->row_base[e];
     const uint32_t mpad = m->row_base[e + 1] - rb;
     const uint32_t count = m->counts[e] < mpad ? m->counts[e] : mpad;
-    if (rt * bn >= count) return;
+    uint32_t row0, rows;
+    epd_wgmma_tile_rows(count, bn, rt, &row0, &rows);
+    if (rows == 0) return;
+    const uint32_t nn = epd_wgmma_item_n(rows); /* the rows the item computes */
+    if (nn > bn || row0 + nn > mpad) emu_fail(m, "an item's rows past its tile or its expert");
     const uint32_t kstage = m->fp8 ? 128u : 64u, regs = bn / 2;
     uint32_t kb0, kb1;
     epd_ffn_gemm_split_range(z, m->splits, m->k / kstage, &kb0, &kb1);
     const uint32_t n_kb = kb1 - kb0;
-    const uint32_t tiles = m->tile_base[e + 1] - m->tile_base[e];
-    const uint32_t wrows = epd_ffn_gemm_written_rows(count, mpad, tiles, bn);
-    const uint32_t cols = wrows - rt * bn < bn ? wrows - rt * bn : bn;
-    const uint32_t stage_bytes = epd_wgmma_stage_bytes(m->fp8, bn, mpad, rt);
+    const uint32_t cols = epd_wgmma_item_written(rows); /* the rows the item writes */
+    const uint32_t stage_bytes = epd_wgmma_stage_bytes(m->fp8, nn);
     const int fused = !m->fp8 && m->fused;
 
     memset(m->smem, 0xff, m->smem_len);
@@ -453,14 +455,15 @@ static void emu_cta(emu_t *m, uint32_t fb, uint32_t y, uint32_t z)
                 got +=
                     emu_tma(m, m->base + m->at.w + slot * EPD_WGMMA_W_TILE + EPD_WGMMA_W_TILE / 2,
                             m->w, wall, k0, wr + epd_wgmma_feature(m->n, fb, 1, fused), 64);
-                got += emu_tma(m, m->base + m->at.x + slot * bn * RB, m->x, m->total, k0,
-                               rb + rt * bn, bn);
-                if (m->fp8) {
-                    const uint32_t left = mpad - rt * bn, sc_rows = left < bn ? left : bn;
-                    got += emu_bulk(m, m->base + m->at.sc + slot * bn * 4,
-                                    epd_wgmma_x_scale_at(rb, m->k, mpad, rt, bn, kb0 + ps),
-                                    sc_rows * 4);
+                for (uint32_t b = 0; b < epd_wgmma_x_boxes(nn); b++) {
+                    uint32_t xr, xrows;
+                    epd_wgmma_x_box(nn, b, &xr, &xrows);
+                    got += emu_tma(m, m->base + m->at.x + slot * bn * RB + xr * RB, m->x,
+                                   m->total, k0, rb + row0 + xr, xrows);
                 }
+                if (m->fp8)
+                    got += emu_bulk(m, m->base + m->at.sc + slot * bn * 4,
+                                    epd_wgmma_x_scale_at(rb, m->k, mpad, row0, kb0 + ps), nn * 4);
                 bar_complete_tx(bar, got);
                 if (bar->bad) emu_fail(m, "a stage's copies brought more bytes than its expect_tx");
                 ps++;
@@ -543,8 +546,8 @@ static void emu_cta(emu_t *m, uint32_t fb, uint32_t y, uint32_t z)
                 for (uint32_t j = 0; j < regs; j++) {
                     uint32_t fm, fn;
                     epd_wgmma_acc_pos(warp, lane, j, &fm, &fn);
-                    const uint32_t r = rt * bn + fn;
-                    if (r >= wrows) continue;
+                    if (fn >= cols) continue;
+                    const uint32_t r = row0 + fn;
                     const double g = acc[0][(warp * 32 + lane) * regs + j], u = up[fm * bn + fn];
                     const size_t i = (size_t)(rb + r) * (np / 2) + g0 + fm;
                     if (g0 + fm >= np / 2 || i >= m->outs) {
@@ -563,8 +566,8 @@ static void emu_cta(emu_t *m, uint32_t fb, uint32_t y, uint32_t z)
                 for (uint32_t j = 0; j < regs; j++) {
                     uint32_t fm, fn;
                     epd_wgmma_acc_pos(warp, lane, j, &fm, &fn);
-                    const uint32_t r = rt * bn + fn;
-                    if (r >= wrows) continue;
+                    if (fn >= cols) continue;
+                    const uint32_t r = row0 + fn;
                     const size_t i = (size_t)(rb + r) * np + f0 + fm;
                     if (f0 + fm >= np || i >= m->outs) {
                         emu_fail(m, "a D write past its row or D");
