@@ -103,21 +103,22 @@ static inline void epd_ffn_default_tuning_fill(epd_ffn_cuda_tuning_t *t)
     /* the GEMM kernel of our own (gpu/ffn_gemm.cu) up to 16 rows per expert for BF16 (mean over
      * the experts with rows), where ffn run 7 (docs/results.md) measured it faster than strided;
      * for FP8 block weights up to 32, where it beat the streams in ffn run 9 (the streams issue
-     * ~100 launches a call: their host time is the phase there). With FP8 it serves only where
-     * wgmma does not (wgmma_first): off Hopper, or where wgmma's check refused it.
+     * ~100 launches a call: their host time is the phase there). It serves only where wgmma
+     * does not (wgmma_first): off Hopper, or where wgmma's check refused it.
      * kernel_max_rows: 0 is every call, so 16 is written out */
     t->kernel = true;
     t->kernel_max_rows = 16;
     t->kernel_fp8_max_rows = 32;
     t->kernel_prefetch = 0;
     t->kernel_split = 0;
-    /* the Hopper kernel (gpu/ffn_gemm_wgmma.cu) first for FP8 block weights up to 64 rows per
-     * expert, where ffn run 9 measured it the fastest at every row count (the streams above,
-     * where their GEMMs, not their launches, are the limit); not yet for BF16 (its gain there was
-     * small). Off sm_90a its check refuses it: the kernel and the streams then serve as above */
+    /* the Hopper kernel (gpu/ffn_gemm_wgmma.cu) first: for BF16 weights up to 64 rows per expert
+     * (strided above), for FP8 block weights up to 128 (the streams above, where their GEMMs,
+     * not their launches, are the limit), where the same-run bench of session 13 measured it
+     * the fastest (docs/results.md). Off sm_90a its check refuses it: the kernel, strided and
+     * the streams then serve as above */
     t->wgmma = true;
-    t->wgmma_max_rows = EPD_FFN_ROWS_NONE;
-    t->wgmma_fp8_max_rows = 64;
+    t->wgmma_max_rows = 64;
+    t->wgmma_fp8_max_rows = 128;
     t->wgmma_first = true;
     t->wgmma_split = 0;
     t->wgmma_row_tile = 0;

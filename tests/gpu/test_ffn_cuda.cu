@@ -107,7 +107,7 @@ static const epd_ffn_cuda_tuning_t tunings[] = {
      * as it is set where the Hopper kernel's check refuses it */
     {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
      .kernel_max_rows = 16, .kernel_fp8_max_rows = 32, .wgmma = true,
-     .wgmma_max_rows = EPD_FFN_ROWS_NONE, .wgmma_fp8_max_rows = 64, .wgmma_first = true},
+     .wgmma_max_rows = 64, .wgmma_fp8_max_rows = 128, .wgmma_first = true},
     {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
      .kernel_max_rows = 16, .kernel_fp8_max_rows = 32},
 };
@@ -172,9 +172,9 @@ static double worse(double a, double b)
 
 /* The path the last experts call took (epd_ffn_cuda_last_call) against gpu/ffn_path.h's choice
  * for the tuning as set and the call's rows per expert (rows, n_local of them; "none" without
- * rows); with the default tuning and FP8 block weights on a device that runs the wgmma kernel,
- * also that a call of at most 64 rows per expert (mean over the experts with rows) ran it, so
- * that a check that silently turned it off shows. Prints FAIL and returns false otherwise. */
+ * rows); with the default tuning on a device that runs the wgmma kernel, also that a call
+ * within the default's wgmma limit of its format (mean rows over the experts with rows) ran it,
+ * so that a check that silently turned it off shows. Prints FAIL and returns false otherwise. */
 static bool path_ok(const epd_ffn_cuda_t *ffn, const ffn_case_t *c, const char *name,
                     const uint32_t *rows, uint32_t n_local)
 {
@@ -197,11 +197,15 @@ static bool path_ok(const epd_ffn_cuda_t *ffn, const ffn_case_t *c, const char *
                info.path, want);
         return false;
     }
-    if (strcmp(name, "default") == 0 && fp8 && used > 0 && sum <= 64 * used &&
-        epd_ffn_wgmma_supported(true, why) == EPD_OK && strcmp(info.path, "wgmma") != 0) {
-        printf("FAIL  tuning default: FP8 at %.1f rows per expert ran %s, not wgmma (its check "
+    epd_ffn_cuda_tuning_t d;
+    epd_ffn_cuda_default_tuning(&d);
+    const uint32_t limit = epd_ffn_path_limit(fp8, d.wgmma_max_rows, d.wgmma_fp8_max_rows);
+    if (strcmp(name, "default") == 0 && used > 0 && limit != EPD_FFN_ROWS_NONE &&
+        sum <= (uint64_t)limit * used && epd_ffn_wgmma_supported(fp8, why) == EPD_OK &&
+        strcmp(info.path, "wgmma") != 0) {
+        printf("FAIL  tuning default: %s at %.1f rows per expert ran %s, not wgmma (its check "
                "turned it off on a device that runs it)\n",
-               (double)sum / (double)used, info.path);
+               fp8 ? "FP8" : "BF16", (double)sum / (double)used, info.path);
         return false;
     }
     if (used > 0 && info.gemm_calls == 0) {
