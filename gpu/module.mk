@@ -81,6 +81,12 @@ $(BUILD)/tests/gpu/test_ffn_cuda: $(BUILD)/obj/tests/gpu/test_ffn_cuda.cu.o \
 	@mkdir -p $(dir $@)
 	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) -lstdc++
 BINS += $(BUILD)/tests/gpu/test_ffn_cuda
+# gemmbench: the Hopper ffn GEMM kernel alone against a read of its weights (a benchmark, not a
+# test: run it on the GPU machine by hand, docs/results.md)
+$(BUILD)/gemmbench: $(BUILD)/obj/tests/gpu/gemmbench.cu.o $(BUILD)/obj/gpu/ffn_gemm_wgmma.cu.o
+	@mkdir -p $(dir $@)
+	$(call say,LD)$(CC) $(BASE_CFLAGS) -o $@ $^ $(LDLIBS_ALL) -lstdc++
+BINS += $(BUILD)/gemmbench
 # daemon_ffn_gpu.sh: the ffn daemon on the GPU through the sockets, within the tolerance.
 GPU_TESTS += daemon_ffn_gpu.sh
 $(BUILD)/tests/gpu/daemon_ffn_gpu.sh: tests/gpu/daemon_ffn_gpu.sh

@@ -1,0 +1,316 @@
+/* gemmbench: the ffn experts' Hopper GEMM kernel (gpu/ffn_gemm_wgmma.cu) alone, over E experts
+ * of the same rows each, both projections of a DeepSeek-V3 expert (gate/up: N 2I, K H; down: N H,
+ * K I; BF16 D), against a device read of the same weight bytes in the same run: how far the
+ * kernel is from the weight read that bounds it at decode sizes, without the rest of the experts
+ * phase (gather, SwiGLU, combine) or the random routing of `epd --bench`.
+ *   gemmbench [--fp8] [--rows R,R,...] [--tile T] [--experts E] [--hidden H] [--inter I]
+ *             [--iters N] [--check]
+ * --tile 0 (the default) lets the launch pick the row tile as the daemon does; --check compares
+ * experts 0 and E-1 of each launch with a direct fp64 sum on the GPU (prints OK or BAD, exit 1 on
+ * BAD). One line a projection and a total a row count: the median µs of 5 runs of N launches, the
+ * read's, their ratio, TFLOP/s. Needs an sm_90a device (exit 77 without one). */
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+#include "gpu/ffn_gemm.h"
+#include "tests/gpu/cuda_check.cuh"
+
+/* deterministic small values: e4m3 codes of magnitude 2^-3 .. 2^2, or BF16 near +-1 */
+__global__ void fill_elems(uint8_t *p, size_t n, uint32_t seed, int fp8)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed * 97u;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        if (fp8)
+            p[i] = (uint8_t)((h & 0x80u) | (0x20u + (h >> 8) % 0x30u));
+        else /* the high byte of a BF16 keeps the exponent near 1, the low byte is any mantissa */
+            p[i] = (i & 1) ? (uint8_t)((0x3cu + ((h >> 8) & 1u)) | (h & 0x80u)) : (uint8_t)h;
+    }
+}
+
+/* scales that differ by index (a wrong scale index shows in --check) */
+__global__ void fill_scales(float *p, size_t n, float v)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        p[i] = v * (1.0f + (float)(i % 7) / 8.0f);
+}
+
+__global__ void read_kernel(const uint4 *p, size_t n, unsigned *sink)
+{
+    unsigned acc = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint4 v = p[i];
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u) *sink = acc; /* practically never: keeps the loads */
+}
+
+__device__ static double e4m3_value(uint8_t c)
+{
+    const uint32_t ex = (c >> 3) & 15u, m = c & 7u;
+    const double v = ex == 0 ? ldexp((double)m, -9) : ldexp((double)(8 + m), (int)ex - 10);
+    return (c & 0x80u) ? -v : v;
+}
+
+__device__ static double bf16_value(const uint8_t *p)
+{
+    return (double)__uint_as_float(((uint32_t)p[0] | (uint32_t)p[1] << 8) << 16);
+}
+
+/* ref[r][f] = D of expert e's row r, feature f, summed in fp64 (one thread an element) */
+__global__ void ref_kernel(epd_ffn_gemm_args_t a, uint32_t e, uint32_t rb, uint32_t mpad,
+                           uint32_t rows, double *ref)
+{
+    const uint32_t f = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
+    if (f >= a.n || r >= rows) return;
+    const uint8_t *w = (const uint8_t *)a.w, *x = (const uint8_t *)a.x;
+    double sum = 0;
+    for (uint32_t kb = 0; kb < a.k / 128; kb++) {
+        double part = 0;
+        for (uint32_t kk = kb * 128; kk < kb * 128 + 128; kk++) {
+            const size_t wi = ((size_t)e * a.n + f) * a.k + kk, xi = (size_t)(rb + r) * a.k + kk;
+            part += a.fp8 ? e4m3_value(w[wi]) * e4m3_value(x[xi])
+                          : bf16_value(w + 2 * wi) * bf16_value(x + 2 * xi);
+        }
+        if (a.fp8)
+            part *= (double)a.w_scale[((size_t)e * (a.n / 128) + f / 128) * a.w_scale_ld + kb] *
+                    (double)a.x_scale[(size_t)rb * (a.k / 128) + (size_t)kb * mpad + r];
+        sum += part;
+    }
+    ref[(size_t)r * a.n + f] = sum;
+}
+
+static int iters = 10;
+
+/* median over 5 runs of `iters` calls, µs a call */
+template <typename F> static double time_us(cudaStream_t s, F call)
+{
+    cudaEvent_t a, b;
+    std::vector<double> t;
+    CUDA_OK(cudaEventCreate(&a));
+    CUDA_OK(cudaEventCreate(&b));
+    for (int i = 0; i < 3; i++) call();
+    for (int r = 0; r < 5; r++) {
+        CUDA_OK(cudaEventRecord(a, s));
+        for (int i = 0; i < iters; i++) call();
+        CUDA_OK(cudaEventRecord(b, s));
+        CUDA_OK(cudaEventSynchronize(b));
+        float ms = 0;
+        CUDA_OK(cudaEventElapsedTime(&ms, a, b));
+        t.push_back(ms * 1000.0 / iters);
+    }
+    std::sort(t.begin(), t.end());
+    CUDA_OK(cudaEventDestroy(a));
+    CUDA_OK(cudaEventDestroy(b));
+    return t[2];
+}
+
+/* worst |D - ref| over max |ref| of experts 0 and E-1 (D in BF16) */
+static double check(const epd_ffn_gemm_args_t &a, const std::vector<uint32_t> &row_base,
+                    uint32_t rows, cudaStream_t s)
+{
+    double worst = 0;
+    double *ref;
+    CUDA_OK(cudaMalloc(&ref, (size_t)rows * a.n * sizeof(double)));
+    for (uint32_t e : {0u, a.n_experts - 1}) {
+        const uint32_t mpad = row_base[e + 1] - row_base[e];
+        ref_kernel<<<dim3((a.n + 127) / 128, rows), 128, 0, s>>>(a, e, row_base[e], mpad, rows,
+                                                                  ref);
+        CUDA_OK(cudaGetLastError());
+        std::vector<double> want((size_t)rows * a.n);
+        std::vector<uint16_t> got((size_t)rows * a.n);
+        CUDA_OK(cudaMemcpy(want.data(), ref, want.size() * sizeof(double),
+                              cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(got.data(), (const uint16_t *)a.d + (size_t)row_base[e] * a.n,
+                              got.size() * 2, cudaMemcpyDeviceToHost));
+        double top = 0, err = 0;
+        for (size_t i = 0; i < want.size(); i++) {
+            float g;
+            const uint32_t bits = (uint32_t)got[i] << 16;
+            memcpy(&g, &bits, 4);
+            top = fmax(top, fabs(want[i]));
+            const double d = fabs((double)g - want[i]);
+            if (!(d <= err)) err = d; /* NaN wins */
+        }
+        const double rel = top > 0 ? err / top : err;
+        if (!(rel <= worst)) worst = rel;
+    }
+    CUDA_OK(cudaFree(ref));
+    return worst;
+}
+
+int main(int argc, char **argv)
+{
+    bool fp8 = false, do_check = false;
+    uint32_t tile = 0, n_exp = 32, hidden = 7168, inter = 2048;
+    std::vector<uint32_t> row_list = {16, 32, 64, 128};
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(argv[i], "--fp8") == 0) {
+            fp8 = true;
+        } else if (strcmp(argv[i], "--check") == 0) {
+            do_check = true;
+        } else if (strcmp(argv[i], "--rows") == 0 && v != NULL) {
+            row_list.clear();
+            for (const char *p = v; *p != '\0';) {
+                char *end;
+                unsigned long r = strtoul(p, &end, 10);
+                if (end == p || r == 0 || r > 65536) {
+                    fprintf(stderr, "gemmbench: bad --rows '%s'\n", v);
+                    return 2;
+                }
+                row_list.push_back((uint32_t)r);
+                p = *end == ',' ? end + 1 : end;
+            }
+            i++;
+        } else if (strcmp(argv[i], "--tile") == 0 && v != NULL) {
+            tile = (uint32_t)atoi(v), i++;
+        } else if (strcmp(argv[i], "--experts") == 0 && v != NULL) {
+            n_exp = (uint32_t)atoi(v), i++;
+        } else if (strcmp(argv[i], "--hidden") == 0 && v != NULL) {
+            hidden = (uint32_t)atoi(v), i++;
+        } else if (strcmp(argv[i], "--inter") == 0 && v != NULL) {
+            inter = (uint32_t)atoi(v), i++;
+        } else if (strcmp(argv[i], "--iters") == 0 && v != NULL) {
+            iters = atoi(v), i++;
+        } else {
+            fprintf(stderr,
+                    "usage: gemmbench [--fp8] [--rows R,R,...] [--tile T] [--experts E] "
+                    "[--hidden H] [--inter I] [--iters N] [--check]\n");
+            return 2;
+        }
+    }
+    if (n_exp == 0 || hidden == 0 || inter == 0 || hidden % 128 || inter % 128 || iters < 1) {
+        fprintf(stderr, "gemmbench: experts >= 1, hidden and inter multiples of 128, iters >= 1\n");
+        return 2;
+    }
+    char why[EPD_ERR_LEN];
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        printf("SKIP: no GPU\n");
+        return 77;
+    }
+    if (epd_ffn_wgmma_supported(fp8, why) != EPD_OK) {
+        printf("SKIP: %s\n", why);
+        return 77;
+    }
+    cudaStream_t s;
+    int sms = 0;
+    unsigned *sink;
+    CUDA_OK(cudaStreamCreate(&s));
+    CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    CUDA_OK(cudaMalloc(&sink, sizeof *sink));
+    const uint32_t es = fp8 ? 1 : 2;
+    bool bad = false;
+    printf("gemmbench: %s, %u experts, H %u, I %u, BF16 D, %d launches a run\n",
+           fp8 ? "FP8 block weights" : "BF16 weights", n_exp, hidden, inter, iters);
+    for (uint32_t rows : row_list) {
+        /* the daemon's padding (gpu/ffn_cuda.cu pad_rows) */
+        const uint32_t step = rows <= 128 ? 16 : rows <= 512 ? 32 : 64;
+        const uint32_t mpad = (rows + step - 1) / step * step;
+        std::vector<uint32_t> counts(n_exp, rows), row_base(n_exp + 1), tile_base(n_exp + 1);
+        const uint32_t rt = tile != 0 ? tile : epd_ffn_wgmma_row_tile(fp8, counts.data(), n_exp);
+        for (uint32_t e = 0; e <= n_exp; e++) {
+            row_base[e] = e * mpad;
+            tile_base[e] = e * ((rows + rt - 1) / rt);
+        }
+        const size_t total = row_base[n_exp];
+        double sum_us = 0, sum_read = 0;
+        for (int proj = 0; proj < 2; proj++) {
+            const uint32_t n = proj == 0 ? 2 * inter : hidden, k = proj == 0 ? hidden : inter;
+            const uint32_t ld = (k / 128 + 3) / 4 * 4;
+            const size_t w_bytes = (size_t)n_exp * n * k * es;
+            epd_ffn_gemm_args_t a;
+            memset(&a, 0, sizeof a);
+            uint32_t *dev_u32;
+            void *w, *x, *d;
+            float *ws = NULL, *xs = NULL;
+            CUDA_OK(cudaMalloc(&w, w_bytes));
+            CUDA_OK(cudaMalloc(&x, total * k * es));
+            CUDA_OK(cudaMalloc(&d, total * n * 2));
+            CUDA_OK(cudaMalloc(&dev_u32, (3 * (size_t)n_exp + 2) * sizeof(uint32_t)));
+            fill_elems<<<1024, 256, 0, s>>>((uint8_t *)w, w_bytes, 1, fp8);
+            fill_elems<<<1024, 256, 0, s>>>((uint8_t *)x, total * k * es, 2, fp8);
+            if (fp8) {
+                CUDA_OK(cudaMalloc(&ws, (size_t)n_exp * (n / 128) * ld * sizeof(float)));
+                CUDA_OK(cudaMalloc(&xs, total * (k / 128) * sizeof(float)));
+                fill_scales<<<256, 256, 0, s>>>(ws, (size_t)n_exp * (n / 128) * ld, 0.01f);
+                fill_scales<<<256, 256, 0, s>>>(xs, total * (k / 128), 0.02f);
+            }
+            CUDA_OK(cudaGetLastError());
+            CUDA_OK(cudaMemcpy(dev_u32, row_base.data(), (n_exp + 1) * sizeof(uint32_t),
+                                  cudaMemcpyHostToDevice));
+            CUDA_OK(cudaMemcpy(dev_u32 + n_exp + 1, tile_base.data(),
+                                  (n_exp + 1) * sizeof(uint32_t), cudaMemcpyHostToDevice));
+            CUDA_OK(cudaMemcpy(dev_u32 + 2 * (n_exp + 1), counts.data(),
+                                  n_exp * sizeof(uint32_t), cudaMemcpyHostToDevice));
+            a.fp8 = fp8;
+            a.out_bf16 = true;
+            a.n = n;
+            a.k = k;
+            a.n_experts = n_exp;
+            a.w = w;
+            a.w_scale = ws;
+            a.w_scale_ld = fp8 ? ld : 0;
+            a.x = x;
+            a.x_scale = xs;
+            a.row_base = dev_u32;
+            a.tile_base = dev_u32 + n_exp + 1;
+            a.counts = dev_u32 + 2 * (n_exp + 1);
+            a.n_tiles = tile_base[n_exp];
+            a.d = d;
+            a.split_k = 1;
+            a.total_rows = (uint32_t)total;
+            a.row_tile = rt;
+            const double us = time_us(s, [&] {
+                char err[EPD_ERR_LEN];
+                if (epd_ffn_wgmma_launch(&a, s, err) != EPD_OK) {
+                    fprintf(stderr, "gemmbench: %s\n", err);
+                    exit(1);
+                }
+            });
+            const double read = time_us(s, [&] {
+                read_kernel<<<(unsigned)sms * 4, 512, 0, s>>>((const uint4 *)w, w_bytes / 16, sink);
+            });
+            if (epd_ffn_wgmma_hang(why, sizeof why)) {
+                printf("FAIL  %s\n", why);
+                bad = true;
+            }
+            const double flop = 2.0 * n_exp * rows * (double)n * k;
+            printf("%s %-7s rows %4u tile %3u: %8.1f us, read %7.1f us (%.2f of the read), %4.0f "
+                   "TFLOP/s\n",
+                   fp8 ? "fp8 " : "bf16", proj == 0 ? "gate/up" : "down", rows, rt, us, read,
+                   us / read, flop / us * 1e-6);
+            if (do_check) {
+                const double worst = check(a, row_base, rows, s);
+                const bool ok = worst < 1e-2; /* BF16 D: 2^-8 of the largest element, and a bit */
+                printf("     check: worst |D - fp64| / max |fp64| %.2e %s\n", worst,
+                       ok ? "OK" : "BAD");
+                bad = bad || !ok;
+            }
+            sum_us += us;
+            sum_read += read;
+            cudaFree(w);
+            cudaFree(x);
+            cudaFree(d);
+            cudaFree(ws);
+            cudaFree(xs);
+            cudaFree(dev_u32);
+        }
+        printf("%s both    rows %4u tile %3u: %8.1f us, read %7.1f us (%.2f of the read)\n",
+               fp8 ? "fp8 " : "bf16", rows, rt, sum_us, sum_read, sum_us / sum_read);
+    }
+    cudaFree(sink);
+    return bad ? 1 : 0;
+}
