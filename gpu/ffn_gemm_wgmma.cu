@@ -817,11 +817,11 @@ extern "C" bool epd_ffn_wgmma_hang(char *text, size_t len)
     }
     if (h[0] == 0) return false;
     snprintf(text, len,
-             "ffn wgmma kernel: an mbarrier wait timed out: CTA (feature block %u, row tile %u, "
-             "K range %u) thread %u (%s), "
-             "stage %u, parity %u, %u bytes expected a stage",
-             h[1], h[2], h[3], h[4], h[4] < WG_THREADS ? "the producer, on an empty slot"
-                                                       : "a consumer, on a full slot",
+             "ffn wgmma kernel: an mbarrier wait timed out: CTA %u (persistent: work items "
+             "%u, + the grid's CTAs, ...) thread %u (%s), ring stage %u (counted over the "
+             "CTA's items), parity %u, %u bytes expected a stage",
+             h[1], h[1], h[4], h[4] < WG_THREADS ? "the producer, on an empty slot"
+                                                 : "a consumer, on a full slot",
              h[5], h[6], h[7]);
     if (cudaMemcpyToSymbol(wg_hang, zero, sizeof zero) != cudaSuccess) cudaGetLastError();
     return true;
