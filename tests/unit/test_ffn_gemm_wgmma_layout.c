@@ -205,6 +205,51 @@ static void test_ffn_gemm_wgmma_layout__row_tile__least_waste(void **state)
         }
 }
 
+/* A work item's rows (epd_wgmma_tile_rows): an expert's tiles cover its rows once, in order,
+ * none empty, each at most the row tile, all but the last a multiple of 16 (so that the last
+ * one's rows rounded up to 8 stay its own), and what an item computes (its rows rounded up to
+ * 16) within the expert's padded rows; past the tiles, no rows. The activation boxes of an item
+ * (epd_wgmma_x_box) cover its rows once, 64-row boxes first, and the stage's bytes count them. */
+static void test_ffn_gemm_wgmma_layout__tile_rows__cover_each_row_once(void **state)
+{
+    (void)state;
+    for (uint32_t i = 0; i < EPD_WGMMA_TILES; i++) {
+        const uint32_t t = epd_wgmma_tile_at(i);
+        for (uint32_t c = 0; c <= 1100; c++) {
+            const uint32_t tiles = (c + t - 1) / t, padded = (c + 15) / 16 * 16;
+            uint32_t end = 0, row0, rows;
+            for (uint32_t rt = 0; rt < tiles; rt++) {
+                epd_wgmma_tile_rows(c, t, rt, &row0, &rows);
+                const uint32_t n = epd_wgmma_item_n(rows);
+                assert_int_equal(row0, end);
+                assert_true(rows >= 1 && rows <= t);
+                assert_true(n % 16 == 0 && n >= rows && n <= t && row0 + n <= padded);
+                assert_true(epd_wgmma_item_written(rows) >= rows &&
+                            epd_wgmma_item_written(rows) <= n);
+                if (rt + 1 < tiles) assert_int_equal(rows % 16, 0);
+                end = row0 + rows;
+            }
+            assert_int_equal(end, c);
+            epd_wgmma_tile_rows(c, t, tiles, &row0, &rows);
+            assert_int_equal(rows, 0);
+        }
+    }
+    for (uint32_t n = 16; n <= EPD_WGMMA_TILE_MAX; n += 16) {
+        uint32_t end = 0, r, rows;
+        for (uint32_t b = 0; b < epd_wgmma_x_boxes(n); b++) {
+            epd_wgmma_x_box(n, b, &r, &rows);
+            assert_int_equal(r, end);
+            assert_true(rows == EPD_WGMMA_X_BIG || rows == EPD_WGMMA_X_BOX);
+            if (rows == EPD_WGMMA_X_BOX) assert_true(n - r < EPD_WGMMA_X_BIG);
+            end = r + rows;
+        }
+        assert_int_equal(end, n);
+        assert_int_equal(epd_wgmma_stage_bytes(0, n), EPD_WGMMA_W_TILE + n * EPD_WGMMA_ROW_BYTES);
+        assert_int_equal(epd_wgmma_stage_bytes(1, n),
+                         EPD_WGMMA_W_TILE + n * EPD_WGMMA_ROW_BYTES + n * 4u);
+    }
+}
+
 /* ---- a CPU emulation of whole launches ------------------------------------------------------
  * The kernel's producer and two consumers run as three agents taking turns on modelled mbarriers
  * (init count, arrive, expect_tx, complete_tx, try_wait.parity: a phase completes when its
@@ -767,6 +812,13 @@ static void test_ffn_gemm_wgmma_layout__launch__emulated_sums_right(void **state
     }
     if (emulate_launch(0, 1, 256, 384, counts, 4, 96, 1, why, sizeof why))
         fail_msg("BF16 SwiGLU fused, N 256: %s", why);
+    /* experts of several tiles with their rows shared unevenly (140 rows in tiles of 32: four
+     * of 32 and one of 12; of 64: 48, 48, 44; 70 in tiles of 32: 32, 32, 6) */
+    static const uint32_t many[] = {140, 70, 0, 17};
+    for (uint32_t bn = 32; bn <= 64; bn += 32)
+        for (int fp8 = 0; fp8 < 2; fp8++)
+            if (emulate_launch(fp8, 0, 128, fp8 ? 768 : 384, many, 4, bn, 1, why, sizeof why))
+                fail_msg("%s, rows 140/70/0/17, row tile %u: %s", fp8 ? "FP8" : "BF16", bn, why);
 }
 
 /* the emulation catches a wrong byte count (a hang, or more bytes than expected) and a slot
@@ -797,6 +849,7 @@ int main(void)
         cmocka_unit_test(test_ffn_gemm_wgmma_layout__stage__mma_reads_what_tma_wrote),
         cmocka_unit_test(test_ffn_gemm_wgmma_layout__accumulator__every_element_once),
         cmocka_unit_test(test_ffn_gemm_wgmma_layout__row_tile__least_waste),
+        cmocka_unit_test(test_ffn_gemm_wgmma_layout__tile_rows__cover_each_row_once),
         cmocka_unit_test(test_ffn_gemm_wgmma_layout__launch__emulated_sums_right),
         cmocka_unit_test(test_ffn_gemm_wgmma_layout__launch__emulation_catches_faults),
     };
