@@ -60,11 +60,12 @@ typedef struct epd_ffn_gemm_args {
     void *split_ws;      /* device scratch for split-K, split_ws_bytes of it (NULL: no split) */
     size_t split_ws_bytes;
     uint32_t *split_used_p; /* host, optional: the K ranges the launch used */
-    uint32_t row_tile;   /* epd_ffn_wgmma_launch only: the rows of a row tile (32, 64, 96, 128,
-                          * 160, 192 or 256; FP8: up to 128; epd_ffn_wgmma_row_tile picks one),
-                          * tile_base
-                          * then the prefix sums of ceil(counts / row_tile). The mma.sync kernel
-                          * ignores it (its tiles are EPD_FFN_GEMM_ROW_TILE rows) */
+    uint32_t row_tile;   /* epd_ffn_wgmma_launch only: the most rows of a row tile (32, 64, 96,
+                          * 128, 160, 192 or 256; FP8: up to 128; epd_ffn_wgmma_row_tile picks
+                          * one), tile_base then the prefix sums of ceil(counts / row_tile); an
+                          * expert's rows are shared evenly over its tiles, each computing its
+                          * rows rounded up to 16. The mma.sync kernel ignores it (its tiles are
+                          * EPD_FFN_GEMM_ROW_TILE rows) */
     void *swiglu_h;      /* epd_ffn_wgmma_launch, BF16 gate/up only (optional): SwiGLU fused
                           * into the epilogue: h [total_rows][n / 2] BF16 = bf16(silu(g) * u)
                           * (the SwiGLU kernel's fp32 operations) of D's features g in [0, n / 2)

@@ -4,12 +4,12 @@
  * memory operands that the TMA (cp.async.bulk.tensor, 128-byte swizzle) fills.
  *
  * As in gpu/ffn_gemm.cu the operands are swapped: the wgmma's M is the weights' output features
- * (a CTA's 128, one FP8 scale block, as two m64 halves), its N the expert's rows (the row tile:
- * 32 .. 256, args.row_tile), so a decode step's few rows cost no padded M. A CTA is
- * three warpgroups: the first a producer (one thread issues the TMA copies of a stage: 128 weight
- * rows and row_tile activation rows of 128 K bytes, FP8: the stage's activation scales by a bulk
- * copy), the other two consumers (each one m64 half of the features against every row of the
- * tile). The stages go round a ring of full/empty mbarriers: the producer waits for a slot's
+ * (a CTA's 128, one FP8 scale block, as two m64 halves), its N a work item's rows of the expert
+ * rounded up to 16 (an expert's rows shared evenly over its tiles of at most args.row_tile, 32 ..
+ * 256), so a decode step's few rows cost no padded M. A CTA is three warpgroups: the first a
+ * producer (one thread issues the TMA copies of a stage: 128 weight rows and the item's N
+ * activation rows of 128 K bytes, FP8: their activation scales by a bulk copy), the other two
+ * consumers (each one m64 half of the features against every row of the item). The stages go round a ring of full/empty mbarriers: the producer waits for a slot's
  * empty barrier, arms its full barrier with the bytes the copies bring, the consumers wait for it,
  * run the stage's 4 wgmmas (K 16 or 32 each) and arrive on the empty barrier once those wgmmas
  * are done (BF16: one wgmma group stays in flight, the previous stage's slot is released after
