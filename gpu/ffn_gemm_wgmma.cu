@@ -131,12 +131,28 @@ __device__ static __forceinline__ uint64_t globaltimer(void)
     return t;
 }
 
+/* records the first timed-out wait of launch `launch` in wg_hang (its number, CTA, thread, stage,
+ * parity, bytes expected a stage) */
+__device__ static __forceinline__ void hang_record(uint32_t stage, uint32_t parity,
+                                                   uint32_t expect, uint32_t launch)
+{
+    if (atomicCAS(&wg_hang[0], 0u, launch) == 0) {
+        wg_hang[1] = blockIdx.x;
+        wg_hang[2] = blockIdx.y;
+        wg_hang[3] = blockIdx.z;
+        wg_hang[4] = threadIdx.x;
+        wg_hang[5] = stage;
+        wg_hang[6] = parity;
+        wg_hang[7] = expect;
+        __threadfence();
+    }
+}
+
 /* waits for the phase of parity `parity` of the mbarrier at bar. A wait longer than
  * WAIT_TIMEOUT_NS (a copy that never lands: a wrong byte count or coordinate) records itself in
- * wg_hang (the first one: the launch's number, CTA, thread, stage, parity, bytes expected) and
- * gives up, and so do the launch's later waits once one of it has: the launch ends with wrong
- * results instead of hanging, and epd_ffn_wgmma_hang says where. (No printf and no trap: a
- * function call in the kernel serializes its wgmmas.) */
+ * wg_hang (hang_record) and gives up, and so do the launch's later waits once one of it has: the
+ * launch ends with wrong results instead of hanging, and epd_ffn_wgmma_hang says where. (No
+ * printf and no trap: a function call in the kernel serializes its wgmmas.) */
 __device__ static __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity, uint32_t stage,
                                                  uint32_t expect, uint32_t launch)
 {
@@ -147,19 +163,28 @@ __device__ static __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity, 
         if ((spins & 1023u) == 0) {
             if (*(volatile uint32_t *)&wg_hang[0] == launch) return;
             if (globaltimer() - t0 > WAIT_TIMEOUT_NS) {
-                if (atomicCAS(&wg_hang[0], 0u, launch) == 0) {
-                    wg_hang[1] = blockIdx.x;
-                    wg_hang[2] = blockIdx.y;
-                    wg_hang[3] = blockIdx.z;
-                    wg_hang[4] = threadIdx.x;
-                    wg_hang[5] = stage;
-                    wg_hang[6] = parity;
-                    wg_hang[7] = expect;
-                    __threadfence();
-                }
+                hang_record(stage, parity, expect, launch);
                 return;
             }
         }
+    }
+}
+
+/* mbar_wait for a consumer warp that has wgmmas in flight: its lanes try together and leave
+ * together; a wait longer than limit_ns returns true (the caller records it with hang_record
+ * once its wgmmas are done, and passes 0 for the waits after it, which then give up at once).
+ * ptxas serializes a warpgroup's wgmmas when a wait between their issue and their wait_group can
+ * be left by lanes apart, or through a path with global memory operations, or is branched
+ * around (C7518, "program dependence on compiler-inserted WG.DP in divergent path"); this loop
+ * has none of that. */
+__device__ static __forceinline__ bool mbar_wait_warp(uint32_t bar, uint32_t parity,
+                                                      uint64_t limit_ns)
+{
+    const uint64_t t0 = globaltimer();
+    for (uint32_t spins = 0;; spins++) {
+        if (__all_sync(0xffffffffu, mbar_try(bar, parity))) return false;
+        if ((spins & 1023u) == 0 && __any_sync(0xffffffffu, globaltimer() - t0 >= limit_ns))
+            return true;
     }
 }
 
@@ -263,20 +288,16 @@ struct wg_ring {
     uint32_t it;                    /* the stages of the items before this one */
 };
 
-/* A consumer's K loop over item I with N = I.n (the rows it computes): acc[0 .. N / 2) the sums
- * of its half of the features (zero before), every stage's slot released once its wgmmas are
- * done (BF16: one group left in flight, the previous stage's slot released after wait_group 1;
- * FP8: each stage summed in a fresh fragment, waited for, then promoted). */
-template <bool FP8, uint32_t BN, uint32_t N>
-__device__ static __forceinline__ void wg_mainloop(float (&acc)[BN / 2], const wg_params &p,
-                                                   const wg_item &I, const wg_ring &g,
-                                                   uint32_t half, uint32_t lane)
+/* A consumer's K loop over item I with N = I.n (the rows it computes), BF16: acc[0 .. N / 2) the
+ * sums of its half of the features (zero before), one wgmma group left in flight, the previous
+ * stage's slot released after wait_group 1. */
+template <uint32_t BN, uint32_t N>
+__device__ static __forceinline__ void wg_mainloop_bf16(float (&acc)[BN / 2], const wg_params &p,
+                                                        const wg_item &I, const wg_ring &g,
+                                                        uint32_t half)
 {
 #if WG_ARCH
     using C = tile_cfg<BN>;
-    const float *wsg =
-        FP8 ? p.w_scale + epd_wgmma_w_scale_at(I.e, p.n, I.fb, p.w_scale_ld, I.kb0) : nullptr;
-    float ws_next = FP8 && I.n_kb > 0 ? __ldg(wsg) : 1.0f;
     uint32_t prev_slot = 0;
     for (uint32_t s = 0; s < I.n_kb; s++) {
         uint32_t slot, ph, empty_ph;
@@ -285,52 +306,122 @@ __device__ static __forceinline__ void wg_mainloop(float (&acc)[BN / 2], const w
         mbar_wait(g.full + 8 * slot, ph, g.it + s, I.stage_bytes, p.launch);
         const uint32_t a0 = g.w_s + slot * W_TILE + half * 64u * EPD_WGMMA_ROW_BYTES;
         const uint32_t b0 = g.x_s + slot * C::X_TILE;
-        if constexpr (!FP8) {
-            fence_regs(acc);
-            wgmma_fence();
-#pragma unroll
-            for (uint32_t kk = 0; kk < EPD_WGMMA_ROW_BYTES / EPD_WGMMA_K_BYTES; kk++)
-                wgmma<false, N>(acc, epd_wgmma_desc_step(a0, kk), epd_wgmma_desc_step(b0, kk), 1);
-            wgmma_commit();
-            fence_regs(acc);
-            /* the previous stage's wgmmas are done: its slot is free */
-            if (s > 0) {
-                wgmma_wait<1>();
-                mbar_arrive(g.empty + 8 * prev_slot);
-            }
-            prev_slot = slot;
-        } else {
-            float part[N / 2];
-            const float ws = ws_next;
-            if (s + 1 < I.n_kb) ws_next = __ldg(wsg + s + 1);
-            wgmma_fence();
-#pragma unroll
-            for (uint32_t kk = 0; kk < EPD_WGMMA_ROW_BYTES / EPD_WGMMA_K_BYTES; kk++)
-                wgmma<true, N>(part, epd_wgmma_desc_step(a0, kk), epd_wgmma_desc_step(b0, kk),
-                               kk > 0);
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_regs(part);
-            const float *sc = g.xsc + slot * BN;
-            /* registers 4q .. 4q + 3 hold rows 8q + (lane % 4) * 2 + {0, 1} of features m and
-             * m + 8 (epd_wgmma_acc_pos): the two rows' scales once, then one fused
-             * multiply-add a register */
-#pragma unroll
-            for (uint32_t q = 0; q < N / 8; q++) {
-                const float2 s2 = *(const float2 *)(sc + q * 8 + (lane % 4) * 2);
-                const float s0 = ws * s2.x, s1 = ws * s2.y;
-                acc[4 * q + 0] = __fmaf_rn(part[4 * q + 0], s0, acc[4 * q + 0]);
-                acc[4 * q + 1] = __fmaf_rn(part[4 * q + 1], s1, acc[4 * q + 1]);
-                acc[4 * q + 2] = __fmaf_rn(part[4 * q + 2], s0, acc[4 * q + 2]);
-                acc[4 * q + 3] = __fmaf_rn(part[4 * q + 3], s1, acc[4 * q + 3]);
-            }
-            mbar_arrive(g.empty + 8 * slot);
-        }
-    }
-    if (!FP8) {
-        wgmma_wait<0>();
         fence_regs(acc);
-        if (I.n_kb > 0) mbar_arrive(g.empty + 8 * prev_slot);
+        wgmma_fence();
+#pragma unroll
+        for (uint32_t kk = 0; kk < EPD_WGMMA_ROW_BYTES / EPD_WGMMA_K_BYTES; kk++)
+            wgmma<false, N>(acc, epd_wgmma_desc_step(a0, kk), epd_wgmma_desc_step(b0, kk), 1);
+        wgmma_commit();
+        fence_regs(acc);
+        /* the previous stage's wgmmas are done: its slot is free */
+        if (s > 0) {
+            wgmma_wait<1>();
+            mbar_arrive(g.empty + 8 * prev_slot);
+        }
+        prev_slot = slot;
+    }
+    wgmma_wait<0>();
+    fence_regs(acc);
+    if (I.n_kb > 0) mbar_arrive(g.empty + 8 * prev_slot);
+#else
+    (void)acc;
+    (void)p;
+    (void)I;
+    (void)g;
+    (void)half;
+#endif
+}
+
+#if WG_ARCH
+/* FP8: waits for stage s's slot (mbar_wait_warp: true once a wait timed out, and every wait
+ * after it returns at once) and issues its 4 wgmmas into part, a fresh fragment; the slot out */
+template <uint32_t BN, uint32_t N>
+__device__ static __forceinline__ void fp8_issue(float (&part)[N / 2], const wg_item &I,
+                                                 const wg_ring &g, uint32_t s, uint32_t half,
+                                                 uint32_t *slot_p, uint32_t *late_p)
+{
+    using C = tile_cfg<BN>;
+    uint32_t slot, ph, empty_ph;
+    epd_wgmma_ring(g.it + s, C::STAGES, &slot, &ph, &empty_ph);
+    (void)empty_ph;
+    const uint64_t limit = *late_p != 0 ? 0 : WAIT_TIMEOUT_NS;
+    if (mbar_wait_warp(g.full + 8 * slot, ph, limit) && *late_p == 0) *late_p = s + 1;
+    const uint32_t a0 = g.w_s + slot * W_TILE + half * 64u * EPD_WGMMA_ROW_BYTES;
+    const uint32_t b0 = g.x_s + slot * C::X_TILE;
+    wgmma_fence();
+#pragma unroll
+    for (uint32_t kk = 0; kk < EPD_WGMMA_ROW_BYTES / EPD_WGMMA_K_BYTES; kk++)
+        wgmma<true, N>(part, epd_wgmma_desc_step(a0, kk), epd_wgmma_desc_step(b0, kk), kk > 0);
+    wgmma_commit();
+    *slot_p = slot;
+}
+
+/* FP8: promotes a finished stage's fragment into acc (DeepGEMM's promotion once per 128-K block:
+ * acc = fma(part, w_scale * x_scale[row], acc)) and frees its slot. Registers 4q .. 4q + 3 hold
+ * rows 8q + (lane % 4) * 2 + {0, 1} of features m and m + 8 (epd_wgmma_acc_pos): the two rows'
+ * scales once, then one fused multiply-add a register. */
+template <uint32_t BN, uint32_t N>
+__device__ static __forceinline__ void fp8_promote(float (&acc)[BN / 2], float (&part)[N / 2],
+                                                   const wg_ring &g, uint32_t slot, float ws,
+                                                   uint32_t lane)
+{
+    fence_regs(part);
+    const float *sc = g.xsc + slot * BN;
+#pragma unroll
+    for (uint32_t q = 0; q < N / 8; q++) {
+        const float2 s2 = *(const float2 *)(sc + q * 8 + (lane % 4) * 2);
+        const float s0 = ws * s2.x, s1 = ws * s2.y;
+        acc[4 * q + 0] = __fmaf_rn(part[4 * q + 0], s0, acc[4 * q + 0]);
+        acc[4 * q + 1] = __fmaf_rn(part[4 * q + 1], s1, acc[4 * q + 1]);
+        acc[4 * q + 2] = __fmaf_rn(part[4 * q + 2], s0, acc[4 * q + 2]);
+        acc[4 * q + 3] = __fmaf_rn(part[4 * q + 3], s1, acc[4 * q + 3]);
+    }
+    mbar_arrive(g.empty + 8 * slot);
+}
+#endif
+
+/* The K loop over item I with N = I.n, FP8 block scales: each stage's products summed in a fresh
+ * fragment, two fragments in turn, so that stage s + 1's wgmmas run while stage s is promoted
+ * (wait_group 1). No branch between a group's issue and its wait but the warp-uniform wait of
+ * mbar_wait_warp (the pairs' loop, then the last one or two stages). A timed-out wait is recorded
+ * once the wgmmas are done. */
+template <uint32_t BN, uint32_t N>
+__device__ static __forceinline__ void wg_mainloop_fp8(float (&acc)[BN / 2], const wg_params &p,
+                                                       const wg_item &I, const wg_ring &g,
+                                                       uint32_t half, uint32_t lane)
+{
+#if WG_ARCH
+    if (I.n_kb == 0) return;
+    const float *wsg = p.w_scale + epd_wgmma_w_scale_at(I.e, p.n, I.fb, p.w_scale_ld, I.kb0);
+    float pa[N / 2], pb[N / 2];
+    uint32_t sa = 0, sb = 0, late = 0; /* late: the stage of the first timed-out wait, + 1 */
+    fp8_issue<BN, N>(pa, I, g, 0, half, &sa, &late);
+    uint32_t s = 0;
+    for (; s + 2 < I.n_kb; s += 2) {
+        const float wa = __ldg(wsg + s), wb = __ldg(wsg + s + 1);
+        fp8_issue<BN, N>(pb, I, g, s + 1, half, &sb, &late);
+        wgmma_wait<1>();
+        fp8_promote<BN, N>(acc, pa, g, sa, wa, lane);
+        fp8_issue<BN, N>(pa, I, g, s + 2, half, &sa, &late);
+        wgmma_wait<1>();
+        fp8_promote<BN, N>(acc, pb, g, sb, wb, lane);
+    }
+    const float wa = __ldg(wsg + s);
+    if (s + 1 < I.n_kb) {
+        const float wb = __ldg(wsg + s + 1);
+        fp8_issue<BN, N>(pb, I, g, s + 1, half, &sb, &late);
+        wgmma_wait<1>();
+        fp8_promote<BN, N>(acc, pa, g, sa, wa, lane);
+        wgmma_wait<0>();
+        fp8_promote<BN, N>(acc, pb, g, sb, wb, lane);
+    } else {
+        wgmma_wait<0>();
+        fp8_promote<BN, N>(acc, pa, g, sa, wa, lane);
+    }
+    if (late != 0) {
+        uint32_t slot, ph, empty_ph;
+        epd_wgmma_ring(g.it + late - 1, tile_cfg<BN>::STAGES, &slot, &ph, &empty_ph);
+        hang_record(g.it + late - 1, ph, I.stage_bytes, p.launch);
     }
 #else
     (void)acc;
@@ -354,7 +445,10 @@ __device__ static __forceinline__ void wg_mainloop_n(float (&acc)[BN / 2], const
             return;
         }
     }
-    wg_mainloop<FP8, BN, N>(acc, p, I, g, half, lane);
+    if constexpr (FP8)
+        wg_mainloop_fp8<BN, N>(acc, p, I, g, half, lane);
+    else
+        wg_mainloop_bf16<BN, N>(acc, p, I, g, half);
 }
 
 /* ---- the kernels ------------------------------------------------------------------------- */
@@ -397,6 +491,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     __syncthreads();
 
     if (wg == 0) {
+        /* FP8: the producer's registers to the consumers (two fragments and the sums: 192 at
+         * 128 rows); 128 x 40 + 256 x 232 is the 384 x 168 the launch holds */
+        if constexpr (FP8) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (tid != 0) return;
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tw) : "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tx) : "memory");
@@ -438,6 +535,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         return;
     }
 
+    if constexpr (FP8) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     /* a consumer: features (wg - 1) * 64 .. + 64 of the item's 128, every row of the tile */
     const uint32_t half = wg - 1, wt = tid % WG_THREADS, warp = wt / 32, lane = wt % 32;
     for (uint32_t w = blockIdx.x; w < items; w += gridDim.x) {

@@ -443,6 +443,29 @@ static void emu_wgmma(emu_t *m, uint32_t h, uint32_t slot, double *d, int fresh,
             }
 }
 
+/* FP8: a finished stage's fragment part (slot `slot`) promoted into acc with the weight scale ws
+ * and the slot's activation scales, read from the slot now (as the kernel does, before it frees
+ * it); then the slot freed */
+static void emu_promote(emu_t *m, uint32_t h, double *acc, const double *part, uint32_t slot,
+                        double ws, uint32_t cols)
+{
+    const uint32_t bn = m->bn, regs = bn / 2;
+    float sc[256];
+    const uint8_t *p = sm(m, m->base + m->at.sc + slot * bn * 4, bn * 4);
+    (void)h;
+    if (p != NULL) memcpy(sc, p, bn * 4);
+    for (uint32_t warp = 0; warp < 4; warp++)
+        for (uint32_t lane = 0; lane < 32; lane++)
+            for (uint32_t j = 0; j < regs; j++) {
+                uint32_t fm, fn;
+                epd_wgmma_acc_pos(warp, lane, j, &fm, &fn);
+                if (fn >= cols) continue;
+                const uint32_t i = (warp * 32 + lane) * regs + j;
+                acc[i] += part[i] * (ws * sc[fn]);
+            }
+    for (uint32_t t = 0; t < WG; t++) bar_arrive(&m->empty[slot]);
+}
+
 /* one CTA (feature block fb, grid row y, K range z) as the kernel runs it */
 static void emu_cta(emu_t *m, uint32_t fb, uint32_t y, uint32_t z)
 {
@@ -479,7 +502,7 @@ static void emu_cta(emu_t *m, uint32_t fb, uint32_t y, uint32_t z)
     /* the agents: producer, consumer halves 0 and 1 */
     uint32_t ps = 0, cs[2] = {0, 0}, done[2] = {0, 0};
     uint32_t pending[2] = {0, 0}, has_pending[2] = {0, 0};
-    static double acc[2][128 * 128], part[128 * 128];
+    static double acc[2][128 * 128], part[2][2][128 * 128]; /* FP8: [half][fragment] */
     for (uint32_t i = 0; i < 128 * regs; i++) acc[0][i] = acc[1][i] = 0;
     for (uint32_t rounds = 0; !m->failed; rounds++) {
         int moved = 0;
@@ -532,28 +555,27 @@ static void emu_cta(emu_t *m, uint32_t fb, uint32_t y, uint32_t z)
                     if (m->fault == EMU_FAULT_EARLY_RELEASE)
                         for (uint32_t t = 0; t < WG; t++) bar_arrive(&m->empty[slot]);
                 } else {
-                    const double ws =
-                        m->w_scale[epd_wgmma_w_scale_at(e, m->n, fb, m->ld, kb0) + cs[h]];
-                    float sc[256];
-                    const uint8_t *p = sm(m, m->base + m->at.sc + slot * bn * 4, bn * 4);
-                    if (p != NULL) memcpy(sc, p, bn * 4);
-                    emu_wgmma(m, h, slot, part, 1, cols);
-                    for (uint32_t warp = 0; warp < 4; warp++)
-                        for (uint32_t lane = 0; lane < 32; lane++)
-                            for (uint32_t j = 0; j < regs; j++) {
-                                uint32_t fm, fn;
-                                epd_wgmma_acc_pos(warp, lane, j, &fm, &fn);
-                                if (fn >= cols) continue;
-                                const uint32_t i = (warp * 32 + lane) * regs + j;
-                                acc[h][i] += part[i] * (ws * sc[fn]);
-                            }
-                    for (uint32_t t = 0; t < WG; t++) bar_arrive(&m->empty[slot]);
+                    /* issued into the stage's fragment (two in turn); the previous stage, done
+                     * now (wait_group 1), promoted and its slot freed */
+                    emu_wgmma(m, h, slot, part[h][cs[h] & 1], 1, cols);
+                    if (has_pending[h])
+                        emu_promote(m, h, acc[h], part[h][(cs[h] - 1) & 1], pending[h],
+                                    m->w_scale[epd_wgmma_w_scale_at(e, m->n, fb, m->ld, kb0) +
+                                               cs[h] - 1],
+                                    cols);
+                    pending[h] = slot;
+                    has_pending[h] = 1;
                 }
                 cs[h]++;
                 moved = 1;
                 continue;
             }
-            if (has_pending[h]) {
+            if (has_pending[h] && m->fp8) {
+                emu_promote(m, h, acc[h], part[h][(cs[h] - 1) & 1], pending[h],
+                            m->w_scale[epd_wgmma_w_scale_at(e, m->n, fb, m->ld, kb0) + cs[h] - 1],
+                            cols);
+                has_pending[h] = 0;
+            } else if (has_pending[h]) {
                 emu_wgmma(m, h, pending[h], acc[h], 0, cols);
                 for (uint32_t t = 0; m->fault != EMU_FAULT_EARLY_RELEASE && t < WG; t++)
                     bar_arrive(&m->empty[pending[h]]);
