@@ -146,14 +146,16 @@ struct epd_ffn_cuda {
 
     /* per-call buffers, grown on demand */
     uint32_t cap_pairs, cap_rows;
-    uint32_t *counts_dev;   /* [2 n_local]: rows, then the scatter's cursors */
+    /* a call's numbers, one allocation (meta_dev, slot_meta_words of them) that one copy from
+     * a host slot fills: */
+    uint32_t *meta_dev;
+    uint32_t *counts_dev;   /* [2 n_local]: rows, then the scatter's cursors (zeros) */
     uint32_t *row_base_dev; /* [n_local + 1] */
-    const void **ptrs_dev;  /* [6 n_local]: the batched GEMMs' A, B, D pointer arrays */
     uint32_t *tile_base_dev; /* [n_local + 1]: kernel, the row tiles' prefix sums */
-    /* pinned slots, used in turn, each: [n_local] rows per expert, [n_local + 1] row bases,
-     * [6 n_local] pointers, [n_local + 1] row tile bases (slot_ptrs, slot_tiles); copied to the
-     * device by the call that filled them; a slot is refilled once its copies have run
-     * (host_done) */
+    const void **ptrs_dev;  /* [6 n_local]: the batched GEMMs' A, B, D pointer arrays */
+    /* pinned slots, used in turn, each: the numbers as meta_dev holds them, then [6 n_local]
+     * pointers (slot_ptrs); copied to the device by the call that filled them; a slot is
+     * refilled once its copies have run (host_done) */
     uint8_t *host;
     size_t slot_bytes;
     cudaEvent_t host_done[HOST_SLOTS];
@@ -206,15 +208,22 @@ static uint32_t l4(uint32_t k)
     return (k / GROUP + 3) / 4 * 4;
 }
 
-/* A host slot's parts after the counts and row bases: the pointers, then the row tile bases */
-static size_t slot_ptrs(uint32_t n_local)
+/* A call's numbers (meta_dev and the head of a host slot): [n_local] rows per expert,
+ * [n_local] zeros (the scatter's cursors), [n_local + 1] row bases, [n_local + 1] row tile
+ * bases; the slot's pointers after them (slot_ptrs), then its end (slot_end) */
+static size_t slot_meta_words(uint32_t n_local)
 {
-    return ((2 * (size_t)n_local + 1) * sizeof(uint32_t) + 15) / 16 * 16;
+    return 4 * (size_t)n_local + 2;
 }
 
-static size_t slot_tiles(uint32_t n_local)
+static size_t slot_ptrs(uint32_t n_local)
 {
-    return slot_ptrs(n_local) + 6 * (size_t)n_local * sizeof(void *);
+    return (slot_meta_words(n_local) * sizeof(uint32_t) + 15) / 16 * 16;
+}
+
+static size_t slot_end(uint32_t n_local)
+{
+    return (slot_ptrs(n_local) + 6 * (size_t)n_local * sizeof(void *) + 15) / 16 * 16;
 }
 
 static void proj_dims(const epd_ffn_cuda_t *f, int proj, uint32_t *n_p, uint32_t *k_p)
@@ -995,8 +1004,7 @@ extern "C" void epd_ffn_cuda_destroy(epd_ffn_cuda_t *f)
     if (f->lt != NULL) cublasLtDestroy(f->lt);
     streams_free(f);
     if (f->fork != NULL) cudaEventDestroy(f->fork);
-    void *bufs[] = {f->counts_dev, f->row_base_dev, (void *)f->ptrs_dev, f->tile_base_dev,
-                    f->pair_row, f->row_src, f->act, f->act_scale, f->gu, f->h, f->h_scale, f->y};
+    void *bufs[] = {f->meta_dev, (void *)f->ptrs_dev, f->pair_row, f->row_src, f->act, f->act_scale, f->gu, f->h, f->h_scale, f->y};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
     cudaFreeHost(f->host);
     for (int i = 0; i < HOST_SLOTS; i++)
@@ -1784,14 +1792,13 @@ extern "C" epd_status_t epd_ffn_cuda_create(const epd_ffn_weights_t *w, void *st
         status = EPD_ERR_CUDA;
         goto fail;
     }
-    f->slot_bytes =
-        (slot_tiles(w->n_local) + ((size_t)w->n_local + 1) * sizeof(uint32_t) + 15) / 16 * 16;
-    f->counts_dev = (uint32_t *)dalloc(2 * (size_t)w->n_local * sizeof(uint32_t));
-    f->row_base_dev = (uint32_t *)dalloc(((size_t)w->n_local + 1) * sizeof(uint32_t));
+    f->slot_bytes = slot_end(w->n_local);
+    f->meta_dev = (uint32_t *)dalloc(slot_meta_words(w->n_local) * sizeof(uint32_t));
+    f->counts_dev = f->meta_dev;
+    f->row_base_dev = f->meta_dev + 2 * (size_t)w->n_local;
+    f->tile_base_dev = f->row_base_dev + (size_t)w->n_local + 1;
     f->ptrs_dev = (const void **)dalloc(6 * (size_t)w->n_local * sizeof(void *));
-    f->tile_base_dev = (uint32_t *)dalloc(((size_t)w->n_local + 1) * sizeof(uint32_t));
-    if (f->counts_dev == NULL || f->row_base_dev == NULL || f->ptrs_dev == NULL ||
-        f->tile_base_dev == NULL ||
+    if (f->meta_dev == NULL || f->ptrs_dev == NULL ||
         cudaMallocHost((void **)&f->host, HOST_SLOTS * f->slot_bytes) != cudaSuccess ||
         cudaEventCreateWithFlags(&f->fork, cudaEventDisableTiming) != cudaSuccess) {
         cudaGetLastError();
@@ -2336,21 +2343,21 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
      * exactly this rank's experts), else counted here and read back (a wait) */
     uint32_t slot = f->next_slot++ % HOST_SLOTS;
     uint8_t *slot_p = f->host + (size_t)slot * f->slot_bytes;
-    uint32_t *counts = (uint32_t *)slot_p;
-    uint32_t *row_base = counts + f->n_local, total = 0;
+    uint32_t *counts = (uint32_t *)slot_p, total = 0;
+    uint32_t *row_base = counts + 2 * f->n_local, *tile_base = row_base + f->n_local + 1;
     const void **ptrs = (const void **)(slot_p + slot_ptrs(f->n_local));
-    uint32_t *tile_base = (uint32_t *)(slot_p + slot_tiles(f->n_local)), n_tiles = 0;
+    uint32_t n_tiles = 0;
     if (f->host_done[slot] == NULL)
         CU(cudaEventCreateWithFlags(&f->host_done[slot], cudaEventDisableTiming),
            "cudaEventCreate");
     CU(cudaEventSynchronize(f->host_done[slot]), "waiting for a host slot");
-    CU(cudaMemsetAsync(f->counts_dev, 0, 2 * (size_t)f->n_local * sizeof(uint32_t), f->stream),
-       "cudaMemsetAsync");
+    /* the cursors' zeros travel with the numbers' one copy below */
+    memset(counts + f->n_local, 0, (size_t)f->n_local * sizeof(uint32_t));
     if (expert_rows_host != NULL && f->n_local == per_rank && f->first == shape->rank * per_rank) {
         memcpy(counts, expert_rows_host, (size_t)f->n_local * sizeof(uint32_t));
-        CU(cudaMemcpyAsync(f->counts_dev, counts, (size_t)f->n_local * sizeof(uint32_t),
-                           cudaMemcpyHostToDevice, f->stream), "copying the row counts");
     } else {
+        CU(cudaMemsetAsync(f->counts_dev, 0, (size_t)f->n_local * sizeof(uint32_t), f->stream),
+           "cudaMemsetAsync");
         count_kernel<<<blocks_for(pairs, 256), 256, 0, f->stream>>>(ra, f->counts_dev);
         CU(cudaGetLastError(), "count kernel");
         CU(cudaMemcpyAsync(counts, f->counts_dev, (size_t)f->n_local * sizeof(uint32_t),
@@ -2380,18 +2387,15 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
     f->last_path = path;
     status = reserve(f, (uint32_t)pairs, total, err);
     if (status != EPD_OK) return status;
-    CU(cudaMemcpyAsync(f->row_base_dev, row_base, ((size_t)f->n_local + 1) * sizeof(uint32_t),
-                       cudaMemcpyHostToDevice, f->stream), "cudaMemcpyAsync");
-    if (kernel) {
-        /* the row tiles of each expert: its rows in tiles of row_tile */
-        tile_base[0] = 0;
-        for (uint32_t e = 0; e < f->n_local; e++)
-            tile_base[e + 1] = tile_base[e] + (counts[e] + row_tile - 1) / row_tile;
-        n_tiles = tile_base[f->n_local];
-        CU(cudaMemcpyAsync(f->tile_base_dev, tile_base,
-                           ((size_t)f->n_local + 1) * sizeof(uint32_t), cudaMemcpyHostToDevice,
-                           f->stream), "copying the row tiles");
-    }
+    /* the row tiles of each expert (kernel: its rows in tiles of row_tile; else none) */
+    tile_base[0] = 0;
+    for (uint32_t e = 0; e < f->n_local; e++)
+        tile_base[e + 1] = tile_base[e] + (kernel ? (counts[e] + row_tile - 1) / row_tile : 0);
+    n_tiles = tile_base[f->n_local];
+    /* the numbers in one copy: the counts (the same bytes where the device counted them), the
+     * cursors' zeros, the row and row tile bases */
+    CU(cudaMemcpyAsync(f->meta_dev, counts, slot_meta_words(f->n_local) * sizeof(uint32_t),
+                       cudaMemcpyHostToDevice, f->stream), "copying the rows and row bases");
     batch_group_t *groups = f->groups;
     uint32_t n_groups = 0, used = 0;
     if (batched || grouped) {
