@@ -3,9 +3,12 @@
  * K I; BF16 D), against a device read of the same weight bytes in the same run: how far the
  * kernel is from the weight read that bounds it at decode sizes, without the rest of the experts
  * phase (gather, SwiGLU, combine) or the random routing of `epd --bench`.
- *   gemmbench [--fp8] [--rows R,R,...] [--tile T] [--experts E] [--hidden H] [--inter I]
- *             [--iters N] [--check]
- * --tile 0 (the default) lets the launch pick the row tile as the daemon does; --check compares
+ *   gemmbench [--fp8] [--rows R,R,...] [--tile T,T,...] [--experts E] [--hidden H] [--inter I]
+ *             [--iters N] [--routed] [--f32] [--check]
+ * --tile 0 (the default) lets the launch pick the row tile as the daemon does, a list times each;
+ * --routed gives the experts rows as `epd --bench` routes them (R x E rows, each to an expert drawn
+ * at random, fixed seed) instead of R each; --f32 writes D in fp32 as the daemon does (else BF16);
+ * --check compares
  * experts 0 and E-1 of each launch with a direct fp64 sum on the GPU (prints OK or BAD, exit 1 on
  * BAD). One line a projection and a total a row count: the median µs of 5 runs of N launches, the
  * read's, their ratio, TFLOP/s. Needs an sm_90a device (exit 77 without one). */
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "gpu/ffn_gemm.h"
+#include "gpu/ffn_gemm_wgmma_layout.h"
 #include "tests/gpu/cuda_check.cuh"
 
 /* deterministic small values: e4m3 codes of magnitude 2^-3 .. 2^2, or BF16 near +-1 */
@@ -116,29 +120,35 @@ template <typename F> static double time_us(cudaStream_t s, F call)
     return t[2];
 }
 
-/* worst |D - ref| over max |ref| of experts 0 and E-1 (D in BF16) */
+/* worst |D - ref| over max |ref| of experts 0 and E-1 (D in BF16, or fp32 without a.out_bf16) */
 static double check(const epd_ffn_gemm_args_t &a, const std::vector<uint32_t> &row_base,
-                    uint32_t rows, cudaStream_t s)
+                    const std::vector<uint32_t> &counts, cudaStream_t s)
 {
+    const size_t es = a.out_bf16 ? 2 : 4;
     double worst = 0;
     double *ref;
-    CUDA_OK(cudaMalloc(&ref, (size_t)rows * a.n * sizeof(double)));
+    CUDA_OK(cudaMalloc(&ref, (size_t)row_base[a.n_experts] * a.n * sizeof(double)));
     for (uint32_t e : {0u, a.n_experts - 1}) {
-        const uint32_t mpad = row_base[e + 1] - row_base[e];
+        const uint32_t mpad = row_base[e + 1] - row_base[e], rows = counts[e];
+        if (rows == 0) continue;
         ref_kernel<<<dim3((a.n + 127) / 128, rows), 128, 0, s>>>(a, e, row_base[e], mpad, rows,
                                                                   ref);
         CUDA_OK(cudaGetLastError());
         std::vector<double> want((size_t)rows * a.n);
-        std::vector<uint16_t> got((size_t)rows * a.n);
+        std::vector<uint8_t> got((size_t)rows * a.n * es);
         CUDA_OK(cudaMemcpy(want.data(), ref, want.size() * sizeof(double),
                               cudaMemcpyDeviceToHost));
-        CUDA_OK(cudaMemcpy(got.data(), (const uint16_t *)a.d + (size_t)row_base[e] * a.n,
-                              got.size() * 2, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(got.data(), (const uint8_t *)a.d + (size_t)row_base[e] * a.n * es,
+                              got.size(), cudaMemcpyDeviceToHost));
         double top = 0, err = 0;
         for (size_t i = 0; i < want.size(); i++) {
             float g;
-            const uint32_t bits = (uint32_t)got[i] << 16;
-            memcpy(&g, &bits, 4);
+            if (es == 2) {
+                const uint32_t bits = (uint32_t)(got[2 * i] | got[2 * i + 1] << 8) << 16;
+                memcpy(&g, &bits, 4);
+            } else {
+                memcpy(&g, &got[4 * i], 4);
+            }
             top = fmax(top, fabs(want[i]));
             const double d = fabs((double)g - want[i]);
             if (!(d <= err)) err = d; /* NaN wins */
@@ -150,32 +160,63 @@ static double check(const epd_ffn_gemm_args_t &a, const std::vector<uint32_t> &r
     return worst;
 }
 
+/* "a,b,c" into out (each 0 .. max, zero only with zero_ok); false on a bad list */
+static bool parse_list(const char *v, uint32_t max, bool zero_ok, std::vector<uint32_t> &out)
+{
+    out.clear();
+    for (const char *p = v; *p != '\0';) {
+        char *end;
+        unsigned long r = strtoul(p, &end, 10);
+        if (end == p || (r == 0 && !zero_ok) || r > max || (*end != ',' && *end != '\0'))
+            return false;
+        out.push_back((uint32_t)r);
+        p = *end == ',' ? end + 1 : end;
+    }
+    return !out.empty();
+}
+
+/* rows x n_exp rows, each to an expert drawn from a fixed-seed xorshift (as random routing
+ * spreads them), or rows each */
+static std::vector<uint32_t> make_counts(uint32_t rows, uint32_t n_exp, bool routed)
+{
+    std::vector<uint32_t> counts(n_exp, routed ? 0 : rows);
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (uint64_t i = 0; routed && i < (uint64_t)rows * n_exp; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        counts[(x >> 11) % n_exp]++;
+    }
+    return counts;
+}
+
 int main(int argc, char **argv)
 {
-    bool fp8 = false, do_check = false;
-    uint32_t tile = 0, n_exp = 32, hidden = 7168, inter = 2048;
-    std::vector<uint32_t> row_list = {16, 32, 64, 128};
+    bool fp8 = false, do_check = false, routed = false, f32 = false;
+    uint32_t n_exp = 32, hidden = 7168, inter = 2048;
+    std::vector<uint32_t> row_list = {16, 32, 64, 128}, tile_list = {0};
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(argv[i], "--fp8") == 0) {
             fp8 = true;
         } else if (strcmp(argv[i], "--check") == 0) {
             do_check = true;
+        } else if (strcmp(argv[i], "--routed") == 0) {
+            routed = true;
+        } else if (strcmp(argv[i], "--f32") == 0) {
+            f32 = true;
         } else if (strcmp(argv[i], "--rows") == 0 && v != NULL) {
-            row_list.clear();
-            for (const char *p = v; *p != '\0';) {
-                char *end;
-                unsigned long r = strtoul(p, &end, 10);
-                if (end == p || r == 0 || r > 65536) {
-                    fprintf(stderr, "gemmbench: bad --rows '%s'\n", v);
-                    return 2;
-                }
-                row_list.push_back((uint32_t)r);
-                p = *end == ',' ? end + 1 : end;
+            if (!parse_list(v, 65536, false, row_list)) {
+                fprintf(stderr, "gemmbench: bad --rows '%s'\n", v);
+                return 2;
             }
             i++;
         } else if (strcmp(argv[i], "--tile") == 0 && v != NULL) {
-            tile = (uint32_t)atoi(v), i++;
+            if (!parse_list(v, 256, true, tile_list)) {
+                fprintf(stderr, "gemmbench: bad --tile '%s'\n", v);
+                return 2;
+            }
+            i++;
         } else if (strcmp(argv[i], "--experts") == 0 && v != NULL) {
             n_exp = (uint32_t)atoi(v), i++;
         } else if (strcmp(argv[i], "--hidden") == 0 && v != NULL) {
@@ -186,8 +227,8 @@ int main(int argc, char **argv)
             iters = atoi(v), i++;
         } else {
             fprintf(stderr,
-                    "usage: gemmbench [--fp8] [--rows R,R,...] [--tile T] [--experts E] "
-                    "[--hidden H] [--inter I] [--iters N] [--check]\n");
+                    "usage: gemmbench [--fp8] [--rows R,R,...] [--tile T,T,...] [--experts E] "
+                    "[--hidden H] [--inter I] [--iters N] [--routed] [--f32] [--check]\n");
             return 2;
         }
     }
@@ -211,105 +252,116 @@ int main(int argc, char **argv)
     CUDA_OK(cudaStreamCreate(&s));
     CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     CUDA_OK(cudaMalloc(&sink, sizeof *sink));
-    const uint32_t es = fp8 ? 1 : 2;
+    const uint32_t es = fp8 ? 1 : 2, ds = f32 ? 4 : 2;
     bool bad = false;
-    printf("gemmbench: %s, %u experts, H %u, I %u, BF16 D, %d launches a run\n",
-           fp8 ? "FP8 block weights" : "BF16 weights", n_exp, hidden, inter, iters);
+    printf("gemmbench: %s, %u experts, H %u, I %u, %s D, rows %s, %d launches a run\n",
+           fp8 ? "FP8 block weights" : "BF16 weights", n_exp, hidden, inter, f32 ? "fp32" : "BF16",
+           routed ? "routed at random (the mean given)" : "the same for each expert", iters);
     for (uint32_t rows : row_list) {
-        /* the daemon's padding (gpu/ffn_cuda.cu pad_rows) */
-        const uint32_t step = rows <= 128 ? 16 : rows <= 512 ? 32 : 64;
-        const uint32_t mpad = (rows + step - 1) / step * step;
-        std::vector<uint32_t> counts(n_exp, rows), row_base(n_exp + 1), tile_base(n_exp + 1);
-        const uint32_t rt = tile != 0 ? tile : epd_ffn_wgmma_row_tile(fp8, counts.data(), n_exp);
-        for (uint32_t e = 0; e <= n_exp; e++) {
-            row_base[e] = e * mpad;
-            tile_base[e] = e * ((rows + rt - 1) / rt);
+        const std::vector<uint32_t> counts = make_counts(rows, n_exp, routed);
+        std::vector<uint32_t> row_base(n_exp + 1), tile_base(n_exp + 1);
+        uint32_t most = 0;
+        for (uint32_t e = 0; e < n_exp; e++) {
+            /* the daemon's padding (gpu/ffn_cuda.cu pad_rows) */
+            const uint32_t c = counts[e], step = c <= 128 ? 16 : c <= 512 ? 32 : 64;
+            row_base[e + 1] = row_base[e] + (c + step - 1) / step * step;
+            most = std::max(most, c);
         }
+        if (routed) printf("rows %u: the most an expert got %u\n", rows, most);
         const size_t total = row_base[n_exp];
-        double sum_us = 0, sum_read = 0;
-        for (int proj = 0; proj < 2; proj++) {
-            const uint32_t n = proj == 0 ? 2 * inter : hidden, k = proj == 0 ? hidden : inter;
-            const uint32_t ld = (k / 128 + 3) / 4 * 4;
-            const size_t w_bytes = (size_t)n_exp * n * k * es;
-            epd_ffn_gemm_args_t a;
-            memset(&a, 0, sizeof a);
-            uint32_t *dev_u32;
-            void *w, *x, *d;
-            float *ws = NULL, *xs = NULL;
-            CUDA_OK(cudaMalloc(&w, w_bytes));
-            CUDA_OK(cudaMalloc(&x, total * k * es));
-            CUDA_OK(cudaMalloc(&d, total * n * 2));
-            CUDA_OK(cudaMalloc(&dev_u32, (3 * (size_t)n_exp + 2) * sizeof(uint32_t)));
-            fill_elems<<<1024, 256, 0, s>>>((uint8_t *)w, w_bytes, 1, fp8);
-            fill_elems<<<1024, 256, 0, s>>>((uint8_t *)x, total * k * es, 2, fp8);
-            if (fp8) {
-                CUDA_OK(cudaMalloc(&ws, (size_t)n_exp * (n / 128) * ld * sizeof(float)));
-                CUDA_OK(cudaMalloc(&xs, total * (k / 128) * sizeof(float)));
-                fill_scales<<<256, 256, 0, s>>>(ws, (size_t)n_exp * (n / 128) * ld, 0.01f);
-                fill_scales<<<256, 256, 0, s>>>(xs, total * (k / 128), 0.02f);
-            }
-            CUDA_OK(cudaGetLastError());
-            CUDA_OK(cudaMemcpy(dev_u32, row_base.data(), (n_exp + 1) * sizeof(uint32_t),
-                                  cudaMemcpyHostToDevice));
-            CUDA_OK(cudaMemcpy(dev_u32 + n_exp + 1, tile_base.data(),
-                                  (n_exp + 1) * sizeof(uint32_t), cudaMemcpyHostToDevice));
-            CUDA_OK(cudaMemcpy(dev_u32 + 2 * (n_exp + 1), counts.data(),
-                                  n_exp * sizeof(uint32_t), cudaMemcpyHostToDevice));
-            a.fp8 = fp8;
-            a.out_bf16 = true;
-            a.n = n;
-            a.k = k;
-            a.n_experts = n_exp;
-            a.w = w;
-            a.w_scale = ws;
-            a.w_scale_ld = fp8 ? ld : 0;
-            a.x = x;
-            a.x_scale = xs;
-            a.row_base = dev_u32;
-            a.tile_base = dev_u32 + n_exp + 1;
-            a.counts = dev_u32 + 2 * (n_exp + 1);
-            a.n_tiles = tile_base[n_exp];
-            a.d = d;
-            a.split_k = 1;
-            a.total_rows = (uint32_t)total;
-            a.row_tile = rt;
-            const double us = time_us(s, [&] {
-                char err[EPD_ERR_LEN];
-                if (epd_ffn_wgmma_launch(&a, s, err) != EPD_OK) {
-                    fprintf(stderr, "gemmbench: %s\n", err);
-                    exit(1);
+        for (uint32_t tile : tile_list) {
+            const uint32_t rt =
+                tile != 0 ? tile : epd_ffn_wgmma_row_tile(fp8, counts.data(), n_exp);
+            if (fp8 && rt > EPD_WGMMA_TILE_MAX_FP8) continue;
+            for (uint32_t e = 0; e < n_exp; e++)
+                tile_base[e + 1] = tile_base[e] + (counts[e] + rt - 1) / rt;
+            double sum_us = 0, sum_read = 0;
+            for (int proj = 0; proj < 2; proj++) {
+                const uint32_t n = proj == 0 ? 2 * inter : hidden, k = proj == 0 ? hidden : inter;
+                const uint32_t ld = (k / 128 + 3) / 4 * 4;
+                const size_t w_bytes = (size_t)n_exp * n * k * es;
+                epd_ffn_gemm_args_t a;
+                memset(&a, 0, sizeof a);
+                uint32_t *dev_u32;
+                void *w, *x, *d;
+                float *ws = NULL, *xs = NULL;
+                CUDA_OK(cudaMalloc(&w, w_bytes));
+                CUDA_OK(cudaMalloc(&x, total * k * es));
+                CUDA_OK(cudaMalloc(&d, total * n * ds));
+                CUDA_OK(cudaMalloc(&dev_u32, (3 * (size_t)n_exp + 2) * sizeof(uint32_t)));
+                fill_elems<<<1024, 256, 0, s>>>((uint8_t *)w, w_bytes, 1, fp8);
+                fill_elems<<<1024, 256, 0, s>>>((uint8_t *)x, total * k * es, 2, fp8);
+                if (fp8) {
+                    CUDA_OK(cudaMalloc(&ws, (size_t)n_exp * (n / 128) * ld * sizeof(float)));
+                    CUDA_OK(cudaMalloc(&xs, total * (k / 128) * sizeof(float)));
+                    fill_scales<<<256, 256, 0, s>>>(ws, (size_t)n_exp * (n / 128) * ld, 0.01f);
+                    fill_scales<<<256, 256, 0, s>>>(xs, total * (k / 128), 0.02f);
                 }
-            });
-            const double read = time_us(s, [&] {
-                read_kernel<<<(unsigned)sms * 4, 512, 0, s>>>((const uint4 *)w, w_bytes / 16, sink);
-            });
-            if (epd_ffn_wgmma_hang(why, sizeof why)) {
-                printf("FAIL  %s\n", why);
-                bad = true;
+                CUDA_OK(cudaGetLastError());
+                CUDA_OK(cudaMemcpy(dev_u32, row_base.data(), (n_exp + 1) * sizeof(uint32_t),
+                                   cudaMemcpyHostToDevice));
+                CUDA_OK(cudaMemcpy(dev_u32 + n_exp + 1, tile_base.data(),
+                                   (n_exp + 1) * sizeof(uint32_t), cudaMemcpyHostToDevice));
+                CUDA_OK(cudaMemcpy(dev_u32 + 2 * (n_exp + 1), counts.data(),
+                                   n_exp * sizeof(uint32_t), cudaMemcpyHostToDevice));
+                a.fp8 = fp8;
+                a.out_bf16 = !f32;
+                a.n = n;
+                a.k = k;
+                a.n_experts = n_exp;
+                a.w = w;
+                a.w_scale = ws;
+                a.w_scale_ld = fp8 ? ld : 0;
+                a.x = x;
+                a.x_scale = xs;
+                a.row_base = dev_u32;
+                a.tile_base = dev_u32 + n_exp + 1;
+                a.counts = dev_u32 + 2 * (n_exp + 1);
+                a.n_tiles = tile_base[n_exp];
+                a.d = d;
+                a.split_k = 1;
+                a.total_rows = (uint32_t)total;
+                a.row_tile = rt;
+                const double us = time_us(s, [&] {
+                    char err[EPD_ERR_LEN];
+                    if (epd_ffn_wgmma_launch(&a, s, err) != EPD_OK) {
+                        fprintf(stderr, "gemmbench: %s\n", err);
+                        exit(1);
+                    }
+                });
+                const double read = time_us(s, [&] {
+                    read_kernel<<<(unsigned)sms * 4, 512, 0, s>>>((const uint4 *)w, w_bytes / 16,
+                                                                  sink);
+                });
+                if (epd_ffn_wgmma_hang(why, sizeof why)) {
+                    printf("FAIL  %s\n", why);
+                    bad = true;
+                }
+                const double flop = 2.0 * n_exp * rows * (double)n * k;
+                printf("%s %-7s rows %4u tile %3u: %8.1f us, read %7.1f us (%.2f of the read), "
+                       "%4.0f TFLOP/s\n",
+                       fp8 ? "fp8 " : "bf16", proj == 0 ? "gate/up" : "down", rows, rt, us, read,
+                       us / read, flop / us * 1e-6);
+                if (do_check) {
+                    /* BF16 D: 2^-8 of the largest element, and a bit */
+                    const double worst = check(a, row_base, counts, s);
+                    const bool ok = worst < 1e-2;
+                    printf("     check: worst |D - fp64| / max |fp64| %.2e %s\n", worst,
+                           ok ? "OK" : "BAD");
+                    bad = bad || !ok;
+                }
+                sum_us += us;
+                sum_read += read;
+                cudaFree(w);
+                cudaFree(x);
+                cudaFree(d);
+                cudaFree(ws);
+                cudaFree(xs);
+                cudaFree(dev_u32);
             }
-            const double flop = 2.0 * n_exp * rows * (double)n * k;
-            printf("%s %-7s rows %4u tile %3u: %8.1f us, read %7.1f us (%.2f of the read), %4.0f "
-                   "TFLOP/s\n",
-                   fp8 ? "fp8 " : "bf16", proj == 0 ? "gate/up" : "down", rows, rt, us, read,
-                   us / read, flop / us * 1e-6);
-            if (do_check) {
-                const double worst = check(a, row_base, rows, s);
-                const bool ok = worst < 1e-2; /* BF16 D: 2^-8 of the largest element, and a bit */
-                printf("     check: worst |D - fp64| / max |fp64| %.2e %s\n", worst,
-                       ok ? "OK" : "BAD");
-                bad = bad || !ok;
-            }
-            sum_us += us;
-            sum_read += read;
-            cudaFree(w);
-            cudaFree(x);
-            cudaFree(d);
-            cudaFree(ws);
-            cudaFree(xs);
-            cudaFree(dev_u32);
+            printf("%s both    rows %4u tile %3u: %8.1f us, read %7.1f us (%.2f of the read)\n",
+                   fp8 ? "fp8 " : "bf16", rows, rt, sum_us, sum_read, sum_us / sum_read);
         }
-        printf("%s both    rows %4u tile %3u: %8.1f us, read %7.1f us (%.2f of the read)\n",
-               fp8 ? "fp8 " : "bf16", rows, rt, sum_us, sum_read, sum_us / sum_read);
     }
     cudaFree(sink);
     return bad ? 1 : 0;
