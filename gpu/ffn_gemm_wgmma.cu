@@ -25,7 +25,7 @@
  * Split-K (a short grid) as in gpu/ffn_gemm.cu: each K range's fp32 sums to a workspace, then
  * one more launch adds them in range order: the same bits run to run.
  *
- * sm_90a only (wgmma, setmaxnreg-free); the compute_90 PTX of the same source compiles the
+ * sm_90a only (wgmma, setmaxnreg); the compute_90 PTX of the same source compiles the
  * kernels as traps (the host refuses them there: epd_ffn_wgmma_supported). The tensor maps come
  * from the driver's cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion: no -lcuda. */
 #include <cuda.h>
@@ -381,8 +381,8 @@ __device__ static __forceinline__ void fp8_promote(float (&acc)[BN / 2], float (
 #endif
 
 /* The K loop over item I with N = I.n, FP8 block scales: each stage's products summed in a fresh
- * fragment, two fragments in turn, so that stage s + 1's wgmmas run while stage s is promoted
- * (wait_group 1). No branch between a group's issue and its wait but the warp-uniform wait of
+ * fragment, up to 128 rows two fragments in turn, so that stage s + 1's wgmmas run while stage s
+ * is promoted (wait_group 1), above that one (EPD_WGMMA_FP8_DOUBLE). No branch between a group's issue and its wait but the warp-uniform wait of
  * mbar_wait_warp (the pairs' loop, then the last one or two stages). A timed-out wait is recorded
  * once the wgmmas are done. */
 template <uint32_t BN, uint32_t N>
@@ -393,30 +393,43 @@ __device__ static __forceinline__ void wg_mainloop_fp8(float (&acc)[BN / 2], con
 #if WG_ARCH
     if (I.n_kb == 0) return;
     const float *wsg = p.w_scale + epd_wgmma_w_scale_at(I.e, p.n, I.fb, p.w_scale_ld, I.kb0);
-    float pa[N / 2], pb[N / 2];
-    uint32_t sa = 0, sb = 0, late = 0; /* late: the stage of the first timed-out wait, + 1 */
-    fp8_issue<BN, N>(pa, I, g, 0, half, &sa, &late);
-    uint32_t s = 0;
-    for (; s + 2 < I.n_kb; s += 2) {
-        const float wa = __ldg(wsg + s), wb = __ldg(wsg + s + 1);
-        fp8_issue<BN, N>(pb, I, g, s + 1, half, &sb, &late);
-        wgmma_wait<1>();
-        fp8_promote<BN, N>(acc, pa, g, sa, wa, lane);
-        fp8_issue<BN, N>(pa, I, g, s + 2, half, &sa, &late);
-        wgmma_wait<1>();
-        fp8_promote<BN, N>(acc, pb, g, sb, wb, lane);
-    }
-    const float wa = __ldg(wsg + s);
-    if (s + 1 < I.n_kb) {
-        const float wb = __ldg(wsg + s + 1);
-        fp8_issue<BN, N>(pb, I, g, s + 1, half, &sb, &late);
-        wgmma_wait<1>();
-        fp8_promote<BN, N>(acc, pa, g, sa, wa, lane);
-        wgmma_wait<0>();
-        fp8_promote<BN, N>(acc, pb, g, sb, wb, lane);
+    uint32_t sa = 0, late = 0; /* late: the stage of the first timed-out wait, + 1 */
+    float pa[N / 2];
+    if constexpr (!EPD_WGMMA_FP8_DOUBLE(BN)) {
+        /* one fragment (two do not fit the registers above 128 rows): each stage waited for and
+         * promoted before the next is issued */
+        for (uint32_t s = 0; s < I.n_kb; s++) {
+            const float wa = __ldg(wsg + s);
+            fp8_issue<BN, N>(pa, I, g, s, half, &sa, &late);
+            wgmma_wait<0>();
+            fp8_promote<BN, N>(acc, pa, g, sa, wa, lane);
+        }
     } else {
-        wgmma_wait<0>();
-        fp8_promote<BN, N>(acc, pa, g, sa, wa, lane);
+        float pb[N / 2];
+        uint32_t sb = 0;
+        fp8_issue<BN, N>(pa, I, g, 0, half, &sa, &late);
+        uint32_t s = 0;
+        for (; s + 2 < I.n_kb; s += 2) {
+            const float wa = __ldg(wsg + s), wb = __ldg(wsg + s + 1);
+            fp8_issue<BN, N>(pb, I, g, s + 1, half, &sb, &late);
+            wgmma_wait<1>();
+            fp8_promote<BN, N>(acc, pa, g, sa, wa, lane);
+            fp8_issue<BN, N>(pa, I, g, s + 2, half, &sa, &late);
+            wgmma_wait<1>();
+            fp8_promote<BN, N>(acc, pb, g, sb, wb, lane);
+        }
+        const float wa = __ldg(wsg + s);
+        if (s + 1 < I.n_kb) {
+            const float wb = __ldg(wsg + s + 1);
+            fp8_issue<BN, N>(pb, I, g, s + 1, half, &sb, &late);
+            wgmma_wait<1>();
+            fp8_promote<BN, N>(acc, pa, g, sa, wa, lane);
+            wgmma_wait<0>();
+            fp8_promote<BN, N>(acc, pb, g, sb, wb, lane);
+        } else {
+            wgmma_wait<0>();
+            fp8_promote<BN, N>(acc, pa, g, sa, wa, lane);
+        }
     }
     if (late != 0) {
         uint32_t slot, ph, empty_ph;
@@ -492,7 +505,8 @@ __global__ void __launch_bounds__(THREADS, 1)
 
     if (wg == 0) {
         /* FP8: the producer's registers to the consumers (two fragments and the sums: 192 at
-         * 128 rows); 128 x 40 + 256 x 232 is the 384 x 168 the launch holds */
+         * 128 rows, one and the sums at 192); 128 x 40 + 256 x 232 is the 384 x 168 the launch
+         * holds */
         if constexpr (FP8) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (tid != 0) return;
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tw) : "memory");
@@ -716,6 +730,8 @@ static wg_kernel_t wg_kernel(bool fp8, uint32_t row_tile, uint32_t *smem_p)
     WG_CASE(true, 64)
     WG_CASE(true, 96)
     WG_CASE(true, 128)
+    WG_CASE(true, 160)
+    WG_CASE(true, 192)
 #undef WG_CASE
     *smem_p = 0;
     return NULL;

@@ -212,13 +212,18 @@ EPD_WGMMA_HD static inline uint64_t epd_wgmma_w_scale_at(uint32_t e, uint32_t n,
 }
 
 /* the row tiles of the kernel (the wgmma's N: the expert's rows one CTA computes): 32, 64, 96,
- * 128, 160, 192, 256 (tile i, epd_wgmma_tile_at); FP8 keeps a second fp32 fragment for the block
- * scales' promotion, so at most 128 there (its first 4) */
+ * 128, 160, 192, 256 (tile i, epd_wgmma_tile_at); FP8 keeps fp32 fragments for the block scales'
+ * promotion besides its sums, so at most 192 there (its first 6) */
 #define EPD_WGMMA_TILE_MIN 32u
 #define EPD_WGMMA_TILE_MAX 256u
-#define EPD_WGMMA_TILE_MAX_FP8 128u
+#define EPD_WGMMA_TILE_MAX_FP8 192u
 #define EPD_WGMMA_TILES 7u
-#define EPD_WGMMA_TILES_FP8 4u
+#define EPD_WGMMA_TILES_FP8 6u
+
+/* FP8: whether a row tile's consumers keep two fragments (stage s + 1's wgmmas in flight while
+ * stage s is promoted: 3 x bn / 2 registers a thread, up to 128 rows) or one (each stage promoted
+ * as soon as its wgmmas are done: bn registers, the tiles above 128) */
+#define EPD_WGMMA_FP8_DOUBLE(bn) ((bn) <= 128u)
 
 /* tile i of EPD_WGMMA_TILES, ascending */
 EPD_WGMMA_HD static inline uint32_t epd_wgmma_tile_at(uint32_t i)

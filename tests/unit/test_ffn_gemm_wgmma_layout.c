@@ -178,10 +178,10 @@ static void test_ffn_gemm_wgmma_layout__row_tile__least_waste(void **state)
     assert_int_equal(epd_wgmma_pick_row_tile(1, c, 32), 32);
     for (int i = 0; i < 32; i++) c[i] = 512;
     assert_int_equal(epd_wgmma_pick_row_tile(0, c, 32), 256);
-    assert_int_equal(epd_wgmma_pick_row_tile(1, c, 32), 128); /* FP8: 128 at most */
+    assert_int_equal(epd_wgmma_pick_row_tile(1, c, 32), 192); /* FP8: 192 at most */
     for (int i = 0; i < 32; i++) c[i] = 140;
     assert_int_equal(epd_wgmma_pick_row_tile(0, c, 32), 160); /* one tile each, the least waste */
-    assert_int_equal(epd_wgmma_pick_row_tile(1, c, 32), 96); /* FP8: two of 96 over two of 128 */
+    assert_int_equal(epd_wgmma_pick_row_tile(1, c, 32), 160); /* FP8 too */
     c[0] = 70;
     assert_int_equal(epd_wgmma_pick_row_tile(0, c, 1), 96); /* 1 tile of 96 over 2 of 64 */
     c[0] = 40;
@@ -554,6 +554,12 @@ static void emu_cta(emu_t *m, uint32_t fb, uint32_t y, uint32_t z)
                     has_pending[h] = 1;
                     if (m->fault == EMU_FAULT_EARLY_RELEASE)
                         for (uint32_t t = 0; t < WG; t++) bar_arrive(&m->empty[slot]);
+                } else if (!EPD_WGMMA_FP8_DOUBLE(bn)) {
+                    /* one fragment: issued, waited for, promoted and its slot freed */
+                    emu_wgmma(m, h, slot, part[h][0], 1, cols);
+                    emu_promote(m, h, acc[h], part[h][0], slot,
+                                m->w_scale[epd_wgmma_w_scale_at(e, m->n, fb, m->ld, kb0) + cs[h]],
+                                cols);
                 } else {
                     /* issued into the stage's fragment (two in turn); the previous stage, done
                      * now (wait_group 1), promoted and its slot freed */
