@@ -323,14 +323,41 @@ typedef struct ffn_call {
     uint32_t gemm_calls, plans_made;
 } ffn_call_t;
 
+/* One experts call through the runner, not waited for. */
+static epd_status_t queue_experts(const ffn_runner_t *r, const epd_moe_shape_t *s, uint32_t layer,
+                                  const ffn_records_t *rec, uint32_t tokens, void *partials,
+                                  char err[EPD_ERR_LEN])
+{
+#ifdef EPD_HAVE_CUDA
+    if (r->ffn != NULL)
+        return epd_ffn_cuda_experts(r->ffn, s, layer, rec->dev, tokens, rec->rows, partials, NULL,
+                                    err);
+#endif
+    epd_status_t status = r->ops->experts(r->ctx, s, layer, rec->dev, tokens, rec->rows, partials);
+    if (status != EPD_OK) snprintf(err, EPD_ERR_LEN, "experts: %s", r->ops->last_error(r->ctx));
+    return status;
+}
+
+static epd_status_t wait_experts(const ffn_runner_t *r, char err[EPD_ERR_LEN])
+{
+#ifdef EPD_HAVE_CUDA
+    if (r->ffn != NULL) return epd_ffn_cuda_sync(r->ffn, err);
+#endif
+    epd_status_t status = r->ops->sync(r->ctx);
+    if (status != EPD_OK) snprintf(err, EPD_ERR_LEN, "experts: %s", r->ops->last_error(r->ctx));
+    return status;
+}
+
 /* The median time of iters experts calls (after two warm-ups: the autotune runs in the first),
  * microseconds: *us_p to the end of the wait, *host_us_p until the call returned (the host's
  * share: the launches; equal to *us_p when the host cannot queue ahead of the device); *call_p
- * what the last call queued. */
+ * what the last call queued. *queued_us_p: iters calls queued one after the other, then one
+ * wait, over iters: the phase's time when the host queues it ahead of the device (as a step
+ * does behind a device all-to-all), its launches hidden but for the first. */
 static epd_status_t time_experts(const ffn_runner_t *r, const epd_moe_shape_t *s, uint32_t layer,
                                  const ffn_records_t *rec, uint32_t tokens, void *partials,
                                  uint32_t iters, double *us_p, double *host_us_p,
-                                 ffn_call_t *call_p, char err[EPD_ERR_LEN])
+                                 double *queued_us_p, ffn_call_t *call_p, char err[EPD_ERR_LEN])
 {
     call_p->path = "-";
     call_p->gemm_calls = call_p->plans_made = 0;
@@ -376,7 +403,13 @@ static epd_status_t time_experts(const ffn_runner_t *r, const epd_moe_shape_t *s
     *us_p = (double)t[iters / 2] / 1e3;
     *host_us_p = (double)h[iters / 2] / 1e3;
     free(t);
-    return EPD_OK;
+    uint64_t q0 = epd_now_ns();
+    epd_status_t status = EPD_OK;
+    for (uint32_t i = 0; status == EPD_OK && i < iters; i++)
+        status = queue_experts(r, s, layer, rec, tokens, partials, err);
+    if (status == EPD_OK) status = wait_experts(r, err);
+    *queued_us_p = (double)(epd_now_ns() - q0) / 1e3 / iters;
+    return status;
 }
 
 /* The local experts with at least one row among a token count's records. */
@@ -469,8 +502,9 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
            ops->name, s.num_experts, s.hidden, inter, s.topk,
            s.dtype == EPD_WIRE_FP8 ? "fp8" : "bf16",
            s.combine_dtype == EPD_COMBINE_FP8 ? "fp8" : "bf16", iters);
-    printf("%-9s %-22s %7s %7s %5s %10s %8s %8s %10s %8s %8s %9s %8s %8s %8s %-8s %5s\n",
-           "weights", "tuning", "tokens", "rows/e", "used", "experts_us", "host_us", "TFLOP/s",
+    printf("%-9s %-22s %7s %7s %5s %10s %8s %9s %8s %10s %8s %8s %9s %8s %8s %8s %-8s %5s\n",
+           "weights", "tuning", "tokens", "rows/e", "used", "experts_us", "host_us", "queued_us",
+           "TFLOP/s",
            "dense_us", "TFLOP/s", "vs_dense", "read_us", "vs_read", "vs_used", "fp8/bf16", "path",
            "gemms");
     for (size_t f = 0; f < n_formats && rc == 0; f++) {
@@ -565,13 +599,14 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
             }
 #endif
             for (size_t i = 0; i < n_sizes; i++) {
-                double us = 0, host_us = 0;
+                double us = 0, host_us = 0, queued_us = 0;
                 ffn_call_t call;
                 uint32_t used = experts_used(&s, &recs[i]);
                 double flops = 6.0 * sizes[i] * s.topk * (double)s.hidden * w->intermediate;
                 double rows_e = (double)sizes[i] * s.topk / s.num_experts;
                 if (time_experts(&runner, &s, w->layers[0].layer, &recs[i], sizes[i],
-                                 partials[i], iters, &us, &host_us, &call, err) != EPD_OK) {
+                                 partials[i], iters, &us, &host_us, &queued_us, &call,
+                                 err) != EPD_OK) {
                     printf("%-9s %-22s %7u  skipped: %s\n", epd_ffn_format_name(w->format),
                            sweeps[sw].name, sizes[i], err);
                     continue;
@@ -588,9 +623,9 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
                     fp8_bf16 = ratio(us, bf16_us[sw][i]);
                 }
                 (void)layer_bytes;
-                printf("%-9s %-22s %7u %7.1f %5u %10.1f %8.1f %8.1f",
+                printf("%-9s %-22s %7u %7.1f %5u %10.1f %8.1f %9.1f %8.1f",
                        epd_ffn_format_name(w->format), sweeps[sw].name, sizes[i], rows_e, used, us,
-                       host_us, flops / us / 1e6);
+                       host_us, queued_us, flops / us / 1e6);
                 if (dense_us[i] > 0)
                     printf(" %10.1f %8.1f %8.2f", dense_us[i], flops / dense_us[i] / 1e6,
                            vs_dense);
@@ -606,12 +641,13 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
                     printf(" %8s", "-");
                 printf(" %-8s %5u\n", call.path, call.gemm_calls);
                 printf("ffn-result weights=%s tuning=%s tokens=%u rows_per_expert=%.2f "
-                       "experts_used=%u experts_us=%.1f host_us=%.1f dense_us=%.1f read_us=%.1f "
-                       "vs_dense=%.3f vs_read=%.3f vs_used=%.3f fp8_over_bf16=%.3f path=%s "
-                       "gemm_calls=%u plans_made=%u\n",
+                       "experts_used=%u experts_us=%.1f host_us=%.1f queued_us=%.1f dense_us=%.1f "
+                       "read_us=%.1f vs_dense=%.3f vs_read=%.3f vs_used=%.3f queued_vs_read=%.3f "
+                       "fp8_over_bf16=%.3f path=%s gemm_calls=%u plans_made=%u\n",
                        epd_ffn_format_name(w->format), sweeps[sw].name, sizes[i], rows_e, used,
-                       us, host_us, dense_us[i], read_us, vs_dense, vs_read, vs_used, fp8_bf16,
-                       call.path, call.gemm_calls, call.plans_made);
+                       us, host_us, queued_us, dense_us[i], read_us, vs_dense, vs_read, vs_used,
+                       have_read ? ratio(queued_us, read_us) : NAN, fp8_bf16, call.path,
+                       call.gemm_calls, call.plans_made);
                 fflush(stdout);
             }
 #ifdef EPD_HAVE_CUDA
@@ -647,7 +683,9 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
         epd_ffn_free(w);
     }
     printf("used: local experts with rows (the others read no weights); host_us: until the "
-           "experts call returned, before the wait; vs_dense: the experts' TFLOP/s over the dense "
+           "experts call returned, before the wait; queued_us: calls queued back to back, then "
+           "one wait, over the calls (the host's launches behind the device's work, as in a "
+           "step whose all-to-all runs on the device); vs_dense: the experts' TFLOP/s over the dense "
            "GEMM's; vs_read: the experts time over the time to read one layer's weights once "
            "(1.0 is the bound at decode sizes); vs_used: over the time to read the used "
            "experts' weights; fp8/bf16: over the same tuning's BF16 time; path, gemms: the way "
