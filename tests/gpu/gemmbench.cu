@@ -8,10 +8,10 @@
  * --tile 0 (the default) lets the launch pick the row tile as the daemon does, a list times each;
  * --routed gives the experts rows as `epd --bench` routes them (R x E rows, each to an expert drawn
  * at random, fixed seed) instead of R each; --f32 writes D in fp32 as the daemon does (else BF16);
- * --check compares
- * experts 0 and E-1 of each launch with a direct fp64 sum on the GPU (prints OK or BAD, exit 1 on
- * BAD). One line a projection and a total a row count: the median µs of 5 runs of N launches, the
- * read's, their ratio, TFLOP/s. Needs an sm_90a device (exit 77 without one). */
+ * --check compares experts 0 and E-1 of each launch with a direct fp64 sum on the GPU (prints OK
+ * or BAD, exit 1 on BAD). One line a projection and a total a row count and tile: the median µs
+ * of 5 runs of N launches, the read's, their ratio, TFLOP/s. Needs an sm_90a device (exit 77
+ * without one). */
 #include <cuda_runtime.h>
 
 #include <algorithm>
