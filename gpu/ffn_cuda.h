@@ -98,7 +98,7 @@ typedef struct epd_ffn_cuda_tuning {
                                   * launch has no split-K and the GEMM's output is fp32; checked
                                   * against the unfused kernel and the SwiGLU kernel when set */
     uint32_t wgmma_row_tile;     /* wgmma: the rows of a row tile (32, 64, 96, 128, 160, 192,
-                                  * 256; FP8 at most 128, larger is 128); 0: picked per call by
+                                  * 256; FP8 at most 192, larger is 192); 0: picked per call by
                                   * the rows */
 } epd_ffn_cuda_tuning_t;
 

@@ -61,7 +61,7 @@ typedef struct epd_ffn_gemm_args {
     size_t split_ws_bytes;
     uint32_t *split_used_p; /* host, optional: the K ranges the launch used */
     uint32_t row_tile;   /* epd_ffn_wgmma_launch only: the most rows of a row tile (32, 64, 96,
-                          * 128, 160, 192 or 256; FP8: up to 128; epd_ffn_wgmma_row_tile picks
+                          * 128, 160, 192 or 256; FP8: up to 192; epd_ffn_wgmma_row_tile picks
                           * one), tile_base then the prefix sums of ceil(counts / row_tile); an
                           * expert's rows are shared evenly over its tiles, each computing its
                           * rows rounded up to 16. The mma.sync kernel ignores it (its tiles are

@@ -965,7 +965,7 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
         snprintf(err, EPD_ERR_LEN,
                  "ffn wgmma kernel: bad arguments (N %u, K %u, %u experts, %u rows, row tile %u; "
                  "N and K multiples of 128, at most 65535 row tiles, the row tile 32, 64, 96, 128, "
-                 "160, 192 or 256 (FP8: up to 128), "
+                 "160, 192 or 256 (FP8: up to 192), "
                  "operands 16-byte aligned, FP8 needs both scales)",
                  a->n, a->k, a->n_experts, a->total_rows, a->row_tile);
         return EPD_ERR_INVALID_ARG;

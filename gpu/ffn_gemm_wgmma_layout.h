@@ -248,7 +248,7 @@ EPD_WGMMA_HD static inline uint32_t epd_wgmma_tile_index(uint32_t t)
 #define EPD_WGMMA_TILE_COST 48u
 
 /* The row tile for a launch over n experts with counts[e] rows: 32 when no expert has more, else
- * the tile above 32 (FP8: up to 128) with the least sum over the experts of the rows their work
+ * the tile above 32 (FP8: up to 192) with the least sum over the experts of the rows their work
  * items compute (epd_wgmma_tile_rows, each rounded up to 16) plus EPD_WGMMA_TILE_COST a tile,
  * ties to the smaller tile (its ring has more stages: tile_cfg). */
 EPD_WGMMA_HD static inline uint32_t epd_wgmma_pick_row_tile(int fp8, const uint32_t *counts,

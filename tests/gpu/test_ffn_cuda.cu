@@ -828,7 +828,7 @@ static void gemm_checks(void)
     const uint32_t AUTO = EPD_FFN_GEMM_SPLIT_AUTO;
     for (int fp8 = 0; fp8 < 2; fp8++) wgmma_layout_check(fp8);
     for (int fp8 = 0; fp8 < 2; fp8++) {
-        /* the wgmma kernel first: at each row tile (FP8 up to 128) */
+        /* the wgmma kernel first: at each row tile (FP8 up to 192) */
         for (uint32_t i = 0; i < epd_wgmma_tile_count(fp8); i++) {
             const uint32_t t = epd_wgmma_tile_at(i);
             gemm_check(fp8, false, 256, 384, wg_edges, n_wg, 1, t); /* K/128 3 */
