@@ -100,7 +100,7 @@ static ffn_sweep_t sweeps[] = {
     /* the Hopper kernel (gpu/ffn_gemm_wgmma.cu), alone: its row tile picked by the rows, then
      * each row tile forced, split-K off and at 2; then the kernel up to 16 rows and it above
      * (strided left out, so that FP8 is not refused for it; the default runs wgmma first, BF16
-     * up to 64 rows, FP8 up to 128, gpu/ffn_path.h) */
+     * up to 64 rows, FP8 up to 192, gpu/ffn_path.h) */
     {.name = "wgmma", .tuning = {.streams = 1, .wgmma = true}},
     {.name = "wgmma,split=1", .tuning = {.streams = 1, .wgmma = true, .wgmma_split = 1}},
     {.name = "wgmma,split=2", .tuning = {.streams = 1, .wgmma = true, .wgmma_split = 2}},

@@ -112,13 +112,14 @@ static inline void epd_ffn_default_tuning_fill(epd_ffn_cuda_tuning_t *t)
     t->kernel_prefetch = 0;
     t->kernel_split = 0;
     /* the Hopper kernel (gpu/ffn_gemm_wgmma.cu) first: for BF16 weights up to 64 rows per expert
-     * (strided above), for FP8 block weights up to 128 (the streams above, where their GEMMs,
-     * not their launches, are the limit), where the same-run bench of session 13 measured it
-     * the fastest (docs/results.md). Off sm_90a its check refuses it: the kernel, strided and
-     * the streams then serve as above */
+     * (strided above), for FP8 block weights up to 192 (the streams above, where their GEMMs,
+     * not their launches, are the limit), where the same-run benches of sessions 13 and 14
+     * measured it the fastest (docs/results.md; FP8 at 160 rows 812 us against the streams'
+     * 1147, at 192 1046 against 1077, at 224 1192 against 1105). Off sm_90a its check refuses
+     * it: the kernel, strided and the streams then serve as above */
     t->wgmma = true;
     t->wgmma_max_rows = 64;
-    t->wgmma_fp8_max_rows = 128;
+    t->wgmma_fp8_max_rows = 192;
     t->wgmma_first = true;
     t->wgmma_split = 0;
     t->wgmma_row_tile = 0;

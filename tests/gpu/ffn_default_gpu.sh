@@ -6,7 +6,7 @@
 #      daemon's default) and the tunings "default" and "default,no_wgmma" (as set where the
 #      Hopper kernel is refused) against the host reference within DESIGN.md section 9's
 #      tolerance, each call's path against gpu/ffn_path.h's choice, the default's calls within
-#      its wgmma limits (BF16 up to 64 rows per expert, FP8 up to 128) on the wgmma kernel.
+#      its wgmma limits (BF16 up to 64 rows per expert, FP8 up to 192) on the wgmma kernel.
 #      Ends "N passed, 0 failed".
 #   2. epd --bench at E_local 32, H 7168, I 2048, the default, default,no_wgmma and kernel
 #      (FFN_BENCH_TUNINGS), 4..512 rows per expert: per row the experts and host times, the

@@ -107,7 +107,7 @@ static const epd_ffn_cuda_tuning_t tunings[] = {
      * as it is set where the Hopper kernel's check refuses it */
     {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
      .kernel_max_rows = 16, .kernel_fp8_max_rows = 32, .wgmma = true,
-     .wgmma_max_rows = 64, .wgmma_fp8_max_rows = 128, .wgmma_first = true},
+     .wgmma_max_rows = 64, .wgmma_fp8_max_rows = 192, .wgmma_first = true},
     {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
      .kernel_max_rows = 16, .kernel_fp8_max_rows = 32},
 };

@@ -1,7 +1,7 @@
 /* Unit tests of gpu/ffn_path.h on the CPU: which path an ffn experts call takes under a tuning
  * (the kernels' row limits, the mean over the experts with rows, kernel or wgmma first, the
  * cuBLASLt paths behind them) and where the default tuning sends each format's calls: FP8 block
- * weights to the Hopper kernel up to 128 rows per expert and to the mma.sync kernel up to 32 where
+ * weights to the Hopper kernel up to 192 rows per expert and to the mma.sync kernel up to 32 where
  * the Hopper kernel was refused, never to the per-expert cuBLASLt streams below that (their
  * ~100 launches a call were the whole phase there); BF16 weights to the Hopper kernel up to 64
  * rows, strided above (the mma.sync kernel up to 16 where the Hopper kernel was refused). */
@@ -31,24 +31,25 @@ static epd_ffn_path_t path_at(const epd_ffn_cuda_tuning_t *t, bool fp8, uint32_t
 }
 
 /* The default as epd_ffn_cuda_set_tuning leaves it for FP8 block weights on an H200 (cuBLASLt
- * has no strided block-scaled batch: strided cleared): the Hopper kernel up to 128 rows per
+ * has no strided block-scaled batch: strided cleared): the Hopper kernel up to 192 rows per
  * expert, the streams above. */
-static void test_ffn_path__default_fp8__wgmma_up_to_128_rows_then_streams(void **state)
+static void test_ffn_path__default_fp8__wgmma_up_to_192_rows_then_streams(void **state)
 {
     epd_ffn_cuda_tuning_t t;
     (void)state;
     epd_ffn_default_tuning_fill(&t);
     t.strided = false;
-    static const uint32_t wgmma_rows[] = {1, 2, 4, 8, 16, 17, 31, 32, 33, 48, 63, 64, 65, 127, 128};
+    static const uint32_t wgmma_rows[] = {1,  2,  4,  8,  16,  17,  31,  32, 33,
+                                          48, 63, 64, 65, 127, 128, 129, 192};
     for (size_t i = 0; i < sizeof wgmma_rows / sizeof wgmma_rows[0]; i++)
         assert_int_equal(path_at(&t, true, wgmma_rows[i]), EPD_FFN_PATH_WGMMA);
-    static const uint32_t streams_rows[] = {129, 192, 256, 512, 4096};
+    static const uint32_t streams_rows[] = {193, 256, 512, 4096};
     for (size_t i = 0; i < sizeof streams_rows / sizeof streams_rows[0]; i++)
         assert_int_equal(path_at(&t, true, streams_rows[i]), EPD_FFN_PATH_STREAMS);
-    /* where cuBLASLt does batch block scales (strided kept), strided above 128 */
+    /* where cuBLASLt does batch block scales (strided kept), strided above 192 */
     epd_ffn_default_tuning_fill(&t);
-    assert_int_equal(path_at(&t, true, 128), EPD_FFN_PATH_WGMMA);
-    assert_int_equal(path_at(&t, true, 129), EPD_FFN_PATH_STRIDED);
+    assert_int_equal(path_at(&t, true, 192), EPD_FFN_PATH_WGMMA);
+    assert_int_equal(path_at(&t, true, 193), EPD_FFN_PATH_STRIDED);
 }
 
 /* Where the Hopper kernel's check refused it (off sm_90a; set_tuning clears wgmma): the mma.sync
@@ -193,7 +194,7 @@ static void test_ffn_path__name__distinct(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ffn_path__default_fp8__wgmma_up_to_128_rows_then_streams),
+        cmocka_unit_test(test_ffn_path__default_fp8__wgmma_up_to_192_rows_then_streams),
         cmocka_unit_test(test_ffn_path__default_fp8_wgmma_refused__kernel_up_to_32_rows),
         cmocka_unit_test(test_ffn_path__default_bf16__wgmma_up_to_64_rows_then_strided),
         cmocka_unit_test(test_ffn_path__limit__fp8_field_sentinels),
