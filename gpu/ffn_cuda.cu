@@ -1004,7 +1004,8 @@ extern "C" void epd_ffn_cuda_destroy(epd_ffn_cuda_t *f)
     if (f->lt != NULL) cublasLtDestroy(f->lt);
     streams_free(f);
     if (f->fork != NULL) cudaEventDestroy(f->fork);
-    void *bufs[] = {f->meta_dev, (void *)f->ptrs_dev, f->pair_row, f->row_src, f->act, f->act_scale, f->gu, f->h, f->h_scale, f->y};
+    void *bufs[] = {f->meta_dev, (void *)f->ptrs_dev, f->pair_row, f->row_src, f->act,
+                    f->act_scale,  f->gu,             f->h,        f->h_scale, f->y};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
     cudaFreeHost(f->host);
     for (int i = 0; i < HOST_SLOTS; i++)

@@ -382,9 +382,9 @@ __device__ static __forceinline__ void fp8_promote(float (&acc)[BN / 2], float (
 
 /* The K loop over item I with N = I.n, FP8 block scales: each stage's products summed in a fresh
  * fragment, up to 128 rows two fragments in turn, so that stage s + 1's wgmmas run while stage s
- * is promoted (wait_group 1), above that one (EPD_WGMMA_FP8_DOUBLE). No branch between a group's issue and its wait but the warp-uniform wait of
- * mbar_wait_warp (the pairs' loop, then the last one or two stages). A timed-out wait is recorded
- * once the wgmmas are done. */
+ * is promoted (wait_group 1), above that one (EPD_WGMMA_FP8_DOUBLE). No branch between a group's
+ * issue and its wait but the warp-uniform wait of mbar_wait_warp (the pairs' loop, then the last
+ * one or two stages). A timed-out wait is recorded once the wgmmas are done. */
 template <uint32_t BN, uint32_t N>
 __device__ static __forceinline__ void wg_mainloop_fp8(float (&acc)[BN / 2], const wg_params &p,
                                                        const wg_item &I, const wg_ring &g,
