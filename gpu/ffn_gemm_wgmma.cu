@@ -61,7 +61,6 @@ template <uint32_t BN> struct tile_cfg {
     static_assert(SMEM <= EPD_WGMMA_SMEM_OPTIN, "within the 227 KB a CTA may opt into");
     static_assert(X_TILE % EPD_WGMMA_ATOM_BYTES == 0, "activation tiles aligned");
     static_assert(STAGES >= 3, "a pipeline");
-    static_assert(STAGES * W_TILE >= 64 * BN * 4, "the fused SwiGLU's up sums fit the ring");
     static_assert((SCALES * STAGES) % 16 == 0, "the mbarriers 8-byte aligned after the scales");
 };
 
@@ -75,7 +74,8 @@ struct wg_params {
     uint32_t n_tiles, splits; /* the work items: (feature block, row tile, K range) */
     int out_bf16;
     uint32_t launch; /* this launch's number (never 0): its waits give up once one of its own has */
-    uint16_t *h;     /* SwiGLU fused (BF16 gate/up): [rows][n / 2] bf16(silu(gate) * up), D not
+    uint16_t *h;     /* SwiGLU fused (BF16 gate/up; the weight map tw is then the 5-d view of
+                      * epd_wgmma_fused_row): [rows][n / 2] bf16(silu(gate) * up), D not
                       * written; NULL: D */
 };
 
@@ -195,6 +195,18 @@ __device__ static __forceinline__ void tma_load(uint32_t dst, const CUtensorMap 
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
                  "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
                  "l"((uint64_t)map), "r"(k0), "r"(row0), "r"(bar)
+                 : "memory");
+}
+
+/* SwiGLU fused: box {128 bytes of K from element k0, 8 rows, gate and up, 4 groups of 8 from
+ * group g0, expert e} of the 5-d weight map into dst (64 tile rows, epd_wgmma_fused_row) */
+__device__ static __forceinline__ void tma_load_fused(uint32_t dst, const CUtensorMap *map,
+                                                      int32_t k0, int32_t g0, int32_t e,
+                                                      uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(k0), "r"(0), "r"(0), "r"(g0), "r"(e), "r"(bar)
                  : "memory");
 }
 
@@ -516,11 +528,12 @@ __global__ void __launch_bounds__(THREADS, 1)
             const wg_item I = item_at<FP8, BN>(p, w);
             if (I.rows == 0) continue;
             /* the weights as two boxes of 64 rows, one a consumer: the item's 128 features, or
-             * with SwiGLU fused the 64 gate features fb * 64 .. and their 64 up features n / 2
-             * on; the activations in the boxes of epd_wgmma_x_box */
+             * with SwiGLU fused h's features fb * 64 .. + 32 and + 32 .. + 64, gate and up
+             * interleaved (epd_wgmma_fused_row); the activations in the boxes of
+             * epd_wgmma_x_box */
             const bool fused = !FP8 && p.h != nullptr;
-            const int32_t w_row0 = (int32_t)(I.e * p.n + epd_wgmma_feature(p.n, I.fb, 0, fused));
-            const int32_t w_row1 = (int32_t)(I.e * p.n + epd_wgmma_feature(p.n, I.fb, 1, fused));
+            const int32_t w_row0 = (int32_t)(I.e * p.n + epd_wgmma_feature(I.fb, 0));
+            const int32_t w_row1 = (int32_t)(I.e * p.n + epd_wgmma_feature(I.fb, 1));
             const int32_t x_row = (int32_t)(I.rb + I.row0);
             for (uint32_t s = 0; s < I.n_kb; s++) {
                 uint32_t slot, ph, empty_ph;
@@ -530,8 +543,15 @@ __global__ void __launch_bounds__(THREADS, 1)
                 const uint32_t bar = g.full + 8 * slot;
                 mbar_expect_tx(bar, I.stage_bytes);
                 const int32_t k0 = (int32_t)((I.kb0 + s) * kstage);
-                tma_load(g.w_s + slot * W_TILE, &tw, k0, w_row0, bar);
-                tma_load(g.w_s + slot * W_TILE + W_TILE / 2, &tw, k0, w_row1, bar);
+                if (fused) {
+                    tma_load_fused(g.w_s + slot * W_TILE, &tw, k0,
+                                   (int32_t)epd_wgmma_fused_group(I.fb, 0), (int32_t)I.e, bar);
+                    tma_load_fused(g.w_s + slot * W_TILE + W_TILE / 2, &tw, k0,
+                                   (int32_t)epd_wgmma_fused_group(I.fb, 1), (int32_t)I.e, bar);
+                } else {
+                    tma_load(g.w_s + slot * W_TILE, &tw, k0, w_row0, bar);
+                    tma_load(g.w_s + slot * W_TILE + W_TILE / 2, &tw, k0, w_row1, bar);
+                }
                 for (uint32_t b = 0; b < epd_wgmma_x_boxes(I.n); b++) {
                     uint32_t r, rows;
                     epd_wgmma_x_box(I.n, b, &r, &rows);
@@ -564,36 +584,25 @@ __global__ void __launch_bounds__(THREADS, 1)
         /* D[row][feature] for the rows the item writes (its rows rounded up to 8) */
         const uint32_t wrows = epd_wgmma_item_written(I.rows);
         if (!FP8 && p.h != nullptr) {
-            /* SwiGLU fused: the up half's sums through shared memory (the ring's weight tiles:
-             * one item a CTA with SwiGLU fused, the launch makes it so, so the ring is idle once
-             * both consumers' wgmmas are done) to the gate half, which writes h = bf16(silu(g) *
-             * u) with the SwiGLU kernel's operations */
-            float *up = (float *)(smem_raw + (g.w_s - raw));
-            asm volatile("bar.sync 1, 256;\n" ::: "memory");
-            if (half == 1) {
-#pragma unroll
-                for (uint32_t j = 0; j < R; j++) {
-                    uint32_t m, n;
-                    epd_wgmma_acc_pos(warp, lane, j, &m, &n);
-                    up[m * BN + n] = acc[j];
-                }
-            }
-            asm volatile("bar.sync 1, 256;\n" ::: "memory");
-            if (half == 1) return;
-            const uint32_t inter = p.n / 2, g0 = epd_wgmma_feature(p.n, I.fb, 0, true);
+            /* SwiGLU fused: registers 4q, 4q + 1 hold the gate sums of a feature, 4q + 2, 4q + 3
+             * its up sums (epd_wgmma_fused_row), for the same two rows; h = bf16(silu(g) * u)
+             * with the SwiGLU kernel's operations */
+            const uint32_t inter = p.n / 2;
 #pragma unroll
             for (uint32_t j = 0; j < R; j++) {
+                if ((j / 2) % 2 != 0) continue;
                 uint32_t m, n;
                 epd_wgmma_acc_pos(warp, lane, j, &m, &n);
                 if (n >= wrows) continue;
-                const float gv = acc[j], u = up[m * BN + n];
+                const float gv = acc[j], u = acc[j + 2];
                 const float silu = __fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv)));
-                p.h[(size_t)(I.rb + I.row0 + n) * inter + g0 + m] =
+                p.h[(size_t)(I.rb + I.row0 + n) * inter +
+                    epd_wgmma_fused_feature(I.fb, half * 64u + m)] =
                     epd_f32_to_bf16(__fmul_rn(silu, u));
             }
-            return;
+            continue;
         }
-        const size_t f0 = epd_wgmma_feature(p.n, I.fb, half, false);
+        const size_t f0 = epd_wgmma_feature(I.fb, half);
 #pragma unroll
         for (uint32_t j = 0; j < R; j++) {
             uint32_t m, n;
@@ -789,6 +798,35 @@ static epd_status_t make_map(CUtensorMap *map, const void *ptr, bool fp8, uint64
     return EPD_OK;
 }
 
+/* SwiGLU fused: the BF16 gate/up weights [n_experts][n][k] (n / 2 gate rows, then their n / 2 up
+ * rows) as a 5-d tensor (k, 8 rows, gate or up, n / 16 groups of 8, experts) read in boxes of
+ * 128 K bytes x 8 x 2 x 4 x 1: 64 tile rows, gate and up interleaved in groups of 8
+ * (epd_wgmma_fused_row), 128-byte swizzled as make_map's. */
+static epd_status_t make_fused_map(CUtensorMap *map, const void *ptr, uint32_t n_experts,
+                                   uint32_t n, uint32_t k, char err[EPD_ERR_LEN])
+{
+    encode_tiled_t enc = encode_tiled();
+    const cuuint64_t row = (cuuint64_t)k * 2;
+    cuuint64_t dims[5] = {k, 8, 2, n / 16, n_experts};
+    cuuint64_t strides[4] = {row, row * (n / 2), row * 8, row * n};
+    cuuint32_t box[5] = {EPD_WGMMA_ROW_BYTES / 2, 8, 2, 4, 1}, estr[5] = {1, 1, 1, 1, 1};
+    if (enc == NULL) {
+        snprintf(err, EPD_ERR_LEN, "ffn wgmma kernel: the driver has no cuTensorMapEncodeTiled");
+        return EPD_ERR_UNSUPPORTED;
+    }
+    CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, (void *)ptr, dims, strides, box,
+                     estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        snprintf(err, EPD_ERR_LEN,
+                 "ffn wgmma kernel: cuTensorMapEncodeTiled (gate/up interleaved: %u experts, N "
+                 "%u, K %u) failed: CUresult %d",
+                 n_experts, n, k, (int)r);
+        return EPD_ERR_INVALID_ARG;
+    }
+    return EPD_OK;
+}
+
 /* the SMs of the current device (once per device; 0 where unknown) and the kernels' shared
  * memory attribute set (once per kernel and device) */
 #define CONFIG_DEVICES 64
@@ -971,11 +1009,8 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
         return EPD_ERR_INVALID_ARG;
     }
     CUtensorMap tw, tx, tx64;
-    epd_status_t status = make_map(&tw, a->w, a->fp8, (uint64_t)a->n_experts * a->n, a->k, 64,
-                                   "weights", err);
-    if (status == EPD_OK)
-        status = make_map(&tx, a->x, a->fp8, a->total_rows, a->k, EPD_WGMMA_X_BOX, "activations",
-                          err);
+    epd_status_t status =
+        make_map(&tx, a->x, a->fp8, a->total_rows, a->k, EPD_WGMMA_X_BOX, "activations", err);
     if (status == EPD_OK)
         status = make_map(&tx64, a->x, a->fp8, a->total_rows, a->k, EPD_WGMMA_X_BIG,
                           "activations", err);
@@ -1019,17 +1054,21 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
         p.part = (float *)a->split_ws;
         p.part_stride = (size_t)a->total_rows * a->n;
     }
-    /* SwiGLU fused where asked and possible: BF16, no split (the sums whole in one CTA) */
+    /* SwiGLU fused where asked and possible: BF16, no split (the sums whole in one CTA); the
+     * weights then through the interleaving 5-d map */
     const bool fuse = a->swiglu_h != NULL && !a->fp8 && splits == 1;
     if (fuse) p.h = (uint16_t *)a->swiglu_h;
+    status = fuse ? make_fused_map(&tw, a->w, a->n_experts, a->n, a->k, err)
+                  : make_map(&tw, a->w, a->fp8, (uint64_t)a->n_experts * a->n, a->k, 64,
+                             "weights", err);
+    if (status != EPD_OK) return status;
     if (a->swiglu_done_p != NULL) *a->swiglu_done_p = false;
     p.n_tiles = a->n_tiles;
     p.splits = splits;
     const uint64_t items = (uint64_t)(a->n / BM) * a->n_tiles * splits;
     /* persistent: one CTA an SM going through the items (its ring runs on from one item to the
-     * next: the next item's loads go out during this one's last stages and its epilogue); with
-     * SwiGLU fused one CTA an item (its epilogue uses the ring's shared memory) */
-    dim3 grid((unsigned)(!fuse && sms > 0 && items > sms ? sms : items));
+     * next: the next item's loads go out during this one's last stages and its epilogue) */
+    dim3 grid((unsigned)(sms > 0 && items > sms ? sms : items));
     cudaStream_t s = (cudaStream_t)stream;
     if (rc == cudaSuccess) {
         k<<<grid, THREADS, smem, s>>>(tw, tx, tx64, p);

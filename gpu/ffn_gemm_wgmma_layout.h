@@ -185,14 +185,33 @@ EPD_WGMMA_HD static inline uint32_t epd_wgmma_item_written(uint32_t rows)
 }
 
 /* The feature (row of the expert's [n][k] weights, and D's column) of row 0 of consumer half
- * `half` (0, 1: 64 rows each) of feature block fb: the block's 128 features; with SwiGLU fused,
- * the 64 gate features fb * 64 .. (half 0) and their 64 up features n / 2 on (half 1), row m of
- * each pairing with row m of the other. */
-EPD_WGMMA_HD static inline uint32_t epd_wgmma_feature(uint32_t n, uint32_t fb, uint32_t half,
-                                                      int fused)
+ * `half` (0, 1: 64 rows each) of feature block fb: the block's 128 features. */
+EPD_WGMMA_HD static inline uint32_t epd_wgmma_feature(uint32_t fb, uint32_t half)
 {
-    if (fused) return half * (n / 2u) + fb * 64u;
     return fb * EPD_WGMMA_FEATURES + half * 64u;
+}
+
+/* With SwiGLU fused (BF16 gate/up: the expert's weights [n][k] are the n / 2 gate features, then
+ * their n / 2 up features), feature block fb is h's features fb * 64 .. + 64, and its 128 weight
+ * rows interleave gate and up in groups of 8: tile row m (0 .. 127) is the gate (m / 8 even) or
+ * the up (odd) row of h feature fb * 64 + (m / 16) * 8 + m % 8. So a consumer thread's
+ * accumulators 4q, 4q + 1 (tile row m, epd_wgmma_acc_pos) and 4q + 2, 4q + 3 (row m + 8) are the
+ * gate and up sums of one feature and the same two rows: SwiGLU in registers. The TMA brings a
+ * half's 64 rows as one box of a 5-d view of the weights (k, 8 rows, gate/up, groups of 8,
+ * experts): epd_wgmma_fused_group is the box's group coordinate. */
+EPD_WGMMA_HD static inline uint32_t epd_wgmma_fused_row(uint32_t n, uint32_t fb, uint32_t m)
+{
+    return ((m / 8u) % 2u) * (n / 2u) + fb * 64u + (m / 16u) * 8u + m % 8u;
+}
+
+EPD_WGMMA_HD static inline uint32_t epd_wgmma_fused_feature(uint32_t fb, uint32_t m)
+{
+    return fb * 64u + (m / 16u) * 8u + m % 8u;
+}
+
+EPD_WGMMA_HD static inline uint32_t epd_wgmma_fused_group(uint32_t fb, uint32_t half)
+{
+    return fb * 8u + half * 4u;
 }
 
 /* FP8: the index in x_scale (per expert [k / 128][mpad] fp32 from row_base * k / 128, the

@@ -518,11 +518,17 @@ static void emu_cta(emu_t *m, uint32_t fb, uint32_t y, uint32_t z)
                 const uint32_t k0 = (kb0 + ps) * kstage, wr = e * m->n;
                 const uint32_t wall = m->n_exp * m->n;
                 uint32_t got = 0;
-                got += emu_tma(m, m->base + m->at.w + slot * EPD_WGMMA_W_TILE, m->w, wall, k0,
-                               wr + epd_wgmma_feature(m->n, fb, 0, fused), 64);
-                got +=
-                    emu_tma(m, m->base + m->at.w + slot * EPD_WGMMA_W_TILE + EPD_WGMMA_W_TILE / 2,
-                            m->w, wall, k0, wr + epd_wgmma_feature(m->n, fb, 1, fused), 64);
+                const uint32_t wt = m->base + m->at.w + slot * EPD_WGMMA_W_TILE;
+                if (fused) {
+                    /* the 5-d map's boxes, as the 8-row runs they bring */
+                    for (uint32_t t = 0; t < EPD_WGMMA_FEATURES; t += 8)
+                        got += emu_tma(m, wt + t * RB, m->w, wall, k0,
+                                       wr + epd_wgmma_fused_row(m->n, fb, t), 8);
+                } else {
+                    got += emu_tma(m, wt, m->w, wall, k0, wr + epd_wgmma_feature(fb, 0), 64);
+                    got += emu_tma(m, wt + EPD_WGMMA_W_TILE / 2, m->w, wall, k0,
+                                   wr + epd_wgmma_feature(fb, 1), 64);
+                }
                 for (uint32_t b = 0; b < epd_wgmma_x_boxes(nn); b++) {
                     uint32_t xr, xrows;
                     epd_wgmma_x_box(nn, b, &xr, &xrows);
@@ -603,37 +609,33 @@ static void emu_cta(emu_t *m, uint32_t fb, uint32_t y, uint32_t z)
     /* the epilogue, as the kernel writes it */
     const uint32_t np = m->n;
     if (fused) {
-        float *up = (float *)sm(m, m->base + m->at.w, 64 * bn * 4);
-        if (64 * bn * 4 > m->at.x - m->at.w) emu_fail(m, "the up sums past the weight tiles");
-        if (up == NULL || m->failed) return;
-        for (uint32_t warp = 0; warp < 4; warp++)
-            for (uint32_t lane = 0; lane < 32; lane++)
-                for (uint32_t j = 0; j < regs; j++) {
-                    uint32_t fm, fn;
-                    epd_wgmma_acc_pos(warp, lane, j, &fm, &fn);
-                    up[fm * bn + fn] = (float)acc[1][(warp * 32 + lane) * regs + j];
-                }
-        const uint32_t g0 = epd_wgmma_feature(np, fb, 0, 1);
-        for (uint32_t warp = 0; warp < 4; warp++)
-            for (uint32_t lane = 0; lane < 32; lane++)
-                for (uint32_t j = 0; j < regs; j++) {
-                    uint32_t fm, fn;
-                    epd_wgmma_acc_pos(warp, lane, j, &fm, &fn);
-                    if (fn >= cols) continue;
-                    const uint32_t r = row0 + fn;
-                    const double g = acc[0][(warp * 32 + lane) * regs + j], u = up[fm * bn + fn];
-                    const size_t i = (size_t)(rb + r) * (np / 2) + g0 + fm;
-                    if (g0 + fm >= np / 2 || i >= m->outs) {
-                        emu_fail(m, "an h write past its row or h");
-                        return;
+        /* registers 4q, 4q + 1 (gate) with 4q + 2, 4q + 3 (up) of the same thread */
+        for (uint32_t h = 0; h < 2; h++)
+            for (uint32_t warp = 0; warp < 4; warp++)
+                for (uint32_t lane = 0; lane < 32; lane++)
+                    for (uint32_t j = 0; j < regs; j++) {
+                        if ((j / 2) % 2 != 0) continue;
+                        uint32_t fm, fn, um, un;
+                        epd_wgmma_acc_pos(warp, lane, j, &fm, &fn);
+                        epd_wgmma_acc_pos(warp, lane, j + 2, &um, &un);
+                        if (um != fm + 8 || un != fn) emu_fail(m, "gate and up apart");
+                        if (fn >= cols) continue;
+                        const uint32_t r = row0 + fn;
+                        const uint32_t f = epd_wgmma_fused_feature(fb, h * 64 + fm);
+                        const double *a = acc[h] + (warp * 32 + lane) * regs;
+                        const double g = a[j], u = a[j + 2];
+                        const size_t i = (size_t)(rb + r) * (np / 2) + f;
+                        if (f >= np / 2 || i >= m->outs) {
+                            emu_fail(m, "an h write past its row or h");
+                            return;
+                        }
+                        m->h[i] = g / (1.0 + exp(-g)) * u;
+                        m->written[i]++;
                     }
-                    m->h[i] = g / (1.0 + exp(-g)) * u;
-                    m->written[i]++;
-                }
         return;
     }
     for (uint32_t h = 0; h < 2; h++) {
-        const size_t f0 = epd_wgmma_feature(np, fb, h, 0);
+        const size_t f0 = epd_wgmma_feature(fb, h);
         for (uint32_t warp = 0; warp < 4; warp++)
             for (uint32_t lane = 0; lane < 32; lane++)
                 for (uint32_t j = 0; j < regs; j++) {
