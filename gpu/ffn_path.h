@@ -124,8 +124,9 @@ static inline void epd_ffn_default_tuning_fill(epd_ffn_cuda_tuning_t *t)
     t->wgmma_split = 0;
     t->wgmma_row_tile = 0;
     /* SwiGLU in the gate/up GEMM's epilogue (gate and up interleaved by the weights' tensor map,
-     * so a thread holds both): session 15's bench measured BF16 19-47 us faster a call at 32-256
-     * rows per expert (docs/results.md); FP8 writes fp32 h, which the SwiGLU kernel quantizes */
+     * so a thread holds both): session 15's bench measured BF16 19-50 us faster a call at 32-256
+     * rows per expert; FP8 (fp32 h, which the SwiGLU kernel then quantizes) 1-4 us, within the
+     * runs' spread (docs/results.md) */
     t->wgmma_swiglu = true;
 }
 
