@@ -308,12 +308,19 @@ struct gather_args {
     float *act_scale;
 };
 
-/* The row kernels (gather, SwiGLU): one block of ROW_THREADS a row, a thread CHUNK consecutive
- * elements at a time with 16-byte loads and stores, so that a group of 128 is 8 consecutive
- * lanes (its amax by three shuffles). Every lane of the block runs the same passes (the shuffles
- * need the whole warp), the lanes past the row's end without loads or stores. */
+/* The row kernels (gather, SwiGLU): a block of ROW_THREADS for each ROW_THREADS x CHUNK elements
+ * of a row (grid x the rows, y the row's passes: row_grid), a thread CHUNK consecutive elements
+ * with 16-byte loads and stores, so that a group of 128 is 8 consecutive lanes (its amax by three
+ * shuffles). Every lane of the block runs the same code (the shuffles need the whole warp), the
+ * lanes past the row's end without loads or stores. One pass a block rather than a block looping
+ * over a row's passes: every load of the grid in flight at once, none behind another's store. */
 #define ROW_THREADS 128u
 #define CHUNK 16u
+
+static dim3 row_grid(uint32_t rows, uint32_t elems)
+{
+    return dim3(rows, (elems / CHUNK + ROW_THREADS - 1) / ROW_THREADS);
+}
 
 /* max over the 8 lanes of a lane's group of 128 (lanes 8i .. 8i + 7) */
 __device__ static __forceinline__ float group_max8(float v)
@@ -361,13 +368,16 @@ __device__ static __forceinline__ void unpack_bf16x8(uint4 q, float *v)
  * the same); then requantized to the layer's static input_scale where it has one. */
 __global__ void __launch_bounds__(ROW_THREADS) gather_kernel(gather_args a)
 {
+    /* the GEMM behind (a programmatic dependent launch) may start loading weights */
+    asm volatile("griddepcontrol.launch_dependents;");
     const uint32_t r = blockIdx.x;
     const uint32_t e = expert_of(a.row_base, a.r.n_local, r);
     const uint32_t m = r - a.row_base[e], mpad = a.row_base[e + 1] - a.row_base[e];
     const int32_t j = a.row_src[r];
     const uint8_t *rec = j >= 0 ? a.r.recv + (size_t)j * a.r.rec_size : nullptr;
     const uint32_t chunks = a.hidden / CHUNK;
-    for (uint32_t c0 = 0; c0 < chunks; c0 += ROW_THREADS) {
+    const uint32_t pass_end = min(chunks, (blockIdx.y + 1) * ROW_THREADS); /* one pass */
+    for (uint32_t c0 = blockIdx.y * ROW_THREADS; c0 < pass_end; c0 += ROW_THREADS) {
         const uint32_t c = c0 + threadIdx.x, g = c / (GROUP / CHUNK);
         const bool on = c < chunks;
         float v[16];
@@ -428,6 +438,8 @@ struct swiglu_args {
  * the down GEMM's activation layout; h_given (FP8): h read, only quantized. */
 __global__ void __launch_bounds__(ROW_THREADS) swiglu_kernel(swiglu_args a)
 {
+    /* the down GEMM behind (a programmatic dependent launch) may start loading weights */
+    asm volatile("griddepcontrol.launch_dependents;");
     const uint32_t r = a.row_begin + blockIdx.x;
     const size_t base = (size_t)r * 2 * a.inter;
     uint32_t e = 0, m = 0, mpad = 0;
@@ -437,7 +449,8 @@ __global__ void __launch_bounds__(ROW_THREADS) swiglu_kernel(swiglu_args a)
         mpad = a.row_base[e + 1] - a.row_base[e];
     }
     const uint32_t chunks = a.inter / CHUNK;
-    for (uint32_t c0 = 0; c0 < chunks; c0 += ROW_THREADS) {
+    const uint32_t pass_end = min(chunks, (blockIdx.y + 1) * ROW_THREADS); /* one pass */
+    for (uint32_t c0 = blockIdx.y * ROW_THREADS; c0 < pass_end; c0 += ROW_THREADS) {
         const uint32_t c = c0 + threadIdx.x, g = c / (GROUP / CHUNK);
         const bool on = c < chunks;
         float gv[16], uv[16], h[16];
@@ -495,7 +508,10 @@ __global__ void __launch_bounds__(ROW_THREADS) swiglu_kernel(swiglu_args a)
 }
 
 /* partial[j][i] = bf16(sum over ascending k with a local expert of w_k * y[row(j, k)][i]), a
- * thread 8 elements of a record (16-byte loads of BF16 y, two of fp32) */
+ * thread 8 elements of a record (16-byte loads of BF16 y, two of fp32). The rows of up to
+ * COMBINE_K ks are loaded before any is added (the adds stay in k's order), so that a record's
+ * loads are in flight together. */
+#define COMBINE_K 8
 __global__ void combine_kernel(rec_args a, const int32_t *pair_row, const void *y, bool y_bf16,
                                uint32_t hidden, uint16_t *partials)
 {
@@ -504,24 +520,35 @@ __global__ void combine_kernel(rec_args a, const int32_t *pair_row, const void *
     if (t >= (uint64_t)a.n_records * h8) return;
     const uint32_t j = (uint32_t)(t / h8), c = (uint32_t)(t % h8);
     const float *w = (const float *)(a.recv + (size_t)j * a.rec_size + a.rec_weights);
-    float acc[8], v[8];
+    const int32_t *pr = pair_row + (size_t)j * a.k_count;
+    float acc[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) acc[i] = 0.0f;
-    for (uint32_t k = 0; k < a.k_count; k++) {
-        const int32_t pos = pair_row[(size_t)j * a.k_count + k];
-        if (pos < 0) continue;
-        const size_t at = (size_t)pos * hidden + (size_t)c * 8;
-        if (y_bf16) {
-            unpack_bf16x8(*(const uint4 *)((const uint16_t *)y + at), v);
-        } else {
-            const float4 lo = ((const float4 *)((const float *)y + at))[0];
-            const float4 hi = ((const float4 *)((const float *)y + at))[1];
-            v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w;
-            v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
-        }
-        const float wk = w[k];
+    for (uint32_t k0 = 0; k0 < a.k_count; k0 += COMBINE_K) {
+        int32_t pos[COMBINE_K];
+        float v[COMBINE_K][8];
 #pragma unroll
-        for (int i = 0; i < 8; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(wk, v[i]));
+        for (int u = 0; u < COMBINE_K; u++) pos[u] = k0 + u < a.k_count ? pr[k0 + u] : -1;
+#pragma unroll
+        for (int u = 0; u < COMBINE_K; u++) {
+            if (pos[u] < 0) continue;
+            const size_t at = (size_t)pos[u] * hidden + (size_t)c * 8;
+            if (y_bf16) {
+                unpack_bf16x8(*(const uint4 *)((const uint16_t *)y + at), v[u]);
+            } else {
+                const float4 lo = ((const float4 *)((const float *)y + at))[0];
+                const float4 hi = ((const float4 *)((const float *)y + at))[1];
+                v[u][0] = lo.x, v[u][1] = lo.y, v[u][2] = lo.z, v[u][3] = lo.w;
+                v[u][4] = hi.x, v[u][5] = hi.y, v[u][6] = hi.z, v[u][7] = hi.w;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < COMBINE_K; u++) {
+            if (pos[u] < 0) continue;
+            const float wk = w[k0 + u];
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[i] = __fadd_rn(acc[i], __fmul_rn(wk, v[u][i]));
+        }
     }
     *(uint4 *)(partials + (size_t)j * hidden + (size_t)c * 8) =
         make_uint4(epd_dev_bf16x2(acc[0], acc[1]), epd_dev_bf16x2(acc[2], acc[3]),
@@ -1468,7 +1495,7 @@ static epd_status_t probe_swiglu(epd_ffn_cuda_t *f, uint32_t row_tile, char err[
         sa.inter = f->inter;
         sa.fp8 = false;
         sa.h_bf16 = (uint16_t *)h2;
-        swiglu_kernel<<<total, ROW_THREADS, 0, f->stream>>>(sa);
+        swiglu_kernel<<<row_grid(total, f->inter), ROW_THREADS, 0, f->stream>>>(sa);
     }
     if (status == EPD_OK &&
         (cudaGetLastError() != cudaSuccess ||
@@ -2002,7 +2029,7 @@ static epd_status_t queue_swiglu_h(epd_ffn_cuda_t *f, const dev_layer_t *l, uint
     sa.h_bf16 = (uint16_t *)f->h;
     sa.h_q = (uint8_t *)f->h;
     sa.h_scale = f->h_scale;
-    swiglu_kernel<<<rows, ROW_THREADS, 0, f->streams[s]>>>(sa);
+    swiglu_kernel<<<row_grid(rows, f->inter), ROW_THREADS, 0, f->streams[s]>>>(sa);
     CU(cudaGetLastError(), "swiglu kernel");
     return EPD_OK;
 }
@@ -2299,6 +2326,10 @@ static epd_status_t run_kernel(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_t
     kernel_args_tuning(f, total, wgmma, &a);
     epd_status_t (*launch)(const epd_ffn_gemm_args_t *, void *, char *) =
         wgmma ? epd_ffn_wgmma_launch : epd_ffn_gemm_launch;
+    /* the wgmma GEMMs behind the gather, the other GEMM or the SwiGLU kernel (programmatic
+     * dependent launches): their first weights load while that kernel ends. What they write
+     * (gu or h, y, the split workspace) none of those kernels reads or writes */
+    a.pdl = wgmma && f->tuning.wgmma_pdl;
 
     proj_dims(f, PROJ_GATE_UP, &a.n, &a.k);
     a.out_bf16 = f->d_bf16[PROJ_GATE_UP];
@@ -2467,7 +2498,7 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
     ga.act_bf16 = (uint16_t *)f->act;
     ga.act_q = (uint8_t *)f->act;
     ga.act_scale = f->act_scale;
-    gather_kernel<<<total, ROW_THREADS, 0, f->stream>>>(ga);
+    gather_kernel<<<row_grid(total, f->hidden), ROW_THREADS, 0, f->stream>>>(ga);
     CU(cudaGetLastError(), "gather kernel");
 
     if (kernel)

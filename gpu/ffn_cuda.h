@@ -98,6 +98,10 @@ typedef struct epd_ffn_cuda_tuning {
                                   * weights write h (no fp32 gate/up output, no SwiGLU launch),
                                   * FP8 ones fp32 h, which the SwiGLU kernel only quantizes;
                                   * checked against the unfused kernel when set */
+    bool wgmma_pdl;              /* wgmma: each GEMM launched behind the kernel before it
+                                  * (gather, SwiGLU, the gate/up GEMM) as a programmatic
+                                  * dependent launch, its first weights loaded while that kernel
+                                  * ends (ffn_gemm.h's pdl) */
     uint32_t wgmma_row_tile;     /* wgmma: the rows of a row tile (32, 64, 96, 128, 160, 192,
                                   * 256; FP8 at most 192, larger is 192); 0: picked per call by
                                   * the rows */

@@ -75,6 +75,13 @@ typedef struct epd_ffn_gemm_args {
                           * *swiglu_done_p says whether it was (else D is written as without
                           * it) */
     bool *swiglu_done_p; /* host, optional */
+    bool pdl;            /* epd_ffn_wgmma_launch: launched as a programmatic dependent of the
+                          * stream's previous kernel, which writes x (and x_scale) and lets
+                          * it start early (griddepcontrol.launch_dependents, as the gather, the
+                          * SwiGLU kernel and this kernel do; another kernel lets it start once
+                          * it is done): the first stages' weights load while that kernel ends.
+                          * Only where nothing else this launch reads or writes is still being
+                          * written or read by that kernel */
 } epd_ffn_gemm_args_t;
 
 /* EPD_OK when the kernel can run on the current device for the format (BF16: compute capability

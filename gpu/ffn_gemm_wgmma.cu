@@ -515,6 +515,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     const uint32_t kstage = FP8 ? 128u : 64u; /* K elements a stage */
     const uint32_t items = p.n / BM * p.n_tiles * p.splits;
 
+    /* the kernel launched behind this one (a programmatic dependent launch) may start its CTAs
+     * as SMs free up: it waits for this grid's writes where it reads them */
+    asm volatile("griddepcontrol.launch_dependents;");
     if (tid == 0) {
         for (uint32_t s = 0; s < STAGES; s++) {
             mbar_init(g.full + 8 * s, 1);
@@ -534,6 +537,11 @@ __global__ void __launch_bounds__(THREADS, 1)
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tw) : "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tx) : "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tx64) : "memory");
+        /* launched behind the kernel that writes the activations (a programmatic dependent
+         * launch): the first item's first ring of weight stages is asked for before
+         * griddepcontrol.wait (the weights are the layer's, written long before), its
+         * activations after (without that launch attribute the wait returns at once) */
+        bool waited = false;
         for (uint32_t w = blockIdx.x; w < items; w += gridDim.x) {
             const wg_item I = item_at<FP8, BN>(p, w);
             if (I.rows == 0) continue;
@@ -545,7 +553,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             const int32_t w_row0 = (int32_t)(I.e * p.n + epd_wgmma_feature(I.fb, 0));
             const int32_t w_row1 = (int32_t)(I.e * p.n + epd_wgmma_feature(I.fb, 1));
             const int32_t x_row = (int32_t)(I.rb + I.row0);
-            for (uint32_t s = 0; s < I.n_kb; s++) {
+            /* stage s's slot, armed with the stage's bytes, and its weights */
+            auto weights = [&](uint32_t s) {
                 uint32_t slot, ph, empty_ph;
                 epd_wgmma_ring(g.it + s, STAGES, &slot, &ph, &empty_ph);
                 (void)ph;
@@ -562,6 +571,18 @@ __global__ void __launch_bounds__(THREADS, 1)
                     tma_load(g.w_s + slot * W_TILE, &tw, k0, w_row0, bar);
                     tma_load(g.w_s + slot * W_TILE + W_TILE / 2, &tw, k0, w_row1, bar);
                 }
+            };
+            uint32_t early = 0;
+            if (!waited) {
+                early = min(STAGES, I.n_kb);
+                for (uint32_t s = 0; s < early; s++) weights(s);
+                asm volatile("griddepcontrol.wait;" ::: "memory");
+                waited = true;
+            }
+            for (uint32_t s = 0; s < I.n_kb; s++) {
+                if (s >= early) weights(s);
+                const uint32_t slot = (g.it + s) % STAGES, bar = g.full + 8 * slot;
+                const int32_t k0 = (int32_t)((I.kb0 + s) * kstage);
                 for (uint32_t b = 0; b < epd_wgmma_x_boxes(I.n); b++) {
                     uint32_t r, rows;
                     epd_wgmma_x_box(I.n, b, &r, &rows);
@@ -1087,8 +1108,17 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
     dim3 grid((unsigned)(sms > 0 && items > sms ? sms : items));
     cudaStream_t s = (cudaStream_t)stream;
     if (rc == cudaSuccess) {
-        k<<<grid, THREADS, smem, s>>>(tw, tx, tx64, p);
-        rc = cudaGetLastError();
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr[1] = {};
+        cfg.gridDim = grid;
+        cfg.blockDim = dim3(THREADS);
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = s;
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = a->pdl ? 1 : 0;
+        rc = cudaLaunchKernelEx(&cfg, k, tw, tx, tx64, p);
     }
     if (rc == cudaSuccess && splits > 1) {
         dim3 rgrid(a->total_rows, (a->n / 4 + REDUCE_THREADS - 1) / REDUCE_THREADS);

@@ -128,6 +128,8 @@ static inline void epd_ffn_default_tuning_fill(epd_ffn_cuda_tuning_t *t)
      * rows per expert; FP8 (fp32 h, which the SwiGLU kernel then quantizes) 1-4 us, within the
      * runs' spread (docs/results.md) */
     t->wgmma_swiglu = true;
+    /* the GEMMs launched behind the kernels before them, their first weights loaded early */
+    t->wgmma_pdl = true;
 }
 
 #endif

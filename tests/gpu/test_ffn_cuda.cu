@@ -103,11 +103,13 @@ static const epd_ffn_cuda_tuning_t tunings[] = {
     {.streams = 4, .kernel = true, .kernel_max_rows = 16, .kernel_fp8_max_rows = 16,
      .wgmma = true},
     {.streams = 1, .wgmma = true, .wgmma_swiglu = true},
+    {.streams = 1, .wgmma = true, .wgmma_swiglu = true, .wgmma_pdl = true},
     /* the default (epd_ffn_default_tuning_fill, written out: main checks the two equal), and
      * as it is set where the Hopper kernel's check refuses it */
     {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
      .kernel_max_rows = 16, .kernel_fp8_max_rows = 32, .wgmma = true,
-     .wgmma_max_rows = 64, .wgmma_fp8_max_rows = 192, .wgmma_first = true, .wgmma_swiglu = true},
+     .wgmma_max_rows = 64, .wgmma_fp8_max_rows = 192, .wgmma_first = true, .wgmma_swiglu = true,
+     .wgmma_pdl = true},
     {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
      .kernel_max_rows = 16, .kernel_fp8_max_rows = 32},
 };
@@ -120,7 +122,8 @@ static const char *const tuning_names[] = {"streams=1", "streams=4", "streams=4,
                                            "kernel,split=1", "kernel,split=3", "wgmma",
                                            "wgmma,split=1", "wgmma,split=3", "wgmma,tile=32",
                                            "wgmma,tile=256", "kernel,upto=16,wgmma",
-                                           "wgmma,swiglu", "default", "default,no_wgmma"};
+                                           "wgmma,swiglu", "wgmma,swiglu,pdl", "default",
+                                           "default,no_wgmma"};
 static_assert(sizeof tunings / sizeof tunings[0] == sizeof tuning_names / sizeof tuning_names[0],
               "a name per tuning");
 
@@ -904,7 +907,7 @@ int main(void)
             w->sm_target != d.sm_target || w->fast_accum != d.fast_accum ||
             w->kernel_prefetch != d.kernel_prefetch || w->kernel_split != d.kernel_split ||
             w->wgmma_split != d.wgmma_split || w->wgmma_swiglu != d.wgmma_swiglu ||
-            w->wgmma_row_tile != d.wgmma_row_tile) {
+            w->wgmma_row_tile != d.wgmma_row_tile || w->wgmma_pdl != d.wgmma_pdl) {
             printf("FAIL  the test's tuning \"default\" is not epd_ffn_cuda_default_tuning's\n");
             failed++;
         } else {
