@@ -781,8 +781,9 @@ static int emulate_launch_f(int fp8, int fused, uint32_t n, uint32_t k, const ui
                     const uint32_t fu = n / 2 + f;
                     const double wsc =
                         fp8 ? m.w_scale[((size_t)e * (n / 128) + f / 128) * m.ld + c / 128] : 1.0;
-                    const double usc =
-                        fp8 ? m.w_scale[((size_t)e * (n / 128) + fu / 128) * m.ld + c / 128] : 1.0;
+                    double usc = 1.0; /* the up row's (fused only: fu past n else) */
+                    if (fp8 && fused)
+                        usc = m.w_scale[((size_t)e * (n / 128) + fu / 128) * m.ld + c / 128];
                     want += elem(&m, m.w + (((size_t)e * n + f) * k + c) * es) * xv * wsc;
                     if (fused) up += elem(&m, m.w + (((size_t)e * n + fu) * k + c) * es) * xv * usc;
                 }
