@@ -121,8 +121,8 @@ static ffn_sweep_t sweeps[] = {
     {.name = "default,no_wgmma",
      .tuning = {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
                 .kernel_max_rows = 16, .kernel_fp8_max_rows = 32}},
-    /* and with SwiGLU fused into its gate/up GEMM (FP8: fp32 h, then only quantized), then its
-     * GEMMs launched behind the kernels before them (programmatic dependent launches) */
+    /* and with SwiGLU fused into its gate/up GEMM (BF16; FP8 runs as without), then its GEMMs
+     * launched behind the kernels before them (programmatic dependent launches) */
     {.name = "wgmma,swiglu", .tuning = {.streams = 1, .wgmma = true, .wgmma_swiglu = true}},
     {.name = "wgmma,swiglu,pdl",
      .tuning = {.streams = 1, .wgmma = true, .wgmma_swiglu = true, .wgmma_pdl = true}},

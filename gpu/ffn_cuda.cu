@@ -421,9 +421,8 @@ __global__ void __launch_bounds__(ROW_THREADS) gather_kernel(gather_args a)
 }
 
 struct swiglu_args {
-    const void *gu; /* [rows][2I]: a row's gate, then its up; h_given: fp32 h [rows][I] */
+    const void *gu; /* [rows][2I]: a row's gate, then its up */
     bool gu_bf16;
-    bool h_given; /* FP8: h = silu(g) * u already (the GEMM's fused SwiGLU), only quantized */
     const uint32_t *row_base;
     uint32_t n_local, inter, row_begin;
     bool fp8;
@@ -435,7 +434,7 @@ struct swiglu_args {
 
 /* One block per row from row_begin (the row kernels above): h = silu(g) * u in fp32, rounded to
  * BF16, or quantized group128 (and requantized to the static input_scale when there is one) in
- * the down GEMM's activation layout; h_given (FP8): h read, only quantized. */
+ * the down GEMM's activation layout. */
 __global__ void __launch_bounds__(ROW_THREADS) swiglu_kernel(swiglu_args a)
 {
     /* the down GEMM behind (a programmatic dependent launch) may start loading weights */
@@ -454,15 +453,7 @@ __global__ void __launch_bounds__(ROW_THREADS) swiglu_kernel(swiglu_args a)
         const uint32_t c = c0 + threadIdx.x, g = c / (GROUP / CHUNK);
         const bool on = c < chunks;
         float gv[16], uv[16], h[16];
-        if (a.h_given) {
-            const float4 *hp = (const float4 *)((const float *)a.gu + (size_t)r * a.inter +
-                                                (size_t)c * CHUNK);
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const float4 x = on ? hp[k] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                h[4 * k] = x.x, h[4 * k + 1] = x.y, h[4 * k + 2] = x.z, h[4 * k + 3] = x.w;
-            }
-        } else if (on && a.gu_bf16) {
+        if (on && a.gu_bf16) {
             const uint4 *gp = (const uint4 *)((const uint16_t *)a.gu + base + (size_t)c * CHUNK);
             const uint4 *up = (const uint4 *)((const uint16_t *)a.gu + base + a.inter +
                                               (size_t)c * CHUNK);
@@ -482,7 +473,7 @@ __global__ void __launch_bounds__(ROW_THREADS) swiglu_kernel(swiglu_args a)
             }
         }
 #pragma unroll
-        for (int t = 0; t < 16 && !a.h_given; t++) {
+        for (int t = 0; t < 16; t++) {
             const float silu = on ? __fdiv_rn(gv[t], __fadd_rn(1.0f, expf(-gv[t]))) : 0.0f;
             h[t] = on ? __fmul_rn(silu, uv[t]) : 0.0f;
         }
@@ -1398,20 +1389,18 @@ static epd_status_t probe_kernel(epd_ffn_cuda_t *f, bool wgmma, uint32_t row_til
 }
 
 /* wgmma_swiglu: the gate/up GEMM with SwiGLU fused against the same kernel unfused and the
- * SwiGLU, once when the tuning is set: the first (up to) 3 experts of layer 0 with 1, 9 and 70
- * rows of random activations (BF16, or e4m3 with group scales) in row tiles of row_tile, on
- * f->stream, waited for; h of each expert's rows compared (relative L2 above 1e-2:
- * EPD_ERR_UNSUPPORTED saying where; the same fp32 sums and operations give the same bits). BF16:
- * h from the SwiGLU kernel; FP8 (the fused h is fp32): from the unfused sums on the host.
- * EPD_ERR_CUDA / EPD_ERR_NO_MEMORY with err. */
+ * SwiGLU kernel, once when the tuning is set: the first (up to) 3 experts of layer 0 with 1, 9 and
+ * 70 rows of random BF16 activations in row tiles of row_tile, on f->stream, waited for; h of each
+ * expert's rows compared (relative L2 above 1e-2: EPD_ERR_UNSUPPORTED saying where; the same
+ * fp32 sums and operations give the same bits). EPD_ERR_CUDA / EPD_ERR_NO_MEMORY with err. */
 static epd_status_t probe_swiglu(epd_ffn_cuda_t *f, uint32_t row_tile, char err[EPD_ERR_LEN])
 {
     static const uint32_t want[3] = {1, 9, 70};
     const uint32_t n_exp = f->n_local < 3 ? f->n_local : 3;
-    const bool fp8 = f->format == EPD_FFN_FP8_BLOCK;
     uint32_t meta[11], *counts = meta, *row_base = meta + 3, *tile_base = meta + 7, total, nn, k;
     epd_status_t status = EPD_OK;
-    if (n_exp == 0 || f->n_layers == 0 || f->d_bf16[PROJ_GATE_UP]) return EPD_OK;
+    if (n_exp == 0 || f->n_layers == 0 || f->format != EPD_FFN_BF16 || f->d_bf16[PROJ_GATE_UP])
+        return EPD_OK;
     memset(meta, 0, sizeof meta);
     for (uint32_t e = 0; e < n_exp; e++) {
         counts[e] = want[e];
@@ -1420,32 +1409,24 @@ static epd_status_t probe_swiglu(epd_ffn_cuda_t *f, uint32_t row_tile, char err[
     }
     total = row_base[n_exp];
     proj_dims(f, PROJ_GATE_UP, &nn, &k);
-    const size_t h_es = fp8 ? 4 : 2, h_bytes = (size_t)total * f->inter * h_es;
-    const size_t gu_bytes = (size_t)total * nn * 4, bs_n = (size_t)total * (k / GROUP);
+    const size_t h_bytes = (size_t)total * f->inter * 2;
     uint32_t *meta_dev = (uint32_t *)dalloc(sizeof meta);
-    void *b = dalloc((size_t)total * k * (fp8 ? 1 : 2)), *gu = dalloc(gu_bytes);
-    float *bs = fp8 ? (float *)dalloc(bs_n * sizeof(float)) : NULL;
-    void *h1 = dalloc(h_bytes), *h2 = fp8 ? NULL : dalloc(h_bytes);
+    void *b = dalloc((size_t)total * k * 2), *gu = dalloc((size_t)total * nn * 4);
+    void *h1 = dalloc(h_bytes), *h2 = dalloc(h_bytes);
     void *c1 = malloc(h_bytes), *c2 = malloc(h_bytes);
-    float *cg = fp8 ? (float *)malloc(gu_bytes) : NULL;
-    if (meta_dev == NULL || b == NULL || gu == NULL || h1 == NULL || (!fp8 && h2 == NULL) ||
-        (fp8 && (bs == NULL || cg == NULL)) || c1 == NULL || c2 == NULL) {
+    if (meta_dev == NULL || b == NULL || gu == NULL || h1 == NULL || h2 == NULL || c1 == NULL ||
+        c2 == NULL) {
         cudaGetLastError();
         snprintf(err, EPD_ERR_LEN, "ffn experts: out of memory for the fused SwiGLU check");
         status = EPD_ERR_NO_MEMORY;
     }
     if (status == EPD_OK) {
-        if (fp8) {
-            fill_probe_e4m3<<<256, 256, 0, f->stream>>>((uint8_t *)b, (size_t)total * k, 9);
-            fill_probe_scales<<<64, 256, 0, f->stream>>>(bs, bs_n, bs_n, 0);
-        } else {
-            fill_random_bf16<<<256, 256, 0, f->stream>>>((uint16_t *)b, (size_t)total * k, 9);
-        }
+        fill_random_bf16<<<256, 256, 0, f->stream>>>((uint16_t *)b, (size_t)total * k, 9);
         if (cudaGetLastError() != cudaSuccess ||
             cudaMemcpyAsync(meta_dev, meta, sizeof meta, cudaMemcpyHostToDevice, f->stream) !=
                 cudaSuccess ||
             cudaMemsetAsync(h1, 0, h_bytes, f->stream) != cudaSuccess ||
-            (h2 != NULL && cudaMemsetAsync(h2, 0, h_bytes, f->stream) != cudaSuccess)) {
+            cudaMemsetAsync(h2, 0, h_bytes, f->stream) != cudaSuccess) {
             snprintf(err, EPD_ERR_LEN, "ffn experts: the fused SwiGLU check's fill failed");
             status = EPD_ERR_CUDA;
         }
@@ -1453,15 +1434,11 @@ static epd_status_t probe_swiglu(epd_ffn_cuda_t *f, uint32_t row_tile, char err[
     epd_ffn_gemm_args_t a;
     bool fused = false;
     memset(&a, 0, sizeof a);
-    a.fp8 = fp8;
     a.n = nn;
     a.k = k;
     a.n_experts = n_exp;
     a.w = f->layers[0].gate_up;
-    a.w_scale = fp8 ? f->layers[0].gate_up_scale : NULL;
-    a.w_scale_ld = fp8 ? l4(k) : 0;
     a.x = b;
-    a.x_scale = bs;
     a.row_base = meta_dev + 3;
     a.counts = meta_dev;
     a.tile_base = meta_dev + 7;
@@ -1469,7 +1446,7 @@ static epd_status_t probe_swiglu(epd_ffn_cuda_t *f, uint32_t row_tile, char err[
     a.row_tile = row_tile;
     a.total_rows = total;
     a.split_k = 1;
-    /* fused into h1; unfused into gu, then (BF16) the SwiGLU kernel into h2 */
+    /* fused into h1; unfused into gu, then the SwiGLU kernel into h2 */
     if (status == EPD_OK) {
         a.d = gu;
         a.swiglu_h = h1;
@@ -1485,7 +1462,7 @@ static epd_status_t probe_swiglu(epd_ffn_cuda_t *f, uint32_t row_tile, char err[
         a.swiglu_done_p = NULL;
         status = epd_ffn_wgmma_launch(&a, f->stream, err);
     }
-    if (status == EPD_OK && !fp8) {
+    if (status == EPD_OK) {
         swiglu_args sa;
         memset(&sa, 0, sizeof sa);
         sa.gu = gu;
@@ -1496,49 +1473,38 @@ static epd_status_t probe_swiglu(epd_ffn_cuda_t *f, uint32_t row_tile, char err[
         sa.fp8 = false;
         sa.h_bf16 = (uint16_t *)h2;
         swiglu_kernel<<<row_grid(total, f->inter), ROW_THREADS, 0, f->stream>>>(sa);
+        if (cudaGetLastError() != cudaSuccess ||
+            cudaMemcpyAsync(c1, h1, h_bytes, cudaMemcpyDeviceToHost, f->stream) != cudaSuccess ||
+            cudaMemcpyAsync(c2, h2, h_bytes, cudaMemcpyDeviceToHost, f->stream) != cudaSuccess ||
+            cudaStreamSynchronize(f->stream) != cudaSuccess) {
+            snprintf(err, EPD_ERR_LEN, "ffn experts: the fused SwiGLU check: %s",
+                     cudaGetErrorString(cudaGetLastError()));
+            status = EPD_ERR_CUDA;
+        }
     }
-    if (status == EPD_OK &&
-        (cudaGetLastError() != cudaSuccess ||
-         cudaMemcpyAsync(c1, h1, h_bytes, cudaMemcpyDeviceToHost, f->stream) != cudaSuccess ||
-         (fp8 ? cudaMemcpyAsync(cg, gu, gu_bytes, cudaMemcpyDeviceToHost, f->stream)
-              : cudaMemcpyAsync(c2, h2, h_bytes, cudaMemcpyDeviceToHost, f->stream)) !=
-             cudaSuccess ||
-         cudaStreamSynchronize(f->stream) != cudaSuccess)) {
-        snprintf(err, EPD_ERR_LEN, "ffn experts: the fused SwiGLU check: %s",
-                 cudaGetErrorString(cudaGetLastError()));
-        status = EPD_ERR_CUDA;
-    }
-    if (status == EPD_OK && fp8)
-        for (size_t r = 0; r < total; r++)
-            for (uint32_t i = 0; i < f->inter; i++) {
-                const float g = cg[r * nn + i], u = cg[r * nn + f->inter + i];
-                ((float *)c2)[r * f->inter + i] = g / (1.0f + expf(-g)) * u;
-            }
     if (status == EPD_OK && epd_ffn_wgmma_hang(err, EPD_ERR_LEN)) status = EPD_ERR_UNSUPPORTED;
     for (uint32_t e = 0; e < n_exp && status == EPD_OK; e++) {
-        size_t off = (size_t)row_base[e] * f->inter * h_es;
+        size_t off = (size_t)row_base[e] * f->inter * 2;
         uint32_t at = 0;
         double worst = worst_matrix((const uint8_t *)c1 + off, (const uint8_t *)c2 + off, 1,
-                                    (size_t)counts[e] * f->inter, !fp8, &at);
+                                    (size_t)counts[e] * f->inter, true, &at);
         if (!(worst <= 1e-2)) {
             snprintf(err, EPD_ERR_LEN,
-                     "ffn experts: the wgmma kernel's fused SwiGLU (%s, row tile %u) disagrees "
-                     "with the SwiGLU of its unfused sums: relative L2 %.2e for expert %u's %u "
-                     "rows (first at element %u); not used",
-                     fp8 ? "fp8-block" : "bf16", row_tile, worst, e, counts[e], at);
+                     "ffn experts: the wgmma kernel's fused SwiGLU (row tile %u) disagrees with "
+                     "the SwiGLU kernel: relative L2 %.2e for expert %u's %u rows (first at "
+                     "element %u); not used",
+                     row_tile, worst, e, counts[e], at);
             status = EPD_ERR_UNSUPPORTED;
         }
     }
     if (status != EPD_OK) cudaStreamSynchronize(f->stream);
     cudaFree(meta_dev);
     cudaFree(b);
-    cudaFree(bs);
     cudaFree(gu);
     cudaFree(h1);
     cudaFree(h2);
     free(c1);
     free(c2);
-    free(cg);
     return status;
 }
 
@@ -1698,8 +1664,9 @@ extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn
             wgmma_status = probe_kernel(f, true, epd_wgmma_tile_at(i), wgmma_err);
         if (wgmma_status != EPD_OK) f->tuning.wgmma = false;
         /* the fused SwiGLU: on failure the tuning stays, with the kernel unfused */
-        for (uint32_t i = 0;
-             wgmma_status == EPD_OK && t->wgmma_swiglu && i < epd_wgmma_tile_count(fp8); i++) {
+        for (uint32_t i = 0; wgmma_status == EPD_OK && t->wgmma_swiglu && !fp8 &&
+                             i < epd_wgmma_tile_count(fp8);
+             i++) {
             wgmma_status = probe_swiglu(f, epd_wgmma_tile_at(i), wgmma_err);
             if (wgmma_status != EPD_OK) f->tuning.wgmma_swiglu = false;
         }
@@ -2010,15 +1977,12 @@ static epd_status_t queue_partials(epd_ffn_cuda_t *f, const epd_moe_shape_t *sha
     return EPD_OK;
 }
 
-/* SwiGLU of rows [row_begin, row_begin + rows) on stream s; h_given (FP8): f->gu holds fp32 h
- * [rows][I] (the GEMM's fused SwiGLU), only quantized. */
-static epd_status_t queue_swiglu_h(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_t row_begin,
-                                   uint32_t rows, uint32_t s, bool h_given,
-                                   char err[EPD_ERR_LEN])
+/* SwiGLU of rows [row_begin, row_begin + rows) on stream s. */
+static epd_status_t queue_swiglu(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_t row_begin,
+                                 uint32_t rows, uint32_t s, char err[EPD_ERR_LEN])
 {
     swiglu_args sa;
     sa.gu = f->gu;
-    sa.h_given = h_given;
     sa.gu_bf16 = f->d_bf16[PROJ_GATE_UP];
     sa.row_base = f->row_base_dev;
     sa.n_local = f->n_local;
@@ -2032,12 +1996,6 @@ static epd_status_t queue_swiglu_h(epd_ffn_cuda_t *f, const dev_layer_t *l, uint
     swiglu_kernel<<<row_grid(rows, f->inter), ROW_THREADS, 0, f->streams[s]>>>(sa);
     CU(cudaGetLastError(), "swiglu kernel");
     return EPD_OK;
-}
-
-static epd_status_t queue_swiglu(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_t row_begin,
-                                 uint32_t rows, uint32_t s, char err[EPD_ERR_LEN])
-{
-    return queue_swiglu_h(f, l, row_begin, rows, s, false, err);
 }
 
 /* The tuning's streams 1.. made to wait for f->stream's work so far (the gather). */
@@ -2339,19 +2297,17 @@ static epd_status_t run_kernel(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_t
     a.x = f->act;
     a.x_scale = fp8 ? f->act_scale : NULL;
     a.d = f->gu;
-    /* wgmma_swiglu: h straight from the GEMM where the launch can: BF16 into f->h (then no
-     * SwiGLU launch), FP8 in fp32 into f->gu (then the SwiGLU kernel only quantizes it) */
+    /* wgmma_swiglu: h straight from the GEMM where the launch can (then no SwiGLU launch) */
     bool fused = false;
-    if (wgmma && f->tuning.wgmma_swiglu && !f->d_bf16[PROJ_GATE_UP]) {
-        a.swiglu_h = fp8 ? f->gu : f->h;
+    if (wgmma && f->tuning.wgmma_swiglu && !fp8 && !f->d_bf16[PROJ_GATE_UP]) {
+        a.swiglu_h = f->h;
         a.swiglu_done_p = &fused;
     }
     f->gemm_calls++;
     status = launch(&a, f->stream, err);
     a.swiglu_h = NULL;
     a.swiglu_done_p = NULL;
-    if (status == EPD_OK && (!fused || fp8))
-        status = queue_swiglu_h(f, l, 0, total, 0, fused, err);
+    if (status == EPD_OK && !fused) status = queue_swiglu(f, l, 0, total, 0, err);
     if (status != EPD_OK) return status;
 
     proj_dims(f, PROJ_DOWN, &a.n, &a.k);

@@ -93,11 +93,10 @@ typedef struct epd_ffn_cuda_tuning {
                                   * (kernel then serves those within its own rows that wgmma
                                   * does not take: all of them where wgmma's check refused it) */
     uint32_t wgmma_split;        /* wgmma: kernel_split's meaning */
-    bool wgmma_swiglu;           /* wgmma: SwiGLU fused into the gate/up GEMM's epilogue where
-                                  * the launch has no split-K and the GEMM's output is fp32: BF16
-                                  * weights write h (no fp32 gate/up output, no SwiGLU launch),
-                                  * FP8 ones fp32 h, which the SwiGLU kernel only quantizes;
-                                  * checked against the unfused kernel when set */
+    bool wgmma_swiglu;           /* wgmma, BF16 weights: SwiGLU fused into the gate/up GEMM's
+                                  * epilogue (no fp32 gate/up output, no SwiGLU launch) where the
+                                  * launch has no split-K and the GEMM's output is fp32; checked
+                                  * against the unfused kernel and the SwiGLU kernel when set */
     bool wgmma_pdl;              /* wgmma: each GEMM launched behind the kernel before it
                                   * (gather, SwiGLU, the gate/up GEMM) as a programmatic
                                   * dependent launch, its first weights loaded while that kernel

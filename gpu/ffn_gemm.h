@@ -66,14 +66,12 @@ typedef struct epd_ffn_gemm_args {
                           * expert's rows are shared evenly over its tiles, each computing its
                           * rows rounded up to 16. The mma.sync kernel ignores it (its tiles are
                           * EPD_FFN_GEMM_ROW_TILE rows) */
-    void *swiglu_h;      /* epd_ffn_wgmma_launch, gate/up only (optional): SwiGLU fused into
-                          * the epilogue: h [total_rows][n / 2] = silu(g) * u (the SwiGLU
-                          * kernel's fp32 operations) of D's features g in [0, n / 2) and u =
-                          * the feature n / 2 on, for the rows the kernel writes; BF16 (nearest
-                          * even) for BF16 weights, fp32 for FP8 ones (the SwiGLU kernel then
-                          * quantizes it); D then not written. Only without split-K:
-                          * *swiglu_done_p says whether it was (else D is written as without
-                          * it) */
+    void *swiglu_h;      /* epd_ffn_wgmma_launch, BF16 gate/up only (optional): SwiGLU fused
+                          * into the epilogue: h [total_rows][n / 2] BF16 = bf16(silu(g) * u)
+                          * (the SwiGLU kernel's fp32 operations) of D's features g in [0, n / 2)
+                          * and u = the feature n / 2 on, for the rows the kernel writes; D then
+                          * not written. Only without split-K: *swiglu_done_p says whether it
+                          * was (else D is written as without it) */
     bool *swiglu_done_p; /* host, optional */
     bool pdl;            /* epd_ffn_wgmma_launch: launched as a programmatic dependent of the
                           * stream's previous kernel, which writes x (and x_scale) and lets

@@ -75,9 +75,8 @@ struct wg_params {
     uint32_t n_tiles, splits; /* the work items: (feature block, row tile, K range) */
     int out_bf16;
     uint32_t launch; /* this launch's number (never 0): its waits give up once one of its own has */
-    void *h;         /* SwiGLU fused (the weight map tw is then the 5-d view of
-                      * epd_wgmma_fused_row): [rows][n / 2] silu(gate) * up, BF16 (BF16
-                      * weights) or fp32 (FP8: the SwiGLU kernel quantizes it), D not
+    uint16_t *h;     /* SwiGLU fused (BF16 gate/up; the weight map tw is then the 5-d view of
+                      * epd_wgmma_fused_row): [rows][n / 2] bf16(silu(gate) * up), D not
                       * written; NULL: D */
 };
 
@@ -372,12 +371,11 @@ __device__ static __forceinline__ void fp8_issue(float (&part)[N / 2], const wg_
 
 /* FP8: promotes a finished stage's fragment into acc (DeepGEMM's promotion once per 128-K block:
  * acc = fma(part, w_scale * x_scale[row], acc)) and frees its slot. Registers 4q .. 4q + 3 hold
- * rows 8q + (lane % 4) * 2 + {0, 1} of features m and m + 8 (epd_wgmma_acc_pos), ws the weight
- * scales of m and m + 8 (equal but with SwiGLU fused): the scale products once, then one fused
- * multiply-add a register. */
+ * rows 8q + (lane % 4) * 2 + {0, 1} of features m and m + 8 (epd_wgmma_acc_pos): the two rows'
+ * scales once, then one fused multiply-add a register. */
 template <uint32_t BN, uint32_t N>
 __device__ static __forceinline__ void fp8_promote(float (&acc)[BN / 2], float (&part)[N / 2],
-                                                   const wg_ring &g, uint32_t slot, float2 ws,
+                                                   const wg_ring &g, uint32_t slot, float ws,
                                                    uint32_t lane)
 {
     fence_regs(part);
@@ -385,11 +383,11 @@ __device__ static __forceinline__ void fp8_promote(float (&acc)[BN / 2], float (
 #pragma unroll
     for (uint32_t q = 0; q < N / 8; q++) {
         const float2 s2 = *(const float2 *)(sc + q * 8 + (lane % 4) * 2);
-        const float s0 = ws.x * s2.x, s1 = ws.x * s2.y, t0 = ws.y * s2.x, t1 = ws.y * s2.y;
+        const float s0 = ws * s2.x, s1 = ws * s2.y;
         acc[4 * q + 0] = __fmaf_rn(part[4 * q + 0], s0, acc[4 * q + 0]);
         acc[4 * q + 1] = __fmaf_rn(part[4 * q + 1], s1, acc[4 * q + 1]);
-        acc[4 * q + 2] = __fmaf_rn(part[4 * q + 2], t0, acc[4 * q + 2]);
-        acc[4 * q + 3] = __fmaf_rn(part[4 * q + 3], t1, acc[4 * q + 3]);
+        acc[4 * q + 2] = __fmaf_rn(part[4 * q + 2], s0, acc[4 * q + 2]);
+        acc[4 * q + 3] = __fmaf_rn(part[4 * q + 3], s1, acc[4 * q + 3]);
     }
     mbar_arrive(g.empty + 8 * slot);
 }
@@ -407,20 +405,14 @@ __device__ static __forceinline__ void wg_mainloop_fp8(float (&acc)[BN / 2], con
 {
 #if WG_ARCH
     if (I.n_kb == 0) return;
-    /* the weight scales of a thread's rows m (registers 4q, 4q + 1) and m + 8 (4q + 2, 4q + 3):
-     * one 128-row block, or with SwiGLU fused a gate block and an up block */
-    const bool fused = p.h != nullptr;
-    const uint32_t bg = epd_wgmma_w_block(p.n, I.fb, 0, fused);
-    const uint32_t bu = epd_wgmma_w_block(p.n, I.fb, 1, fused);
-    const float *wsg = p.w_scale + epd_wgmma_w_scale_at(I.e, p.n, bg, p.w_scale_ld, I.kb0);
-    const float *wsu = p.w_scale + epd_wgmma_w_scale_at(I.e, p.n, bu, p.w_scale_ld, I.kb0);
+    const float *wsg = p.w_scale + epd_wgmma_w_scale_at(I.e, p.n, I.fb, p.w_scale_ld, I.kb0);
     uint32_t sa = 0, late = 0; /* late: the stage of the first timed-out wait, + 1 */
     float pa[N / 2];
     if constexpr (!EPD_WGMMA_FP8_DOUBLE(BN)) {
         /* one fragment (two do not fit the registers above 128 rows): each stage waited for and
          * promoted before the next is issued */
         for (uint32_t s = 0; s < I.n_kb; s++) {
-            const float2 wa = make_float2(__ldg(wsg + s), __ldg(wsu + s));
+            const float wa = __ldg(wsg + s);
             fp8_issue<BN, N>(pa, I, g, s, half, &sa, &late);
             wgmma_wait<0>();
             fp8_promote<BN, N>(acc, pa, g, sa, wa, lane);
@@ -431,8 +423,7 @@ __device__ static __forceinline__ void wg_mainloop_fp8(float (&acc)[BN / 2], con
         fp8_issue<BN, N>(pa, I, g, 0, half, &sa, &late);
         uint32_t s = 0;
         for (; s + 2 < I.n_kb; s += 2) {
-            const float2 wa = make_float2(__ldg(wsg + s), __ldg(wsu + s));
-            const float2 wb = make_float2(__ldg(wsg + s + 1), __ldg(wsu + s + 1));
+            const float wa = __ldg(wsg + s), wb = __ldg(wsg + s + 1);
             fp8_issue<BN, N>(pb, I, g, s + 1, half, &sb, &late);
             wgmma_wait<1>();
             fp8_promote<BN, N>(acc, pa, g, sa, wa, lane);
@@ -440,9 +431,9 @@ __device__ static __forceinline__ void wg_mainloop_fp8(float (&acc)[BN / 2], con
             wgmma_wait<1>();
             fp8_promote<BN, N>(acc, pb, g, sb, wb, lane);
         }
-        const float2 wa = make_float2(__ldg(wsg + s), __ldg(wsu + s));
+        const float wa = __ldg(wsg + s);
         if (s + 1 < I.n_kb) {
-            const float2 wb = make_float2(__ldg(wsg + s + 1), __ldg(wsu + s + 1));
+            const float wb = __ldg(wsg + s + 1);
             fp8_issue<BN, N>(pb, I, g, s + 1, half, &sb, &late);
             wgmma_wait<1>();
             fp8_promote<BN, N>(acc, pa, g, sa, wa, lane);
@@ -549,7 +540,7 @@ __global__ void __launch_bounds__(THREADS, 1)
              * with SwiGLU fused h's features fb * 64 .. + 32 and + 32 .. + 64, gate and up
              * interleaved (epd_wgmma_fused_row); the activations in the boxes of
              * epd_wgmma_x_box */
-            const bool fused = p.h != nullptr;
+            const bool fused = !FP8 && p.h != nullptr;
             const int32_t w_row0 = (int32_t)(I.e * p.n + epd_wgmma_feature(I.fb, 0));
             const int32_t w_row1 = (int32_t)(I.e * p.n + epd_wgmma_feature(I.fb, 1));
             const int32_t x_row = (int32_t)(I.rb + I.row0);
@@ -614,10 +605,10 @@ __global__ void __launch_bounds__(THREADS, 1)
 
         /* D[row][feature] for the rows the item writes (its rows rounded up to 8) */
         const uint32_t wrows = epd_wgmma_item_written(I.rows);
-        if (p.h != nullptr) {
+        if (!FP8 && p.h != nullptr) {
             /* SwiGLU fused: registers 4q, 4q + 1 hold the gate sums of a feature, 4q + 2, 4q + 3
-             * its up sums (epd_wgmma_fused_row), for the same two rows; h = silu(g) * u with the
-             * SwiGLU kernel's operations, BF16 (FP8: fp32, the SwiGLU kernel quantizes it) */
+             * its up sums (epd_wgmma_fused_row), for the same two rows; h = bf16(silu(g) * u)
+             * with the SwiGLU kernel's operations */
             const uint32_t inter = p.n / 2;
 #pragma unroll
             for (uint32_t j = 0; j < R; j++) {
@@ -627,12 +618,9 @@ __global__ void __launch_bounds__(THREADS, 1)
                 if (n >= wrows) continue;
                 const float gv = acc[j], u = acc[j + 2];
                 const float silu = __fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv)));
-                const size_t i = (size_t)(I.rb + I.row0 + n) * inter +
-                                 epd_wgmma_fused_feature(I.fb, half * 64u + m);
-                if constexpr (FP8)
-                    ((float *)p.h)[i] = __fmul_rn(silu, u);
-                else
-                    ((uint16_t *)p.h)[i] = epd_f32_to_bf16(__fmul_rn(silu, u));
+                p.h[(size_t)(I.rb + I.row0 + n) * inter +
+                    epd_wgmma_fused_feature(I.fb, half * 64u + m)] =
+                    epd_f32_to_bf16(__fmul_rn(silu, u));
             }
             continue;
         }
@@ -832,26 +820,23 @@ static epd_status_t make_map(CUtensorMap *map, const void *ptr, bool fp8, uint64
     return EPD_OK;
 }
 
-/* SwiGLU fused: the gate/up weights [n_experts][n][k] (n / 2 gate rows, then their n / 2 up
- * rows; BF16 or e4m3 bytes) as a 5-d tensor (k, 8 rows, gate or up, n / 16 groups of 8,
- * experts) read in boxes of 128 K bytes x 8 x 2 x 4 x 1: 64 tile rows, gate and up interleaved
- * in groups of 8 (epd_wgmma_fused_row), 128-byte swizzled as make_map's. */
-static epd_status_t make_fused_map(CUtensorMap *map, const void *ptr, bool fp8,
-                                   uint32_t n_experts, uint32_t n, uint32_t k,
-                                   char err[EPD_ERR_LEN])
+/* SwiGLU fused: the BF16 gate/up weights [n_experts][n][k] (n / 2 gate rows, then their n / 2 up
+ * rows) as a 5-d tensor (k, 8 rows, gate or up, n / 16 groups of 8, experts) read in boxes of
+ * 128 K bytes x 8 x 2 x 4 x 1: 64 tile rows, gate and up interleaved in groups of 8
+ * (epd_wgmma_fused_row), 128-byte swizzled as make_map's. */
+static epd_status_t make_fused_map(CUtensorMap *map, const void *ptr, uint32_t n_experts,
+                                   uint32_t n, uint32_t k, char err[EPD_ERR_LEN])
 {
     encode_tiled_t enc = encode_tiled();
-    const uint32_t es = fp8 ? 1 : 2;
-    const cuuint64_t row = (cuuint64_t)k * es;
+    const cuuint64_t row = (cuuint64_t)k * 2;
     cuuint64_t dims[5] = {k, 8, 2, n / 16, n_experts};
     cuuint64_t strides[4] = {row, row * (n / 2), row * 8, row * n};
-    cuuint32_t box[5] = {EPD_WGMMA_ROW_BYTES / es, 8, 2, 4, 1}, estr[5] = {1, 1, 1, 1, 1};
+    cuuint32_t box[5] = {EPD_WGMMA_ROW_BYTES / 2, 8, 2, 4, 1}, estr[5] = {1, 1, 1, 1, 1};
     if (enc == NULL) {
         snprintf(err, EPD_ERR_LEN, "ffn wgmma kernel: the driver has no cuTensorMapEncodeTiled");
         return EPD_ERR_UNSUPPORTED;
     }
-    CUresult r = enc(map, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                     5, (void *)ptr, dims, strides, box,
+    CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, (void *)ptr, dims, strides, box,
                      estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
@@ -1091,11 +1076,11 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
         p.part = (float *)a->split_ws;
         p.part_stride = (size_t)a->total_rows * a->n;
     }
-    /* SwiGLU fused where asked and possible: no split (the sums whole in one CTA); the weights
-     * then through the interleaving 5-d map */
-    const bool fuse = a->swiglu_h != NULL && splits == 1;
-    if (fuse) p.h = a->swiglu_h;
-    status = fuse ? make_fused_map(&tw, a->w, a->fp8, a->n_experts, a->n, a->k, err)
+    /* SwiGLU fused where asked and possible: BF16, no split (the sums whole in one CTA); the
+     * weights then through the interleaving 5-d map */
+    const bool fuse = a->swiglu_h != NULL && !a->fp8 && splits == 1;
+    if (fuse) p.h = (uint16_t *)a->swiglu_h;
+    status = fuse ? make_fused_map(&tw, a->w, a->n_experts, a->n, a->k, err)
                   : make_map(&tw, a->w, a->fp8, (uint64_t)a->n_experts * a->n, a->k, 64,
                              "weights", err);
     if (status != EPD_OK) return status;

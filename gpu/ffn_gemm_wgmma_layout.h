@@ -214,17 +214,6 @@ EPD_WGMMA_HD static inline uint32_t epd_wgmma_fused_group(uint32_t fb, uint32_t 
     return fb * 8u + half * 4u;
 }
 
-/* FP8: the 128-row block of the weights (the first index of their block scales) of the rows a
- * consumer thread holds in registers 4q, 4q + 1 (up 0) or 4q + 2, 4q + 3 (up 1) in feature block
- * fb: the block fb, or with SwiGLU fused that of h's features fb * 64 .. in the gate rows (up 0)
- * or in the up rows n / 2 on (up 1). */
-EPD_WGMMA_HD static inline uint32_t epd_wgmma_w_block(uint32_t n, uint32_t fb, uint32_t up,
-                                                      int fused)
-{
-    if (!fused) return fb;
-    return (up * (n / 2u) + fb * 64u) / 128u;
-}
-
 /* FP8: the index in x_scale (per expert [k / 128][mpad] fp32 from row_base * k / 128, the
  * requant's layout) of the first of K block kb's scales of the rows from row0 of the expert
  * whose rows start at rb, and the index in w_scale ([n_experts][n / 128][ld]) of expert e's

@@ -123,10 +123,10 @@ static inline void epd_ffn_default_tuning_fill(epd_ffn_cuda_tuning_t *t)
     t->wgmma_first = true;
     t->wgmma_split = 0;
     t->wgmma_row_tile = 0;
-    /* SwiGLU in the gate/up GEMM's epilogue (gate and up interleaved by the weights' tensor map,
-     * so a thread holds both): session 15's bench measured BF16 19-50 us faster a call at 32-256
-     * rows per expert; FP8 (fp32 h, which the SwiGLU kernel then quantizes) 1-4 us, within the
-     * runs' spread (docs/results.md) */
+    /* BF16: SwiGLU in the gate/up GEMM's epilogue (gate and up interleaved by the weights'
+     * tensor map, so a thread holds both): session 15's bench measured it 19-50 us faster a call
+     * at 32-256 rows per expert (docs/results.md). FP8 stays unfused (its two weight scales a
+     * thread cost the promotion more than the SwiGLU kernel saved) */
     t->wgmma_swiglu = true;
     /* the GEMMs launched behind the kernels before them, their first weights loaded early */
     t->wgmma_pdl = true;
