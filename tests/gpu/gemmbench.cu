@@ -11,7 +11,14 @@
  * --check compares experts 0 and E-1 of each launch with a direct fp64 sum on the GPU (prints OK
  * or BAD, exit 1 on BAD). One line a projection and a total a row count and tile: the median µs
  * of 5 runs of N launches, the read's, their ratio, TFLOP/s. Needs an sm_90a device (exit 77
- * without one). */
+ * without one).
+ *   gemmbench --weight-order [--fp8] [--experts E] [--hidden H] [--inter I]
+ * streams the gate/up weights without any math, three ways, against the plain read of the same
+ * bytes: in the GEMM's order (a CTA an SM, 128-row feature blocks, 2-d TMA boxes of 128 K bytes
+ * x 128 rows into a ring of 16 KB stages, as the kernel's producer asks for them), and as if laid
+ * out tiled (each stage's 16 KB, or 64 KB, contiguous: one 1-d bulk copy a stage). What the
+ * weights' order costs the GEMM's reading, apart from the GEMM. */
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -70,6 +77,153 @@ __device__ static double e4m3_value(uint8_t c)
 __device__ static double bf16_value(const uint8_t *p)
 {
     return (double)__uint_as_float(((uint32_t)p[0] | (uint32_t)p[1] << 8) << 16);
+}
+
+/* ---- --weight-order: the weights streamed without math ---------------------------------- */
+
+__device__ static __forceinline__ void wo_wait(uint32_t bar, uint32_t parity)
+{
+    uint32_t ok = 0;
+    while (!ok)
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(ok)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+}
+
+/* One CTA an SM over items of 128 weight rows (all of K): thread 0 asks for each stage (TILED:
+ * STAGE contiguous bytes of the tiled layout by one bulk copy; else 2-d boxes of 128 K bytes x
+ * 128 rows, STAGE / 16 KB of them along K), lane 0 of warp 1 waits for it and frees its slot. */
+template <bool TILED, uint32_t STAGE, uint32_t RING>
+__global__ void __launch_bounds__(64, 1)
+    wo_stream_kernel(const __grid_constant__ CUtensorMap map, const uint8_t *w, uint32_t items,
+                     uint32_t row_bytes)
+{
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023u) & ~1023u;
+    const uint32_t full = base + RING * STAGE, empty = full + 8 * RING;
+    const uint32_t stages = row_bytes * 128u / STAGE, boxes = STAGE / 16384u;
+    if (threadIdx.x == 0) {
+        for (uint32_t s = 0; s < RING; s++) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(full + 8 * s) : "memory");
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(empty + 8 * s) : "memory");
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x != 0 && threadIdx.x != 32) return;
+    uint32_t it = 0;
+    for (uint32_t item = blockIdx.x; item < items; item += gridDim.x)
+        for (uint32_t s = 0; s < stages; s++, it++) {
+            const uint32_t slot = it % RING, parity = (it / RING) & 1u, bar = full + 8 * slot;
+            if (threadIdx.x == 32) {
+                wo_wait(bar, parity);
+                asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(empty + 8 * slot)
+                             : "memory");
+                continue;
+            }
+            wo_wait(empty + 8 * slot, parity ^ 1u);
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                         "r"(STAGE)
+                         : "memory");
+            const uint32_t dst = base + slot * STAGE;
+            if (TILED) {
+                const uint8_t *src = w + ((size_t)item * stages + s) * STAGE;
+                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+                             "[%0], [%1], %2, [%3];" ::"r"(dst),
+                             "l"(__cvta_generic_to_global(src)), "r"(STAGE), "r"(bar)
+                             : "memory");
+            } else {
+                for (uint32_t b = 0; b < boxes; b++)
+                    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::"
+                                 "complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+                                     dst + b * 16384u),
+                                 "l"((uint64_t)&map), "r"((int)((s * boxes + b) * 128u)),
+                                 "r"((int)(item * 128u)), "r"(bar)
+                                 : "memory");
+            }
+        }
+}
+
+typedef CUresult (*wo_encode_t)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* the median of 7 runs of launch, in µs */
+template <typename F> static float wo_time(F launch)
+{
+    cudaEvent_t a, b;
+    std::vector<float> v;
+    CUDA_OK(cudaEventCreate(&a));
+    CUDA_OK(cudaEventCreate(&b));
+    for (int r = 0; r < 7; r++) {
+        CUDA_OK(cudaEventRecord(a));
+        launch();
+        CUDA_OK(cudaGetLastError());
+        CUDA_OK(cudaEventRecord(b));
+        CUDA_OK(cudaEventSynchronize(b));
+        float ms = 0;
+        CUDA_OK(cudaEventElapsedTime(&ms, a, b));
+        v.push_back(ms * 1000.0f);
+    }
+    CUDA_OK(cudaEventDestroy(a));
+    CUDA_OK(cudaEventDestroy(b));
+    std::sort(v.begin(), v.end());
+    return v[3];
+}
+
+/* the gate/up weights ([n_exp x 2I rows][H] of es bytes) streamed three ways against the read:
+ * 0 on success, 1 when the driver cannot make the tensor map */
+static int weight_order(uint32_t n_exp, uint32_t hidden, uint32_t inter, uint32_t es, int sms,
+                        unsigned *sink)
+{
+    const uint64_t rows = (uint64_t)n_exp * 2 * inter, row_bytes = (uint64_t)hidden * es;
+    const size_t bytes = rows * row_bytes;
+    uint8_t *w;
+    CUDA_OK(cudaMalloc(&w, bytes));
+    CUDA_OK(cudaMemset(w, 1, bytes));
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    CUtensorMap map;
+    cuuint64_t dims[2] = {row_bytes, rows}, strides[1] = {row_bytes};
+    cuuint32_t box[2] = {128, 128}, estr[2] = {1, 1};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess ||
+        ((wo_encode_t)fn)(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, w, dims, strides, box, estr,
+                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+        printf("weight-order: no tensor map from the driver\n");
+        cudaFree(w);
+        return 1;
+    }
+    const uint32_t items = (uint32_t)(rows / 128);
+    auto gemm_order = wo_stream_kernel<false, 16384u, 8>;
+    auto tiled16 = wo_stream_kernel<true, 16384u, 8>;
+    auto tiled64 = wo_stream_kernel<true, 65536u, 3>;
+    const int smem16 = 8 * 16384 + 2048, smem64 = 3 * 65536 + 2048;
+    CUDA_OK(cudaFuncSetAttribute(gemm_order, cudaFuncAttributeMaxDynamicSharedMemorySize, smem16));
+    CUDA_OK(cudaFuncSetAttribute(tiled16, cudaFuncAttributeMaxDynamicSharedMemorySize, smem16));
+    CUDA_OK(cudaFuncSetAttribute(tiled64, cudaFuncAttributeMaxDynamicSharedMemorySize, smem64));
+    const uint32_t rb = (uint32_t)row_bytes;
+    const float read =
+        wo_time([&] { read_kernel<<<sms * 4, 1024>>>((const uint4 *)w, bytes / 16, sink); });
+    const float t_gemm = wo_time([&] { gemm_order<<<sms, 64, smem16>>>(map, w, items, rb); });
+    const float t_16 = wo_time([&] { tiled16<<<sms, 64, smem16>>>(map, w, items, rb); });
+    /* 0 where an item's bytes are no multiple of 64 KB */
+    const float t_64 = (row_bytes * 128) % 65536 == 0
+                           ? wo_time([&] { tiled64<<<sms, 64, smem64>>>(map, w, items, rb); })
+                           : 0.0f;
+    printf("weight-order: %.2f GB of gate/up weights: read %.1f us (%.0f GB/s); the GEMM's order "
+           "(2-d boxes, 16 KB stages) %.1f us (%.3f of the read); tiled, a 16 KB bulk copy a "
+           "stage %.1f (%.3f); tiled, 64 KB a stage %.1f (%.3f)\n",
+           bytes / 1e9, read, bytes / read / 1e3, t_gemm, t_gemm / read, t_16, t_16 / read, t_64,
+           t_64 / read);
+    CUDA_OK(cudaFree(w));
+    return 0;
 }
 
 /* ref[r][f] = D of expert e's row r, feature f, summed in fp64 (one thread an element) */
@@ -192,7 +346,7 @@ static std::vector<uint32_t> make_counts(uint32_t rows, uint32_t n_exp, bool rou
 
 int main(int argc, char **argv)
 {
-    bool fp8 = false, do_check = false, routed = false, f32 = false;
+    bool fp8 = false, do_check = false, routed = false, f32 = false, order = false;
     uint32_t n_exp = 32, hidden = 7168, inter = 2048;
     std::vector<uint32_t> row_list = {16, 32, 64, 128}, tile_list = {0};
     for (int i = 1; i < argc; i++) {
@@ -205,6 +359,8 @@ int main(int argc, char **argv)
             routed = true;
         } else if (strcmp(argv[i], "--f32") == 0) {
             f32 = true;
+        } else if (strcmp(argv[i], "--weight-order") == 0) {
+            order = true;
         } else if (strcmp(argv[i], "--rows") == 0 && v != NULL) {
             if (!parse_list(v, 65536, false, row_list)) {
                 fprintf(stderr, "gemmbench: bad --rows '%s'\n", v);
@@ -228,7 +384,9 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr,
                     "usage: gemmbench [--fp8] [--rows R,R,...] [--tile T,T,...] [--experts E] "
-                    "[--hidden H] [--inter I] [--iters N] [--routed] [--f32] [--check]\n");
+                    "[--hidden H] [--inter I] [--iters N] [--routed] [--f32] [--check]\n"
+                    "       gemmbench --weight-order [--fp8] [--experts E] [--hidden H] "
+                    "[--inter I]\n");
             return 2;
         }
     }
@@ -253,6 +411,7 @@ int main(int argc, char **argv)
     CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     CUDA_OK(cudaMalloc(&sink, sizeof *sink));
     const uint32_t es = fp8 ? 1 : 2, ds = f32 ? 4 : 2;
+    if (order) return weight_order(n_exp, hidden, inter, es, sms, sink);
     bool bad = false;
     printf("gemmbench: %s, %u experts, H %u, I %u, %s D, rows %s, %d launches a run\n",
            fp8 ? "FP8 block weights" : "BF16 weights", n_exp, hidden, inter, f32 ? "fp32" : "BF16",
