@@ -20,9 +20,14 @@ mkdir -p "$logdir"
 run() {
     local name=$1; shift
     [[ $name =~ $filter ]] || return 0
-    local log=$logdir/${name//\//_}.log start=$SECONDS rc
-    "$@" >"$log" 2>&1
+    local log=$logdir/${name//\//_}.log start=$SECONDS rc ompi_tmp
+    # each test's Open MPI session directories under a base of its own: a job of the test before
+    # still exiting removes /tmp/ompi.HOST.UID once empty, and a mpirun starting then cannot make
+    # its pid directory in it ("orte_session_dir failed")
+    ompi_tmp=$(mktemp -d /tmp/epd-ompi.XXXXXX)
+    OMPI_MCA_orte_tmpdir_base=$ompi_tmp "$@" >"$log" 2>&1
     rc=$?
+    rm -rf "$ompi_tmp"
     local took=$((SECONDS - start))
     if [[ $rc -eq 0 ]]; then
         passed=$((passed + 1))
