@@ -196,8 +196,8 @@ EPD_WGMMA_HD static inline uint32_t epd_wgmma_feature(uint32_t fb, uint32_t half
  * rows interleave gate and up in groups of 8: tile row m (0 .. 127) is the gate (m / 8 even) or
  * the up (odd) row of h feature fb * 64 + (m / 16) * 8 + m % 8. So a consumer thread's
  * accumulators 4q, 4q + 1 (tile row m, epd_wgmma_acc_pos) and 4q + 2, 4q + 3 (row m + 8) are the
- * gate and up sums of one feature and the same two rows: SwiGLU in registers. The TMA brings a
- * half's 64 rows as one box of a 5-d view of the weights (k, 8 rows, gate/up, groups of 8,
+ * gate and up sums of one feature and the same two rows: SwiGLU in registers. The TMA brings the
+ * block's 128 rows as one box of a 5-d view of the weights (k, 8 rows, gate/up, groups of 8,
  * experts): epd_wgmma_fused_group is the box's group coordinate. */
 EPD_WGMMA_HD static inline uint32_t epd_wgmma_fused_row(uint32_t n, uint32_t fb, uint32_t m)
 {
@@ -209,9 +209,9 @@ EPD_WGMMA_HD static inline uint32_t epd_wgmma_fused_feature(uint32_t fb, uint32_
     return fb * 64u + (m / 16u) * 8u + m % 8u;
 }
 
-EPD_WGMMA_HD static inline uint32_t epd_wgmma_fused_group(uint32_t fb, uint32_t half)
+EPD_WGMMA_HD static inline uint32_t epd_wgmma_fused_group(uint32_t fb)
 {
-    return fb * 8u + half * 4u;
+    return fb * 8u;
 }
 
 /* FP8: the index in x_scale (per expert [k / 128][mpad] fp32 from row_base * k / 128, the

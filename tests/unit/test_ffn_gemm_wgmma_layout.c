@@ -520,14 +520,14 @@ static void emu_cta(emu_t *m, uint32_t fb, uint32_t y, uint32_t z)
                 uint32_t got = 0;
                 const uint32_t wt = m->base + m->at.w + slot * EPD_WGMMA_W_TILE;
                 if (fused) {
-                    /* the 5-d map's boxes, as the 8-row runs they bring */
+                    /* the 5-d map's box, as the 8-row runs it brings */
                     for (uint32_t t = 0; t < EPD_WGMMA_FEATURES; t += 8)
                         got += emu_tma(m, wt + t * RB, m->w, wall, k0,
                                        wr + epd_wgmma_fused_row(m->n, fb, t), 8);
                 } else {
-                    got += emu_tma(m, wt, m->w, wall, k0, wr + epd_wgmma_feature(fb, 0), 64);
-                    got += emu_tma(m, wt + EPD_WGMMA_W_TILE / 2, m->w, wall, k0,
-                                   wr + epd_wgmma_feature(fb, 1), 64);
+                    /* one box of the block's 128 rows */
+                    got += emu_tma(m, wt, m->w, wall, k0, wr + epd_wgmma_feature(fb, 0),
+                                   EPD_WGMMA_FEATURES);
                 }
                 for (uint32_t b = 0; b < epd_wgmma_x_boxes(nn); b++) {
                     uint32_t xr, xrows;
