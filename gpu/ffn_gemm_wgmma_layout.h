@@ -151,7 +151,7 @@ EPD_WGMMA_HD static inline void epd_wgmma_x_box(uint32_t n, uint32_t i, uint32_t
 }
 
 /* The bytes a stage's copies bring (its full mbarrier's expect_tx) for a work item of n rows (its
- * rows rounded up to 16, epd_wgmma_item_n): the two weight boxes and n activation rows (the boxes
+ * rows rounded up to 16, epd_wgmma_item_n): the weight box and n activation rows (the boxes
  * of epd_wgmma_x_box, within the expert's padded rows), FP8 the n rows' activation scales. */
 EPD_WGMMA_HD static inline uint32_t epd_wgmma_stage_bytes(int fp8, uint32_t n)
 {
