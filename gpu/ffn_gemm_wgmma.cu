@@ -482,7 +482,8 @@ __device__ static __forceinline__ void wg_mainloop_n(float (&acc)[BN / 2], const
 template <bool FP8, uint32_t BN>
 __global__ void __launch_bounds__(THREADS, 1)
     wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx,
-                 const __grid_constant__ CUtensorMap tx64, wg_params p)
+                 const __grid_constant__ CUtensorMap tx32, const __grid_constant__ CUtensorMap tx64,
+                 wg_params p)
 {
 #if WG_ARCH
     using C = tile_cfg<BN>;
@@ -527,6 +528,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (tid != 0) return;
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tw) : "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tx) : "memory");
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tx32) : "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&tx64) : "memory");
         /* launched behind the kernel that writes the activations (a programmatic dependent
          * launch): the first item's first ring of weight stages is asked for before
@@ -573,7 +575,10 @@ __global__ void __launch_bounds__(THREADS, 1)
                     uint32_t r, rows;
                     epd_wgmma_x_box(I.n, b, &r, &rows);
                     tma_load(g.x_s + slot * C::X_TILE + r * EPD_WGMMA_ROW_BYTES,
-                             rows == EPD_WGMMA_X_BIG ? &tx64 : &tx, k0, x_row + (int32_t)r, bar);
+                             rows == EPD_WGMMA_X_BIG   ? &tx64
+                             : rows == EPD_WGMMA_X_MID ? &tx32
+                                                       : &tx,
+                             k0, x_row + (int32_t)r, bar);
                 }
                 if (FP8)
                     bulk_load(sc_s + slot * C::SCALES,
@@ -637,6 +642,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #else
     (void)tw;
     (void)tx;
+    (void)tx32;
     (void)tx64;
     (void)p;
     __trap(); /* the host refuses the kernel where this is reached (epd_ffn_wgmma_supported) */
@@ -735,7 +741,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 
 /* ---- host -------------------------------------------------------------------------------- */
 
-typedef void (*wg_kernel_t)(const CUtensorMap, const CUtensorMap, const CUtensorMap, wg_params);
+typedef void (*wg_kernel_t)(const CUtensorMap, const CUtensorMap, const CUtensorMap,
+                            const CUtensorMap, wg_params);
 
 /* the kernel of a format and row tile, and its shared memory; NULL for a tile it lacks */
 static wg_kernel_t wg_kernel(bool fp8, uint32_t row_tile, uint32_t *smem_p)
@@ -1025,9 +1032,12 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
                  a->n, a->k, a->n_experts, a->total_rows, a->row_tile);
         return EPD_ERR_INVALID_ARG;
     }
-    CUtensorMap tw, tx, tx64;
+    CUtensorMap tw, tx, tx32, tx64;
     epd_status_t status =
         make_map(&tx, a->x, a->fp8, a->total_rows, a->k, EPD_WGMMA_X_BOX, "activations", err);
+    if (status == EPD_OK)
+        status = make_map(&tx32, a->x, a->fp8, a->total_rows, a->k, EPD_WGMMA_X_MID,
+                          "activations", err);
     if (status == EPD_OK)
         status = make_map(&tx64, a->x, a->fp8, a->total_rows, a->k, EPD_WGMMA_X_BIG,
                           "activations", err);
@@ -1098,7 +1108,7 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
         attr[0].val.programmaticStreamSerializationAllowed = 1;
         cfg.attrs = attr;
         cfg.numAttrs = a->pdl ? 1 : 0;
-        rc = cudaLaunchKernelEx(&cfg, k, tw, tx, tx64, p);
+        rc = cudaLaunchKernelEx(&cfg, k, tw, tx, tx32, tx64, p);
     }
     if (rc == cudaSuccess && splits > 1) {
         dim3 rgrid(a->total_rows, (a->n / 4 + REDUCE_THREADS - 1) / REDUCE_THREADS);

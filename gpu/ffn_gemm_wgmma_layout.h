@@ -132,22 +132,32 @@ EPD_WGMMA_HD static inline void epd_wgmma_ring(uint32_t s, uint32_t stages, uint
 }
 
 /* A stage's activation rows of a work item of n rows (a multiple of 16) come in boxes of
- * EPD_WGMMA_X_BIG rows, then of EPD_WGMMA_X_BOX for the rest (two tensor maps: few copies a
- * stage, 16 KB of 128 rows in two). epd_wgmma_x_boxes: how many; epd_wgmma_x_box: box i's first
- * row (from the item's first) and rows. */
+ * EPD_WGMMA_X_BIG rows, then at most one of EPD_WGMMA_X_MID and one of EPD_WGMMA_X_BOX for the
+ * rest (three tensor maps: at most 2 + n / 64 copies a stage). epd_wgmma_x_boxes: how many;
+ * epd_wgmma_x_box: box i's first row (from the item's first) and rows. */
 #define EPD_WGMMA_X_BOX 16u
+#define EPD_WGMMA_X_MID 32u
 #define EPD_WGMMA_X_BIG 64u
 EPD_WGMMA_HD static inline uint32_t epd_wgmma_x_boxes(uint32_t n)
 {
-    return n / EPD_WGMMA_X_BIG + (n % EPD_WGMMA_X_BIG) / EPD_WGMMA_X_BOX;
+    return n / EPD_WGMMA_X_BIG + (n % EPD_WGMMA_X_BIG) / EPD_WGMMA_X_MID +
+           (n % EPD_WGMMA_X_MID) / EPD_WGMMA_X_BOX;
 }
 
 EPD_WGMMA_HD static inline void epd_wgmma_x_box(uint32_t n, uint32_t i, uint32_t *row_p,
                                                 uint32_t *rows_p)
 {
-    const uint32_t big = n / EPD_WGMMA_X_BIG;
-    *row_p = i < big ? i * EPD_WGMMA_X_BIG : big * EPD_WGMMA_X_BIG + (i - big) * EPD_WGMMA_X_BOX;
-    *rows_p = i < big ? EPD_WGMMA_X_BIG : EPD_WGMMA_X_BOX;
+    const uint32_t big = n / EPD_WGMMA_X_BIG, mid = (n % EPD_WGMMA_X_BIG) / EPD_WGMMA_X_MID;
+    if (i < big) {
+        *row_p = i * EPD_WGMMA_X_BIG;
+        *rows_p = EPD_WGMMA_X_BIG;
+    } else if (i < big + mid) {
+        *row_p = big * EPD_WGMMA_X_BIG;
+        *rows_p = EPD_WGMMA_X_MID;
+    } else {
+        *row_p = n - EPD_WGMMA_X_BOX;
+        *rows_p = EPD_WGMMA_X_BOX;
+    }
 }
 
 /* The bytes a stage's copies bring (its full mbarrier's expect_tx) for a work item of n rows (its

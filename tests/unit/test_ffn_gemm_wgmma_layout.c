@@ -209,7 +209,8 @@ static void test_ffn_gemm_wgmma_layout__row_tile__least_waste(void **state)
  * none empty, each at most the row tile, all but the last a multiple of 16 (so that the last
  * one's rows rounded up to 8 stay its own), and what an item computes (its rows rounded up to
  * 16) within the expert's padded rows; past the tiles, no rows. The activation boxes of an item
- * (epd_wgmma_x_box) cover its rows once, 64-row boxes first, and the stage's bytes count them. */
+ * (epd_wgmma_x_box) cover its rows once, 64-row boxes first, then at most one of 32 and one of
+ * 16, and the stage's bytes count them. */
 static void test_ffn_gemm_wgmma_layout__tile_rows__cover_each_row_once(void **state)
 {
     (void)state;
@@ -239,11 +240,14 @@ static void test_ffn_gemm_wgmma_layout__tile_rows__cover_each_row_once(void **st
         for (uint32_t b = 0; b < epd_wgmma_x_boxes(n); b++) {
             epd_wgmma_x_box(n, b, &r, &rows);
             assert_int_equal(r, end);
-            assert_true(rows == EPD_WGMMA_X_BIG || rows == EPD_WGMMA_X_BOX);
-            if (rows == EPD_WGMMA_X_BOX) assert_true(n - r < EPD_WGMMA_X_BIG);
+            assert_true(rows == EPD_WGMMA_X_BIG || rows == EPD_WGMMA_X_MID ||
+                        rows == EPD_WGMMA_X_BOX);
+            if (rows != EPD_WGMMA_X_BIG) assert_true(n - r < EPD_WGMMA_X_BIG);
+            if (rows == EPD_WGMMA_X_BOX) assert_true(n - r == EPD_WGMMA_X_BOX);
             end = r + rows;
         }
         assert_int_equal(end, n);
+        assert_true(epd_wgmma_x_boxes(n) <= n / EPD_WGMMA_X_BIG + 2);
         assert_int_equal(epd_wgmma_stage_bytes(0, n), EPD_WGMMA_W_TILE + n * EPD_WGMMA_ROW_BYTES);
         assert_int_equal(epd_wgmma_stage_bytes(1, n),
                          EPD_WGMMA_W_TILE + n * EPD_WGMMA_ROW_BYTES + n * 4u);
