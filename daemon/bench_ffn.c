@@ -46,6 +46,7 @@ typedef struct ffn_sweep {
 #ifdef EPD_HAVE_CUDA
     epd_ffn_cuda_tuning_t tuning;
 #endif
+    bool from_default; /* the default tuning with this one's d_bf16 (the GEMMs' D) */
     bool bf16_only; /* batched and grouped GEMMs: BF16 weights only */
     bool fp8_only;  /* FP8 fast accumulation */
 } ffn_sweep_t;
@@ -129,6 +130,13 @@ static ffn_sweep_t sweeps[] = {
     {.name = "kernel,upto=16,wgmma,swiglu",
      .tuning = {.streams = 4, .kernel = true, .kernel_max_rows = 16, .kernel_fp8_max_rows = 16,
                 .wgmma = true, .wgmma_swiglu = true}},
+    /* the GEMMs' D in BF16 (the experts' outputs; gate/up's where SwiGLU is not fused) and in
+     * fp32, the default's paths otherwise, and the Hopper kernel's with it */
+    {.name = "default,d_bf16", .tuning = {.d_bf16 = true}, .from_default = true},
+    {.name = "default,d_f32", .tuning = {.d_bf16 = false}, .from_default = true},
+    {.name = "wgmma,swiglu,pdl,d_bf16",
+     .tuning = {.streams = 1, .wgmma = true, .wgmma_swiglu = true, .wgmma_pdl = true,
+                .d_bf16 = true}},
 };
 #else
 static ffn_sweep_t sweeps[] = {{.name = "default"}};
@@ -494,6 +502,12 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
     s.combine_dtype = cfg->combine.dtype;
 #ifdef EPD_HAVE_CUDA
     epd_ffn_cuda_default_tuning(&sweeps[0].tuning);
+    for (size_t sw = 1; sw < N_SWEEPS; sw++) {
+        if (!sweeps[sw].from_default) continue;
+        bool d_bf16 = sweeps[sw].tuning.d_bf16;
+        sweeps[sw].tuning = sweeps[0].tuning;
+        sweeps[sw].tuning.d_bf16 = d_bf16;
+    }
 #endif
     size_t n_sweeps = ops->device_memory ? N_SWEEPS : 1;
 
@@ -588,7 +602,7 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
                 epd_status_t set = epd_ffn_cuda_set_tuning(runner.ffn, &sweeps[sw].tuning, err);
                 /* the default runs as the daemon's does: without its strided batches where
                  * they cannot run (set that way, as epd_ffn_cuda_create does) */
-                if (set == EPD_ERR_UNSUPPORTED && sw == 0) {
+                if (set == EPD_ERR_UNSUPPORTED && (sw == 0 || sweeps[sw].from_default)) {
                     printf("%-9s %-22s  note: %s: the default runs without it\n",
                            epd_ffn_format_name(w->format), sweeps[sw].name, err);
                     set = EPD_OK;

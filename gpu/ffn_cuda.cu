@@ -134,8 +134,10 @@ struct epd_ffn_cuda {
     uint32_t gemm_calls, plans_made;
     uint64_t *dp_best;  /* [n_local + 1], [n_local + 1]: plan_runs' scratch */
     uint32_t *dp_from;
-    /* GEMM outputs in BF16: where cuBLASLt has no fp32-out GEMM of the format (the intermediate
-     * is then rounded once more, inside section 9's tolerance) */
+    /* GEMM outputs in BF16: where cuBLASLt has no fp32-out GEMM of the format (f32_refused,
+     * found at create) or the tuning asks for it (d_bf16); the value is then rounded once more,
+     * inside section 9's tolerance */
+    bool f32_refused[N_PROJ];
     bool d_bf16[N_PROJ];
     expert_run_t *runs; /* [n_local]: the strided runs of the current call */
     batch_group_t *groups; /* [n_local]: the batched or grouped call's groups */
@@ -298,8 +300,11 @@ __global__ void scatter_kernel(rec_args a, const uint32_t *row_base, const uint3
 
 struct gather_args {
     rec_args r;
-    const int32_t *row_src;
+    const int32_t *row_src;   /* written by the scatter for an expert's first min(rows, cursor)
+                               * rows; the others are padding (or counts the records did not
+                               * fill: a caller's bug) */
     const uint32_t *row_base;
+    const uint32_t *rows, *cursor; /* [n_local]: the counts and the scatter's cursors */
     uint32_t hidden;
     bool wire_fp8, per_token, weights_fp8;
     const float *input_scale; /* [n_local][2] or NULL */
@@ -373,7 +378,7 @@ __global__ void __launch_bounds__(ROW_THREADS) gather_kernel(gather_args a)
     const uint32_t r = blockIdx.x;
     const uint32_t e = expert_of(a.row_base, a.r.n_local, r);
     const uint32_t m = r - a.row_base[e], mpad = a.row_base[e + 1] - a.row_base[e];
-    const int32_t j = a.row_src[r];
+    const int32_t j = m < min(a.rows[e], a.cursor[e]) ? a.row_src[r] : -1;
     const uint8_t *rec = j >= 0 ? a.r.recv + (size_t)j * a.r.rec_size : nullptr;
     const uint32_t chunks = a.hidden / CHUNK;
     const uint32_t pass_end = min(chunks, (blockIdx.y + 1) * ROW_THREADS); /* one pass */
@@ -1399,7 +1404,8 @@ static epd_status_t probe_swiglu(epd_ffn_cuda_t *f, uint32_t row_tile, char err[
     const uint32_t n_exp = f->n_local < 3 ? f->n_local : 3;
     uint32_t meta[11], *counts = meta, *row_base = meta + 3, *tile_base = meta + 7, total, nn, k;
     epd_status_t status = EPD_OK;
-    if (n_exp == 0 || f->n_layers == 0 || f->format != EPD_FFN_BF16 || f->d_bf16[PROJ_GATE_UP])
+    if (n_exp == 0 || f->n_layers == 0 || f->format != EPD_FFN_BF16 ||
+        f->f32_refused[PROJ_GATE_UP])
         return EPD_OK;
     memset(meta, 0, sizeof meta);
     for (uint32_t e = 0; e < n_exp; e++) {
@@ -1612,6 +1618,13 @@ extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn
     CU(cudaStreamSynchronize(f->stream), "cudaStreamSynchronize");
     streams_free(f);
     f->tuning = *t;
+    /* before the checks below: the plans and the kernels' checks are made for D's type. FP8
+     * weights keep fp32 gate/up sums: the SwiGLU kernel quantizes h from them as the host
+     * reference does (a BF16 rounding first moves some of h's FP8 codes: test_ffn_cuda's small
+     * FP8 cases then exceed section 9's tolerance) */
+    f->d_bf16[PROJ_DOWN] = f->f32_refused[PROJ_DOWN] || t->d_bf16;
+    f->d_bf16[PROJ_GATE_UP] =
+        f->f32_refused[PROJ_GATE_UP] || (t->d_bf16 && f->format == EPD_FFN_BF16);
     f->streams[0] = f->stream;
     for (uint32_t s = 0; s < t->streams; s++) {
         if (s > 0)
@@ -1870,7 +1883,7 @@ extern "C" epd_status_t epd_ffn_cuda_create(const epd_ffn_weights_t *w, void *st
         gemm_plan_t *plan;
         status = get_plan(f, p, NULL, pad_rows(1), 0, false, &plan, err);
         if (status == EPD_ERR_UNSUPPORTED) {
-            f->d_bf16[p] = true;
+            f->f32_refused[p] = f->d_bf16[p] = true;
             status = get_plan(f, p, NULL, pad_rows(1), 0, false, &plan, err);
         }
         if (status != EPD_OK) goto fail;
@@ -2297,9 +2310,11 @@ static epd_status_t run_kernel(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_t
     a.x = f->act;
     a.x_scale = fp8 ? f->act_scale : NULL;
     a.d = f->gu;
-    /* wgmma_swiglu: h straight from the GEMM where the launch can (then no SwiGLU launch) */
+    /* wgmma_swiglu: h straight from the GEMM where the launch can (then no SwiGLU launch);
+     * from its fp32 sums whatever the tuning's D, not where cuBLAS has no fp32 D (the unfused
+     * paths then round the sums to BF16 first: all paths one arithmetic) */
     bool fused = false;
-    if (wgmma && f->tuning.wgmma_swiglu && !fp8 && !f->d_bf16[PROJ_GATE_UP]) {
+    if (wgmma && f->tuning.wgmma_swiglu && !fp8 && !f->f32_refused[PROJ_GATE_UP]) {
         a.swiglu_h = f->h;
         a.swiglu_done_p = &fused;
     }
@@ -2436,8 +2451,6 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
                            cudaMemcpyHostToDevice, f->stream), "copying the GEMM pointers");
     }
     CU(cudaEventRecord(f->host_done[slot], f->stream), "cudaEventRecord");
-    CU(cudaMemsetAsync(f->row_src, 0xff, (size_t)total * sizeof(int32_t), f->stream),
-       "cudaMemsetAsync");
     scatter_kernel<<<blocks_for(pairs, 256), 256, 0, f->stream>>>(
         ra, f->row_base_dev, f->counts_dev, f->counts_dev + f->n_local, f->pair_row, f->row_src);
     CU(cudaGetLastError(), "scatter kernel");
@@ -2446,6 +2459,8 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
     ga.r = ra;
     ga.row_src = f->row_src;
     ga.row_base = f->row_base_dev;
+    ga.rows = f->counts_dev;
+    ga.cursor = f->counts_dev + f->n_local;
     ga.hidden = f->hidden;
     ga.wire_fp8 = shape->dtype == EPD_WIRE_FP8;
     ga.per_token = shape->scale == EPD_SCALE_PER_TOKEN;

@@ -104,6 +104,14 @@ typedef struct epd_ffn_cuda_tuning {
     uint32_t wgmma_row_tile;     /* wgmma: the rows of a row tile (32, 64, 96, 128, 160, 192,
                                   * 256; FP8 at most 192, larger is 192); 0: picked per call by
                                   * the rows */
+    bool d_bf16;                 /* the GEMMs write D in BF16 (round to nearest even) instead of
+                                  * fp32: the experts' outputs y, which the combine reads (as
+                                  * external experts answer them, DESIGN.md section 9), and, for
+                                  * BF16 weights, the gate/up sums where SwiGLU is not fused (the
+                                  * cuBLAS paths), which the SwiGLU kernel reads. Half the bytes
+                                  * written and read again; a rounding more, inside section 9's
+                                  * tolerance. The fused SwiGLU still works from fp32 sums, and
+                                  * FP8 weights' SwiGLU kernel too (it quantizes h to FP8) */
 } epd_ffn_cuda_tuning_t;
 
 /* strided: an expert's GEMMs cost at least about as much as computing this many of its rows

@@ -130,6 +130,9 @@ static inline void epd_ffn_default_tuning_fill(epd_ffn_cuda_tuning_t *t)
     t->wgmma_swiglu = true;
     /* the GEMMs launched behind the kernels before them, their first weights loaded early */
     t->wgmma_pdl = true;
+    /* the experts' outputs y in BF16 (and BF16 weights' unfused gate/up sums): half the bytes
+     * the down GEMM writes and the combine reads (session 18, docs/results.md) */
+    t->d_bf16 = true;
 }
 
 #endif

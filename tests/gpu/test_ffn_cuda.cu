@@ -104,14 +104,21 @@ static const epd_ffn_cuda_tuning_t tunings[] = {
      .wgmma = true},
     {.streams = 1, .wgmma = true, .wgmma_swiglu = true},
     {.streams = 1, .wgmma = true, .wgmma_swiglu = true, .wgmma_pdl = true},
+    /* the GEMMs' D in BF16: every path that writes it */
+    {.streams = 4, .d_bf16 = true},
+    {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .d_bf16 = true},
+    {.streams = 1, .kernel = true, .d_bf16 = true},
+    {.streams = 1, .wgmma = true, .d_bf16 = true},
+    {.streams = 1, .wgmma = true, .wgmma_split = 3, .d_bf16 = true},
+    {.streams = 1, .wgmma = true, .wgmma_swiglu = true, .wgmma_pdl = true, .d_bf16 = true},
     /* the default (epd_ffn_default_tuning_fill, written out: main checks the two equal), and
      * as it is set where the Hopper kernel's check refuses it */
     {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
      .kernel_max_rows = 16, .kernel_fp8_max_rows = 32, .wgmma = true,
      .wgmma_max_rows = 64, .wgmma_fp8_max_rows = 192, .wgmma_first = true, .wgmma_swiglu = true,
-     .wgmma_pdl = true},
+     .wgmma_pdl = true, .d_bf16 = true},
     {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
-     .kernel_max_rows = 16, .kernel_fp8_max_rows = 32},
+     .kernel_max_rows = 16, .kernel_fp8_max_rows = 32, .d_bf16 = true},
 };
 static const char *const tuning_names[] = {"streams=1", "streams=4", "streams=4,sm_target",
                                            "batched", "streams=1,autotune", "streams=4,autotune",
@@ -122,7 +129,10 @@ static const char *const tuning_names[] = {"streams=1", "streams=4", "streams=4,
                                            "kernel,split=1", "kernel,split=3", "wgmma",
                                            "wgmma,split=1", "wgmma,split=3", "wgmma,tile=32",
                                            "wgmma,tile=256", "kernel,upto=16,wgmma",
-                                           "wgmma,swiglu", "wgmma,swiglu,pdl", "default",
+                                           "wgmma,swiglu", "wgmma,swiglu,pdl", "streams=4,d_bf16",
+                                           "strided,d_bf16", "kernel,d_bf16", "wgmma,d_bf16",
+                                           "wgmma,split=3,d_bf16", "wgmma,swiglu,pdl,d_bf16",
+                                           "default",
                                            "default,no_wgmma"};
 static_assert(sizeof tunings / sizeof tunings[0] == sizeof tuning_names / sizeof tuning_names[0],
               "a name per tuning");

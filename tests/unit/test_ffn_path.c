@@ -85,6 +85,7 @@ static void test_ffn_path__default_bf16__wgmma_up_to_64_rows_then_strided(void *
     assert_int_equal(epd_ffn_path_limit(false, t.wgmma_max_rows, t.wgmma_fp8_max_rows), 64);
     assert_true(t.wgmma_swiglu); /* SwiGLU in the GEMM's epilogue where wgmma serves */
     assert_true(t.wgmma_pdl);
+    assert_true(t.d_bf16);
     t.wgmma = false;
     for (uint32_t rows = 1; rows <= 16; rows++)
         assert_int_equal(path_at(&t, false, rows), EPD_FFN_PATH_KERNEL);
