@@ -21,7 +21,9 @@
  * The kernel is persistent: the launch gives one CTA an SM (one an item where there are fewer
  * items), and each CTA goes through the work items (feature block, row tile, K range) blockIdx.x,
  * + gridDim.x, ..., its ring running on from one item to the next: the producer loads the next
- * item's first stages while the consumers finish this one and write its D.
+ * item's first stages while the consumers finish this one and write its D. Where its buffer
+ * fits beside the ring (tile_cfg::EPI: row tiles 32 and 96) a consumer writes BF16 D, or h with
+ * SwiGLU fused, through shared memory in wide stores (wg_store_staged).
  *
  * Split-K (a short grid) as in gpu/ffn_gemm.cu: each K range's fp32 sums to a workspace, then
  * one more launch adds them in range order: the same bits run to run.
