@@ -130,9 +130,8 @@ static ffn_sweep_t sweeps[] = {
     {.name = "kernel,upto=16,wgmma,swiglu",
      .tuning = {.streams = 4, .kernel = true, .kernel_max_rows = 16, .kernel_fp8_max_rows = 16,
                 .wgmma = true, .wgmma_swiglu = true}},
-    /* the GEMMs' D in BF16 (the experts' outputs; gate/up's where SwiGLU is not fused) and in
-     * fp32, the default's paths otherwise, and the Hopper kernel's with it */
-    {.name = "default,d_bf16", .tuning = {.d_bf16 = true}, .from_default = true},
+    /* the default with the GEMMs' D in fp32 (its d_bf16 off: the experts' outputs, and BF16
+     * weights' gate/up sums where SwiGLU is not fused), and the Hopper kernel with D in BF16 */
     {.name = "default,d_f32", .tuning = {.d_bf16 = false}, .from_default = true},
     {.name = "wgmma,swiglu,pdl,d_bf16",
      .tuning = {.streams = 1, .wgmma = true, .wgmma_swiglu = true, .wgmma_pdl = true,
