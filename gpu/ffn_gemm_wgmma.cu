@@ -60,14 +60,9 @@ template <uint32_t BN> struct tile_cfg {
     static constexpr uint32_t X_TILE = BN * EPD_WGMMA_ROW_BYTES;
     static constexpr uint32_t SCALES = BN * 4; /* a stage's FP8 activation scales */
     static constexpr uint32_t STAGES = EPD_WGMMA_STAGES(BN);
-    /* the staged epilogue's buffer (wg_store_staged), where it fits beside the ring: each
-     * consumer half BN rows of EPI_ROW bytes (its 64 BF16 values, then 8 bytes that put the
-     * rows a store instruction reaches in distinct banks); 0: the epilogue stores from the
-     * registers */
-    static constexpr uint32_t EPI_ROW = 136;
-    static constexpr uint32_t EPI_WANT = 2 * BN * EPI_ROW + 16;
-    static constexpr uint32_t EPI =
-        EPD_WGMMA_SMEM(BN) + EPI_WANT <= EPD_WGMMA_SMEM_OPTIN ? EPI_WANT : 0;
+    /* the staged epilogue's buffer (wg_store_staged) where it fits; 0: the epilogue stores from
+     * the registers */
+    static constexpr uint32_t EPI = EPD_WGMMA_EPI(BN);
     static constexpr uint32_t SMEM = EPD_WGMMA_SMEM(BN) + EPI;
     static_assert(SMEM <= EPD_WGMMA_SMEM_OPTIN, "within the 227 KB a CTA may opt into");
     static_assert(X_TILE % EPD_WGMMA_ATOM_BYTES == 0, "activation tiles aligned");
@@ -489,11 +484,12 @@ __device__ static __forceinline__ void wg_mainloop_n(float (&acc)[BN / 2], const
 
 /* The epilogue through shared memory (tile_cfg::EPI != 0; BF16 out, no split-K): a consumer's
  * values (D's 64 features, or with SwiGLU fused h's 32: bf16(silu(gate) * up) as the register
- * epilogue computes them) to its half of the buffer at buf as [row][value], rows EPI_ROW bytes
- * apart, then back in 8-byte chunks, consecutive threads along a row, to D or h: 6 to 12 wide
- * stores a thread where the register epilogue makes 24 to 48 two-byte ones, each warp's writes a
- * few whole lines. Named barrier 1 + half (the half's 128 threads) brackets the buffer's use:
- * before the writes (the previous item's reads done) and between writes and reads. */
+ * epilogue computes them) to its half of the buffer at buf as [row][value] (the layout's
+ * epd_wgmma_epi_*), then back in 8-byte chunks, consecutive threads along a row, to D or h: 6 to
+ * 12 wide stores a thread where the register epilogue makes 24 to 48 two-byte ones, each warp's
+ * writes a few whole lines. Named barrier 1 + half (the half's 128 threads) brackets the
+ * buffer's use: before the writes (the previous item's reads done) and between writes and reads.
+ * tests/unit/test_ffn_gemm_wgmma_layout.c emulates it. */
 template <uint32_t BN>
 __device__ static __forceinline__ void wg_store_staged(const float (&acc)[BN / 2],
                                                        const wg_params &p, const wg_item &I,
@@ -501,7 +497,7 @@ __device__ static __forceinline__ void wg_store_staged(const float (&acc)[BN / 2
                                                        uint32_t wrows)
 {
 #if WG_ARCH
-    constexpr uint32_t R = BN / 2, ROW = tile_cfg<BN>::EPI_ROW;
+    constexpr uint32_t R = BN / 2;
     const uint32_t warp = wt / 32, lane = wt % 32;
     const bool fused = p.h != nullptr;
     asm volatile("bar.sync %0, 128;\n" ::"r"(1u + half) : "memory");
@@ -519,24 +515,23 @@ __device__ static __forceinline__ void wg_store_staged(const float (&acc)[BN / 2
             const float gv = acc[j], u = acc[j + 2];
             const float silu = __fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv)));
             v = epd_f32_to_bf16(__fmul_rn(silu, u));
-            c = (m / 16u) * 8u + m % 8u;
+            c = epd_wgmma_epi_col(1, m);
         } else {
             v = epd_f32_to_bf16(acc[j]);
-            c = m;
+            c = epd_wgmma_epi_col(0, m);
         }
-        asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(buf + n * ROW + c * 2u), "h"(v)
-                     : "memory");
+        const uint32_t addr = buf + epd_wgmma_epi_at(BN, 0, n, c);
+        asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
     }
     asm volatile("bar.sync %0, 128;\n" ::"r"(1u + half) : "memory");
-    /* 8-byte chunks: 16 a row of D's 64 values, 8 of h's 32 */
-    const uint32_t shift = fused ? 3u : 4u, chunks = wrows << shift;
+    const uint32_t shift = epd_wgmma_epi_shift(fused), chunks = wrows << shift;
     const size_t row0 = (size_t)I.rb + I.row0;
     for (uint32_t i = wt; i < chunks; i += WG_THREADS) {
         const uint32_t n = i >> shift, c = i & ((1u << shift) - 1u);
         uint32_t x, y;
         asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
                      : "=r"(x), "=r"(y)
-                     : "r"(buf + n * ROW + c * 8u)
+                     : "r"(buf + epd_wgmma_epi_at(BN, 0, n, 0) + c * 8u)
                      : "memory");
         uint16_t *dst = fused ? p.h + (row0 + n) * (p.n / 2) + I.fb * 64u + half * 32u + c * 4u
                               : (uint16_t *)p.d + (row0 + n) * p.n + epd_wgmma_feature(I.fb, half) +
@@ -685,7 +680,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         const uint32_t wrows = epd_wgmma_item_written(I.rows);
         if constexpr (C::EPI != 0) {
             if (p.part == nullptr && (p.h != nullptr ? !FP8 : p.out_bf16 != 0)) {
-                wg_store_staged<BN>(acc, p, I, epi + half * BN * C::EPI_ROW, half, wt, wrows);
+                wg_store_staged<BN>(acc, p, I, epi + epd_wgmma_epi_at(BN, half, 0, 0), half, wt,
+                                    wrows);
                 continue;
             }
         }

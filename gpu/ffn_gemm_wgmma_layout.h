@@ -117,6 +117,39 @@ EPD_WGMMA_HD static inline epd_wgmma_smem_t epd_wgmma_smem_at(uint32_t bn)
     return s;
 }
 
+/* The staged epilogue (gpu/ffn_gemm_wgmma.cu, wg_store_staged): each consumer half's BF16 values
+ * as [row][value] in a buffer after the ring's mbarriers (its start epd_wgmma_smem_t.end rounded
+ * up to 16), rows EPD_WGMMA_EPI_ROW bytes apart: 64 values and 8 bytes, so that the 4 rows one
+ * st.shared of a warp reaches fall in distinct banks (rows 34 words apart: 8 banks between the
+ * rows 2 apart). Only the row tiles where 2 x bn such rows fit beside the pipeline within the
+ * opt-in have it: EPD_WGMMA_EPI(bn) bytes (16 of them the alignment's), 0 where they do not. */
+#define EPD_WGMMA_EPI_ROW 136u
+#define EPD_WGMMA_EPI_WANT(bn) (2u * (bn) * EPD_WGMMA_EPI_ROW + 16u)
+#define EPD_WGMMA_EPI(bn)                                                                       \
+    (EPD_WGMMA_SMEM(bn) + EPD_WGMMA_EPI_WANT(bn) <= EPD_WGMMA_SMEM_OPTIN ? EPD_WGMMA_EPI_WANT(bn) \
+                                                                          : 0u)
+
+/* The buffer's column of the value of accumulator tile row m (0 .. 63 of a half): D's feature m,
+ * or with SwiGLU fused h's feature (m / 16) * 8 + m % 8 of the half's 32 (m a gate row:
+ * epd_wgmma_fused_feature); and the byte of (row n, column c) of half h from the buffer's start */
+EPD_WGMMA_HD static inline uint32_t epd_wgmma_epi_col(int fused, uint32_t m)
+{
+    return fused ? (m / 16u) * 8u + m % 8u : m;
+}
+
+EPD_WGMMA_HD static inline uint32_t epd_wgmma_epi_at(uint32_t bn, uint32_t h, uint32_t n,
+                                                     uint32_t c)
+{
+    return h * bn * EPD_WGMMA_EPI_ROW + n * EPD_WGMMA_EPI_ROW + c * 2u;
+}
+
+/* The read-back's 8-byte chunks (4 values), consecutive along a row: log2 of a row's chunks (16
+ * of D's 64 values, 8 of h's 32) */
+EPD_WGMMA_HD static inline uint32_t epd_wgmma_epi_shift(int fused)
+{
+    return fused ? 3u : 4u;
+}
+
 /* Stage s of the ring of `stages` slots: its slot, the parity of the slot's full-mbarrier phase
  * the consumers wait for, and that of its empty-mbarrier phase the producer waits for before
  * refilling it (the other one: a fresh mbarrier's phase of parity 1 counts as complete, so the

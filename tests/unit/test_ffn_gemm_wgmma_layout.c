@@ -260,7 +260,9 @@ static void test_ffn_gemm_wgmma_layout__tile_rows__cover_each_row_once(void **st
  * arrivals and its transaction bytes are both down to 0), through the layout header's
  * arithmetic as the kernel uses it (shared-memory layout, ring slots and parities, expect_tx
  * bytes, the weight boxes' features, the FP8 scales' indices, the descriptors, the accumulator
- * fragment in the epilogue, the written rows, split-K's ranges and the in-order reduce), against
+ * fragment in the epilogue, the staged epilogue's buffer (where the tile has one: every value
+ * written once, each st.shared's lanes in distinct banks, read back once along the rows), the
+ * written rows, split-K's ranges and the in-order reduce), against
  * models of the hardware that are this file's own: the TMA (a box of 128 bytes by rows, the
  * 128-byte swizzle on the shared address, rows past the tensor zero-filled and counted), the
  * bulk copy (16-byte aligned, exact bytes), the wgmma's operand reads (epd_wgmma_desc_addr, the
@@ -335,7 +337,7 @@ static void isa_acc(uint32_t warp, uint32_t lane, uint32_t reg, uint32_t *row_p,
 
 typedef struct emu {
     /* the launch */
-    int fp8, fused;
+    int fp8, fused, out_bf16; /* out_bf16: D in BF16 (the staged epilogue's where it fits) */
     uint32_t n, k, n_exp, bn, splits;
     const uint32_t *counts;
     uint32_t row_base[9], tile_base[9], total, n_tiles;
@@ -357,8 +359,15 @@ typedef struct emu {
 } emu_t;
 
 /* faults the emulation must catch: expect_tx 16 bytes short or long, BF16 slots released as
- * soon as their wgmmas are issued (before wgmma.wait_group) */
-enum { EMU_FAULT_NONE, EMU_FAULT_TX_SHORT, EMU_FAULT_TX_LONG, EMU_FAULT_EARLY_RELEASE };
+ * soon as their wgmmas are issued (before wgmma.wait_group), the staged epilogue's rows 128 bytes
+ * apart (its stores' lanes then share banks) */
+enum {
+    EMU_FAULT_NONE,
+    EMU_FAULT_TX_SHORT,
+    EMU_FAULT_TX_LONG,
+    EMU_FAULT_EARLY_RELEASE,
+    EMU_FAULT_EPI_ROW128
+};
 
 static void emu_fail(emu_t *m, const char *why)
 {
@@ -468,6 +477,88 @@ static void emu_promote(emu_t *m, uint32_t h, double *acc, const double *part, u
                 acc[i] += part[i] * (ws * sc[fn]);
             }
     for (uint32_t t = 0; t < WG; t++) bar_arrive(&m->empty[slot]);
+}
+
+/* byte (row n, column c) of half h's staged buffer: the layout's, or with EMU_FAULT_EPI_ROW128
+ * rows of 128 bytes */
+static uint32_t emu_epi_at(const emu_t *m, uint32_t h, uint32_t n, uint32_t c)
+{
+    if (m->fault == EMU_FAULT_EPI_ROW128) return (h * m->bn + n) * 128u + c * 2u;
+    return epd_wgmma_epi_at(m->bn, h, n, c);
+}
+
+/* The staged epilogue (wg_store_staged) of an item whose first row is `row`, cols rows written:
+ * each half's values (D's, or h = silu(g) * u with SwiGLU fused) into its buffer after the
+ * ring's mbarriers, one st.shared a register a warp, whose lanes must reach distinct banks (or
+ * one word); then read back in 8-byte chunks along the rows, 128 threads a half, to D or h. Each
+ * buffer value written once before it is read, each read once. acc[h]: (warp * 32 + lane) *
+ * regs + j. */
+static void emu_staged(emu_t *m, const double (*acc)[128 * 128], uint32_t fb, uint32_t row,
+                       uint32_t cols,
+                       int fused)
+{
+    const uint32_t bn = m->bn, regs = bn / 2, np = m->n;
+    const uint32_t buf = (m->base + m->at.end + 15u) & ~15u;
+    const size_t slots = (size_t)m->smem_len / 2 + 1;
+    double *val = calloc(slots, sizeof *val);
+    uint8_t *wrote = calloc(slots, 1), *read = calloc(slots, 1);
+    if (buf % 16 != 0) emu_fail(m, "the staged buffer not 16-byte aligned");
+    for (uint32_t h = 0; h < 2 && !m->failed; h++)
+        for (uint32_t warp = 0; warp < 4; warp++)
+            for (uint32_t j = 0; j < regs; j++) {
+                if (fused && (j / 2) % 2 != 0) continue; /* up registers: no store */
+                uint32_t word_of_bank[32];
+                memset(word_of_bank, 0xff, sizeof word_of_bank);
+                for (uint32_t lane = 0; lane < 32; lane++) {
+                    uint32_t fm, fn;
+                    epd_wgmma_acc_pos(warp, lane, j, &fm, &fn);
+                    if (fn >= cols) continue;
+                    const uint32_t c = epd_wgmma_epi_col(fused, fm);
+                    const uint32_t addr = buf + emu_epi_at(m, h, fn, c);
+                    if (c >= (fused ? 32u : 64u)) emu_fail(m, "a staged column past the half's");
+                    if (sm(m, addr, 2) == NULL) break;
+                    const uint32_t bank = (addr / 4) % 32;
+                    if (word_of_bank[bank] != UINT32_MAX && word_of_bank[bank] != addr / 4)
+                        emu_fail(m, "a staged store's lanes in one bank");
+                    word_of_bank[bank] = addr / 4;
+                    const double *a = acc[h] + (warp * 32 + lane) * regs;
+                    const double g = a[j];
+                    const size_t at = (addr - EMU_RAW) / 2;
+                    val[at] = fused ? g / (1.0 + exp(-g)) * a[j + 2] : g;
+                    if (wrote[at]++ != 0) emu_fail(m, "a staged value written twice");
+                }
+            }
+    const uint32_t shift = epd_wgmma_epi_shift(fused), nf = fused ? np / 2 : np;
+    for (uint32_t h = 0; h < 2 && !m->failed; h++)
+        for (uint32_t wt = 0; wt < WG; wt++)
+            for (uint32_t i = wt; i < cols << shift && !m->failed; i += WG) {
+                const uint32_t n = i >> shift, c = i & ((1u << shift) - 1u);
+                const uint32_t f0 =
+                    fused ? fb * 64u + h * 32u + c * 4u : epd_wgmma_feature(fb, h) + c * 4u;
+                for (uint32_t q = 0; q < 4; q++) {
+                    const uint32_t addr = buf + emu_epi_at(m, h, n, c * 4u + q);
+                    if (sm(m, addr, 2) == NULL) break;
+                    const size_t at = (addr - EMU_RAW) / 2, o = (size_t)(row + n) * nf + f0 + q;
+                    if (wrote[at] != 1 || read[at]++ != 0) {
+                        emu_fail(m, "a staged value read that was not written once, or twice");
+                        break;
+                    }
+                    if (f0 + q >= nf || o >= m->outs) {
+                        emu_fail(m, "a staged write past its row or D");
+                        break;
+                    }
+                    if (fused)
+                        m->h[o] = val[at];
+                    else
+                        m->d[o] = val[at];
+                    m->written[o]++;
+                }
+            }
+    for (size_t i = 0; i < slots && !m->failed; i++)
+        if (wrote[i] && !read[i]) emu_fail(m, "a staged value never read back");
+    free(val);
+    free(wrote);
+    free(read);
 }
 
 /* one CTA (feature block fb, grid row y, K range z) as the kernel runs it */
@@ -612,6 +703,10 @@ static void emu_cta(emu_t *m, uint32_t fb, uint32_t y, uint32_t z)
 
     /* the epilogue, as the kernel writes it */
     const uint32_t np = m->n;
+    if (EPD_WGMMA_EPI(bn) != 0 && m->splits == 1 && (fused || m->out_bf16)) {
+        emu_staged(m, acc, fb, rb + row0, cols, fused);
+        return;
+    }
     if (fused) {
         /* registers 4q, 4q + 1 (gate) with 4q + 2, 4q + 3 (up) of the same thread */
         for (uint32_t h = 0; h < 2; h++)
@@ -691,15 +786,16 @@ static uint8_t *fill_elems(int fp8, size_t count, uint32_t seed)
  * splits K ranges (1: none; any count, empty ranges too), SwiGLU fused (BF16); compares D (or h)
  * of every row below the counts with a direct sum, and checks that each written element is
  * written once per K range, within the rows the kernel writes. Returns 0, or 1 with *why. */
-static int emulate_launch_f(int fp8, int fused, uint32_t n, uint32_t k, const uint32_t *counts,
-                            uint32_t n_exp, uint32_t bn, uint32_t splits, int fault, char *why,
-                            size_t why_len)
+static int emulate_launch_f(int fp8, int fused, int out_bf16, uint32_t n, uint32_t k,
+                            const uint32_t *counts, uint32_t n_exp, uint32_t bn, uint32_t splits,
+                            int fault, char *why, size_t why_len)
 {
     emu_t m;
     memset(&m, 0, sizeof m);
     m.fault = fault;
     m.fp8 = fp8;
     m.fused = fused;
+    m.out_bf16 = out_bf16;
     m.n = n;
     m.k = k;
     m.n_exp = n_exp;
@@ -730,7 +826,7 @@ static int emulate_launch_f(int fp8, int fused, uint32_t n, uint32_t k, const ui
     m.h = calloc(outs, sizeof(double));
     m.part = calloc(outs * (splits > 1 ? splits : 1), sizeof(double));
     m.written = calloc(outs * (splits > 1 ? splits : 1), 1);
-    m.smem_len = EPD_WGMMA_SMEM(bn);
+    m.smem_len = EPD_WGMMA_SMEM(bn) + EPD_WGMMA_EPI(bn);
     m.smem = malloc(m.smem_len);
     if (m.smem_len > EPD_WGMMA_SMEM_OPTIN) emu_fail(&m, "the shared memory above 227 KB");
 
@@ -806,10 +902,12 @@ static int emulate_launch_f(int fp8, int fused, uint32_t n, uint32_t k, const ui
     return m.failed;
 }
 
+/* D in BF16 (as the daemon's default writes the experts' outputs): the staged epilogue where
+ * it fits */
 static int emulate_launch(int fp8, int fused, uint32_t n, uint32_t k, const uint32_t *counts,
                           uint32_t n_exp, uint32_t bn, uint32_t splits, char *why, size_t why_len)
 {
-    return emulate_launch_f(fp8, fused, n, k, counts, n_exp, bn, splits, EMU_FAULT_NONE, why,
+    return emulate_launch_f(fp8, fused, 1, n, k, counts, n_exp, bn, splits, EMU_FAULT_NONE, why,
                             why_len);
 }
 
@@ -833,6 +931,10 @@ static void test_ffn_gemm_wgmma_layout__launch__emulated_sums_right(void **state
                     fail_msg("%s, row tile %u, split %u: %s", fp8 ? "FP8" : "BF16", bn, splits,
                              why);
             }
+            /* fp32 D: the registers' epilogue at every tile */
+            if (emulate_launch_f(fp8, 0, 0, 128, k, counts, 4, bn, 1, EMU_FAULT_NONE, why,
+                                 sizeof why))
+                fail_msg("%s, fp32 D, row tile %u: %s", fp8 ? "FP8" : "BF16", bn, why);
             if (!fp8 && emulate_launch(0, 1, 128, k, counts, 4, bn, 1, why, sizeof why))
                 fail_msg("BF16 SwiGLU fused, row tile %u: %s", bn, why);
         }
@@ -863,17 +965,25 @@ static void test_ffn_gemm_wgmma_layout__launch__emulation_catches_faults(void **
     (void)state;
     static const uint32_t counts[] = {0, 1, 33, 9};
     char why[200] = "";
-    assert_int_equal(
-        emulate_launch_f(0, 0, 128, 1408, counts, 4, 64, 1, EMU_FAULT_TX_LONG, why, sizeof why), 1);
+    assert_int_equal(emulate_launch_f(0, 0, 1, 128, 1408, counts, 4, 64, 1, EMU_FAULT_TX_LONG, why,
+                                      sizeof why),
+                     1);
     assert_non_null(strstr(why, "hangs"));
-    assert_int_equal(
-        emulate_launch_f(1, 0, 128, 1408, counts, 4, 64, 1, EMU_FAULT_TX_SHORT, why, sizeof why),
-        1);
+    assert_int_equal(emulate_launch_f(1, 0, 1, 128, 1408, counts, 4, 64, 1, EMU_FAULT_TX_SHORT, why,
+                                      sizeof why),
+                     1);
     assert_non_null(strstr(why, "more bytes"));
-    assert_int_equal(emulate_launch_f(0, 0, 128, 1408, counts, 4, 64, 1, EMU_FAULT_EARLY_RELEASE,
-                                      why, sizeof why),
+    assert_int_equal(emulate_launch_f(0, 0, 1, 128, 1408, counts, 4, 64, 1,
+                                      EMU_FAULT_EARLY_RELEASE, why, sizeof why),
                      1);
     assert_non_null(strstr(why, "want"));
+    /* the staged epilogue (row tile 96) with rows 128 bytes apart: D and h */
+    for (int fused = 0; fused < 2; fused++) {
+        assert_int_equal(emulate_launch_f(0, fused, 1, 128, 768, counts, 4, 96, 1,
+                                          EMU_FAULT_EPI_ROW128, why, sizeof why),
+                         1);
+        assert_non_null(strstr(why, "one bank"));
+    }
 }
 
 int main(void)
