@@ -95,7 +95,8 @@ typedef struct epd_ffn_cuda_tuning {
     uint32_t wgmma_split;        /* wgmma: kernel_split's meaning */
     bool wgmma_swiglu;           /* wgmma, BF16 weights: SwiGLU fused into the gate/up GEMM's
                                   * epilogue (no fp32 gate/up output, no SwiGLU launch) where the
-                                  * launch has no split-K and the GEMM's output is fp32; checked
+                                  * launch has no split-K and cuBLASLt has fp32 D for the format
+                                  * (the unfused paths then share its arithmetic); checked
                                   * against the unfused kernel and the SwiGLU kernel when set */
     bool wgmma_pdl;              /* wgmma: each GEMM launched behind the kernel before it
                                   * (gather, SwiGLU, the gate/up GEMM) as a programmatic
