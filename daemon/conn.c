@@ -579,13 +579,14 @@ static void conn_deadline_cb(evutil_socket_t fd, short what, void *arg)
     uint64_t due = c->deadline_ns;
 
     c->deadline_ns = 0;
-    /* Much later than due: this process was not running (stopped, starved); that time is not the
-     * client's, so the clocks of the frame and of the idle limit move on by it. */
+    /* Much later than due: this process was not running (stopped, starved) for that long at
+     * least, and perhaps for most of the window before due too. That time is not the client's,
+     * and how much of the window was is unknown: the frame's clock and the idle limit start again
+     * from now (a client still slow or idle is closed a window later). Moving them on only by the
+     * lateness would still expire them here: their whole window had passed by due. */
     if (due != 0 && now > due + CONN_LATE_NS) {
-        uint64_t late = now - due;
-        if (c->frame_start_ns != 0)
-            c->frame_start_ns = c->frame_start_ns + late < now ? c->frame_start_ns + late : now;
-        c->active_ns = c->active_ns + late < now ? c->active_ns + late : now;
+        if (c->frame_start_ns != 0) c->frame_start_ns = now;
+        c->active_ns = now;
     }
     /* Paused or yielded: the daemon, not the client, holds the bytes up; re-armed on reading. */
     if (c->state != CONN_READING) {

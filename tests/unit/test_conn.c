@@ -611,6 +611,45 @@ static void test_conn__frame_incomplete_past_frame_timeout__closed_and_counted(v
     fx_free(fx);
 }
 
+/* A loop that did not run past a connection's deadline (the process stopped or starved, as by
+ * SIGSTOP) does not charge that time to the client: the frame in progress and the idle limit
+ * start again once the loop runs. Moved on only by the timer's lateness, both expired anyway (the
+ * whole window had passed by the deadline), and the soak saw good clients reset after a rank's
+ * SIGSTOP. A client still idle a window later is closed. */
+static void test_conn__loop_stopped_past_deadlines__clocks_start_again(void **state)
+{
+    (void)state;
+    fixture_t *fx = fx_new();
+    int frame_peer, idle_peer;
+    size_t len;
+    uint8_t *frame = submit_bytes(1, 4, &len);
+
+    fx->cfg.socket.frame_timeout_ms = 300;
+    fx->cfg.socket.idle_timeout_ms = 300;
+    (void)fx_conn(fx, 1, &frame_peer);
+    (void)fx_conn(fx, 2, &idle_peer);
+    send_all(frame_peer, frame, len / 2);
+    fx_run(fx, 50, 1); /* the first half read: the frame's clock runs */
+    usleep(1000 * 1000); /* the loop stopped past both deadlines, by more than CONN_LATE_NS */
+    fx_run(fx, 50, 1);   /* the late timers fire before the rest of the frame comes */
+    assert_int_equal(fx->closed, 0);
+    send_all(frame_peer, frame + len / 2, len - len / 2);
+    fx_run(fx, 100, 1);
+    assert_int_equal(fx->closed, 0);
+    assert_int_equal(fx->stats.closed_frame_timeout, 0);
+    assert_int_equal(fx->stats.closed_idle, 0);
+    fx_run(fx, 1000, 2); /* the idle one, still idle a window later, goes */
+    assert_true(fx->stats.closed_idle >= 1);
+    peer_seen_t seen = {0};
+    peer_read(NULL, idle_peer, 500, true, &seen);
+    assert_true(seen.eof);
+    free(frame);
+    close(frame_peer);
+    close(idle_peer);
+    fx_run(fx, 100, 2);
+    fx_free(fx);
+}
+
 /* ---- payloads read straight into their buffer (issue 25) ---- */
 
 /* Sends buf[len] in chunks of random size (as much of each as the socket takes), running the
@@ -831,6 +870,7 @@ int main(void)
         cmocka_unit_test(test_conn__frame_over_buffer_budget__answered_busy_and_conn_stays),
         cmocka_unit_test(test_conn__idle_past_idle_timeout__closed_and_counted),
         cmocka_unit_test(test_conn__frame_incomplete_past_frame_timeout__closed_and_counted),
+        cmocka_unit_test(test_conn__loop_stopped_past_deadlines__clocks_start_again),
         cmocka_unit_test(test_conn__large_payloads_in_random_splits__reach_the_engine_exact),
         cmocka_unit_test(test_conn__fd_on_a_payload_byte__kept_for_the_next_register),
         cmocka_unit_test(test_conn__peer_closes_in_a_payload__closed_and_budget_released),
