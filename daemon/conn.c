@@ -38,7 +38,8 @@
 /* Connections closed by a timeout are logged at most this often (the others are counted). */
 #define CONN_TIMEOUT_LOG_MS 1000
 
-/* A timeout timer this late means the daemon itself did not run meanwhile (500 ms). */
+/* A timeout timer this late means the daemon itself did not run meanwhile (500 ms); the
+ * connection then has as long again before its deadline is judged (conn_deadline_cb). */
 #define CONN_LATE_NS (UINT64_C(500) * 1000000u)
 
 /* Frames one connection handles per event before the others get their turn (memcached's
@@ -579,14 +580,20 @@ static void conn_deadline_cb(evutil_socket_t fd, short what, void *arg)
     uint64_t due = c->deadline_ns;
 
     c->deadline_ns = 0;
-    /* Much later than due: this process was not running (stopped, starved) for that long at
-     * least, and perhaps for most of the window before due too. That time is not the client's,
-     * and how much of the window was is unknown: the frame's clock and the idle limit start again
-     * from now (a client still slow or idle is closed a window later). Moving them on only by the
-     * lateness would still expire them here: their whole window had passed by due. */
+    /* Much later than due: this process was not running (stopped, starved). What the client
+     * sent meanwhile waits in the socket, and this timer may run before the read that would take
+     * it: the deadlines move to CONN_LATE_NS from now, so that it is read before they are judged
+     * (or a whole window where that is shorter; then a frame it completes is not timed out, and
+     * a client still slow or idle is closed). Moved on only by the lateness, they would expire
+     * here: their window had passed by due. */
     if (due != 0 && now > due + CONN_LATE_NS) {
-        if (c->frame_start_ns != 0) c->frame_start_ns = now;
-        c->active_ns = now;
+        const uint64_t grace_due = now + CONN_LATE_NS;
+        const uint64_t frame_ns = (uint64_t)cfg->socket.frame_timeout_ms * 1000000u;
+        const uint64_t idle_ns = (uint64_t)cfg->socket.idle_timeout_ms * 1000000u;
+        if (c->frame_start_ns != 0 && c->frame_start_ns + frame_ns < grace_due)
+            c->frame_start_ns = grace_due - frame_ns < now ? grace_due - frame_ns : now;
+        if (c->active_ns + idle_ns < grace_due)
+            c->active_ns = grace_due - idle_ns < now ? grace_due - idle_ns : now;
     }
     /* Paused or yielded: the daemon, not the client, holds the bytes up; re-armed on reading. */
     if (c->state != CONN_READING) {

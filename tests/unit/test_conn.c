@@ -612,10 +612,10 @@ static void test_conn__frame_incomplete_past_frame_timeout__closed_and_counted(v
 }
 
 /* A loop that did not run past a connection's deadline (the process stopped or starved, as by
- * SIGSTOP) does not charge that time to the client: the frame in progress and the idle limit
- * start again once the loop runs. Moved on only by the timer's lateness, both expired anyway (the
- * whole window had passed by the deadline), and the soak saw good clients reset after a rank's
- * SIGSTOP. A client still idle a window later is closed. */
+ * SIGSTOP) does not close it before reading what the client sent meanwhile: a frame completed
+ * then is not timed out. Moved on only by the timer's lateness, both deadlines expired anyway
+ * (the whole window had passed by them), and the soak saw good clients reset after a rank's
+ * SIGSTOP. The idle one is still closed, soon after (CONN_LATE_NS). */
 static void test_conn__loop_stopped_past_deadlines__clocks_start_again(void **state)
 {
     (void)state;
@@ -638,7 +638,7 @@ static void test_conn__loop_stopped_past_deadlines__clocks_start_again(void **st
     assert_int_equal(fx->closed, 0);
     assert_int_equal(fx->stats.closed_frame_timeout, 0);
     assert_int_equal(fx->stats.closed_idle, 0);
-    fx_run(fx, 1000, 2); /* the idle one, still idle a window later, goes */
+    fx_run(fx, 1000, 2); /* the idle one, still idle, goes */
     assert_true(fx->stats.closed_idle >= 1);
     peer_seen_t seen = {0};
     peer_read(NULL, idle_peer, 500, true, &seen);
