@@ -616,7 +616,7 @@ static void test_conn__frame_incomplete_past_frame_timeout__closed_and_counted(v
  * then is not timed out. Moved on only by the timer's lateness, both deadlines expired anyway
  * (the whole window had passed by them), and the soak saw good clients reset after a rank's
  * SIGSTOP. The idle one is still closed, soon after (CONN_LATE_NS). */
-static void test_conn__loop_stopped_past_deadlines__clocks_start_again(void **state)
+static void test_conn__loop_stopped_past_deadlines__reads_before_judging(void **state)
 {
     (void)state;
     fixture_t *fx = fx_new();
@@ -870,7 +870,7 @@ int main(void)
         cmocka_unit_test(test_conn__frame_over_buffer_budget__answered_busy_and_conn_stays),
         cmocka_unit_test(test_conn__idle_past_idle_timeout__closed_and_counted),
         cmocka_unit_test(test_conn__frame_incomplete_past_frame_timeout__closed_and_counted),
-        cmocka_unit_test(test_conn__loop_stopped_past_deadlines__clocks_start_again),
+        cmocka_unit_test(test_conn__loop_stopped_past_deadlines__reads_before_judging),
         cmocka_unit_test(test_conn__large_payloads_in_random_splits__reach_the_engine_exact),
         cmocka_unit_test(test_conn__fd_on_a_payload_byte__kept_for_the_next_register),
         cmocka_unit_test(test_conn__peer_closes_in_a_payload__closed_and_budget_released),
