@@ -482,6 +482,14 @@ __device__ static __forceinline__ void wg_mainloop_n(float (&acc)[BN / 2], const
         wg_mainloop_bf16<BN, N>(acc, p, I, g, half);
 }
 
+/* h = bf16(silu(g) * u) of a fused SwiGLU's gate and up sums, with the SwiGLU kernel's operations
+ * (gpu/ffn_cuda.cu): both epilogues write it */
+__device__ static __forceinline__ uint16_t wg_swiglu(float g, float u)
+{
+    const float silu = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
+    return epd_f32_to_bf16(__fmul_rn(silu, u));
+}
+
 /* The epilogue through shared memory (tile_cfg::EPI != 0; BF16 out, no split-K): a consumer's
  * values (D's 64 features, or with SwiGLU fused h's 32: bf16(silu(gate) * up) as the register
  * epilogue computes them) to its half of the buffer at buf as [row][value] (the layout's
@@ -512,9 +520,7 @@ __device__ static __forceinline__ void wg_store_staged(const float (&acc)[BN / 2
             /* registers 4q, 4q + 1 gate, 4q + 2, 4q + 3 up (epd_wgmma_fused_row); the half's h
              * features are fb * 64 + half * 32 + c (epd_wgmma_fused_feature) */
             if ((j / 2) % 2 != 0) continue;
-            const float gv = acc[j], u = acc[j + 2];
-            const float silu = __fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv)));
-            v = epd_f32_to_bf16(__fmul_rn(silu, u));
+            v = wg_swiglu(acc[j], acc[j + 2]);
             c = epd_wgmma_epi_col(1, m);
         } else {
             v = epd_f32_to_bf16(acc[j]);
@@ -696,11 +702,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                 uint32_t m, n;
                 epd_wgmma_acc_pos(warp, lane, j, &m, &n);
                 if (n >= wrows) continue;
-                const float gv = acc[j], u = acc[j + 2];
-                const float silu = __fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv)));
                 p.h[(size_t)(I.rb + I.row0 + n) * inter +
-                    epd_wgmma_fused_feature(I.fb, half * 64u + m)] =
-                    epd_f32_to_bf16(__fmul_rn(silu, u));
+                    epd_wgmma_fused_feature(I.fb, half * 64u + m)] = wg_swiglu(acc[j], acc[j + 2]);
             }
             continue;
         }
