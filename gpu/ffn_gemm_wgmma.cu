@@ -484,11 +484,13 @@ __device__ static __forceinline__ void wg_mainloop_n(float (&acc)[BN / 2], const
 
 /* h = bf16(silu(g) * u) of a fused SwiGLU's gate and up sums, with the SwiGLU kernel's operations
  * (gpu/ffn_cuda.cu): both epilogues write it */
+#if WG_ARCH
 __device__ static __forceinline__ uint16_t wg_swiglu(float g, float u)
 {
     const float silu = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
     return epd_f32_to_bf16(__fmul_rn(silu, u));
 }
+#endif
 
 /* The epilogue through shared memory (tile_cfg::EPI != 0; BF16 out, no split-K): a consumer's
  * values (D's 64 features, or with SwiGLU fused h's 32: bf16(silu(gate) * up) as the register
