@@ -499,15 +499,6 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
     s.scale_format = cfg->dispatch.scale_format;
     s.expert_kind = EPD_EXPERTS_FFN;
     s.combine_dtype = cfg->combine.dtype;
-#ifdef EPD_HAVE_CUDA
-    epd_ffn_cuda_default_tuning(&sweeps[0].tuning);
-    for (size_t sw = 1; sw < N_SWEEPS; sw++) {
-        if (!sweeps[sw].from_default) continue;
-        bool d_bf16 = sweeps[sw].tuning.d_bf16;
-        sweeps[sw].tuning = sweeps[0].tuning;
-        sweeps[sw].tuning.d_bf16 = d_bf16;
-    }
-#endif
     size_t n_sweeps = ops->device_memory ? N_SWEEPS : 1;
 
     printf("epd bench (ffn experts): %s ops, E_local %u, H %u, I %u, top-%u, dispatch %s, "
@@ -542,6 +533,14 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
         if (status == EPD_OK) status = ops->experts_load(ctx, &s, w, err);
         runner.ctx = ctx;
 #ifdef EPD_HAVE_CUDA
+        /* the default of the device the ops chose (gpu/ffn_path.h: it differs by device) */
+        epd_ffn_cuda_default_tuning(&sweeps[0].tuning);
+        for (size_t sw = 1; sw < N_SWEEPS; sw++) {
+            if (!sweeps[sw].from_default) continue;
+            bool d_bf16 = sweeps[sw].tuning.d_bf16;
+            sweeps[sw].tuning = sweeps[0].tuning;
+            sweeps[sw].tuning.d_bf16 = d_bf16;
+        }
         /* the sweep's own device experts (the ops' copy serves the accuracy check) */
         if (status == EPD_OK && ops->device_memory)
             status = epd_ffn_cuda_create(w, NULL, &runner.ffn, err);

@@ -1598,7 +1598,14 @@ static epd_status_t load_grouped(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
 
 extern "C" void epd_ffn_cuda_default_tuning(epd_ffn_cuda_tuning_t *t)
 {
-    epd_ffn_default_tuning_fill(t);
+    cudaDeviceProp prop;
+    int dev = 0;
+    const char *name = NULL;
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess)
+        name = prop.name;
+    else
+        (void)cudaGetLastError(); /* no device: the default of any other */
+    epd_ffn_default_tuning_for(t, name);
 }
 
 extern "C" epd_status_t epd_ffn_cuda_set_tuning(epd_ffn_cuda_t *f, const epd_ffn_cuda_tuning_t *t,

@@ -127,8 +127,9 @@ typedef struct epd_ffn_cuda_tuning {
 /* kernel_max_rows, kernel_fp8_max_rows, wgmma_max_rows, wgmma_fp8_max_rows: no call */
 #define EPD_FFN_ROWS_NONE (UINT32_MAX - 1u)
 
-/* The tuning a new epd_ffn_cuda_t starts with (the fastest measured, docs/results.md; the
- * values are gpu/ffn_path.h's epd_ffn_default_tuning_fill). */
+/* The tuning a new epd_ffn_cuda_t starts with on the current device (the fastest measured,
+ * docs/results.md; the values are gpu/ffn_path.h's epd_ffn_default_tuning_for with the device's
+ * name). */
 void epd_ffn_cuda_default_tuning(epd_ffn_cuda_tuning_t *tuning);
 
 /* Copies the weights (all their layers) to the current device and prepares cuBLASLt on stream

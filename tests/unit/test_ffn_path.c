@@ -94,6 +94,33 @@ static void test_ffn_path__default_bf16__wgmma_up_to_64_rows_then_strided(void *
     assert_int_equal(path_at(&t, false, 17), EPD_FFN_PATH_STRIDED);
 }
 
+/* By device: on an H100 SXM (its CUDA name) BF16's Hopper kernel up to 128 rows per expert,
+ * strided above, FP8 as everywhere; every other name (the H200, the H100's other forms, none)
+ * the default above. */
+static void test_ffn_path__default_by_device__h100_sxm_bf16_wgmma_up_to_128_rows(void **state)
+{
+    epd_ffn_cuda_tuning_t t, d;
+    (void)state;
+    epd_ffn_default_tuning_for(&t, "NVIDIA H100 80GB HBM3");
+    static const uint32_t wgmma_rows[] = {1, 16, 17, 64, 65, 96, 127, 128};
+    for (size_t i = 0; i < sizeof wgmma_rows / sizeof wgmma_rows[0]; i++)
+        assert_int_equal(path_at(&t, false, wgmma_rows[i]), EPD_FFN_PATH_WGMMA);
+    assert_int_equal(path_at(&t, false, 129), EPD_FFN_PATH_STRIDED);
+    assert_int_equal(path_at(&t, false, 512), EPD_FFN_PATH_STRIDED);
+    assert_int_equal(path_at(&t, true, 192), EPD_FFN_PATH_WGMMA);
+    assert_int_equal(path_at(&t, true, 193), EPD_FFN_PATH_STRIDED);
+    /* nothing else moved */
+    epd_ffn_default_tuning_fill(&d);
+    t.wgmma_max_rows = d.wgmma_max_rows;
+    assert_memory_equal(&t, &d, sizeof t);
+    static const char *const others[] = {"NVIDIA H200", "NVIDIA H100 PCIe", "NVIDIA H100 NVL",
+                                         "NVIDIA H100 80GB HBM3 ", "", NULL};
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+        epd_ffn_default_tuning_for(&t, others[i]);
+        assert_memory_equal(&t, &d, sizeof t);
+    }
+}
+
 /* The limits: 0 every call, the FP8 field over the common one (UINT32_MAX: every call),
  * EPD_FFN_ROWS_NONE none, an off kernel none. */
 static void test_ffn_path__limit__fp8_field_sentinels(void **state)
@@ -200,6 +227,7 @@ int main(void)
         cmocka_unit_test(test_ffn_path__default_fp8__wgmma_up_to_192_rows_then_streams),
         cmocka_unit_test(test_ffn_path__default_fp8_wgmma_refused__kernel_up_to_32_rows),
         cmocka_unit_test(test_ffn_path__default_bf16__wgmma_up_to_64_rows_then_strided),
+        cmocka_unit_test(test_ffn_path__default_by_device__h100_sxm_bf16_wgmma_up_to_128_rows),
         cmocka_unit_test(test_ffn_path__limit__fp8_field_sentinels),
         cmocka_unit_test(test_ffn_path__takes__mean_over_experts_with_rows),
         cmocka_unit_test(test_ffn_path__choose__precedence),
