@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The ffn experts' default tuning on one H200, in one call of a few minutes: the path each call
-# takes (gpu/ffn_path.h) and what it costs the host. Build first: scripts/gpu-node-build.sh all;
+# The ffn experts' default tuning on one H200 or H100, in one call of a few minutes: the path
+# each call takes (gpu/ffn_path.h) and what it costs the host. Build first: scripts/gpu-node-build.sh all;
 # source /tmp/epd-env.sh
 #   1. TEST_FFN_ONLY=default build/tests/gpu/test_ffn_cuda: every case through the ops (the
 #      daemon's default) and the tunings "default" and "default,no_wgmma" (as set where the
 #      Hopper kernel is refused) against the host reference within DESIGN.md section 9's
 #      tolerance, each call's path against gpu/ffn_path.h's choice, the default's calls within
-#      its wgmma limits (BF16 up to 64 rows per expert, FP8 up to 192) on the wgmma kernel.
-#      Ends "N passed, 0 failed".
+#      its wgmma limits (BF16 up to 64 rows per expert, 128 on an H100 SXM; FP8 up to 192) on
+#      the wgmma kernel. Ends "N passed, 0 failed".
 #   2. epd --bench at E_local 32, H 7168, I 2048, the default, default,no_wgmma and kernel
 #      (FFN_BENCH_TUNINGS), 4..512 rows per expert: per row the experts and host times, the
 #      path, the GEMM calls queued and the plans made (cuBLASLt heuristic queries), and the
