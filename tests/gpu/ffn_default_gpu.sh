@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The ffn experts' default tuning on one H200 or H100, in one call of a few minutes: the path
-# each call takes (gpu/ffn_path.h) and what it costs the host. Build first: scripts/gpu-node-build.sh all;
-# source /tmp/epd-env.sh
+# each call takes (gpu/ffn_path.h) and what it costs the host. Build first:
+# scripts/gpu-node-build.sh all; source /tmp/epd-env.sh
 #   1. TEST_FFN_ONLY=default build/tests/gpu/test_ffn_cuda: every case through the ops (the
 #      daemon's default) and the tunings "default" and "default,no_wgmma" (as set where the
 #      Hopper kernel is refused) against the host reference within DESIGN.md section 9's
