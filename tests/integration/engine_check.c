@@ -2,10 +2,13 @@
  * without MPI): the engine (daemon/engine.c) without sockets, on a real event loop. Run 1:
  * requests queued on every rank, the queue limit (busy) and bad requests, shutdown asked on the
  * last rank only: every accepted request is answered with the reference's bytes, submits after
- * the agreement get shutting_down, the ranks stop after the same number of steps. Run 2: an idle
- * engine does not spin a core, then (np 2: a rank alone sends nothing through its transport) a
- * transport that fails: its requests and the queued ones are answered `internal`, a submit
- * after the failure is refused, and the engine reports the failure; alone, the engine is
+ * the agreement get shutting_down, the ranks stop after the same number of steps. The worker
+ * steps as soon as it agrees, so at np 2 the last rank holds its worker inside the first step's
+ * exchange (a gated transport) while it fills the queue to the limit and asks the shutdown: the
+ * queue then moves by this thread's submits only, and busy is checked without a race. Run 2: an
+ * idle engine does not spin a core, then (np 2: a rank alone sends nothing through its
+ * transport) a transport that fails: its requests and the queued ones are answered `internal`, a
+ * submit after the failure is refused, and the engine reports the failure; alone, the engine is
  * destroyed while its worker waits hot. Throughout, the worker never calls wake once the engine
  * has stopped (the daemon frees the server then). */
 #include <event2/event.h>
@@ -241,7 +244,8 @@ static void run_init(run_t *run, const epd_config_t *cfg, const epd_transport_t 
     run->deadline = evtimer_new(run->base, deadline_cb, run);
     if (run->base == NULL || run->wake_ev == NULL || run->deadline == NULL) abort();
     evtimer_add(run->deadline, &limit);
-    if (epd_engine_create(cfg, MPI_COMM_WORLD, &epd_ops_host, octx, transport, tctx, wake_fn, run, &run->engine, err) != EPD_OK) {
+    if (epd_engine_create(cfg, MPI_COMM_WORLD, &epd_ops_host, octx, transport, tctx, wake_fn,
+                          run, &run->engine, err) != EPD_OK) {
         fprintf(stderr, "rank %d: engine: %s\n", rank, err);
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
@@ -256,6 +260,75 @@ static void run_fini(run_t *run)
     for (int i = 0; i < run->n_exp; i++) free(run->exp[i].y);
 }
 
+/* The gated transport: MPI's, whose first exchange waits until the test opens the gate. The
+ * worker has taken its step's requests off the queue by then and agrees nothing until the step
+ * ends, so while it waits the queue changes only by the test's submits. */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool armed, waiting, open;
+} gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false, false};
+
+static epd_status_t gated_alltoallv(epd_transport_ctx_t *ctx, const void *send,
+                                    const uint64_t *send_counts, const uint64_t *send_displs,
+                                    void *recv, const uint64_t *recv_counts,
+                                    const uint64_t *recv_displs, size_t item_bytes)
+{
+    pthread_mutex_lock(&gate.mu);
+    if (gate.armed) {
+        gate.waiting = true;
+        pthread_cond_broadcast(&gate.cv);
+        while (!gate.open) pthread_cond_wait(&gate.cv, &gate.mu);
+        gate.armed = false;
+    }
+    pthread_mutex_unlock(&gate.mu);
+    return epd_transport_mpi.alltoallv(ctx, send, send_counts, send_displs, recv, recv_counts,
+                                       recv_displs, item_bytes);
+}
+
+/* Waits (at most 20 s) until the worker waits at the gate. */
+static bool gate_wait_worker(void)
+{
+    struct timespec until;
+    bool waiting;
+
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 20;
+    pthread_mutex_lock(&gate.mu);
+    while (!gate.waiting && pthread_cond_timedwait(&gate.cv, &gate.mu, &until) == 0) {
+    }
+    waiting = gate.waiting;
+    pthread_mutex_unlock(&gate.mu);
+    return waiting;
+}
+
+static void gate_open(void)
+{
+    pthread_mutex_lock(&gate.mu);
+    gate.open = true;
+    pthread_cond_broadcast(&gate.cv);
+    pthread_mutex_unlock(&gate.mu);
+}
+
+/* Submits a request of n tokens (the reference kept first: the engine owns it once accepted);
+ * a refused one is dropped and forgotten. */
+static epd_status_t submit_expected(run_t *run, uint64_t id, uint32_t n, uint32_t layer,
+                                    uint64_t *seed)
+{
+    epd_request_t *req = make_request(id, n, seed);
+    epd_status_t s;
+
+    req->layer = layer;
+    expect(run, req);
+    s = epd_engine_submit(run->engine, req);
+    if (s != EPD_OK) {
+        free(run->exp[--run->n_exp].y);
+        free(req->storage);
+        free(req);
+    }
+    return s;
+}
+
 /* Run 1: results, busy, bad requests, shutdown from the last rank only, work queued on all. */
 static uint64_t run_shutdown(epd_ops_ctx_t *octx, epd_transport_ctx_t *tctx)
 {
@@ -263,24 +336,42 @@ static uint64_t run_shutdown(epd_ops_ctx_t *octx, epd_transport_ctx_t *tctx)
     run_t run;
     uint64_t seed = 1234 + (uint64_t)rank * 77, id = 1, steps;
     /* Rank 0 queues 32 tokens (one step, then N = 0 in the next); rank 1 queues 95 of the 96 the
-     * queue holds (two steps of at most 64). */
+     * queue holds (two steps of at most 64) and, once its worker waits at the gate, fills the
+     * queue again to one token below the limit. */
     static const uint32_t sizes[2][4] = {{20, 12, 0, 0}, {32, 32, 31, 0}};
+    bool gated = world > 1 && rank == world - 1;
+    epd_transport_t gated_mpi = epd_transport_mpi;
     uint32_t queued = 0;
     epd_status_t s;
 
+    gated_mpi.alltoallv = gated_alltoallv;
+    gate.armed = gated; /* the worker does not exist yet */
+    gate.waiting = gate.open = false;
     config_for_test(&cfg);
-    run_init(&run, &cfg, &epd_transport_mpi, tctx, octx);
+    run_init(&run, &cfg, gated ? &gated_mpi : &epd_transport_mpi, tctx, octx);
     for (int i = 0; i < 4 && sizes[rank % 2][i] > 0; i++) {
-        epd_request_t *req = make_request(id++, sizes[rank % 2][i], &seed);
-        req->layer = (uint32_t)(id % 3) * 7; /* layers 0, 7 and 14 mixed in one queue */
-        expect(&run, req);
-        s = epd_engine_submit(run.engine, req);
+        id++;
+        /* layers 0, 7 and 14 mixed in one queue */
+        s = submit_expected(&run, id - 1, sizes[rank % 2][i], (uint32_t)(id % 3) * 7, &seed);
         CHECK(s == EPD_OK, "submit %d gave %s", i, epd_status_name(s));
         queued += sizes[rank % 2][i];
     }
-    if (rank % 2 == 1) {
+    if (gated) {
+        /* the first step has taken its requests and waits at the gate: until it is opened, the
+         * queue changes by this thread's submits only */
+        CHECK(gate_wait_worker(), "the worker did not reach its first step's exchange in 20 s");
+        epd_engine_stats_t st;
+        epd_engine_get_stats(run.engine, &st);
+        for (uint64_t q = st.queued_tokens; q < 95;) {
+            uint32_t n = 95 - q < 32 ? (uint32_t)(95 - q) : 32;
+            id++;
+            s = submit_expected(&run, id - 1, n, (uint32_t)(id % 3) * 7, &seed);
+            CHECK(s == EPD_OK, "%u tokens with %llu of 96 queued gave %s", n,
+                  (unsigned long long)q, epd_status_name(s));
+            q += n;
+        }
         /* one token more than the queue holds: busy, and the caller keeps the request */
-        epd_request_t *extra = make_request(500, 96 - queued + 1, &seed);
+        epd_request_t *extra = make_request(500, 2, &seed);
         s = epd_engine_submit(run.engine, extra);
         CHECK(s == EPD_ERR_BUSY, "a submit past dispatch.max_queued_tokens gave %s",
               epd_status_name(s));
@@ -298,25 +389,25 @@ static uint64_t run_shutdown(epd_ops_ctx_t *octx, epd_transport_ctx_t *tctx)
     free(big);
 
     if (rank == world - 1) {
-        /* the shutdown is asked on the last rank only */
+        /* the shutdown is asked on the last rank only: only a flag until the next agreement */
         epd_engine_request_shutdown(run.engine);
-        /* only a flag until the next agreement: a submit is still accepted (fits the queue),
-         * unless the worker agreed the shutdown in between (a lone rank agrees at once): then
-         * it is refused as after any agreement, and the caller keeps it */
-        if (queued < 96) {
-            /* up to the queue's limit, and one request's (32) */
+        if (gated) {
+            /* the worker waits mid-step, so no agreement can spread the shutdown yet: the
+             * token the queue still holds is accepted */
+            s = submit_expected(&run, id++, 1, 0, &seed);
+            CHECK(s == EPD_OK, "a submit before the agreement gave %s", epd_status_name(s));
+            gate_open();
+        } else {
+            /* a submit is still accepted (fits the queue), unless the worker agreed the
+             * shutdown in between (a lone rank agrees at once): then it is refused as after
+             * any agreement, and the caller keeps it; up to one request's 32 tokens */
             uint32_t n = 96 - queued < 32 ? 96 - queued : 32;
-            epd_request_t *req = make_request(id++, n, &seed);
-            expect(&run, req);
-            s = epd_engine_submit(run.engine, req);
+            s = submit_expected(&run, id++, n, 0, &seed);
             if (s == EPD_ERR_SHUTTING_DOWN) {
                 epd_engine_stats_t st;
                 epd_engine_get_stats(run.engine, &st);
                 CHECK(st.shutting_down, "a submit was refused as shutting_down before the "
                                         "shutdown was agreed");
-                free(run.exp[--run.n_exp].y);
-                free(req->storage);
-                free(req);
             } else {
                 CHECK(s == EPD_OK, "a submit before the agreement gave %s", epd_status_name(s));
             }
