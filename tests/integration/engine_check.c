@@ -350,9 +350,9 @@ static uint64_t run_shutdown(epd_ops_ctx_t *octx, epd_transport_ctx_t *tctx)
     config_for_test(&cfg);
     run_init(&run, &cfg, gated ? &gated_mpi : &epd_transport_mpi, tctx, octx);
     for (int i = 0; i < 4 && sizes[rank % 2][i] > 0; i++) {
-        id++;
         /* layers 0, 7 and 14 mixed in one queue */
-        s = submit_expected(&run, id - 1, sizes[rank % 2][i], (uint32_t)(id % 3) * 7, &seed);
+        s = submit_expected(&run, id, sizes[rank % 2][i], (uint32_t)(id % 3) * 7, &seed);
+        id++;
         CHECK(s == EPD_OK, "submit %d gave %s", i, epd_status_name(s));
         queued += sizes[rank % 2][i];
     }
@@ -364,8 +364,8 @@ static uint64_t run_shutdown(epd_ops_ctx_t *octx, epd_transport_ctx_t *tctx)
         epd_engine_get_stats(run.engine, &st);
         for (uint64_t q = st.queued_tokens; q < 95;) {
             uint32_t n = 95 - q < 32 ? (uint32_t)(95 - q) : 32;
+            s = submit_expected(&run, id, n, (uint32_t)(id % 3) * 7, &seed);
             id++;
-            s = submit_expected(&run, id - 1, n, (uint32_t)(id % 3) * 7, &seed);
             CHECK(s == EPD_OK, "%u tokens with %llu of 96 queued gave %s", n,
                   (unsigned long long)q, epd_status_name(s));
             q += n;
