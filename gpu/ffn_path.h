@@ -114,11 +114,11 @@ static inline void epd_ffn_default_tuning_fill(epd_ffn_cuda_tuning_t *t)
     t->kernel_split = 0;
     /* the Hopper kernel (gpu/ffn_gemm_wgmma.cu) first: for BF16 weights up to 64 rows per expert
      * (strided above; 128 on an H100 SXM, epd_ffn_default_tuning_for), for FP8 block weights up
-     * to 192 (the streams above, where their GEMMs, not their launches, are the limit), where
-     * the same-run benches of sessions 13 and 14 measured it the fastest (docs/results.md; FP8
-     * at 160 rows 812 us against the streams' 1147, at 192 1046 against 1077, at 224 1192
-     * against 1105). Off sm_90a its check refuses it: the kernel, strided and the streams then
-     * serve as above */
+     * to 192 (176 on an H100 SXM; the streams above, where their GEMMs, not their launches, are
+     * the limit), where the same-run benches of sessions 13 and 14 measured it the fastest
+     * (docs/results.md; FP8 at 160 rows 812 us against the streams' 1147, at 192 1046 against
+     * 1077, at 224 1192 against 1105). Off sm_90a its check refuses it: the kernel, strided and
+     * the streams then serve as above */
     t->wgmma = true;
     t->wgmma_max_rows = 64;
     t->wgmma_fp8_max_rows = 192;
@@ -137,20 +137,24 @@ static inline void epd_ffn_default_tuning_fill(epd_ffn_cuda_tuning_t *t)
     t->d_bf16 = true;
 }
 
-/* The device whose own same-run benches moved the default (docs/results.md, session 19), by
- * its CUDA name: on an H100 SXM (HBM3, 3.35 TB/s) the Hopper kernel beat strided for BF16 up to
- * 128 rows per expert (experts_us in two calls: at 96 rows 1113-1120 against 1172-1210, at 128
- * 1172-1197 against 1236-1273; at 160 1313-1316 against 1248-1255), where on the H200 (4.8 TB/s:
- * the weights' read shorter, the kernel's tensor-core work the same) strided is faster from 96
- * rows (838-842 against 905-915). Any other device, unmeasured, takes the H200's default (NULL:
- * no device). */
+/* The device whose own same-run benches moved the default (docs/results.md, sessions 19 and
+ * 21), by its CUDA name: on an H100 SXM (HBM3, 3.35 TB/s) the Hopper kernel beat strided for
+ * BF16 up to 128 rows per expert (experts_us in two calls: at 96 rows 1113-1120 against
+ * 1172-1210, at 128 1172-1197 against 1236-1273; at 160 1313-1316 against 1248-1255), where on
+ * the H200 (4.8 TB/s: the weights' read shorter, the kernel's tensor-core work the same) strided
+ * is faster from 96 rows (838-842 against 905-915); and for FP8 block weights the Hopper kernel
+ * beat the streams up to 176 rows, not at 192 (two turns: at 176 rows 923.0 / 916.5 against
+ * 972.4 / 975.5, at 192 1132.6 / 1131.7 against 992.8 / 994.2), where on the H200 the two are
+ * even at 192. Any other device, unmeasured, takes the H200's default (NULL: no device). */
 #define EPD_FFN_H100_SXM_NAME "NVIDIA H100 80GB HBM3"
 
 static inline void epd_ffn_default_tuning_for(epd_ffn_cuda_tuning_t *t, const char *device_name)
 {
     epd_ffn_default_tuning_fill(t);
-    if (device_name != NULL && strcmp(device_name, EPD_FFN_H100_SXM_NAME) == 0)
+    if (device_name != NULL && strcmp(device_name, EPD_FFN_H100_SXM_NAME) == 0) {
         t->wgmma_max_rows = 128;
+        t->wgmma_fp8_max_rows = 176;
+    }
 }
 
 #endif

@@ -112,9 +112,9 @@ static epd_ffn_cuda_tuning_t tunings[] = {
     {.streams = 1, .wgmma = true, .d_bf16 = true},
     {.streams = 1, .wgmma = true, .wgmma_split = 3, .d_bf16 = true},
     {.streams = 1, .wgmma = true, .wgmma_swiglu = true, .wgmma_pdl = true, .d_bf16 = true},
-    /* the default (epd_ffn_default_tuning_fill, written out: main checks the two equal, BF16's
-     * wgmma row limit 128 on an H100 SXM), and as it is set where the Hopper kernel's check
-     * refuses it */
+    /* the default (epd_ffn_default_tuning_fill, written out: main checks the two equal, the
+     * wgmma row limits 128 (BF16) and 176 (FP8) on an H100 SXM), and as it is set where the
+     * Hopper kernel's check refuses it */
     {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
      .kernel_max_rows = 16, .kernel_fp8_max_rows = 32, .wgmma = true,
      .wgmma_max_rows = 64, .wgmma_fp8_max_rows = 192, .wgmma_first = true, .wgmma_swiglu = true,
@@ -897,11 +897,14 @@ int main(void)
         CUDA_OK(cudaGetDeviceProperties(&prop, 0));
         for (size_t t = 0; t < sizeof tunings / sizeof tunings[0]; t++) {
             if (strcmp(tuning_names[t], "default") != 0) continue;
-            if (strcmp(prop.name, "NVIDIA H100 80GB HBM3") == 0) tunings[t].wgmma_max_rows = 128;
+            if (strcmp(prop.name, "NVIDIA H100 80GB HBM3") == 0) {
+                tunings[t].wgmma_max_rows = 128;
+                tunings[t].wgmma_fp8_max_rows = 176;
+            }
             w = &tunings[t];
         }
-        printf("      the default on %s: BF16 wgmma up to %u rows per expert\n", prop.name,
-               w != NULL ? w->wgmma_max_rows : 0);
+        printf("      the default on %s: wgmma up to %u rows per expert (BF16), %u (FP8)\n",
+               prop.name, w != NULL ? w->wgmma_max_rows : 0, w != NULL ? w->wgmma_fp8_max_rows : 0);
         if (w == NULL || w->streams != d.streams || w->strided != d.strided ||
             w->run_cost != d.run_cost || w->kernel != d.kernel ||
             w->kernel_max_rows != d.kernel_max_rows ||

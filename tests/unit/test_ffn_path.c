@@ -95,9 +95,9 @@ static void test_ffn_path__default_bf16__wgmma_up_to_64_rows_then_strided(void *
 }
 
 /* By device: on an H100 SXM (its CUDA name) BF16's Hopper kernel up to 128 rows per expert,
- * strided above, FP8 as everywhere; every other name (the H200, the H100's other forms, none)
- * the default above. */
-static void test_ffn_path__default_by_device__h100_sxm_bf16_wgmma_up_to_128_rows(void **state)
+ * strided above, FP8's up to 176 (the streams above); every other name (the H200, the H100's
+ * other forms, none) the default above. */
+static void test_ffn_path__default_by_device__h100_sxm_wgmma_up_to_128_rows_fp8_176(void **state)
 {
     epd_ffn_cuda_tuning_t t, d;
     (void)state;
@@ -107,11 +107,14 @@ static void test_ffn_path__default_by_device__h100_sxm_bf16_wgmma_up_to_128_rows
         assert_int_equal(path_at(&t, false, wgmma_rows[i]), EPD_FFN_PATH_WGMMA);
     assert_int_equal(path_at(&t, false, 129), EPD_FFN_PATH_STRIDED);
     assert_int_equal(path_at(&t, false, 512), EPD_FFN_PATH_STRIDED);
-    assert_int_equal(path_at(&t, true, 192), EPD_FFN_PATH_WGMMA);
-    assert_int_equal(path_at(&t, true, 193), EPD_FFN_PATH_STRIDED);
+    assert_int_equal(path_at(&t, true, 176), EPD_FFN_PATH_WGMMA);
+    assert_int_equal(path_at(&t, true, 177), EPD_FFN_PATH_STRIDED);
+    assert_int_equal(path_at(&t, true, 192), EPD_FFN_PATH_STRIDED);
     /* nothing else moved */
     epd_ffn_default_tuning_fill(&d);
+    assert_int_equal(path_at(&d, true, 192), EPD_FFN_PATH_WGMMA);
     t.wgmma_max_rows = d.wgmma_max_rows;
+    t.wgmma_fp8_max_rows = d.wgmma_fp8_max_rows;
     assert_memory_equal(&t, &d, sizeof t);
     static const char *const others[] = {"NVIDIA H200", "NVIDIA H100 PCIe", "NVIDIA H100 NVL",
                                          "NVIDIA H100 80GB HBM3 ", "", NULL};
@@ -227,7 +230,7 @@ int main(void)
         cmocka_unit_test(test_ffn_path__default_fp8__wgmma_up_to_192_rows_then_streams),
         cmocka_unit_test(test_ffn_path__default_fp8_wgmma_refused__kernel_up_to_32_rows),
         cmocka_unit_test(test_ffn_path__default_bf16__wgmma_up_to_64_rows_then_strided),
-        cmocka_unit_test(test_ffn_path__default_by_device__h100_sxm_bf16_wgmma_up_to_128_rows),
+        cmocka_unit_test(test_ffn_path__default_by_device__h100_sxm_wgmma_up_to_128_rows_fp8_176),
         cmocka_unit_test(test_ffn_path__limit__fp8_field_sentinels),
         cmocka_unit_test(test_ffn_path__takes__mean_over_experts_with_rows),
         cmocka_unit_test(test_ffn_path__choose__precedence),
