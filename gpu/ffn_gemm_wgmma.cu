@@ -25,6 +25,14 @@
  * fits beside the ring (tile_cfg::EPI: row tiles 32 and 96) a consumer writes BF16 D, or h with
  * SwiGLU fused, through shared memory in wide stores (wg_store_staged).
  *
+ * In pairs (epd_ffn_gemm_args_t.pair; a cluster of two CTAs, where the feature blocks pair up):
+ * CTAs 2c and 2c + 1 take items w and w ^ 1 at each step, neighbouring feature blocks of one row
+ * tile and K range, and each producer brings every other activation box of a stage into both
+ * CTAs with one multicast copy, so that the activations, which every feature block of a row tile
+ * reads again from L2 (as many bytes as the weights at 128 rows), are read once a pair. A slot is
+ * then free once both CTAs' consumers are done with it (their empty mbarriers count a lane of
+ * each of the other CTA's consumer warps too). The sums are the same bits as alone.
+ *
  * Split-K (a short grid) as in gpu/ffn_gemm.cu: each K range's fp32 sums to a workspace, then
  * one more launch adds them in range order: the same bits run to run.
  *
@@ -204,6 +212,51 @@ __device__ static __forceinline__ void tma_load(uint32_t dst, const CUtensorMap 
                  : "memory");
 }
 
+/* CTAs in pairs (a cluster of two): tma_load's box brought into the same shared address of both
+ * CTAs and counted on the mbarrier at the same address in each (multicast, CTA mask 3) */
+__device__ static __forceinline__ void tma_load_pair(uint32_t dst, const CUtensorMap *map,
+                                                     int32_t k0, int32_t row0, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(k0), "r"(row0), "r"(bar), "h"((uint16_t)3)
+                 : "memory");
+}
+
+/* this CTA's rank in its cluster, and the address in the cluster's shared window of the other
+ * CTA's (rank peer) byte at this CTA's shared address addr */
+__device__ static __forceinline__ uint32_t cluster_rank(void)
+{
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+
+__device__ static __forceinline__ uint32_t peer_addr(uint32_t addr, uint32_t peer)
+{
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(peer));
+    return r;
+}
+
+/* lane 0 of the warp arrives on the other CTA's mbarrier at remote (peer_addr): predicated, not
+ * branched around, so that it may sit between a wgmma group's issue and its wait */
+__device__ static __forceinline__ void mbar_arrive_peer(uint32_t remote, uint32_t lane)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0;\n"
+                 "@p mbarrier.arrive.shared::cluster.b64 _, [%0];\n}\n" ::"r"(remote),
+                 "r"(lane)
+                 : "memory");
+}
+
+/* in pairs, before a thread leaves: the other CTA's arrives on this CTA's mbarriers are done
+ * (its last copies into this CTA were waited for by this CTA's consumers). The producer's idle
+ * threads have left by then: threads that exited do not hold up a cluster barrier */
+__device__ static __forceinline__ void cluster_leave(void)
+{
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
 /* SwiGLU fused: box {128 bytes of K from element k0, 8 rows, gate and up, 8 groups of 8 from
  * group g0, expert e} of the 5-d weight map into dst (the 128 tile rows, epd_wgmma_fused_row) */
 __device__ static __forceinline__ void tma_load_fused(uint32_t dst, const CUtensorMap *map,
@@ -304,15 +357,31 @@ struct wg_ring {
     uint32_t w_s, x_s, full, empty; /* [STAGES] weight tiles, activation tiles, mbarriers */
     const float *xsc;               /* FP8: [STAGES][BN] activation scales */
     uint32_t it;                    /* the stages of the items before this one */
+    uint32_t peer_empty;            /* in pairs: the other CTA's empty mbarriers (peer_addr) */
 };
+
+/* A consumer warp frees a ring slot: each thread arrives on its CTA's empty mbarrier and, in
+ * pairs, lane 0 on the other CTA's (whose producer brings half of this CTA's activations) */
+template <bool PAIR>
+__device__ static __forceinline__ void wg_release(const wg_ring &g, uint32_t slot, uint32_t lane)
+{
+#if WG_ARCH
+    mbar_arrive(g.empty + 8 * slot);
+    if constexpr (PAIR) mbar_arrive_peer(g.peer_empty + 8 * slot, lane);
+#else
+    (void)g;
+    (void)slot;
+    (void)lane;
+#endif
+}
 
 /* A consumer's K loop over item I with N = I.n (the rows it computes), BF16: acc[0 .. N / 2) the
  * sums of its half of the features (zero before), one wgmma group left in flight, the previous
  * stage's slot released after wait_group 1. */
-template <uint32_t BN, uint32_t N>
+template <uint32_t BN, uint32_t N, bool PAIR>
 __device__ static __forceinline__ void wg_mainloop_bf16(float (&acc)[BN / 2], const wg_params &p,
                                                         const wg_item &I, const wg_ring &g,
-                                                        uint32_t half)
+                                                        uint32_t half, uint32_t lane)
 {
 #if WG_ARCH
     using C = tile_cfg<BN>;
@@ -334,19 +403,20 @@ __device__ static __forceinline__ void wg_mainloop_bf16(float (&acc)[BN / 2], co
         /* the previous stage's wgmmas are done: its slot is free */
         if (s > 0) {
             wgmma_wait<1>();
-            mbar_arrive(g.empty + 8 * prev_slot);
+            wg_release<PAIR>(g, prev_slot, lane);
         }
         prev_slot = slot;
     }
     wgmma_wait<0>();
     fence_regs(acc);
-    if (I.n_kb > 0) mbar_arrive(g.empty + 8 * prev_slot);
+    if (I.n_kb > 0) wg_release<PAIR>(g, prev_slot, lane);
 #else
     (void)acc;
     (void)p;
     (void)I;
     (void)g;
     (void)half;
+    (void)lane;
 #endif
 }
 
@@ -378,7 +448,7 @@ __device__ static __forceinline__ void fp8_issue(float (&part)[N / 2], const wg_
  * acc = fma(part, w_scale * x_scale[row], acc)) and frees its slot. Registers 4q .. 4q + 3 hold
  * rows 8q + (lane % 4) * 2 + {0, 1} of features m and m + 8 (epd_wgmma_acc_pos): the two rows'
  * scales once, then one fused multiply-add a register. */
-template <uint32_t BN, uint32_t N>
+template <uint32_t BN, uint32_t N, bool PAIR>
 __device__ static __forceinline__ void fp8_promote(float (&acc)[BN / 2], float (&part)[N / 2],
                                                    const wg_ring &g, uint32_t slot, float ws,
                                                    uint32_t lane)
@@ -394,7 +464,7 @@ __device__ static __forceinline__ void fp8_promote(float (&acc)[BN / 2], float (
         acc[4 * q + 2] = __fmaf_rn(part[4 * q + 2], s0, acc[4 * q + 2]);
         acc[4 * q + 3] = __fmaf_rn(part[4 * q + 3], s1, acc[4 * q + 3]);
     }
-    mbar_arrive(g.empty + 8 * slot);
+    wg_release<PAIR>(g, slot, lane);
 }
 #endif
 
@@ -403,7 +473,7 @@ __device__ static __forceinline__ void fp8_promote(float (&acc)[BN / 2], float (
  * is promoted (wait_group 1), above that one (EPD_WGMMA_FP8_DOUBLE). No branch between a group's
  * issue and its wait but the warp-uniform wait of mbar_wait_warp (the pairs' loop, then the last
  * one or two stages). A timed-out wait is recorded once the wgmmas are done. */
-template <uint32_t BN, uint32_t N>
+template <uint32_t BN, uint32_t N, bool PAIR>
 __device__ static __forceinline__ void wg_mainloop_fp8(float (&acc)[BN / 2], const wg_params &p,
                                                        const wg_item &I, const wg_ring &g,
                                                        uint32_t half, uint32_t lane)
@@ -420,7 +490,7 @@ __device__ static __forceinline__ void wg_mainloop_fp8(float (&acc)[BN / 2], con
             const float wa = __ldg(wsg + s);
             fp8_issue<BN, N>(pa, I, g, s, half, &sa, &late);
             wgmma_wait<0>();
-            fp8_promote<BN, N>(acc, pa, g, sa, wa, lane);
+            fp8_promote<BN, N, PAIR>(acc, pa, g, sa, wa, lane);
         }
     } else {
         float pb[N / 2];
@@ -431,22 +501,22 @@ __device__ static __forceinline__ void wg_mainloop_fp8(float (&acc)[BN / 2], con
             const float wa = __ldg(wsg + s), wb = __ldg(wsg + s + 1);
             fp8_issue<BN, N>(pb, I, g, s + 1, half, &sb, &late);
             wgmma_wait<1>();
-            fp8_promote<BN, N>(acc, pa, g, sa, wa, lane);
+            fp8_promote<BN, N, PAIR>(acc, pa, g, sa, wa, lane);
             fp8_issue<BN, N>(pa, I, g, s + 2, half, &sa, &late);
             wgmma_wait<1>();
-            fp8_promote<BN, N>(acc, pb, g, sb, wb, lane);
+            fp8_promote<BN, N, PAIR>(acc, pb, g, sb, wb, lane);
         }
         const float wa = __ldg(wsg + s);
         if (s + 1 < I.n_kb) {
             const float wb = __ldg(wsg + s + 1);
             fp8_issue<BN, N>(pb, I, g, s + 1, half, &sb, &late);
             wgmma_wait<1>();
-            fp8_promote<BN, N>(acc, pa, g, sa, wa, lane);
+            fp8_promote<BN, N, PAIR>(acc, pa, g, sa, wa, lane);
             wgmma_wait<0>();
-            fp8_promote<BN, N>(acc, pb, g, sb, wb, lane);
+            fp8_promote<BN, N, PAIR>(acc, pb, g, sb, wb, lane);
         } else {
             wgmma_wait<0>();
-            fp8_promote<BN, N>(acc, pa, g, sa, wa, lane);
+            fp8_promote<BN, N, PAIR>(acc, pa, g, sa, wa, lane);
         }
     }
     if (late != 0) {
@@ -465,21 +535,21 @@ __device__ static __forceinline__ void wg_mainloop_fp8(float (&acc)[BN / 2], con
 }
 
 /* wg_mainloop with N = I.n (a multiple of 16 up to BN): one instance for each */
-template <bool FP8, uint32_t BN, uint32_t N = 16u>
+template <bool FP8, uint32_t BN, bool PAIR, uint32_t N = 16u>
 __device__ static __forceinline__ void wg_mainloop_n(float (&acc)[BN / 2], const wg_params &p,
                                                      const wg_item &I, const wg_ring &g,
                                                      uint32_t half, uint32_t lane)
 {
     if constexpr (N < BN) {
         if (I.n > N) {
-            wg_mainloop_n<FP8, BN, N + 16u>(acc, p, I, g, half, lane);
+            wg_mainloop_n<FP8, BN, PAIR, N + 16u>(acc, p, I, g, half, lane);
             return;
         }
     }
     if constexpr (FP8)
-        wg_mainloop_fp8<BN, N>(acc, p, I, g, half, lane);
+        wg_mainloop_fp8<BN, N, PAIR>(acc, p, I, g, half, lane);
     else
-        wg_mainloop_bf16<BN, N>(acc, p, I, g, half);
+        wg_mainloop_bf16<BN, N, PAIR>(acc, p, I, g, half, lane);
 }
 
 /* h = bf16(silu(g) * u) of a fused SwiGLU's gate and up sums, with the SwiGLU kernel's operations
@@ -559,7 +629,7 @@ __device__ static __forceinline__ void wg_store_staged(const float (&acc)[BN / 2
 
 /* ---- the kernels ------------------------------------------------------------------------- */
 
-template <bool FP8, uint32_t BN>
+template <bool FP8, uint32_t BN, bool PAIR>
 __global__ void __launch_bounds__(THREADS, 1)
     wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx,
                  const __grid_constant__ CUtensorMap tx32, const __grid_constant__ CUtensorMap tx64,
@@ -590,15 +660,27 @@ __global__ void __launch_bounds__(THREADS, 1)
     /* the kernel launched behind this one (a programmatic dependent launch) may start its CTAs
      * as SMs free up: it waits for this grid's writes where it reads them */
     asm volatile("griddepcontrol.launch_dependents;");
+    /* in pairs (a cluster of two CTAs, items w and w ^ 1: neighbouring feature blocks of one row
+     * tile and K range), each CTA's producer brings every other activation box of a stage into
+     * both CTAs (tma_load_pair), so the pair reads its activations from L2 once; a slot is then
+     * free once both CTAs' consumers are done with it: the empty mbarrier counts this CTA's
+     * consumer threads and a lane of each of the other CTA's 8 consumer warps */
+    const uint32_t rank = PAIR ? cluster_rank() : 0u;
+    g.peer_empty = PAIR ? peer_addr(g.empty, rank ^ 1u) : 0u;
     if (tid == 0) {
         for (uint32_t s = 0; s < STAGES; s++) {
             mbar_init(g.full + 8 * s, 1);
-            mbar_init(g.empty + 8 * s, EPD_WGMMA_CONSUMERS);
+            mbar_init(g.empty + 8 * s, EPD_WGMMA_CONSUMERS + (PAIR ? 8u : 0u));
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     }
-    __syncthreads();
+    /* in pairs, neither CTA's copies or arrives reach the other before its mbarriers exist */
+    if constexpr (PAIR)
+        asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                     "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+    else
+        __syncthreads();
 
     if (wg == 0) {
         /* FP8: the producer's registers to the consumers (two fragments and the sums: 192 at
@@ -652,13 +734,19 @@ __global__ void __launch_bounds__(THREADS, 1)
                 const uint32_t slot = (g.it + s) % STAGES, bar = g.full + 8 * slot;
                 const int32_t k0 = (int32_t)((I.kb0 + s) * kstage);
                 for (uint32_t b = 0; b < epd_wgmma_x_boxes(I.n); b++) {
+                    /* in pairs the boxes taken in turn, starting with the other CTA's every
+                     * other stage (a stage of one box is not always the same CTA's) */
+                    if (PAIR && ((b ^ s ^ rank) & 1u) != 0) continue;
                     uint32_t r, rows;
                     epd_wgmma_x_box(I.n, b, &r, &rows);
-                    tma_load(g.x_s + slot * C::X_TILE + r * EPD_WGMMA_ROW_BYTES,
-                             rows == EPD_WGMMA_X_BIG   ? &tx64
-                             : rows == EPD_WGMMA_X_MID ? &tx32
-                                                       : &tx,
-                             k0, x_row + (int32_t)r, bar);
+                    const uint32_t dst = g.x_s + slot * C::X_TILE + r * EPD_WGMMA_ROW_BYTES;
+                    const CUtensorMap *map = rows == EPD_WGMMA_X_BIG   ? &tx64
+                                             : rows == EPD_WGMMA_X_MID ? &tx32
+                                                                       : &tx;
+                    if constexpr (PAIR)
+                        tma_load_pair(dst, map, k0, x_row + (int32_t)r, bar);
+                    else
+                        tma_load(dst, map, k0, x_row + (int32_t)r, bar);
                 }
                 if (FP8)
                     bulk_load(sc_s + slot * C::SCALES,
@@ -668,6 +756,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             }
             g.it += I.n_kb;
         }
+        if constexpr (PAIR) cluster_leave();
         return;
     }
 
@@ -681,7 +770,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         float acc[R];
 #pragma unroll
         for (uint32_t i = 0; i < R; i++) acc[i] = 0.0f;
-        wg_mainloop_n<FP8, BN>(acc, p, I, g, half, lane);
+        wg_mainloop_n<FP8, BN, PAIR>(acc, p, I, g, half, lane);
         g.it += I.n_kb;
 
         /* D[row][feature] for the rows the item writes (its rows rounded up to 8) */
@@ -724,6 +813,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 ((float *)p.d)[i] = acc[j];
         }
     }
+    if constexpr (PAIR) cluster_leave();
 #else
     (void)tw;
     (void)tx;
@@ -829,13 +919,14 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 typedef void (*wg_kernel_t)(const CUtensorMap, const CUtensorMap, const CUtensorMap,
                             const CUtensorMap, wg_params);
 
-/* the kernel of a format and row tile, and its shared memory; NULL for a tile it lacks */
-static wg_kernel_t wg_kernel(bool fp8, uint32_t row_tile, uint32_t *smem_p)
+/* the kernel of a format and row tile, alone or in pairs, and its shared memory; NULL for a tile
+ * it lacks */
+static wg_kernel_t wg_kernel(bool fp8, uint32_t row_tile, bool pair, uint32_t *smem_p)
 {
 #define WG_CASE(F, T)                                                                          \
     if (fp8 == F && row_tile == T) {                                                           \
         *smem_p = tile_cfg<T>::SMEM;                                                           \
-        return wgmma_kernel<F, T>;                                                             \
+        return pair ? wgmma_kernel<F, T, true> : wgmma_kernel<F, T, false>;                    \
     }
     WG_CASE(false, 32)
     WG_CASE(false, 64)
@@ -939,10 +1030,12 @@ static epd_status_t make_fused_map(CUtensorMap *map, const void *ptr, uint32_t n
 /* the SMs of the current device (once per device; 0 where unknown) and the kernels' shared
  * memory attribute set (once per kernel and device) */
 #define CONFIG_DEVICES 64
-static bool configured[2][EPD_WGMMA_TILES][CONFIG_DEVICES];
+static bool configured[2][2][EPD_WGMMA_TILES][CONFIG_DEVICES];
+/* in pairs: the clusters of two that fit at once (0: not asked yet; -1: none) */
+static int pair_clusters[2][EPD_WGMMA_TILES][CONFIG_DEVICES];
 
-static cudaError_t wg_configure(bool fp8, uint32_t row_tile, wg_kernel_t k, uint32_t smem,
-                                uint64_t *sms_p)
+static cudaError_t wg_configure(bool fp8, uint32_t row_tile, bool pair, wg_kernel_t k,
+                                uint32_t smem, uint64_t *sms_p)
 {
     int dev = 0, sms = 0;
     cudaError_t rc = cudaGetDevice(&dev);
@@ -953,12 +1046,43 @@ static cudaError_t wg_configure(bool fp8, uint32_t row_tile, wg_kernel_t k, uint
     else
         cudaGetLastError();
     bool *done = dev >= 0 && dev < CONFIG_DEVICES
-                     ? &configured[fp8][epd_wgmma_tile_index(row_tile)][dev]
+                     ? &configured[fp8][pair][epd_wgmma_tile_index(row_tile)][dev]
                      : NULL;
     if (done != NULL && *done) return cudaSuccess;
     rc = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (rc == cudaSuccess && done != NULL) *done = true;
     return rc;
+}
+
+/* The CTAs a launch in pairs may have at once: twice the clusters of two that fit (asked once
+ * per kernel and device); 0 where none fits or the question fails (the launch then goes alone) */
+static uint64_t wg_pair_ctas(bool fp8, uint32_t row_tile, wg_kernel_t k, uint32_t smem)
+{
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= CONFIG_DEVICES) {
+        cudaGetLastError();
+        return 0;
+    }
+    int *known = &pair_clusters[fp8][epd_wgmma_tile_index(row_tile)][dev];
+    if (*known == 0) {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr[1] = {};
+        cfg.gridDim = dim3(2);
+        cfg.blockDim = dim3(THREADS);
+        cfg.dynamicSmemBytes = smem;
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = 2;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        if (cudaOccupancyMaxActiveClusters(&n, (const void *)k, &cfg) != cudaSuccess || n <= 0) {
+            cudaGetLastError();
+            n = -1;
+        }
+        *known = n;
+    }
+    return *known > 0 ? 2u * (uint64_t)*known : 0;
 }
 
 extern "C" epd_status_t epd_ffn_wgmma_supported(bool fp8, char err[EPD_ERR_LEN])
@@ -982,11 +1106,11 @@ extern "C" epd_status_t epd_ffn_wgmma_supported(bool fp8, char err[EPD_ERR_LEN])
                  major, minor);
         return EPD_ERR_UNSUPPORTED;
     }
-    wg_kernel_t k = wg_kernel(fp8, EPD_WGMMA_TILE_MIN, &smem);
+    wg_kernel_t k = wg_kernel(fp8, EPD_WGMMA_TILE_MIN, false, &smem);
     uint32_t most = 0;
     for (uint32_t i = 0; i < epd_wgmma_tile_count(fp8); i++) {
         uint32_t s = 0;
-        if (wg_kernel(fp8, epd_wgmma_tile_at(i), &s) != NULL && s > most) most = s;
+        if (wg_kernel(fp8, epd_wgmma_tile_at(i), false, &s) != NULL && s > most) most = s;
     }
     if (optin < (int)most) {
         snprintf(err, EPD_ERR_LEN,
@@ -1099,9 +1223,12 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
     wg_params p;
     uint32_t smem = 0;
     if (a->split_used_p != NULL) *a->split_used_p = 1;
+    if (a->pair_used_p != NULL) *a->pair_used_p = false;
     if (a->n_tiles == 0) return EPD_OK;
     const uint32_t es = a->fp8 ? 1 : 2;
-    wg_kernel_t k = wg_kernel(a->fp8, a->row_tile, &smem);
+    /* in pairs where asked and the feature blocks pair up (items w, w ^ 1 of one row tile) */
+    bool pair = a->pair && (a->n / BM) % 2 == 0;
+    wg_kernel_t k = wg_kernel(a->fp8, a->row_tile, pair, &smem);
     if (k == NULL || a->n == 0 || a->k == 0 || a->n % 128 != 0 || a->k % 128 != 0 ||
         a->n_tiles > 65535 || a->n_experts == 0 || a->w == NULL || a->x == NULL || a->d == NULL ||
         a->row_base == NULL || a->counts == NULL || a->tile_base == NULL || a->total_rows == 0 ||
@@ -1146,7 +1273,17 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
     launches = launches % 0xfffffffeu + 1;
     p.launch = launches;
     uint64_t sms = 0;
-    cudaError_t rc = wg_configure(a->fp8, a->row_tile, k, smem, &sms);
+    cudaError_t rc = wg_configure(a->fp8, a->row_tile, pair, k, smem, &sms);
+    uint64_t pair_ctas = 0;
+    if (rc == cudaSuccess && pair) {
+        pair_ctas = wg_pair_ctas(a->fp8, a->row_tile, k, smem);
+        if (pair_ctas == 0) {
+            /* no cluster of two fits: alone */
+            pair = false;
+            k = wg_kernel(a->fp8, a->row_tile, false, &smem);
+            rc = wg_configure(a->fp8, a->row_tile, false, k, smem, &sms);
+        }
+    }
     const uint32_t n_kb = a->k * es / EPD_WGMMA_ROW_BYTES;
     const size_t ws_range = (size_t)a->total_rows * a->n * sizeof(float);
     /* one CTA an SM: the slots are the SMs */
@@ -1180,19 +1317,32 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
     const uint64_t items = (uint64_t)(a->n / BM) * a->n_tiles * splits;
     /* persistent: one CTA an SM going through the items (its ring runs on from one item to the
      * next: the next item's loads go out during this one's last stages and its epilogue) */
-    dim3 grid((unsigned)(sms > 0 && items > sms ? sms : items));
+    uint64_t slots = pair ? pair_ctas : sms;
+    if (pair && sms > 0 && slots > sms) slots = sms & ~(uint64_t)1;
+    /* in pairs the items (an even number) and the grid both even: CTAs 2c and 2c + 1 (a
+     * cluster) take items w and w ^ 1 at each step */
+    dim3 grid((unsigned)(slots > 0 && items > slots ? slots : items));
     cudaStream_t s = (cudaStream_t)stream;
     if (rc == cudaSuccess) {
         cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr[1] = {};
+        cudaLaunchAttribute attr[2] = {};
+        unsigned n_attr = 0;
         cfg.gridDim = grid;
         cfg.blockDim = dim3(THREADS);
         cfg.dynamicSmemBytes = smem;
         cfg.stream = s;
-        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        if (a->pdl) {
+            attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            attr[n_attr++].val.programmaticStreamSerializationAllowed = 1;
+        }
+        if (pair) {
+            attr[n_attr].id = cudaLaunchAttributeClusterDimension;
+            attr[n_attr].val.clusterDim.x = 2;
+            attr[n_attr].val.clusterDim.y = 1;
+            attr[n_attr++].val.clusterDim.z = 1;
+        }
         cfg.attrs = attr;
-        cfg.numAttrs = a->pdl ? 1 : 0;
+        cfg.numAttrs = n_attr;
         rc = cudaLaunchKernelEx(&cfg, k, tw, tx, tx32, tx64, p);
     }
     if (rc == cudaSuccess && splits > 1) {
@@ -1209,5 +1359,6 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
     }
     if (a->split_used_p != NULL) *a->split_used_p = splits;
     if (a->swiglu_done_p != NULL) *a->swiglu_done_p = fuse;
+    if (a->pair_used_p != NULL) *a->pair_used_p = pair;
     return EPD_OK;
 }

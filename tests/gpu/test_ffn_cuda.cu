@@ -112,6 +112,12 @@ static epd_ffn_cuda_tuning_t tunings[] = {
     {.streams = 1, .wgmma = true, .d_bf16 = true},
     {.streams = 1, .wgmma = true, .wgmma_split = 3, .d_bf16 = true},
     {.streams = 1, .wgmma = true, .wgmma_swiglu = true, .wgmma_pdl = true, .d_bf16 = true},
+    /* the Hopper kernel's CTAs in pairs (the activations by multicast): SwiGLU fused, a row
+     * tile of one box, split-K */
+    {.streams = 1, .wgmma = true, .wgmma_swiglu = true, .wgmma_pdl = true, .d_bf16 = true,
+     .wgmma_pair = true},
+    {.streams = 1, .wgmma = true, .wgmma_row_tile = 32, .wgmma_pair = true},
+    {.streams = 1, .wgmma = true, .wgmma_split = 3, .wgmma_pair = true},
     /* the default (epd_ffn_default_tuning_fill, written out: main checks the two equal, the
      * wgmma row limits 128 (BF16) and 176 (FP8) on an H100 SXM), and as it is set where the
      * Hopper kernel's check refuses it */
@@ -134,7 +140,8 @@ static const char *const tuning_names[] = {"streams=1", "streams=4", "streams=4,
                                            "wgmma,swiglu", "wgmma,swiglu,pdl", "streams=4,d_bf16",
                                            "strided,d_bf16", "kernel,d_bf16", "wgmma,d_bf16",
                                            "wgmma,split=3,d_bf16", "wgmma,swiglu,pdl,d_bf16",
-                                           "default",
+                                           "wgmma,swiglu,pdl,d_bf16,pair", "wgmma,tile=32,pair",
+                                           "wgmma,split=3,pair", "default",
                                            "default,no_wgmma"};
 static_assert(sizeof tunings / sizeof tunings[0] == sizeof tuning_names / sizeof tuning_names[0],
               "a name per tuning");
@@ -587,6 +594,9 @@ static void wgmma_layout_check(bool fp8)
  * count), N n, K k: weights and activations small integers, FP8 scales powers of two, so the
  * CPU's sums are exact and the kernel's within rounding of fp32 sums; every (expert, row,
  * feature) below the counts compared, the first few wrong ones named. */
+/* gemm_check_x's wgmma launches with their CTAs in pairs (ffn_gemm.h's pair) */
+static bool check_pair;
+
 static void gemm_check_x(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const uint32_t *counts,
                          uint32_t n_exp, uint32_t split, uint32_t wg_tile, bool swiglu)
 {
@@ -686,15 +696,19 @@ static void gemm_check_x(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const 
     a.split_ws_bytes = dsplit != NULL ? split_bytes : 0;
     a.split_used_p = &split_used;
     a.row_tile = wg_tile;
+    bool pair_used = false;
+    a.pair = wg_tile != 0 && check_pair;
+    a.pair_used_p = &pair_used;
     if (swiglu) {
         a.swiglu_h = dhh;
         a.swiglu_done_p = &fused;
     }
     char what[200], tile_what[40] = "";
     if (wg_tile) snprintf(tile_what, sizeof tile_what, " of %u rows", wg_tile);
-    snprintf(what, sizeof what, "%s %s%s, N %u, K %u, %u experts, %u row tiles%s, split %s",
+    snprintf(what, sizeof what, "%s%s %s%s, N %u, K %u, %u experts, %u row tiles%s, split %s",
              wg_tile ? (swiglu ? "wgmma GEMM kernel with SwiGLU fused" : "wgmma GEMM kernel")
                      : "GEMM kernel",
+             a.pair ? " (CTAs in pairs)" : "",
              fp8 ? "fp8-block" : "bf16",
              out_bf16 ? " (bf16 out)" : "", n, k, n_exp, a.n_tiles, tile_what,
              split == EPD_FFN_GEMM_SPLIT_AUTO ? "auto" : split == 1 ? "none" : "fixed");
@@ -788,6 +802,11 @@ static void gemm_check_x(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const 
     }
     printf("%s  %s (%u K ranges used): %llu of %llu outputs wrong\n", bad ? "FAIL" : "PASS",
            what, split_used, (unsigned long long)bad, (unsigned long long)checked);
+    /* in pairs where the feature blocks pair up (a cluster of two fits on any Hopper GPU) */
+    if (st == EPD_OK && a.pair && pair_used != ((n / 128) % 2 == 0)) {
+        printf("FAIL  %s: the launch went %s\n", what, pair_used ? "in pairs" : "alone");
+        bad++;
+    }
     /* a fixed split is used as asked (within K's stages) */
     if (split > 1 && split_used != (split < k * (fp8 ? 1 : 2) / 128 ? split : k * (fp8 ? 1 : 2) / 128)) {
         printf("FAIL  %s: %u K ranges used, want %u\n", what, split_used, split);
@@ -855,6 +874,19 @@ static void gemm_checks(void)
             /* SwiGLU fused (BF16): gate features [0, 128), up [128, 256) */
             if (!fp8) gemm_check_x(false, false, 256, 384, wg_edges, n_wg, 1, t, true);
         }
+        /* and in pairs: N 256 (two feature blocks: a pair), 128 (one: alone) */
+        check_pair = true;
+        for (uint32_t i = 0; i < epd_wgmma_tile_count(fp8); i++) {
+            const uint32_t t = epd_wgmma_tile_at(i);
+            gemm_check(fp8, false, 256, 384, wg_edges, n_wg, 1, t);
+            gemm_check(fp8, true, 128, 512, wg_edges, n_wg, 1, t);
+            gemm_check(fp8, false, 256, 384, wg_edges, n_wg, 3, t);
+            if (t % 64 == 0) gemm_check(fp8, false, 256, 7168, wg_real, 5, AUTO, t);
+            if (!fp8) gemm_check_x(false, false, 256, 384, wg_edges, n_wg, 1, t, true);
+        }
+        if (!fp8) gemm_check_x(false, false, 512, 384, wg_edges, n_wg, 1, 64, true);
+        gemm_check(fp8, true, 7168, 2048, real_down, 1, AUTO, 64);
+        check_pair = false;
         if (!fp8) gemm_check_x(false, false, 256, 7168, wg_real, 5, 1, 96, true);
         if (!fp8) gemm_check_x(false, false, 512, 384, wg_edges, n_wg, 1, 64, true); /* 4 blocks */
         gemm_check(fp8, false, 7168, 2048, real_down, 1, 1, 32); /* down's N and K */
@@ -915,7 +947,8 @@ int main(void)
             w->sm_target != d.sm_target || w->fast_accum != d.fast_accum ||
             w->kernel_prefetch != d.kernel_prefetch || w->kernel_split != d.kernel_split ||
             w->wgmma_split != d.wgmma_split || w->wgmma_swiglu != d.wgmma_swiglu ||
-            w->wgmma_row_tile != d.wgmma_row_tile || w->wgmma_pdl != d.wgmma_pdl) {
+            w->wgmma_row_tile != d.wgmma_row_tile || w->wgmma_pdl != d.wgmma_pdl ||
+            w->wgmma_pair != d.wgmma_pair) {
             printf("FAIL  the test's tuning \"default\" is not epd_ffn_cuda_default_tuning's\n");
             failed++;
         } else {
