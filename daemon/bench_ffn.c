@@ -134,9 +134,9 @@ static ffn_sweep_t sweeps[] = {
     /* the default with the GEMMs' D in fp32 (its d_bf16 off: the experts' outputs, and BF16
      * weights' gate/up sums where SwiGLU is not fused), and the Hopper kernel with D in BF16 */
     {.name = "default,d_f32", .tuning = {.d_bf16 = false}, .from_default = true},
-    /* the default with the Hopper kernel's CTAs in pairs (the activations by multicast), and
-     * the Hopper kernel at every size with and without them */
-    {.name = "default,pair", .tuning = {.d_bf16 = true, .wgmma_pair = true},
+    /* the default with the Hopper kernel's CTAs alone (BF16; in pairs by default, the
+     * activations by multicast), and the Hopper kernel at every size alone and in pairs */
+    {.name = "default,no_pair", .tuning = {.d_bf16 = true, .wgmma_pair = false},
      .from_default = true},
     {.name = "wgmma,swiglu,pdl,d_bf16",
      .tuning = {.streams = 1, .wgmma = true, .wgmma_swiglu = true, .wgmma_pdl = true,

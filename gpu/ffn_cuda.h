@@ -113,9 +113,10 @@ typedef struct epd_ffn_cuda_tuning {
                                   * written and read again; a rounding more, inside section 9's
                                   * tolerance. The fused SwiGLU still works from fp32 sums, and
                                   * FP8 weights' SwiGLU kernel too (it quantizes h to FP8) */
-    bool wgmma_pair;             /* wgmma: CTAs in pairs, each bringing half of the activations
-                                  * into both (ffn_gemm.h's pair): the pair reads them from L2
-                                  * once; same sums */
+    bool wgmma_pair;             /* wgmma, BF16 weights: CTAs in pairs, each bringing half of
+                                  * the activations into both (ffn_gemm.h's pair): the pair reads
+                                  * them from L2 once; same sums. FP8 block weights' launches stay
+                                  * alone (even to 2% slower in pairs, session 22) */
 } epd_ffn_cuda_tuning_t;
 
 /* strided: an expert's GEMMs cost at least about as much as computing this many of its rows

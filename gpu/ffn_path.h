@@ -132,6 +132,10 @@ static inline void epd_ffn_default_tuning_fill(epd_ffn_cuda_tuning_t *t)
     t->wgmma_swiglu = true;
     /* the GEMMs launched behind the kernels before them, their first weights loaded early */
     t->wgmma_pdl = true;
+    /* BF16: the Hopper kernel's CTAs in pairs, the activations brought once a pair by multicast:
+     * on the H100 the bench's experts phase 1.1-1.8% faster at 64-128 rows per expert, the
+     * GEMMs alone 0-1% (session 22, docs/results.md); FP8 stays alone (even to 2% slower) */
+    t->wgmma_pair = true;
     /* the experts' outputs y in BF16 (and BF16 weights' unfused gate/up sums): half the bytes
      * the down GEMM writes and the combine reads (session 18, docs/results.md) */
     t->d_bf16 = true;

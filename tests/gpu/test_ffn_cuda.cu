@@ -124,7 +124,7 @@ static epd_ffn_cuda_tuning_t tunings[] = {
     {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
      .kernel_max_rows = 16, .kernel_fp8_max_rows = 32, .wgmma = true,
      .wgmma_max_rows = 64, .wgmma_fp8_max_rows = 192, .wgmma_first = true, .wgmma_swiglu = true,
-     .wgmma_pdl = true, .d_bf16 = true},
+     .wgmma_pdl = true, .d_bf16 = true, .wgmma_pair = true},
     {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
      .kernel_max_rows = 16, .kernel_fp8_max_rows = 32, .d_bf16 = true},
 };
