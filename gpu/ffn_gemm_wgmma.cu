@@ -1352,9 +1352,10 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
     }
     if (rc != cudaSuccess) {
         snprintf(err, EPD_ERR_LEN,
-                 "ffn wgmma kernel: launch (%u x %u x %u CTAs, row tile %u, %u bytes of shared "
-                 "memory): %s",
-                 a->n / BM, a->n_tiles, splits, a->row_tile, smem, cudaGetErrorString(rc));
+                 "ffn wgmma kernel: launch (%u x %u x %u items, row tile %u, %u bytes of shared "
+                 "memory%s): %s",
+                 a->n / BM, a->n_tiles, splits, a->row_tile, smem,
+                 pair ? ", CTAs in pairs" : "", cudaGetErrorString(rc));
         return EPD_ERR_CUDA;
     }
     if (a->split_used_p != NULL) *a->split_used_p = splits;

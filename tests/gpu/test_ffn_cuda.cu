@@ -590,12 +590,14 @@ static void wgmma_layout_check(bool fp8)
         passed++;
 }
 
+/* gemm_check_x's wgmma launches with their CTAs in pairs (ffn_gemm.h's pair) */
+static bool check_pair;
+
 /* The GEMM kernel on n_exp experts with counts[e] rows (rows padded to 16, zeros after the
  * count), N n, K k: weights and activations small integers, FP8 scales powers of two, so the
  * CPU's sums are exact and the kernel's within rounding of fp32 sums; every (expert, row,
- * feature) below the counts compared, the first few wrong ones named. */
-/* gemm_check_x's wgmma launches with their CTAs in pairs (ffn_gemm.h's pair) */
-static bool check_pair;
+ * feature) below the counts compared, the first few wrong ones named; with check_pair the
+ * launch is asked in pairs and must go so where N / 128 is even. */
 
 static void gemm_check_x(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const uint32_t *counts,
                          uint32_t n_exp, uint32_t split, uint32_t wg_tile, bool swiglu)
