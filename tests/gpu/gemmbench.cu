@@ -10,9 +10,9 @@
  * at random, fixed seed) instead of R each; --f32 writes D in fp32 as the daemon does (else BF16);
  * --check compares experts 0 and E-1 of each launch with a direct fp64 sum on the GPU (prints OK
  * or BAD, exit 1 on BAD); --pair times each launch alone and then with its CTAs in pairs (the
- * activations brought by multicast, ffn_gemm.h's pair), one after the other. One line a projection and a total a row count and tile: the median µs
- * of 5 runs of N launches, the read's, their ratio, TFLOP/s. Needs an sm_90a device (exit 77
- * without one).
+ * activations brought by multicast, ffn_gemm.h's pair), one after the other. One line a
+ * projection and a total a row count and tile: the median µs of 5 runs of N launches, the read's,
+ * their ratio, TFLOP/s. Needs an sm_90a device (exit 77 without one).
  *   gemmbench --weight-order [--fp8] [--experts E] [--hidden H] [--inter I]
  * streams the gate/up weights without any math, three ways, against the plain read of the same
  * bytes: in the GEMM's order (a CTA an SM, 128-row feature blocks, 2-d TMA boxes of 128 K bytes
