@@ -46,8 +46,8 @@ typedef struct ffn_sweep {
 #ifdef EPD_HAVE_CUDA
     epd_ffn_cuda_tuning_t tuning;
 #endif
-    bool from_default; /* the default tuning with this one's d_bf16 (the GEMMs' D) and, where
-                        * set, wgmma_cluster */
+    bool from_default; /* the default tuning with this one's d_bf16 (the GEMMs' D) and
+                        * wgmma_pair */
     bool bf16_only; /* batched and grouped GEMMs: BF16 weights only */
     bool fp8_only;  /* FP8 fast accumulation */
 } ffn_sweep_t;
@@ -134,22 +134,16 @@ static ffn_sweep_t sweeps[] = {
     /* the default with the GEMMs' D in fp32 (its d_bf16 off: the experts' outputs, and BF16
      * weights' gate/up sums where SwiGLU is not fused), and the Hopper kernel with D in BF16 */
     {.name = "default,d_f32", .tuning = {.d_bf16 = false}, .from_default = true},
-    /* the default with the Hopper kernel's CTAs alone and in clusters of 4 (BF16; in pairs by
-     * default, the activations by multicast), and the Hopper kernel at every size alone, in
-     * pairs and in clusters of 4 */
-    {.name = "default,no_pair", .tuning = {.d_bf16 = true, .wgmma_cluster = 1},
-     .from_default = true},
-    {.name = "default,cluster=4", .tuning = {.d_bf16 = true, .wgmma_cluster = 4},
+    /* the default with the Hopper kernel's CTAs alone (BF16; in pairs by default, the
+     * activations by multicast), and the Hopper kernel at every size alone and in pairs */
+    {.name = "default,no_pair", .tuning = {.d_bf16 = true, .wgmma_pair = false},
      .from_default = true},
     {.name = "wgmma,swiglu,pdl,d_bf16",
      .tuning = {.streams = 1, .wgmma = true, .wgmma_swiglu = true, .wgmma_pdl = true,
                 .d_bf16 = true}},
     {.name = "wgmma,swiglu,pdl,d_bf16,pair",
      .tuning = {.streams = 1, .wgmma = true, .wgmma_swiglu = true, .wgmma_pdl = true,
-                .d_bf16 = true, .wgmma_cluster = 2}},
-    {.name = "wgmma,swiglu,pdl,d_bf16,cluster=4",
-     .tuning = {.streams = 1, .wgmma = true, .wgmma_swiglu = true, .wgmma_pdl = true,
-                .d_bf16 = true, .wgmma_cluster = 4}},
+                .d_bf16 = true, .wgmma_pair = true}},
 };
 #else
 static ffn_sweep_t sweeps[] = {{.name = "default"}};
@@ -551,11 +545,10 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
         epd_ffn_cuda_default_tuning(&sweeps[0].tuning);
         for (size_t sw = 1; sw < N_SWEEPS; sw++) {
             if (!sweeps[sw].from_default) continue;
-            bool d_bf16 = sweeps[sw].tuning.d_bf16;
-            uint32_t cluster = sweeps[sw].tuning.wgmma_cluster;
+            bool d_bf16 = sweeps[sw].tuning.d_bf16, pair = sweeps[sw].tuning.wgmma_pair;
             sweeps[sw].tuning = sweeps[0].tuning;
             sweeps[sw].tuning.d_bf16 = d_bf16;
-            if (cluster != 0) sweeps[sw].tuning.wgmma_cluster = cluster;
+            sweeps[sw].tuning.wgmma_pair = pair;
         }
         /* the sweep's own device experts (the ops' copy serves the accuracy check) */
         if (status == EPD_OK && ops->device_memory)

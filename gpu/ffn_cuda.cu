@@ -1251,7 +1251,7 @@ static void kernel_args_tuning(const epd_ffn_cuda_t *f, uint32_t total, bool wgm
                   : f->tuning.kernel_prefetch == EPD_FFN_NO_PREFETCH ? 0
                                                                     : f->tuning.kernel_prefetch;
     a->split_k = wgmma ? f->tuning.wgmma_split : f->tuning.kernel_split;
-    a->cluster = wgmma && f->format != EPD_FFN_FP8_BLOCK ? f->tuning.wgmma_cluster : 1;
+    a->pair = wgmma && f->tuning.wgmma_pair && f->format != EPD_FFN_FP8_BLOCK;
     a->total_rows = total;
     a->split_ws = f->workspace[0];
     a->split_ws_bytes = WORKSPACE_BYTES;

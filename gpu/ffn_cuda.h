@@ -113,11 +113,10 @@ typedef struct epd_ffn_cuda_tuning {
                                   * written and read again; a rounding more, inside section 9's
                                   * tolerance. The fused SwiGLU still works from fp32 sums, and
                                   * FP8 weights' SwiGLU kernel too (it quantizes h to FP8) */
-    uint32_t wgmma_cluster;      /* wgmma, BF16 weights: the CTAs in clusters of this many (0
-                                  * or 1 alone, 2 pairs, 4), each bringing its share of the
-                                  * activations into all (ffn_gemm.h's cluster): the cluster
-                                  * reads them from L2 once; same sums. FP8 block weights'
-                                  * launches stay alone (even to 2% slower in pairs, session 22) */
+    bool wgmma_pair;             /* wgmma, BF16 weights: CTAs in pairs, each bringing half of
+                                  * the activations into both (ffn_gemm.h's pair): the pair reads
+                                  * them from L2 once; same sums. FP8 block weights' launches stay
+                                  * alone (even to 2% slower in pairs, session 22) */
 } epd_ffn_cuda_tuning_t;
 
 /* strided: an expert's GEMMs cost at least about as much as computing this many of its rows

@@ -80,13 +80,12 @@ typedef struct epd_ffn_gemm_args {
                           * it is done): the first stages' weights load while that kernel ends.
                           * Only where nothing else this launch reads or writes is still being
                           * written or read by that kernel */
-    uint32_t cluster;    /* epd_ffn_wgmma_launch: its CTAs in clusters of this many (0 or 1:
-                          * alone; 2: pairs; 4: BF16 only) computing neighbouring feature blocks
-                          * of one row tile, each bringing its share of the activations into all
-                          * by multicast (the cluster reads them from L2 once); where the feature
-                          * blocks divide among them and a cluster fits, else alone. Same sums
-                          * either way */
-    uint32_t *cluster_used_p; /* host, optional: the CTAs a cluster the launch had (1: alone) */
+    bool pair;           /* epd_ffn_wgmma_launch: CTAs in pairs (clusters of two) computing
+                          * neighbouring feature blocks of one row tile, each bringing half of
+                          * the activations into both by multicast (the pair reads them from L2
+                          * once); where the feature blocks pair up and a cluster fits, else
+                          * alone. Same sums either way */
+    bool *pair_used_p;   /* host, optional: whether the launch went in pairs */
 } epd_ffn_gemm_args_t;
 
 /* EPD_OK when the kernel can run on the current device for the format (BF16: compute capability

@@ -25,14 +25,13 @@
  * fits beside the ring (tile_cfg::EPI: row tiles 32 and 96) a consumer writes BF16 D, or h with
  * SwiGLU fused, through shared memory in wide stores (wg_store_staged).
  *
- * In clusters (epd_ffn_gemm_args_t.cluster: CL = 2 CTAs, pairs, or 4, BF16 only; where the
- * feature blocks divide among them): CTAs CL c .. CL c + CL - 1 take items w ^ 0 .. w ^ (CL - 1)
- * at each step, neighbouring feature blocks of one row tile and K range, and each producer brings
- * every CL-th activation box of a stage into all of the cluster's CTAs with one multicast copy,
- * so that the activations, which every feature block of a row tile reads again from L2 (as many
- * bytes as the weights at 128 rows), are read once a cluster. A slot is then free once every
- * CTA's consumers are done with it (their empty mbarriers count a lane of each of the other CTAs'
- * consumer warps too). The sums are the same bits as alone.
+ * In pairs (epd_ffn_gemm_args_t.pair; a cluster of two CTAs, where the feature blocks pair up):
+ * CTAs 2c and 2c + 1 take items w and w ^ 1 at each step, neighbouring feature blocks of one row
+ * tile and K range, and each producer brings every other activation box of a stage into both
+ * CTAs with one multicast copy, so that the activations, which every feature block of a row tile
+ * reads again from L2 (as many bytes as the weights at 128 rows), are read once a pair. A slot is
+ * then free once both CTAs' consumers are done with it (their empty mbarriers count a lane of
+ * each of the other CTA's consumer warps too). The sums are the same bits as alone.
  *
  * Split-K (a short grid) as in gpu/ffn_gemm.cu: each K range's fp32 sums to a workspace, then
  * one more launch adds them in range order: the same bits run to run.
@@ -213,19 +212,18 @@ __device__ static __forceinline__ void tma_load(uint32_t dst, const CUtensorMap 
                  : "memory");
 }
 
-/* CTAs in clusters of CL: tma_load's box brought into the same shared address of every CTA of
- * the cluster and counted on the mbarrier at the same address in each (multicast, all CL bits) */
-template <uint32_t CL>
-__device__ static __forceinline__ void tma_load_multi(uint32_t dst, const CUtensorMap *map,
-                                                      int32_t k0, int32_t row0, uint32_t bar)
+/* CTAs in pairs (a cluster of two): tma_load's box brought into the same shared address of both
+ * CTAs and counted on the mbarrier at the same address in each (multicast, CTA mask 3) */
+__device__ static __forceinline__ void tma_load_pair(uint32_t dst, const CUtensorMap *map,
+                                                     int32_t k0, int32_t row0, uint32_t bar)
 {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
                  ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-                 "l"((uint64_t)map), "r"(k0), "r"(row0), "r"(bar), "h"((uint16_t)((1u << CL) - 1u))
+                 "l"((uint64_t)map), "r"(k0), "r"(row0), "r"(bar), "h"((uint16_t)3)
                  : "memory");
 }
 
-/* this CTA's rank in its cluster, and the address in the cluster's shared window of another
+/* this CTA's rank in its cluster, and the address in the cluster's shared window of the other
  * CTA's (rank peer) byte at this CTA's shared address addr */
 __device__ static __forceinline__ uint32_t cluster_rank(void)
 {
@@ -241,18 +239,18 @@ __device__ static __forceinline__ uint32_t peer_addr(uint32_t addr, uint32_t pee
     return r;
 }
 
-/* the lanes with on set arrive on another CTA's mbarrier at remote (peer_addr): predicated, not
+/* lane 0 of the warp arrives on the other CTA's mbarrier at remote (peer_addr): predicated, not
  * branched around, so that it may sit between a wgmma group's issue and its wait */
-__device__ static __forceinline__ void mbar_arrive_peer(uint32_t remote, bool on)
+__device__ static __forceinline__ void mbar_arrive_peer(uint32_t remote, uint32_t lane)
 {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %1, 0;\n"
+    asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0;\n"
                  "@p mbarrier.arrive.shared::cluster.b64 _, [%0];\n}\n" ::"r"(remote),
-                 "r"((uint32_t)on)
+                 "r"(lane)
                  : "memory");
 }
 
-/* in clusters, before a thread leaves: the other CTAs' arrives on this CTA's mbarriers are done
- * (their last copies into this CTA were waited for by this CTA's consumers). The producer's idle
+/* in pairs, before a thread leaves: the other CTA's arrives on this CTA's mbarriers are done
+ * (its last copies into this CTA were waited for by this CTA's consumers). The producer's idle
  * threads have left by then: threads that exited do not hold up a cluster barrier */
 __device__ static __forceinline__ void cluster_leave(void)
 {
@@ -359,19 +357,17 @@ struct wg_ring {
     uint32_t w_s, x_s, full, empty; /* [STAGES] weight tiles, activation tiles, mbarriers */
     const float *xsc;               /* FP8: [STAGES][BN] activation scales */
     uint32_t it;                    /* the stages of the items before this one */
-    uint32_t peer_empty;            /* in clusters: another CTA's empty mbarriers (peer_addr),
-                                     * lane l's rank + 1 + l's (lanes 0 .. CL - 2 arrive there) */
+    uint32_t peer_empty;            /* in pairs: the other CTA's empty mbarriers (peer_addr) */
 };
 
 /* A consumer warp frees a ring slot: each thread arrives on its CTA's empty mbarrier and, in
- * clusters, lanes 0 .. CL - 2 each on another CTA's (whose producers bring the other boxes of
- * this CTA's activations) */
-template <uint32_t CL>
+ * pairs, lane 0 on the other CTA's (whose producer brings half of this CTA's activations) */
+template <bool PAIR>
 __device__ static __forceinline__ void wg_release(const wg_ring &g, uint32_t slot, uint32_t lane)
 {
 #if WG_ARCH
     mbar_arrive(g.empty + 8 * slot);
-    if constexpr (CL > 1) mbar_arrive_peer(g.peer_empty + 8 * slot, lane < CL - 1);
+    if constexpr (PAIR) mbar_arrive_peer(g.peer_empty + 8 * slot, lane);
 #else
     (void)g;
     (void)slot;
@@ -382,7 +378,7 @@ __device__ static __forceinline__ void wg_release(const wg_ring &g, uint32_t slo
 /* A consumer's K loop over item I with N = I.n (the rows it computes), BF16: acc[0 .. N / 2) the
  * sums of its half of the features (zero before), one wgmma group left in flight, the previous
  * stage's slot released after wait_group 1. */
-template <uint32_t BN, uint32_t N, uint32_t CL>
+template <uint32_t BN, uint32_t N, bool PAIR>
 __device__ static __forceinline__ void wg_mainloop_bf16(float (&acc)[BN / 2], const wg_params &p,
                                                         const wg_item &I, const wg_ring &g,
                                                         uint32_t half, uint32_t lane)
@@ -407,13 +403,13 @@ __device__ static __forceinline__ void wg_mainloop_bf16(float (&acc)[BN / 2], co
         /* the previous stage's wgmmas are done: its slot is free */
         if (s > 0) {
             wgmma_wait<1>();
-            wg_release<CL>(g, prev_slot, lane);
+            wg_release<PAIR>(g, prev_slot, lane);
         }
         prev_slot = slot;
     }
     wgmma_wait<0>();
     fence_regs(acc);
-    if (I.n_kb > 0) wg_release<CL>(g, prev_slot, lane);
+    if (I.n_kb > 0) wg_release<PAIR>(g, prev_slot, lane);
 #else
     (void)acc;
     (void)p;
@@ -452,7 +448,7 @@ __device__ static __forceinline__ void fp8_issue(float (&part)[N / 2], const wg_
  * acc = fma(part, w_scale * x_scale[row], acc)) and frees its slot. Registers 4q .. 4q + 3 hold
  * rows 8q + (lane % 4) * 2 + {0, 1} of features m and m + 8 (epd_wgmma_acc_pos): the two rows'
  * scales once, then one fused multiply-add a register. */
-template <uint32_t BN, uint32_t N, uint32_t CL>
+template <uint32_t BN, uint32_t N, bool PAIR>
 __device__ static __forceinline__ void fp8_promote(float (&acc)[BN / 2], float (&part)[N / 2],
                                                    const wg_ring &g, uint32_t slot, float ws,
                                                    uint32_t lane)
@@ -468,7 +464,7 @@ __device__ static __forceinline__ void fp8_promote(float (&acc)[BN / 2], float (
         acc[4 * q + 2] = __fmaf_rn(part[4 * q + 2], s0, acc[4 * q + 2]);
         acc[4 * q + 3] = __fmaf_rn(part[4 * q + 3], s1, acc[4 * q + 3]);
     }
-    wg_release<CL>(g, slot, lane);
+    wg_release<PAIR>(g, slot, lane);
 }
 #endif
 
@@ -477,7 +473,7 @@ __device__ static __forceinline__ void fp8_promote(float (&acc)[BN / 2], float (
  * is promoted (wait_group 1), above that one (EPD_WGMMA_FP8_DOUBLE). No branch between a group's
  * issue and its wait but the warp-uniform wait of mbar_wait_warp (the pairs' loop, then the last
  * one or two stages). A timed-out wait is recorded once the wgmmas are done. */
-template <uint32_t BN, uint32_t N, uint32_t CL>
+template <uint32_t BN, uint32_t N, bool PAIR>
 __device__ static __forceinline__ void wg_mainloop_fp8(float (&acc)[BN / 2], const wg_params &p,
                                                        const wg_item &I, const wg_ring &g,
                                                        uint32_t half, uint32_t lane)
@@ -494,7 +490,7 @@ __device__ static __forceinline__ void wg_mainloop_fp8(float (&acc)[BN / 2], con
             const float wa = __ldg(wsg + s);
             fp8_issue<BN, N>(pa, I, g, s, half, &sa, &late);
             wgmma_wait<0>();
-            fp8_promote<BN, N, CL>(acc, pa, g, sa, wa, lane);
+            fp8_promote<BN, N, PAIR>(acc, pa, g, sa, wa, lane);
         }
     } else {
         float pb[N / 2];
@@ -505,22 +501,22 @@ __device__ static __forceinline__ void wg_mainloop_fp8(float (&acc)[BN / 2], con
             const float wa = __ldg(wsg + s), wb = __ldg(wsg + s + 1);
             fp8_issue<BN, N>(pb, I, g, s + 1, half, &sb, &late);
             wgmma_wait<1>();
-            fp8_promote<BN, N, CL>(acc, pa, g, sa, wa, lane);
+            fp8_promote<BN, N, PAIR>(acc, pa, g, sa, wa, lane);
             fp8_issue<BN, N>(pa, I, g, s + 2, half, &sa, &late);
             wgmma_wait<1>();
-            fp8_promote<BN, N, CL>(acc, pb, g, sb, wb, lane);
+            fp8_promote<BN, N, PAIR>(acc, pb, g, sb, wb, lane);
         }
         const float wa = __ldg(wsg + s);
         if (s + 1 < I.n_kb) {
             const float wb = __ldg(wsg + s + 1);
             fp8_issue<BN, N>(pb, I, g, s + 1, half, &sb, &late);
             wgmma_wait<1>();
-            fp8_promote<BN, N, CL>(acc, pa, g, sa, wa, lane);
+            fp8_promote<BN, N, PAIR>(acc, pa, g, sa, wa, lane);
             wgmma_wait<0>();
-            fp8_promote<BN, N, CL>(acc, pb, g, sb, wb, lane);
+            fp8_promote<BN, N, PAIR>(acc, pb, g, sb, wb, lane);
         } else {
             wgmma_wait<0>();
-            fp8_promote<BN, N, CL>(acc, pa, g, sa, wa, lane);
+            fp8_promote<BN, N, PAIR>(acc, pa, g, sa, wa, lane);
         }
     }
     if (late != 0) {
@@ -539,21 +535,21 @@ __device__ static __forceinline__ void wg_mainloop_fp8(float (&acc)[BN / 2], con
 }
 
 /* wg_mainloop with N = I.n (a multiple of 16 up to BN): one instance for each */
-template <bool FP8, uint32_t BN, uint32_t CL, uint32_t N = 16u>
+template <bool FP8, uint32_t BN, bool PAIR, uint32_t N = 16u>
 __device__ static __forceinline__ void wg_mainloop_n(float (&acc)[BN / 2], const wg_params &p,
                                                      const wg_item &I, const wg_ring &g,
                                                      uint32_t half, uint32_t lane)
 {
     if constexpr (N < BN) {
         if (I.n > N) {
-            wg_mainloop_n<FP8, BN, CL, N + 16u>(acc, p, I, g, half, lane);
+            wg_mainloop_n<FP8, BN, PAIR, N + 16u>(acc, p, I, g, half, lane);
             return;
         }
     }
     if constexpr (FP8)
-        wg_mainloop_fp8<BN, N, CL>(acc, p, I, g, half, lane);
+        wg_mainloop_fp8<BN, N, PAIR>(acc, p, I, g, half, lane);
     else
-        wg_mainloop_bf16<BN, N, CL>(acc, p, I, g, half, lane);
+        wg_mainloop_bf16<BN, N, PAIR>(acc, p, I, g, half, lane);
 }
 
 /* h = bf16(silu(g) * u) of a fused SwiGLU's gate and up sums, with the SwiGLU kernel's operations
@@ -633,7 +629,7 @@ __device__ static __forceinline__ void wg_store_staged(const float (&acc)[BN / 2
 
 /* ---- the kernels ------------------------------------------------------------------------- */
 
-template <bool FP8, uint32_t BN, uint32_t CL>
+template <bool FP8, uint32_t BN, bool PAIR>
 __global__ void __launch_bounds__(THREADS, 1)
     wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx,
                  const __grid_constant__ CUtensorMap tx32, const __grid_constant__ CUtensorMap tx64,
@@ -664,23 +660,23 @@ __global__ void __launch_bounds__(THREADS, 1)
     /* the kernel launched behind this one (a programmatic dependent launch) may start its CTAs
      * as SMs free up: it waits for this grid's writes where it reads them */
     asm volatile("griddepcontrol.launch_dependents;");
-    /* in clusters (CL CTAs, items w ^ 0 .. w ^ (CL - 1): neighbouring feature blocks of one row
-     * tile and K range), each CTA's producer brings every CL-th activation box of a stage into
-     * all of them (tma_load_multi), so the cluster reads its activations from L2 once; a slot
-     * is then free once every CTA's consumers are done with it: the empty mbarrier counts this
-     * CTA's consumer threads and a lane of each of the other CTAs' 8 consumer warps */
-    const uint32_t rank = CL > 1 ? cluster_rank() : 0u;
-    g.peer_empty = CL > 1 ? peer_addr(g.empty, (rank + 1u + min(tid % 32u, CL - 2u)) % CL) : 0u;
+    /* in pairs (a cluster of two CTAs, items w and w ^ 1: neighbouring feature blocks of one row
+     * tile and K range), each CTA's producer brings every other activation box of a stage into
+     * both CTAs (tma_load_pair), so the pair reads its activations from L2 once; a slot is then
+     * free once both CTAs' consumers are done with it: the empty mbarrier counts this CTA's
+     * consumer threads and a lane of each of the other CTA's 8 consumer warps */
+    const uint32_t rank = PAIR ? cluster_rank() : 0u;
+    g.peer_empty = PAIR ? peer_addr(g.empty, rank ^ 1u) : 0u;
     if (tid == 0) {
         for (uint32_t s = 0; s < STAGES; s++) {
             mbar_init(g.full + 8 * s, 1);
-            mbar_init(g.empty + 8 * s, EPD_WGMMA_CONSUMERS + 8u * (CL - 1u));
+            mbar_init(g.empty + 8 * s, EPD_WGMMA_CONSUMERS + (PAIR ? 8u : 0u));
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     }
-    /* in clusters, no CTA's copies or arrives reach another before its mbarriers exist */
-    if constexpr (CL > 1)
+    /* in pairs, neither CTA's copies or arrives reach the other before its mbarriers exist */
+    if constexpr (PAIR)
         asm volatile("barrier.cluster.arrive.release.aligned;\n"
                      "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
     else
@@ -738,17 +734,17 @@ __global__ void __launch_bounds__(THREADS, 1)
                 const uint32_t slot = (g.it + s) % STAGES, bar = g.full + 8 * slot;
                 const int32_t k0 = (int32_t)((I.kb0 + s) * kstage);
                 for (uint32_t b = 0; b < epd_wgmma_x_boxes(I.n); b++) {
-                    /* in clusters box b of stage s is the rank whose b + s + rank is a
-                     * multiple of CL: in turn, so a stage of one box is not always one CTA's */
-                    if (CL > 1 && ((b + s + rank) & (CL - 1u)) != 0) continue;
+                    /* in pairs the boxes taken in turn, starting with the other CTA's every
+                     * other stage (a stage of one box is not always the same CTA's) */
+                    if (PAIR && ((b ^ s ^ rank) & 1u) != 0) continue;
                     uint32_t r, rows;
                     epd_wgmma_x_box(I.n, b, &r, &rows);
                     const uint32_t dst = g.x_s + slot * C::X_TILE + r * EPD_WGMMA_ROW_BYTES;
                     const CUtensorMap *map = rows == EPD_WGMMA_X_BIG   ? &tx64
                                              : rows == EPD_WGMMA_X_MID ? &tx32
                                                                        : &tx;
-                    if constexpr (CL > 1)
-                        tma_load_multi<CL>(dst, map, k0, x_row + (int32_t)r, bar);
+                    if constexpr (PAIR)
+                        tma_load_pair(dst, map, k0, x_row + (int32_t)r, bar);
                     else
                         tma_load(dst, map, k0, x_row + (int32_t)r, bar);
                 }
@@ -760,7 +756,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             }
             g.it += I.n_kb;
         }
-        if constexpr (CL > 1) cluster_leave();
+        if constexpr (PAIR) cluster_leave();
         return;
     }
 
@@ -774,7 +770,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         float acc[R];
 #pragma unroll
         for (uint32_t i = 0; i < R; i++) acc[i] = 0.0f;
-        wg_mainloop_n<FP8, BN, CL>(acc, p, I, g, half, lane);
+        wg_mainloop_n<FP8, BN, PAIR>(acc, p, I, g, half, lane);
         g.it += I.n_kb;
 
         /* D[row][feature] for the rows the item writes (its rows rounded up to 8) */
@@ -817,7 +813,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 ((float *)p.d)[i] = acc[j];
         }
     }
-    if constexpr (CL > 1) cluster_leave();
+    if constexpr (PAIR) cluster_leave();
 #else
     (void)tw;
     (void)tx;
@@ -923,24 +919,14 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 typedef void (*wg_kernel_t)(const CUtensorMap, const CUtensorMap, const CUtensorMap,
                             const CUtensorMap, wg_params);
 
-/* the kernel of a format and row tile alone (cl 1) or in clusters of cl (2; BF16 also 4) */
-template <bool F, uint32_t T>
-static wg_kernel_t wg_instance(uint32_t cl)
-{
-    if constexpr (!F) {
-        if (cl == 4) return wgmma_kernel<F, T, 4>;
-    }
-    return cl == 2 ? wgmma_kernel<F, T, 2> : wgmma_kernel<F, T, 1>;
-}
-
-/* the kernel of a format and row tile, alone or in clusters of cl, and its shared memory; NULL
- * for a tile it lacks */
-static wg_kernel_t wg_kernel(bool fp8, uint32_t row_tile, uint32_t cl, uint32_t *smem_p)
+/* the kernel of a format and row tile, alone or in pairs, and its shared memory; NULL for a tile
+ * it lacks */
+static wg_kernel_t wg_kernel(bool fp8, uint32_t row_tile, bool pair, uint32_t *smem_p)
 {
 #define WG_CASE(F, T)                                                                          \
     if (fp8 == F && row_tile == T) {                                                           \
         *smem_p = tile_cfg<T>::SMEM;                                                           \
-        return wg_instance<F, T>(cl);                                                          \
+        return pair ? wgmma_kernel<F, T, true> : wgmma_kernel<F, T, false>;                    \
     }
     WG_CASE(false, 32)
     WG_CASE(false, 64)
@@ -1044,14 +1030,11 @@ static epd_status_t make_fused_map(CUtensorMap *map, const void *ptr, uint32_t n
 /* the SMs of the current device (once per device; 0 where unknown) and the kernels' shared
  * memory attribute set (once per kernel and device) */
 #define CONFIG_DEVICES 64
-static bool configured[2][3][EPD_WGMMA_TILES][CONFIG_DEVICES];
-/* in clusters: the clusters that fit at once (0: not asked yet; -1: none) */
-static int cluster_fit[2][3][EPD_WGMMA_TILES][CONFIG_DEVICES];
+static bool configured[2][2][EPD_WGMMA_TILES][CONFIG_DEVICES];
+/* in pairs: the clusters of two that fit at once (0: not asked yet; -1: none) */
+static int pair_clusters[2][EPD_WGMMA_TILES][CONFIG_DEVICES];
 
-/* the arrays' index of a cluster size: 1, 2, 4 */
-static uint32_t cl_index(uint32_t cl) { return cl >= 4 ? 2 : cl >= 2 ? 1 : 0; }
-
-static cudaError_t wg_configure(bool fp8, uint32_t row_tile, uint32_t cl, wg_kernel_t k,
+static cudaError_t wg_configure(bool fp8, uint32_t row_tile, bool pair, wg_kernel_t k,
                                 uint32_t smem, uint64_t *sms_p)
 {
     int dev = 0, sms = 0;
@@ -1063,7 +1046,7 @@ static cudaError_t wg_configure(bool fp8, uint32_t row_tile, uint32_t cl, wg_ker
     else
         cudaGetLastError();
     bool *done = dev >= 0 && dev < CONFIG_DEVICES
-                     ? &configured[fp8][cl_index(cl)][epd_wgmma_tile_index(row_tile)][dev]
+                     ? &configured[fp8][pair][epd_wgmma_tile_index(row_tile)][dev]
                      : NULL;
     if (done != NULL && *done) return cudaSuccess;
     rc = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -1071,26 +1054,24 @@ static cudaError_t wg_configure(bool fp8, uint32_t row_tile, uint32_t cl, wg_ker
     return rc;
 }
 
-/* The CTAs a launch in clusters of cl may have at once: cl times the clusters that fit (asked
- * once per kernel and device); 0 where none fits or the question fails (the launch then goes
- * alone) */
-static uint64_t wg_cluster_ctas(bool fp8, uint32_t row_tile, uint32_t cl, wg_kernel_t k,
-                                uint32_t smem)
+/* The CTAs a launch in pairs may have at once: twice the clusters of two that fit (asked once
+ * per kernel and device); 0 where none fits or the question fails (the launch then goes alone) */
+static uint64_t wg_pair_ctas(bool fp8, uint32_t row_tile, wg_kernel_t k, uint32_t smem)
 {
     int dev = 0, n = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= CONFIG_DEVICES) {
         cudaGetLastError();
         return 0;
     }
-    int *known = &cluster_fit[fp8][cl_index(cl)][epd_wgmma_tile_index(row_tile)][dev];
+    int *known = &pair_clusters[fp8][epd_wgmma_tile_index(row_tile)][dev];
     if (*known == 0) {
         cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute attr[1] = {};
-        cfg.gridDim = dim3(cl);
+        cfg.gridDim = dim3(2);
         cfg.blockDim = dim3(THREADS);
         cfg.dynamicSmemBytes = smem;
         attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = cl;
+        attr[0].val.clusterDim.x = 2;
         attr[0].val.clusterDim.y = 1;
         attr[0].val.clusterDim.z = 1;
         cfg.attrs = attr;
@@ -1101,7 +1082,7 @@ static uint64_t wg_cluster_ctas(bool fp8, uint32_t row_tile, uint32_t cl, wg_ker
         }
         *known = n;
     }
-    return *known > 0 ? cl * (uint64_t)*known : 0;
+    return *known > 0 ? 2u * (uint64_t)*known : 0;
 }
 
 extern "C" epd_status_t epd_ffn_wgmma_supported(bool fp8, char err[EPD_ERR_LEN])
@@ -1125,11 +1106,11 @@ extern "C" epd_status_t epd_ffn_wgmma_supported(bool fp8, char err[EPD_ERR_LEN])
                  major, minor);
         return EPD_ERR_UNSUPPORTED;
     }
-    wg_kernel_t k = wg_kernel(fp8, EPD_WGMMA_TILE_MIN, 1, &smem);
+    wg_kernel_t k = wg_kernel(fp8, EPD_WGMMA_TILE_MIN, false, &smem);
     uint32_t most = 0;
     for (uint32_t i = 0; i < epd_wgmma_tile_count(fp8); i++) {
         uint32_t s = 0;
-        if (wg_kernel(fp8, epd_wgmma_tile_at(i), 1, &s) != NULL && s > most) most = s;
+        if (wg_kernel(fp8, epd_wgmma_tile_at(i), false, &s) != NULL && s > most) most = s;
     }
     if (optin < (int)most) {
         snprintf(err, EPD_ERR_LEN,
@@ -1242,20 +1223,12 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
     wg_params p;
     uint32_t smem = 0;
     if (a->split_used_p != NULL) *a->split_used_p = 1;
-    if (a->cluster_used_p != NULL) *a->cluster_used_p = 1;
+    if (a->pair_used_p != NULL) *a->pair_used_p = false;
     if (a->n_tiles == 0) return EPD_OK;
     const uint32_t es = a->fp8 ? 1 : 2;
-    /* in clusters where asked and the feature blocks divide among them (items w ^ 0 ..
-     * w ^ (cl - 1) of one row tile) */
-    const bool cl_ok = a->cluster <= 2 || (a->cluster == 4 && !a->fp8);
-    uint32_t cl = a->cluster > 1 && cl_ok && a->n % (BM * a->cluster) == 0 ? a->cluster : 1u;
-    if (!cl_ok) {
-        snprintf(err, EPD_ERR_LEN,
-                 "ffn wgmma kernel: clusters of %u CTAs asked (0 or 1 alone, 2, or 4 with BF16 "
-                 "weights)", a->cluster);
-        return EPD_ERR_INVALID_ARG;
-    }
-    wg_kernel_t k = wg_kernel(a->fp8, a->row_tile, cl, &smem);
+    /* in pairs where asked and the feature blocks pair up (items w, w ^ 1 of one row tile) */
+    bool pair = a->pair && (a->n / BM) % 2 == 0;
+    wg_kernel_t k = wg_kernel(a->fp8, a->row_tile, pair, &smem);
     if (k == NULL || a->n == 0 || a->k == 0 || a->n % 128 != 0 || a->k % 128 != 0 ||
         a->n_tiles > 65535 || a->n_experts == 0 || a->w == NULL || a->x == NULL || a->d == NULL ||
         a->row_base == NULL || a->counts == NULL || a->tile_base == NULL || a->total_rows == 0 ||
@@ -1300,15 +1273,15 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
     launches = launches % 0xfffffffeu + 1;
     p.launch = launches;
     uint64_t sms = 0;
-    cudaError_t rc = wg_configure(a->fp8, a->row_tile, cl, k, smem, &sms);
-    uint64_t cluster_ctas = 0;
-    if (rc == cudaSuccess && cl > 1) {
-        cluster_ctas = wg_cluster_ctas(a->fp8, a->row_tile, cl, k, smem);
-        if (cluster_ctas == 0) {
-            /* no cluster fits: alone */
-            cl = 1;
-            k = wg_kernel(a->fp8, a->row_tile, 1, &smem);
-            rc = wg_configure(a->fp8, a->row_tile, 1, k, smem, &sms);
+    cudaError_t rc = wg_configure(a->fp8, a->row_tile, pair, k, smem, &sms);
+    uint64_t pair_ctas = 0;
+    if (rc == cudaSuccess && pair) {
+        pair_ctas = wg_pair_ctas(a->fp8, a->row_tile, k, smem);
+        if (pair_ctas == 0) {
+            /* no cluster of two fits: alone */
+            pair = false;
+            k = wg_kernel(a->fp8, a->row_tile, false, &smem);
+            rc = wg_configure(a->fp8, a->row_tile, false, k, smem, &sms);
         }
     }
     const uint32_t n_kb = a->k * es / EPD_WGMMA_ROW_BYTES;
@@ -1344,10 +1317,10 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
     const uint64_t items = (uint64_t)(a->n / BM) * a->n_tiles * splits;
     /* persistent: one CTA an SM going through the items (its ring runs on from one item to the
      * next: the next item's loads go out during this one's last stages and its epilogue) */
-    uint64_t slots = cl > 1 ? cluster_ctas : sms;
-    if (cl > 1 && sms > 0 && slots > sms) slots = sms & ~(uint64_t)(cl - 1);
-    /* in clusters the items and the grid both multiples of cl: CTAs cl c .. cl c + cl - 1 (a
-     * cluster) take items w ^ 0 .. w ^ (cl - 1) at each step */
+    uint64_t slots = pair ? pair_ctas : sms;
+    if (pair && sms > 0 && slots > sms) slots = sms & ~(uint64_t)1;
+    /* in pairs the items (an even number) and the grid both even: CTAs 2c and 2c + 1 (a
+     * cluster) take items w and w ^ 1 at each step */
     dim3 grid((unsigned)(slots > 0 && items > slots ? slots : items));
     cudaStream_t s = (cudaStream_t)stream;
     if (rc == cudaSuccess) {
@@ -1362,9 +1335,9 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
             attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
             attr[n_attr++].val.programmaticStreamSerializationAllowed = 1;
         }
-        if (cl > 1) {
+        if (pair) {
             attr[n_attr].id = cudaLaunchAttributeClusterDimension;
-            attr[n_attr].val.clusterDim.x = cl;
+            attr[n_attr].val.clusterDim.x = 2;
             attr[n_attr].val.clusterDim.y = 1;
             attr[n_attr++].val.clusterDim.z = 1;
         }
@@ -1380,12 +1353,13 @@ extern "C" epd_status_t epd_ffn_wgmma_launch(const epd_ffn_gemm_args_t *a, void 
     if (rc != cudaSuccess) {
         snprintf(err, EPD_ERR_LEN,
                  "ffn wgmma kernel: launch (%u x %u x %u items, row tile %u, %u bytes of shared "
-                 "memory, clusters of %u CTAs): %s",
-                 a->n / BM, a->n_tiles, splits, a->row_tile, smem, cl, cudaGetErrorString(rc));
+                 "memory%s): %s",
+                 a->n / BM, a->n_tiles, splits, a->row_tile, smem,
+                 pair ? ", CTAs in pairs" : "", cudaGetErrorString(rc));
         return EPD_ERR_CUDA;
     }
     if (a->split_used_p != NULL) *a->split_used_p = splits;
     if (a->swiglu_done_p != NULL) *a->swiglu_done_p = fuse;
-    if (a->cluster_used_p != NULL) *a->cluster_used_p = cl;
+    if (a->pair_used_p != NULL) *a->pair_used_p = pair;
     return EPD_OK;
 }

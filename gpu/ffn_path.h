@@ -135,9 +135,8 @@ static inline void epd_ffn_default_tuning_fill(epd_ffn_cuda_tuning_t *t)
     /* BF16: the Hopper kernel's CTAs in pairs, the activations brought once a pair by multicast:
      * on the H100 the bench's experts phase 0-1.8% faster at 32-128 rows per expert (one
      * comparison of ten even), the GEMMs alone 0-1% (session 22, docs/results.md); FP8 stays
-     * alone (even to 2% slower in pairs). Clusters of 4 were 1-3% slower than pairs on the
-     * H100 (session 23) */
-    t->wgmma_cluster = 2;
+     * alone (even to 2% slower in pairs) */
+    t->wgmma_pair = true;
     /* the experts' outputs y in BF16 (and BF16 weights' unfused gate/up sums): half the bytes
      * the down GEMM writes and the combine reads (session 18, docs/results.md) */
     t->d_bf16 = true;

@@ -4,14 +4,13 @@
  * kernel is from the weight read that bounds it at decode sizes, without the rest of the experts
  * phase (gather, SwiGLU, combine) or the random routing of `epd --bench`.
  *   gemmbench [--fp8] [--rows R,R,...] [--tile T,T,...] [--experts E] [--hidden H] [--inter I]
- *             [--iters N] [--routed] [--f32] [--check] [--pair] [--cluster C,C,...]
+ *             [--iters N] [--routed] [--f32] [--check] [--pair]
  * --tile 0 (the default) lets the launch pick the row tile as the daemon does, a list times each;
  * --routed gives the experts rows as `epd --bench` routes them (R x E rows, each to an expert drawn
  * at random, fixed seed) instead of R each; --f32 writes D in fp32 as the daemon does (else BF16);
  * --check compares experts 0 and E-1 of each launch with a direct fp64 sum on the GPU (prints OK
- * or BAD, exit 1 on BAD); --cluster times each launch alone and then with its CTAs in clusters of
- * each C (2 pairs, 4: BF16; the activations brought by multicast, ffn_gemm.h's cluster), one
- * after the other; --pair is --cluster 2. One line a
+ * or BAD, exit 1 on BAD); --pair times each launch alone and then with its CTAs in pairs (the
+ * activations brought by multicast, ffn_gemm.h's pair), one after the other. One line a
  * projection and a total a row count and tile: the median µs of 5 runs of N launches, the read's,
  * their ratio, TFLOP/s. Needs an sm_90a device (exit 77 without one).
  *   gemmbench --weight-order [--fp8] [--experts E] [--hidden H] [--inter I]
@@ -349,7 +348,7 @@ static std::vector<uint32_t> make_counts(uint32_t rows, uint32_t n_exp, bool rou
 int main(int argc, char **argv)
 {
     bool fp8 = false, do_check = false, routed = false, f32 = false, order = false;
-    std::vector<uint32_t> cluster_list = {1};
+    std::vector<bool> pair_list = {false};
     uint32_t n_exp = 32, hidden = 7168, inter = 2048;
     std::vector<uint32_t> row_list = {16, 32, 64, 128}, tile_list = {0};
     for (int i = 1; i < argc; i++) {
@@ -363,16 +362,7 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--f32") == 0) {
             f32 = true;
         } else if (strcmp(argv[i], "--pair") == 0) {
-            cluster_list = {1, 2};
-        } else if (strcmp(argv[i], "--cluster") == 0 && v != NULL) {
-            std::vector<uint32_t> cl;
-            if (!parse_list(v, 4, false, cl)) {
-                fprintf(stderr, "gemmbench: bad --cluster '%s'\n", v);
-                return 2;
-            }
-            cluster_list = {1};
-            cluster_list.insert(cluster_list.end(), cl.begin(), cl.end());
-            i++;
+            pair_list = {false, true};
         } else if (strcmp(argv[i], "--weight-order") == 0) {
             order = true;
         } else if (strcmp(argv[i], "--rows") == 0 && v != NULL) {
@@ -398,8 +388,7 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr,
                     "usage: gemmbench [--fp8] [--rows R,R,...] [--tile T,T,...] [--experts E] "
-                    "[--hidden H] [--inter I] [--iters N] [--routed] [--f32] [--check] [--pair] "
-                    "[--cluster C,C,...]\n"
+                    "[--hidden H] [--inter I] [--iters N] [--routed] [--f32] [--check] [--pair]\n"
                     "       gemmbench --weight-order [--fp8] [--experts E] [--hidden H] "
                     "[--inter I]\n");
             return 2;
@@ -443,18 +432,12 @@ int main(int argc, char **argv)
         }
         if (routed) printf("rows %u: the most an expert got %u\n", rows, most);
         const size_t total = row_base[n_exp];
-        for (size_t tp = 0; tp < tile_list.size() * cluster_list.size(); tp++) {
-            const uint32_t tile = tile_list[tp / cluster_list.size()];
-            const uint32_t cluster = cluster_list[tp % cluster_list.size()];
-            char cl_what[24] = "", used_what[24] = "";
-            if (cluster > 1) snprintf(cl_what, sizeof cl_what, " cl %u", cluster);
+        for (size_t tp = 0; tp < tile_list.size() * pair_list.size(); tp++) {
+            const uint32_t tile = tile_list[tp / pair_list.size()];
+            const bool pair = pair_list[tp % pair_list.size()];
             const uint32_t rt =
                 tile != 0 ? tile : epd_ffn_wgmma_row_tile(fp8, counts.data(), n_exp);
             if (fp8 && rt > EPD_WGMMA_TILE_MAX_FP8) continue;
-            if (fp8 && cluster > 2) {
-                printf("fp8: no clusters of %u (FP8 goes alone or in pairs)\n", cluster);
-                continue;
-            }
             for (uint32_t e = 0; e < n_exp; e++)
                 tile_base[e + 1] = tile_base[e] + (counts[e] + rt - 1) / rt;
             double sum_us = 0, sum_read = 0;
@@ -504,9 +487,9 @@ int main(int argc, char **argv)
                 a.split_k = 1;
                 a.total_rows = (uint32_t)total;
                 a.row_tile = rt;
-                a.cluster = cluster;
-                uint32_t used = 1;
-                a.cluster_used_p = &used;
+                a.pair = pair;
+                bool paired = false;
+                a.pair_used_p = &paired;
                 const double us = time_us(s, [&] {
                     char err[EPD_ERR_LEN];
                     if (epd_ffn_wgmma_launch(&a, s, err) != EPD_OK) {
@@ -523,14 +506,11 @@ int main(int argc, char **argv)
                     bad = true;
                 }
                 const double flop = 2.0 * n_exp * rows * (double)n * k;
-                if (used > 1) snprintf(used_what, sizeof used_what, " cl %u", used);
                 printf("%s %-7s rows %4u tile %3u%s: %8.1f us, read %7.1f us (%.2f of the "
                        "read), %4.0f TFLOP/s\n",
                        fp8 ? "fp8 " : "bf16", proj == 0 ? "gate/up" : "down", rows, rt,
-                       used_what, us, read, us / read, flop / us * 1e-6);
-                if (used != cluster && cluster > 1)
-                    printf("     (asked in clusters of %u, the launch went in %u)\n", cluster,
-                           used);
+                       paired ? " pair" : "", us, read, us / read, flop / us * 1e-6);
+                if (pair && !paired) printf("     (asked in pairs, the launch went alone)\n");
                 if (do_check) {
                     /* BF16 D: 2^-8 of the largest element, and a bit */
                     const double worst = check(a, row_base, counts, s);
@@ -549,7 +529,7 @@ int main(int argc, char **argv)
                 cudaFree(dev_u32);
             }
             printf("%s both    rows %4u tile %3u%s: %8.1f us, read %7.1f us (%.2f of the read)\n",
-                   fp8 ? "fp8 " : "bf16", rows, rt, cl_what, sum_us, sum_read,
+                   fp8 ? "fp8 " : "bf16", rows, rt, pair ? " pair" : "", sum_us, sum_read,
                    sum_us / sum_read);
         }
     }

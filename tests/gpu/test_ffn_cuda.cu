@@ -113,20 +113,18 @@ static epd_ffn_cuda_tuning_t tunings[] = {
     {.streams = 1, .wgmma = true, .wgmma_split = 3, .d_bf16 = true},
     {.streams = 1, .wgmma = true, .wgmma_swiglu = true, .wgmma_pdl = true, .d_bf16 = true},
     /* the Hopper kernel's CTAs in pairs (the activations by multicast): SwiGLU fused, a row
-     * tile of one box, split-K; and in clusters of 4 */
+     * tile of one box, split-K */
     {.streams = 1, .wgmma = true, .wgmma_swiglu = true, .wgmma_pdl = true, .d_bf16 = true,
-     .wgmma_cluster = 2},
-    {.streams = 1, .wgmma = true, .wgmma_row_tile = 32, .wgmma_cluster = 2},
-    {.streams = 1, .wgmma = true, .wgmma_split = 3, .wgmma_cluster = 2},
-    {.streams = 1, .wgmma = true, .wgmma_swiglu = true, .wgmma_pdl = true, .d_bf16 = true,
-     .wgmma_cluster = 4},
+     .wgmma_pair = true},
+    {.streams = 1, .wgmma = true, .wgmma_row_tile = 32, .wgmma_pair = true},
+    {.streams = 1, .wgmma = true, .wgmma_split = 3, .wgmma_pair = true},
     /* the default (epd_ffn_default_tuning_fill, written out: main checks the two equal, the
      * wgmma row limits 128 (BF16) and 176 (FP8) on an H100 SXM), and as it is set where the
      * Hopper kernel's check refuses it */
     {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
      .kernel_max_rows = 16, .kernel_fp8_max_rows = 32, .wgmma = true,
      .wgmma_max_rows = 64, .wgmma_fp8_max_rows = 192, .wgmma_first = true, .wgmma_swiglu = true,
-     .wgmma_pdl = true, .d_bf16 = true, .wgmma_cluster = 2},
+     .wgmma_pdl = true, .d_bf16 = true, .wgmma_pair = true},
     {.streams = 4, .strided = true, .run_cost = EPD_FFN_RUN_COST, .kernel = true,
      .kernel_max_rows = 16, .kernel_fp8_max_rows = 32, .d_bf16 = true},
 };
@@ -143,8 +141,7 @@ static const char *const tuning_names[] = {"streams=1", "streams=4", "streams=4,
                                            "strided,d_bf16", "kernel,d_bf16", "wgmma,d_bf16",
                                            "wgmma,split=3,d_bf16", "wgmma,swiglu,pdl,d_bf16",
                                            "wgmma,swiglu,pdl,d_bf16,pair", "wgmma,tile=32,pair",
-                                           "wgmma,split=3,pair",
-                                           "wgmma,swiglu,pdl,d_bf16,cluster=4", "default",
+                                           "wgmma,split=3,pair", "default",
                                            "default,no_wgmma"};
 static_assert(sizeof tunings / sizeof tunings[0] == sizeof tuning_names / sizeof tuning_names[0],
               "a name per tuning");
@@ -593,15 +590,14 @@ static void wgmma_layout_check(bool fp8)
         passed++;
 }
 
-/* gemm_check_x's wgmma launches with their CTAs in clusters of this many (ffn_gemm.h's
- * cluster; 0: alone) */
-static uint32_t check_cluster;
+/* gemm_check_x's wgmma launches with their CTAs in pairs (ffn_gemm.h's pair) */
+static bool check_pair;
 
 /* The GEMM kernel on n_exp experts with counts[e] rows (rows padded to 16, zeros after the
  * count), N n, K k: weights and activations small integers, FP8 scales powers of two, so the
  * CPU's sums are exact and the kernel's within rounding of fp32 sums; every (expert, row,
- * feature) below the counts compared, the first few wrong ones named; with check_cluster the
- * launch is asked in clusters and must go so where they divide N / 128 (else alone). */
+ * feature) below the counts compared, the first few wrong ones named; with check_pair the
+ * launch is asked in pairs and must go so where N / 128 is even. */
 
 static void gemm_check_x(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const uint32_t *counts,
                          uint32_t n_exp, uint32_t split, uint32_t wg_tile, bool swiglu)
@@ -702,21 +698,19 @@ static void gemm_check_x(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const 
     a.split_ws_bytes = dsplit != NULL ? split_bytes : 0;
     a.split_used_p = &split_used;
     a.row_tile = wg_tile;
-    uint32_t cluster_used = 0;
-    a.cluster = wg_tile != 0 ? check_cluster : 0;
-    a.cluster_used_p = &cluster_used;
+    bool pair_used = false;
+    a.pair = wg_tile != 0 && check_pair;
+    a.pair_used_p = &pair_used;
     if (swiglu) {
         a.swiglu_h = dhh;
         a.swiglu_done_p = &fused;
     }
-    char what[200], tile_what[40] = "", cl_what[40] = "";
+    char what[200], tile_what[40] = "";
     if (wg_tile) snprintf(tile_what, sizeof tile_what, " of %u rows", wg_tile);
-    if (a.cluster == 2) snprintf(cl_what, sizeof cl_what, " (CTAs in pairs)");
-    if (a.cluster > 2) snprintf(cl_what, sizeof cl_what, " (CTAs in clusters of %u)", a.cluster);
     snprintf(what, sizeof what, "%s%s %s%s, N %u, K %u, %u experts, %u row tiles%s, split %s",
              wg_tile ? (swiglu ? "wgmma GEMM kernel with SwiGLU fused" : "wgmma GEMM kernel")
                      : "GEMM kernel",
-             cl_what,
+             a.pair ? " (CTAs in pairs)" : "",
              fp8 ? "fp8-block" : "bf16",
              out_bf16 ? " (bf16 out)" : "", n, k, n_exp, a.n_tiles, tile_what,
              split == EPD_FFN_GEMM_SPLIT_AUTO ? "auto" : split == 1 ? "none" : "fixed");
@@ -810,11 +804,9 @@ static void gemm_check_x(bool fp8, bool out_bf16, uint32_t n, uint32_t k, const 
     }
     printf("%s  %s (%u K ranges used): %llu of %llu outputs wrong\n", bad ? "FAIL" : "PASS",
            what, split_used, (unsigned long long)bad, (unsigned long long)checked);
-    /* in clusters where they divide the feature blocks (clusters of 2 and 4 fit on any Hopper
-     * GPU), else alone */
-    if (st == EPD_OK && a.cluster > 1 &&
-        cluster_used != ((n / 128) % a.cluster == 0 ? a.cluster : 1u)) {
-        printf("FAIL  %s: the launch went in clusters of %u\n", what, cluster_used);
+    /* in pairs where the feature blocks pair up (a cluster of two fits on any Hopper GPU) */
+    if (st == EPD_OK && a.pair && pair_used != ((n / 128) % 2 == 0)) {
+        printf("FAIL  %s: the launch went %s\n", what, pair_used ? "in pairs" : "alone");
         bad++;
     }
     /* a fixed split is used as asked (within K's stages) */
@@ -884,24 +876,19 @@ static void gemm_checks(void)
             /* SwiGLU fused (BF16): gate features [0, 128), up [128, 256) */
             if (!fp8) gemm_check_x(false, false, 256, 384, wg_edges, n_wg, 1, t, true);
         }
-        /* and in clusters: pairs (N 256: two feature blocks, a pair; 128: one, alone), then
-         * BF16 in clusters of 4 (N 512: four feature blocks; 7168: 56; 256 and 128: alone) */
-        for (uint32_t cl = 2; cl <= (fp8 ? 2u : 4u); cl *= 2) {
-            const uint32_t nc = 128 * cl;
-            check_cluster = cl;
-            for (uint32_t i = 0; i < epd_wgmma_tile_count(fp8); i++) {
-                const uint32_t t = epd_wgmma_tile_at(i);
-                gemm_check(fp8, false, nc, 384, wg_edges, n_wg, 1, t);
-                gemm_check(fp8, true, 128, 512, wg_edges, n_wg, 1, t);
-                gemm_check(fp8, false, nc, 384, wg_edges, n_wg, 3, t);
-                if (t % 64 == 0) gemm_check(fp8, false, nc, 7168, wg_real, 5, AUTO, t);
-                if (!fp8) gemm_check_x(false, false, nc, 384, wg_edges, n_wg, 1, t, true);
-            }
-            if (!fp8) gemm_check_x(false, false, 512, 384, wg_edges, n_wg, 1, 64, true);
-            gemm_check(fp8, true, 7168, 2048, real_down, 1, AUTO, 64);
-            if (cl == 4) gemm_check(false, false, 256, 384, wg_edges, n_wg, 1, 96);
+        /* and in pairs: N 256 (two feature blocks: a pair), 128 (one: alone) */
+        check_pair = true;
+        for (uint32_t i = 0; i < epd_wgmma_tile_count(fp8); i++) {
+            const uint32_t t = epd_wgmma_tile_at(i);
+            gemm_check(fp8, false, 256, 384, wg_edges, n_wg, 1, t);
+            gemm_check(fp8, true, 128, 512, wg_edges, n_wg, 1, t);
+            gemm_check(fp8, false, 256, 384, wg_edges, n_wg, 3, t);
+            if (t % 64 == 0) gemm_check(fp8, false, 256, 7168, wg_real, 5, AUTO, t);
+            if (!fp8) gemm_check_x(false, false, 256, 384, wg_edges, n_wg, 1, t, true);
         }
-        check_cluster = 0;
+        if (!fp8) gemm_check_x(false, false, 512, 384, wg_edges, n_wg, 1, 64, true);
+        gemm_check(fp8, true, 7168, 2048, real_down, 1, AUTO, 64);
+        check_pair = false;
         if (!fp8) gemm_check_x(false, false, 256, 7168, wg_real, 5, 1, 96, true);
         if (!fp8) gemm_check_x(false, false, 512, 384, wg_edges, n_wg, 1, 64, true); /* 4 blocks */
         gemm_check(fp8, false, 7168, 2048, real_down, 1, 1, 32); /* down's N and K */
@@ -963,7 +950,7 @@ int main(void)
             w->kernel_prefetch != d.kernel_prefetch || w->kernel_split != d.kernel_split ||
             w->wgmma_split != d.wgmma_split || w->wgmma_swiglu != d.wgmma_swiglu ||
             w->wgmma_row_tile != d.wgmma_row_tile || w->wgmma_pdl != d.wgmma_pdl ||
-            w->wgmma_cluster != d.wgmma_cluster) {
+            w->wgmma_pair != d.wgmma_pair) {
             printf("FAIL  the test's tuning \"default\" is not epd_ffn_cuda_default_tuning's\n");
             failed++;
         } else {
