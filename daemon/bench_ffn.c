@@ -46,8 +46,8 @@ typedef struct ffn_sweep {
 #ifdef EPD_HAVE_CUDA
     epd_ffn_cuda_tuning_t tuning;
 #endif
-    bool from_default; /* the default tuning with this one's d_bf16 (the GEMMs' D) and
-                        * wgmma_pair */
+    bool from_default; /* the default tuning with this one's d_bf16 (the GEMMs' D) */
+    bool alone;        /* from_default: and the Hopper kernel's CTAs alone (wgmma_pair off) */
     bool bf16_only; /* batched and grouped GEMMs: BF16 weights only */
     bool fp8_only;  /* FP8 fast accumulation */
 } ffn_sweep_t;
@@ -136,8 +136,7 @@ static ffn_sweep_t sweeps[] = {
     {.name = "default,d_f32", .tuning = {.d_bf16 = false}, .from_default = true},
     /* the default with the Hopper kernel's CTAs alone (BF16; in pairs by default, the
      * activations by multicast), and the Hopper kernel at every size alone and in pairs */
-    {.name = "default,no_pair", .tuning = {.d_bf16 = true, .wgmma_pair = false},
-     .from_default = true},
+    {.name = "default,no_pair", .tuning = {.d_bf16 = true}, .from_default = true, .alone = true},
     {.name = "wgmma,swiglu,pdl,d_bf16",
      .tuning = {.streams = 1, .wgmma = true, .wgmma_swiglu = true, .wgmma_pdl = true,
                 .d_bf16 = true}},
@@ -545,10 +544,10 @@ int epd_bench_ffn(const epd_config_t *cfg, const epd_args_t *args, const epd_ops
         epd_ffn_cuda_default_tuning(&sweeps[0].tuning);
         for (size_t sw = 1; sw < N_SWEEPS; sw++) {
             if (!sweeps[sw].from_default) continue;
-            bool d_bf16 = sweeps[sw].tuning.d_bf16, pair = sweeps[sw].tuning.wgmma_pair;
+            bool d_bf16 = sweeps[sw].tuning.d_bf16;
             sweeps[sw].tuning = sweeps[0].tuning;
             sweeps[sw].tuning.d_bf16 = d_bf16;
-            sweeps[sw].tuning.wgmma_pair = pair;
+            if (sweeps[sw].alone) sweeps[sw].tuning.wgmma_pair = false;
         }
         /* the sweep's own device experts (the ops' copy serves the accuracy check) */
         if (status == EPD_OK && ops->device_memory)
