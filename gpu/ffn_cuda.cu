@@ -2,10 +2,9 @@
  *   count   rows per local expert (a record with expert e among its top-k is one row of e): from
  *           the count exchange (no wait), or counted here and read back (one wait); an expert's
  *           rows are padded (pad_rows) so GEMM plans are reused and scale tensors stay aligned;
- *   place   each (record, k) with a local expert gets its row, grouped by expert, and the rows the
- *           record's activation as the GEMMs read them (BF16, or e4m3 + 1x128 scales), quantizing
- *           or requantizing as the host arithmetic of gpu/ffn.c does: one launch, a block a
- *           record, the record read once;
+ *   scatter each (record, k) with a local expert gets its row, grouped by expert;
+ *   gather  the rows' activations as the GEMMs read them (BF16, or e4m3 + 1x128 scales), quantizing
+ *           or requantizing as the host arithmetic of gpu/ffn.c does;
  *   experts for each expert with rows: gate and up as one [2I, H] GEMM (fp32 out), SwiGLU
  *           (h = silu(g) * u in fp32, rounded to BF16 or quantized group128), the down GEMM (fp32
  *           out); experts spread over the tuning's streams (forked from and joined back into the
@@ -152,7 +151,7 @@ struct epd_ffn_cuda {
     /* a call's numbers, one allocation (meta_dev, slot_meta_words of them) that one copy from
      * a host slot fills: */
     uint32_t *meta_dev;
-    uint32_t *counts_dev;   /* [2 n_local]: rows, then the place kernel's cursors (zeros) */
+    uint32_t *counts_dev;   /* [2 n_local]: rows, then the scatter's cursors (zeros) */
     uint32_t *row_base_dev; /* [n_local + 1] */
     uint32_t *tile_base_dev; /* [n_local + 1]: kernel, the row tiles' prefix sums */
     const void **ptrs_dev;  /* [6 n_local]: the batched GEMMs' A, B, D pointer arrays */
@@ -164,6 +163,7 @@ struct epd_ffn_cuda {
     cudaEvent_t host_done[HOST_SLOTS];
     uint32_t next_slot;
     int32_t *pair_row;      /* [cap_pairs] */
+    int32_t *row_src;       /* [cap_rows] */
     void *act;              /* [cap_rows][H] bf16 or e4m3 */
     float *act_scale;       /* [cap_rows * H / 128] */
     void *gu;               /* [cap_rows][2I] fp32 (or bf16, d_bf16) */
@@ -211,7 +211,7 @@ static uint32_t l4(uint32_t k)
 }
 
 /* A call's numbers (meta_dev and the head of a host slot): [n_local] rows per expert,
- * [n_local] zeros (the place kernel's cursors), [n_local + 1] row bases, [n_local + 1] row tile
+ * [n_local] zeros (the scatter's cursors), [n_local + 1] row bases, [n_local + 1] row tile
  * bases; the slot's pointers after them (slot_ptrs), then its end (slot_end) */
 static size_t slot_meta_words(uint32_t n_local)
 {
@@ -275,13 +275,36 @@ __global__ void count_kernel(rec_args a, uint32_t *counts)
     if (e >= a.lo && e < a.lo + (int32_t)a.n_local) atomicAdd(&counts[e - a.lo], 1u);
 }
 
-struct place_args {
+__global__ void scatter_kernel(rec_args a, const uint32_t *row_base, const uint32_t *rows,
+                               uint32_t *cursor, int32_t *pair_row, int32_t *row_src)
+{
+    uint64_t p = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= (uint64_t)a.n_records * a.k_count) return;
+    uint32_t j = (uint32_t)(p / a.k_count), k = (uint32_t)(p % a.k_count);
+    int32_t e = ((const int32_t *)(a.recv + (size_t)j * a.rec_size + a.rec_ids))[k];
+    if (e < a.lo || e >= a.lo + (int32_t)a.n_local) {
+        pair_row[p] = -1;
+        return;
+    }
+    uint32_t le = (uint32_t)(e - a.lo);
+    uint32_t c = atomicAdd(&cursor[le], 1u);
+    if (c >= rows[le]) {
+        /* counts that disagree with the records (a caller's bug): never write past the rows */
+        pair_row[p] = -1;
+        return;
+    }
+    uint32_t pos = row_base[le] + c;
+    pair_row[p] = (int32_t)pos;
+    row_src[pos] = (int32_t)j;
+}
+
+struct gather_args {
     rec_args r;
-    const uint32_t *row_base;  /* [n_local + 1] */
-    const uint32_t *rows;      /* [n_local] */
-    uint32_t *cursor;          /* [n_local], zeros before the launch */
-    int32_t *pair_row;         /* [n_records][k_count] */
-    uint32_t slabs;            /* padding blocks an expert (PLACE_SLAB rows each) */
+    const int32_t *row_src;   /* written by the scatter for an expert's first min(rows, cursor)
+                               * rows; the others are padding (or counts the records did not
+                               * fill: a caller's bug) */
+    const uint32_t *row_base;
+    const uint32_t *rows, *cursor; /* [n_local]: the counts and the scatter's cursors */
     uint32_t hidden;
     bool wire_fp8, per_token, weights_fp8;
     const float *input_scale; /* [n_local][2] or NULL */
@@ -290,7 +313,7 @@ struct place_args {
     float *act_scale;
 };
 
-/* The row kernels (SwiGLU): a block of ROW_THREADS for each ROW_THREADS x CHUNK elements
+/* The row kernels (gather, SwiGLU): a block of ROW_THREADS for each ROW_THREADS x CHUNK elements
  * of a row (grid x the rows, y the row's passes: row_grid), a thread CHUNK consecutive elements
  * with 16-byte loads and stores, so that a group of 128 is 8 consecutive lanes (its amax by three
  * shuffles). Every lane of the block runs the same code (the shuffles need the whole warp), the
@@ -344,135 +367,61 @@ __device__ static __forceinline__ void unpack_bf16x8(uint4 q, float *v)
     }
 }
 
-/* The place kernel: a record's rows and their activations, as its GEMMs read them, in one
- * launch (what a scatter and a gather of a block a row pass did in two). Blocks 0 .. n_records - 1
- * take a record each: its threads < k_count give each (record, k) with a local expert a row by
- * the expert's cursor (pair_row, for the combine; a record past its expert's count, a caller's
- * bug, gets none), while the others' loads of the record's activation are in flight; then every
- * thread converts its CHUNK elements once (BF16, or e4m3 + group scale: the wire's codes as they
- * came on an FP8 wire, else group128 with fp32 scales as dispatch quantizes, gpu/ffn.c doing the
- * same; then requantized to the expert's static input_scale where it has one) and writes them to
- * each of the record's rows. The block's threads cover a row in passes of blockDim.x CHUNKs (a
- * group of 128 is 8 consecutive lanes: its amax by three shuffles; every lane runs the
- * shuffles). Blocks n_records .. take expert e's padding rows (from its count to the next
- * expert's base), PLACE_SLAB rows a block and `slabs` blocks an expert, and write zeros as the
- * same conversions make them (their GEMM rows are computed and never read; rows a count promises
- * and no record fills, a caller's bug, keep what they held: no record's pair_row names them). */
-#define PLACE_THREADS 512u
-#define PLACE_SLAB 16u
-#define PLACE_MAX_K 64u /* model.topk's limit (config/settings.c) */
-
-static uint32_t place_threads(uint32_t hidden)
-{
-    const uint32_t t = (hidden / CHUNK + 31u) / 32u * 32u;
-    return t < PLACE_THREADS ? t : PLACE_THREADS;
-}
-
-__global__ void __launch_bounds__(PLACE_THREADS) place_kernel(place_args a)
+/* One block per row: the row's activation as its GEMM reads it; padding rows get zeros (their
+ * GEMM columns are computed and never read). FP8 weights: the wire's codes and group scales as
+ * they came (an FP8 wire), else group128 with fp32 scales as dispatch quantizes (gpu/ffn.c does
+ * the same); then requantized to the layer's static input_scale where it has one. */
+__global__ void __launch_bounds__(ROW_THREADS) gather_kernel(gather_args a)
 {
     /* the GEMM behind (a programmatic dependent launch) may start loading weights */
     asm volatile("griddepcontrol.launch_dependents;");
-    __shared__ int32_t to_row[PLACE_MAX_K];
-    __shared__ uint32_t to_e[PLACE_MAX_K];
-    const uint32_t tid = threadIdx.x, chunks = a.hidden / CHUNK, hg = a.hidden / GROUP;
-    const uint8_t *rec = nullptr;
-    uint32_t n_to = 0, e_pad = 0, r_pad = 0;
-    if (blockIdx.x < a.r.n_records) {
-        rec = a.r.recv + (size_t)blockIdx.x * a.r.rec_size;
-        n_to = a.r.k_count;
-    } else {
-        const uint32_t b = blockIdx.x - a.r.n_records;
-        e_pad = b / a.slabs;
-        const uint32_t end = a.row_base[e_pad + 1];
-        r_pad = a.row_base[e_pad] + a.rows[e_pad] + (b % a.slabs) * PLACE_SLAB;
-        n_to = r_pad < end ? min(PLACE_SLAB, end - r_pad) : 0;
-        if (n_to == 0) return; /* the whole block: no barrier below is reached */
-    }
-    for (uint32_t c0 = 0; c0 < chunks; c0 += blockDim.x) {
-        const uint32_t c = c0 + tid, g = c / (GROUP / CHUNK);
+    const uint32_t r = blockIdx.x;
+    const uint32_t e = expert_of(a.row_base, a.r.n_local, r);
+    const uint32_t m = r - a.row_base[e], mpad = a.row_base[e + 1] - a.row_base[e];
+    const int32_t j = m < min(a.rows[e], a.cursor[e]) ? a.row_src[r] : -1;
+    const uint8_t *rec = j >= 0 ? a.r.recv + (size_t)j * a.r.rec_size : nullptr;
+    const uint32_t chunks = a.hidden / CHUNK;
+    const uint32_t pass_end = min(chunks, (blockIdx.y + 1) * ROW_THREADS); /* one pass */
+    for (uint32_t c0 = blockIdx.y * ROW_THREADS; c0 < pass_end; c0 += ROW_THREADS) {
+        const uint32_t c = c0 + threadIdx.x, g = c / (GROUP / CHUNK);
         const bool on = c < chunks;
-        /* the record's bytes for this pass first: in flight while the rows are handed out */
-        uint4 x0 = make_uint4(0, 0, 0, 0), x1 = x0;
-        float s = 1.0f;
-        if (on && rec != nullptr) {
-            if (a.wire_fp8) {
-                const float *sc = (const float *)(rec + a.r.rec_scales);
-                x0 = *(const uint4 *)(rec + (size_t)c * CHUNK);
-                s = a.per_token ? sc[0] : sc[g];
-            } else {
-                const uint4 *x = (const uint4 *)(rec + (size_t)c * CHUNK * 2);
-                x0 = x[0];
-                x1 = x[1];
-            }
-        }
-        if (c0 == 0 && rec != nullptr) {
-            const uint32_t j = blockIdx.x;
-            const int32_t *ids = (const int32_t *)(rec + a.r.rec_ids);
-            for (uint32_t k = tid; k < a.r.k_count; k += blockDim.x) {
-                const int32_t e = ids[k];
-                int32_t row = -1;
-                if (e >= a.r.lo && e < a.r.lo + (int32_t)a.r.n_local) {
-                    const uint32_t le = (uint32_t)(e - a.r.lo);
-                    const uint32_t rows = a.rows[le], base = a.row_base[le];
-                    const uint32_t m = atomicAdd(&a.cursor[le], 1u);
-                    /* counts that disagree with the records (a caller's bug): never write
-                     * past the rows */
-                    if (m < rows) row = (int32_t)(base + m);
-                    to_e[k] = le;
-                }
-                to_row[k] = row;
-                a.pair_row[(size_t)j * a.r.k_count + k] = row;
-            }
-            __syncthreads();
-        }
         float v[16];
-        uint4 q = x0;
+        uint4 q = make_uint4(0, 0, 0, 0);
+        float s = 1.0f;
 #pragma unroll
         for (int t = 0; t < 16; t++) v[t] = 0.0f;
         if (on && rec != nullptr) {
-            if (!a.wire_fp8) {
-                unpack_bf16x8(x0, v);
-                unpack_bf16x8(x1, v + 8);
-            } else if (!a.weights_fp8) {
-                epd_dev_dequant16(x0, s, v);
+            if (a.wire_fp8) {
+                const float *sc = (const float *)(rec + a.r.rec_scales);
+                q = *(const uint4 *)(rec + (size_t)c * CHUNK);
+                s = a.per_token ? sc[0] : sc[g];
+                if (!a.weights_fp8) epd_dev_dequant16(q, s, v);
+            } else {
+                const uint4 *x = (const uint4 *)(rec + (size_t)c * CHUNK * 2);
+                unpack_bf16x8(x[0], v);
+                unpack_bf16x8(x[1], v + 8);
             }
         }
-        if (a.weights_fp8 && (!a.wire_fp8 || rec == nullptr)) {
+        if (!a.weights_fp8) {
+            if (on) store_bf16x16(a.act_bf16 + (size_t)r * a.hidden + (size_t)c * CHUNK, v);
+            continue;
+        }
+        if (!a.wire_fp8 || rec == nullptr) {
             float amax = 0.0f, mult;
 #pragma unroll
             for (int t = 0; t < 16; t++) amax = fmaxf(amax, fabsf(v[t]));
             epd_quant_scale(group_max8(amax), 0, &s, &mult);
             q = quant16(v, mult);
         }
-        /* to each of the rows: the record's rows with a local expert, or a slab of padding */
-        for (uint32_t k = 0; k < n_to; k++) {
-            uint32_t r, e;
-            if (rec != nullptr) {
-                if (to_row[k] < 0) continue;
-                r = (uint32_t)to_row[k];
-                e = to_e[k];
-            } else {
-                r = r_pad + k;
-                e = e_pad;
-            }
-            if (!a.weights_fp8) {
-                if (on) store_bf16x16(a.act_bf16 + (size_t)r * a.hidden + (size_t)c * CHUNK, v);
-                continue;
-            }
-            uint4 qe = q;
-            float se = s;
-            if (a.input_scale != NULL) {
-                const float S = a.input_scale[2 * e];
-                qe = epd_dev_requant16(q, s, __fdiv_rn(1.0f, S));
-                se = S;
-            }
-            if (!on) continue;
-            *(uint4 *)(a.act_q + (size_t)r * a.hidden + (size_t)c * CHUNK) = qe;
-            if (c % (GROUP / CHUNK) == 0) {
-                const uint32_t base = a.row_base[e], mpad = a.row_base[e + 1] - base;
-                a.act_scale[(size_t)base * hg + (size_t)g * mpad + (r - base)] = se;
-            }
+        if (a.input_scale != NULL) {
+            const float S = a.input_scale[2 * e];
+            q = epd_dev_requant16(q, s, __fdiv_rn(1.0f, S));
+            s = S;
         }
+        if (!on) continue;
+        *(uint4 *)(a.act_q + (size_t)r * a.hidden + (size_t)c * CHUNK) = q;
+        if (c % (GROUP / CHUNK) == 0)
+            a.act_scale[(size_t)a.row_base[e] * (a.hidden / GROUP) + (size_t)g * mpad + m] = s;
     }
 }
 
@@ -1087,8 +1036,8 @@ extern "C" void epd_ffn_cuda_destroy(epd_ffn_cuda_t *f)
     if (f->lt != NULL) cublasLtDestroy(f->lt);
     streams_free(f);
     if (f->fork != NULL) cudaEventDestroy(f->fork);
-    void *bufs[] = {f->meta_dev, (void *)f->ptrs_dev, f->pair_row, f->act, f->act_scale,
-                    f->gu,       f->h,                f->h_scale,  f->y};
+    void *bufs[] = {f->meta_dev, (void *)f->ptrs_dev, f->pair_row, f->row_src, f->act,
+                    f->act_scale,  f->gu,             f->h,        f->h_scale, f->y};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
     cudaFreeHost(f->host);
     for (int i = 0; i < HOST_SLOTS; i++)
@@ -1991,10 +1940,11 @@ static epd_status_t reserve(epd_ffn_cuda_t *f, uint32_t pairs, uint32_t rows, ch
         if (f->pair_row == NULL) goto no_memory;
     }
     if (rows > f->cap_rows) {
-        void **bufs[] = {&f->act, (void **)&f->act_scale, &f->gu, &f->h, (void **)&f->h_scale,
-                         &f->y};
-        size_t sizes[] = {rows * H * es, rows * H / GROUP * 4, rows * 2 * I * 4,
-                          rows * I * es, rows * I / GROUP * 4, rows * H * 4};
+        void **bufs[] = {(void **)&f->row_src, &f->act, (void **)&f->act_scale, &f->gu,
+                         &f->h, (void **)&f->h_scale, &f->y};
+        size_t sizes[] = {rows * sizeof(int32_t), rows * H * es, rows * H / GROUP * 4,
+                          rows * 2 * I * 4,        rows * I * es, rows * I / GROUP * 4,
+                          rows * H * 4};
         cudaStreamSynchronize(f->stream);
         f->cap_rows = 0;
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
@@ -2069,7 +2019,7 @@ static epd_status_t queue_swiglu(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32
     return EPD_OK;
 }
 
-/* The tuning's streams 1.. made to wait for f->stream's work so far (the place kernel). */
+/* The tuning's streams 1.. made to wait for f->stream's work so far (the gather). */
 static epd_status_t fork_streams(epd_ffn_cuda_t *f, char err[EPD_ERR_LEN])
 {
     if (f->tuning.streams < 2) return EPD_OK;
@@ -2091,7 +2041,7 @@ static epd_status_t join_streams(epd_ffn_cuda_t *f, epd_status_t status, char er
 }
 
 /* The experts of the rows, one stream after another or spread over the tuning's streams (forked
- * from f->stream after the place kernel, joined back before the combine). */
+ * from f->stream after the gather, joined back before the combine). */
 static epd_status_t run_streams(epd_ffn_cuda_t *f, const dev_layer_t *l, const uint32_t *row_base,
                                 char err[EPD_ERR_LEN])
 {
@@ -2355,7 +2305,7 @@ static epd_status_t run_kernel(epd_ffn_cuda_t *f, const dev_layer_t *l, uint32_t
     kernel_args_tuning(f, total, wgmma, &a);
     epd_status_t (*launch)(const epd_ffn_gemm_args_t *, void *, char *) =
         wgmma ? epd_ffn_wgmma_launch : epd_ffn_gemm_launch;
-    /* the wgmma GEMMs behind the place kernel, the other GEMM or the SwiGLU kernel (programmatic
+    /* the wgmma GEMMs behind the gather, the other GEMM or the SwiGLU kernel (programmatic
      * dependent launches): their first weights load while that kernel ends. What they write
      * (gu or h, y, the split workspace) none of those kernels reads or writes */
     a.pdl = wgmma && f->tuning.wgmma_pdl;
@@ -2439,11 +2389,6 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
     ra.lo = (int32_t)f->first;
     ra.n_local = f->n_local;
     uint64_t pairs = (uint64_t)n_records * shape->topk;
-    if (shape->topk > PLACE_MAX_K) {
-        snprintf(err, EPD_ERR_LEN, "ffn experts: top-%u is more than %u", shape->topk,
-                 PLACE_MAX_K);
-        return EPD_ERR_INVALID_ARG;
-    }
     if (pairs > UINT32_MAX / 2) {
         snprintf(err, EPD_ERR_LEN, "ffn experts: %u records are too many", n_records);
         return EPD_ERR_INVALID_ARG;
@@ -2514,30 +2459,26 @@ extern "C" epd_status_t epd_ffn_cuda_experts(epd_ffn_cuda_t *f, const epd_moe_sh
                            cudaMemcpyHostToDevice, f->stream), "copying the GEMM pointers");
     }
     CU(cudaEventRecord(f->host_done[slot], f->stream), "cudaEventRecord");
-    /* the padding blocks an expert: enough for the most padding rows any expert has */
-    uint32_t most_pad = 0;
-    for (uint32_t e = 0; e < f->n_local; e++) {
-        const uint32_t pad = row_base[e + 1] - row_base[e] - counts[e];
-        if (pad > most_pad) most_pad = pad;
-    }
-    place_args pa;
-    pa.r = ra;
-    pa.row_base = f->row_base_dev;
-    pa.rows = f->counts_dev;
-    pa.cursor = f->counts_dev + f->n_local;
-    pa.pair_row = f->pair_row;
-    pa.slabs = (most_pad + PLACE_SLAB - 1) / PLACE_SLAB;
-    pa.hidden = f->hidden;
-    pa.wire_fp8 = shape->dtype == EPD_WIRE_FP8;
-    pa.per_token = shape->scale == EPD_SCALE_PER_TOKEN;
-    pa.weights_fp8 = fp8;
-    pa.input_scale = l->input_scale;
-    pa.act_bf16 = (uint16_t *)f->act;
-    pa.act_q = (uint8_t *)f->act;
-    pa.act_scale = f->act_scale;
-    place_kernel<<<n_records + f->n_local * pa.slabs, place_threads(f->hidden), 0, f->stream>>>(
-        pa);
-    CU(cudaGetLastError(), "place kernel");
+    scatter_kernel<<<blocks_for(pairs, 256), 256, 0, f->stream>>>(
+        ra, f->row_base_dev, f->counts_dev, f->counts_dev + f->n_local, f->pair_row, f->row_src);
+    CU(cudaGetLastError(), "scatter kernel");
+
+    gather_args ga;
+    ga.r = ra;
+    ga.row_src = f->row_src;
+    ga.row_base = f->row_base_dev;
+    ga.rows = f->counts_dev;
+    ga.cursor = f->counts_dev + f->n_local;
+    ga.hidden = f->hidden;
+    ga.wire_fp8 = shape->dtype == EPD_WIRE_FP8;
+    ga.per_token = shape->scale == EPD_SCALE_PER_TOKEN;
+    ga.weights_fp8 = fp8;
+    ga.input_scale = l->input_scale;
+    ga.act_bf16 = (uint16_t *)f->act;
+    ga.act_q = (uint8_t *)f->act;
+    ga.act_scale = f->act_scale;
+    gather_kernel<<<row_grid(total, f->hidden), ROW_THREADS, 0, f->stream>>>(ga);
+    CU(cudaGetLastError(), "gather kernel");
 
     if (kernel)
         status = run_kernel(f, l, total, n_tiles, wgmma, row_tile, err);

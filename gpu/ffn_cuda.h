@@ -99,7 +99,7 @@ typedef struct epd_ffn_cuda_tuning {
                                   * (the unfused paths then share its arithmetic); checked
                                   * against the unfused kernel and the SwiGLU kernel when set */
     bool wgmma_pdl;              /* wgmma: each GEMM launched behind the kernel before it
-                                  * (the place kernel, SwiGLU, the gate/up GEMM) as a programmatic
+                                  * (gather, SwiGLU, the gate/up GEMM) as a programmatic
                                   * dependent launch, its first weights loaded while that kernel
                                   * ends (ffn_gemm.h's pdl) */
     uint32_t wgmma_row_tile;     /* wgmma: the rows of a row tile (32, 64, 96, 128, 160, 192,

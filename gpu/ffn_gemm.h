@@ -75,11 +75,11 @@ typedef struct epd_ffn_gemm_args {
     bool *swiglu_done_p; /* host, optional */
     bool pdl;            /* epd_ffn_wgmma_launch: launched as a programmatic dependent of the
                           * stream's previous kernel, which writes x (and x_scale) and lets
-                          * it start early (griddepcontrol.launch_dependents, as the place
-                          * kernel, the SwiGLU kernel and this kernel do; another kernel lets it
-                          * start once it is done): the first stages' weights load while that
-                          * kernel ends. Only where nothing else this launch reads or writes is
-                          * still being written or read by that kernel */
+                          * it start early (griddepcontrol.launch_dependents, as the gather, the
+                          * SwiGLU kernel and this kernel do; another kernel lets it start once
+                          * it is done): the first stages' weights load while that kernel ends.
+                          * Only where nothing else this launch reads or writes is still being
+                          * written or read by that kernel */
     bool pair;           /* epd_ffn_wgmma_launch: CTAs in pairs (clusters of two) computing
                           * neighbouring feature blocks of one row tile, each bringing half of
                           * the activations into both by multicast (the pair reads them from L2
