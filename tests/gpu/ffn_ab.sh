@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # A same-run A/B of a change to the ffn experts' GPU code, in one device call: the tree as it is
 # (the change) against the tree with PATCH reversed (the base), both built here, then PAIRS turns
-# of base then change: build/gemmbench --routed (the Hopper GEMMs alone, BF16 and FP8, both
-# projections) at ROWS rows an expert, and the ffn bench's default (FFN_BENCH_TUNINGS=none) at
-# TOKENS tokens. Prints each turn's figures and, per figure, the change over the base in every
-# pair and their median (below 1: the change is faster). Each session wrote this by hand before.
+# of base then change: build/gemmbench --routed (the Hopper GEMMs alone, BF16 alone and in pairs,
+# FP8, both projections) at ROWS rows an expert, and the ffn bench's default
+# (FFN_BENCH_TUNINGS=none) at TOKENS tokens. Prints each turn's figures and, per figure, the
+# change over the base in every pair and their median (below 1: the change is faster). Each
+# session wrote this by hand before.
 # Make the patch on the build machine, against what the base should be, and carry it:
 #   git diff BASE -- gpu tests/gpu daemon > .dbg/ab.patch
 # then on the GPU machine (after scripts/gpu-node-build.sh's dependencies, or it runs them):
@@ -77,7 +78,7 @@ for ((t = 1; t <= pairs; t++)); do
         [[ $v == base ]] && dir=$base
         log=$out/turn${t}_$v.log
         {
-            "$dir/build/gemmbench" --routed --rows "$rows"
+            "$dir/build/gemmbench" --routed --rows "$rows" --pair
             "$dir/build/gemmbench" --routed --rows "$rows" --fp8
             FFN_BENCH_TUNINGS=none "${mpi[@]}" "$dir/build/epd" "${bench[@]}"
         } >"$log" 2>&1 || { echo "FAIL: turn $t $v ($log)"; failed=1; }
@@ -90,9 +91,10 @@ out, pairs = sys.argv[1], int(sys.argv[2])
 def figures(path):
     f = {}
     for line in open(path, errors='replace'):
-        m = re.match(r'(bf16|fp8) +(gate/up|down|both) +rows +(\d+) tile +(\d+): +([\d.]+) us', line)
+        m = re.match(r'(bf16|fp8) +(gate/up|down|both) +rows +(\d+) '
+                     r'tile +\d+( pair)?: +([\d.]+) us', line)
         if m:
-            f['gemm %-4s %-7s %4s rows' % (m[1], m[2], m[3])] = float(m[5])
+            f['gemm %-4s %-7s %4s rows%s' % (m[1], m[2], m[3], m[4] or '')] = float(m[5])
             continue
         w = line.split()
         if len(w) > 8 and w[0] in ('bf16', 'fp8-block') and w[1] == 'default' and w[2].isdigit():
@@ -101,10 +103,10 @@ def figures(path):
 turns = [(figures('%s/turn%d_base.log' % (out, t)), figures('%s/turn%d_change.log' % (out, t)))
          for t in range(1, pairs + 1)]
 keys = [k for k in turns[0][0] if all(k in b and k in c for b, c in turns)]
-print('%-30s %s  %s' % ('figure (us)', '  '.join('base -> change' for _ in turns), 'median ratio'))
+print('%-34s %s  %s' % ('figure (us)', '  '.join('base -> change' for _ in turns), 'median ratio'))
 for k in keys:
     cells = ['%7.1f -> %7.1f' % (b[k], c[k]) for b, c in turns]
-    print('%-30s %s  %.3f' % (k, '  '.join(cells),
+    print('%-34s %s  %.3f' % (k, '  '.join(cells),
                               statistics.median(c[k] / b[k] for b, c in turns)))
 if not keys:
     print('FAIL: no figure in every turn (logs in %s)' % out)
