@@ -555,10 +555,15 @@ __device__ static __forceinline__ void wg_mainloop_n(float (&acc)[BN / 2], const
 /* h = bf16(silu(g) * u) of a fused SwiGLU's gate and up sums, with the SwiGLU kernel's operations
  * (gpu/ffn_cuda.cu): both epilogues write it */
 #if WG_ARCH
-__device__ static __forceinline__ uint16_t wg_swiglu(float g, float u)
+__device__ static __forceinline__ float wg_swiglu_f(float g, float u)
 {
     const float silu = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
-    return epd_f32_to_bf16(__fmul_rn(silu, u));
+    return __fmul_rn(silu, u);
+}
+
+__device__ static __forceinline__ uint16_t wg_swiglu(float g, float u)
+{
+    return epd_f32_to_bf16(wg_swiglu_f(g, u));
 }
 #endif
 
@@ -623,6 +628,78 @@ __device__ static __forceinline__ void wg_store_staged(const float (&acc)[BN / 2
     (void)buf;
     (void)half;
     (void)wt;
+    (void)wrows;
+#endif
+}
+
+/* The epilogue from the registers (no staging buffer): a consumer thread's sums are, for each
+ * chunk c of 8 rows (registers 4c .. 4c + 3, epd_wgmma_acc_pos), features m and m + 8 (m = warp *
+ * 16 + lane / 4) of rows 8c + n0 and 8c + n0 + 1 (n0 = 2 (lane % 4)). A chunk is written whole or
+ * not at all (wrows is a multiple of 8): one test a chunk, its addresses one pointer and fixed
+ * offsets. Lanes l and l ^ 4 hold features m and m + 1 of the same rows: each gives the other one
+ * value, so that the even one writes both features of row n, the odd one both of row n + 1, as
+ * one word (two BF16, or with fp32 sums a float2). With SwiGLU fused only registers 4c, 4c + 1
+ * are stored (bf16(silu(gate) * up), the gate in 4c, 4c + 1 and the up in 4c + 2, 4c + 3), to h's
+ * feature fb * 64 + half * 32 + warp * 8 + lane / 4 (epd_wgmma_fused_feature): neighbours again
+ * for lanes l and l ^ 4 (BF16 weights only). Every lane reaches every shuffle (the chunk test is
+ * the warp's). */
+template <bool FP8, uint32_t BN>
+__device__ static __forceinline__ void wg_store_regs(const float (&acc)[BN / 2],
+                                                     const wg_params &p, const wg_item &I,
+                                                     uint32_t half, uint32_t warp, uint32_t lane,
+                                                     uint32_t wrows)
+{
+#if WG_ARCH
+    constexpr uint32_t R = BN / 2;
+    const bool odd = (lane / 4u) % 2u != 0, fused = !FP8 && p.h != nullptr;
+    const size_t row = (size_t)I.rb + I.row0 + (lane % 4u) * 2u + (odd ? 1u : 0u);
+    const size_t ld = fused ? p.n / 2u : p.n;
+    /* the first of the two features this lane writes, in row `row` (chunk 0) */
+    const size_t at = row * ld +
+                      (fused ? epd_wgmma_fused_feature(I.fb, half * 64u + warp * 16u + lane / 4u)
+                             : epd_wgmma_feature(I.fb, half) + warp * 16u + lane / 4u) -
+                      (odd ? 1u : 0u);
+    const bool bf16 = fused || (p.part == nullptr && p.out_bf16 != 0);
+    /* the lane's word of registers r0 (row n) and r1 (row n + 1) of feature m: the even lane
+     * (r0, the odd's r0), the odd lane (the even's r1, r1) */
+    auto pair = [&](float r0, float r1, float &lo, float &hi) {
+        const float got = __shfl_xor_sync(0xffffffffu, odd ? r0 : r1, 4);
+        lo = odd ? got : r0;
+        hi = odd ? r1 : got;
+    };
+#pragma unroll
+    for (uint32_t c = 0; c < R / 4u; c++) {
+        if (8u * c >= wrows) break;
+        const size_t i = at + (size_t)(8u * c) * ld;
+        float lo, hi, lo8, hi8;
+        if (fused) {
+            const float h0 = wg_swiglu_f(acc[4 * c], acc[4 * c + 2]);
+            pair(h0, wg_swiglu_f(acc[4 * c + 1], acc[4 * c + 3]), lo, hi);
+            *(uint32_t *)(p.h + i) =
+                (uint32_t)epd_f32_to_bf16(lo) | (uint32_t)epd_f32_to_bf16(hi) << 16;
+            continue;
+        }
+        pair(acc[4 * c], acc[4 * c + 1], lo, hi);
+        pair(acc[4 * c + 2], acc[4 * c + 3], lo8, hi8);
+        if (bf16) {
+            uint16_t *d = (uint16_t *)p.d + i;
+            *(uint32_t *)d = (uint32_t)epd_f32_to_bf16(lo) | (uint32_t)epd_f32_to_bf16(hi) << 16;
+            *(uint32_t *)(d + 8) =
+                (uint32_t)epd_f32_to_bf16(lo8) | (uint32_t)epd_f32_to_bf16(hi8) << 16;
+        } else {
+            float *d = p.part != nullptr ? p.part + (size_t)I.z * p.part_stride + i
+                                         : (float *)p.d + i;
+            *(float2 *)d = make_float2(lo, hi);
+            *(float2 *)(d + 8) = make_float2(lo8, hi8);
+        }
+    }
+#else
+    (void)acc;
+    (void)p;
+    (void)I;
+    (void)half;
+    (void)warp;
+    (void)lane;
     (void)wrows;
 #endif
 }
@@ -782,36 +859,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 continue;
             }
         }
-        if (!FP8 && p.h != nullptr) {
-            /* SwiGLU fused: registers 4q, 4q + 1 hold the gate sums of a feature, 4q + 2, 4q + 3
-             * its up sums (epd_wgmma_fused_row), for the same two rows; h = bf16(silu(g) * u)
-             * with the SwiGLU kernel's operations */
-            const uint32_t inter = p.n / 2;
-#pragma unroll
-            for (uint32_t j = 0; j < R; j++) {
-                if ((j / 2) % 2 != 0) continue;
-                uint32_t m, n;
-                epd_wgmma_acc_pos(warp, lane, j, &m, &n);
-                if (n >= wrows) continue;
-                p.h[(size_t)(I.rb + I.row0 + n) * inter +
-                    epd_wgmma_fused_feature(I.fb, half * 64u + m)] = wg_swiglu(acc[j], acc[j + 2]);
-            }
-            continue;
-        }
-        const size_t f0 = epd_wgmma_feature(I.fb, half);
-#pragma unroll
-        for (uint32_t j = 0; j < R; j++) {
-            uint32_t m, n;
-            epd_wgmma_acc_pos(warp, lane, j, &m, &n);
-            if (n >= wrows) continue;
-            const size_t i = (size_t)(I.rb + I.row0 + n) * p.n + f0 + m;
-            if (p.part != nullptr)
-                p.part[(size_t)I.z * p.part_stride + i] = acc[j];
-            else if (p.out_bf16)
-                ((uint16_t *)p.d)[i] = epd_f32_to_bf16(acc[j]);
-            else
-                ((float *)p.d)[i] = acc[j];
-        }
+        wg_store_regs<FP8, BN>(acc, p, I, half, warp, lane, wrows);
     }
     if constexpr (PAIR) cluster_leave();
 #else
