@@ -571,7 +571,7 @@ __device__ static __forceinline__ uint16_t wg_swiglu(float g, float u)
  * values (D's 64 features, or with SwiGLU fused h's 32: bf16(silu(gate) * up) as the register
  * epilogue computes them) to its half of the buffer at buf as [row][value] (the layout's
  * epd_wgmma_epi_*), then back in 8-byte chunks, consecutive threads along a row, to D or h: 6 to
- * 12 wide stores a thread where the register epilogue makes 24 to 48 two-byte ones, each warp's
+ * 12 wide stores a thread where the register epilogue makes 12 to 24 four-byte ones, each warp's
  * writes a few whole lines. Named barrier 1 + half (the half's 128 threads) brackets the
  * buffer's use: before the writes (the previous item's reads done) and between writes and reads.
  * tests/unit/test_ffn_gemm_wgmma_layout.c emulates it. */
